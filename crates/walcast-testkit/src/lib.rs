@@ -1,0 +1,24 @@
+//! Throwaway services for tests and benchmarks.
+//!
+//! * [`Postgres`]: a fresh cluster made with the machine's `initdb`, `wal_level=logical`,
+//!   replication slots enabled, `max_slot_wal_keep_size` bounded, listening on a free
+//!   127.0.0.1 port. Run as the `postgres` user when we are root.
+//! * [`Nats`]: `nats-server -js` on a free 127.0.0.1 port with its own store directory.
+//!
+//! Each service is owned by its handle: dropping it (also while unwinding from a panic)
+//! stops the process and removes its directory. Each process is started under a small
+//! shell watchdog whose stdin is a pipe from us, so even if the test process is killed
+//! with SIGKILL the pipe closes and the watchdog stops the service.
+//!
+//! A missing binary is an error that names the command to install it: tests never skip.
+
+mod error;
+mod nats;
+mod ports;
+mod postgres;
+mod process;
+
+pub use error::KitError;
+pub use nats::Nats;
+pub use postgres::{Postgres, PostgresBuilder};
+pub use ports::free_port;
