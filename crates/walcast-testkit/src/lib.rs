@@ -20,5 +20,5 @@ mod process;
 
 pub use error::KitError;
 pub use nats::Nats;
-pub use postgres::{Postgres, PostgresBuilder};
 pub use ports::free_port;
+pub use postgres::{Postgres, PostgresBuilder};

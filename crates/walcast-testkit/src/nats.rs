@@ -43,7 +43,9 @@ impl Nats {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| KitError::io("starting nats-server", std::io::ErrorKind::Other.into())))
+        Err(last.unwrap_or_else(|| {
+            KitError::io("starting nats-server", std::io::ErrorKind::Other.into())
+        }))
     }
 
     fn boot(&mut self) -> Result<(), KitError> {
@@ -160,6 +162,9 @@ mod tests {
     fn a_missing_binary_is_an_error_naming_the_install_command() {
         let err = find_binary_in(Some("/nonexistent/nats-server".into()), "".into())
             .expect_err("must not find a missing binary");
-        assert!(err.to_string().contains("apt-get install -y nats-server"), "{err}");
+        assert!(
+            err.to_string().contains("apt-get install -y nats-server"),
+            "{err}"
+        );
     }
 }

@@ -33,6 +33,7 @@ impl Default for PostgresBuilder {
             ("fsync", "off"),
             ("full_page_writes", "off"),
             ("log_min_messages", "warning"),
+            ("timezone", "UTC"),
             ("log_line_prefix", "%m [%p] "),
         ];
         PostgresBuilder {
@@ -264,7 +265,8 @@ pub async fn connect(url: &str) -> Result<tokio_postgres::Client, tokio_postgres
     Ok(client)
 }
 
-const INSTALL_PG: &str = "apt-get update && apt-get install -y postgresql-15 postgresql-15-wal2json \
+const INSTALL_PG: &str =
+    "apt-get update && apt-get install -y postgresql-15 postgresql-15-wal2json \
      (or set WALCAST_PG_BINDIR to a directory holding initdb, postgres and pg_isready)";
 
 /// `WALCAST_PG_BINDIR`, else the newest `/usr/lib/postgresql/<major>/bin` with a server.

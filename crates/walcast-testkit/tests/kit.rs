@@ -36,4 +36,3 @@ fn nats_starts_and_restarts_on_the_same_port() {
     assert_eq!(nats.port(), port);
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
 }
-

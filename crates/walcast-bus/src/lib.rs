@@ -1,0 +1,22 @@
+//! The bus between the cdc-worker and the fronts.
+//!
+//! * [`subject`]: the NATS subject of a change. Every identifier (project, schema, table),
+//!   whatever it contains, maps to a valid subject token and back.
+//! * [`event`]: the JSON change event published for every row change.
+//! * [`Bus`]: publish, barrier and subscribe over core NATS or in process.
+
+mod bus;
+pub mod event;
+mod local;
+mod nats;
+pub mod subject;
+
+pub use bus::{Bus, BusError, BusMessage, Headers, Subscription};
+pub use event::{ChangeEvent, ChangeKind, ColumnInfo};
+
+/// Header naming the instance that published a message (a replica ignores its own).
+pub const HEADER_ORIGIN: &str = "Walcast-Origin";
+/// Header with the commit LSN of the transaction a change belongs to.
+pub const HEADER_LSN: &str = "Walcast-Lsn";
+/// Header with the position of the change inside its transaction (0-based).
+pub const HEADER_SEQ: &str = "Walcast-Seq";

@@ -1,0 +1,144 @@
+//! Core NATS transport.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{Client, ConnectOptions, HeaderMap};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::Mutex;
+
+use crate::{BusError, BusMessage, Subscription};
+
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone)]
+pub struct NatsBus {
+    client: Client,
+    barrier: Arc<Barrier>,
+}
+
+/// A private inbox on our own connection: a message we publish to it comes back only
+/// after the server has processed everything we published before it.
+struct Barrier {
+    subject: String,
+    next: AtomicU64,
+    sub: Mutex<async_nats::Subscriber>,
+}
+
+impl NatsBus {
+    pub async fn connect(url: &str, name: &str) -> Result<NatsBus, BusError> {
+        let client = ConnectOptions::new()
+            .name(name)
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(5))
+            .event_callback(|ev| async move {
+                tracing::info!(event = %ev, "nats connection event");
+            })
+            .connect(url)
+            .await
+            .map_err(|e| BusError::Connect {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?;
+        let subject = client.new_inbox();
+        let sub = client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| BusError::Subscribe(e.to_string()))?;
+        Ok(NatsBus {
+            client,
+            barrier: Arc::new(Barrier {
+                subject,
+                next: AtomicU64::new(0),
+                sub: Mutex::new(sub),
+            }),
+        })
+    }
+
+    pub async fn publish(
+        &self,
+        subject: String,
+        headers: &[(&str, &str)],
+        payload: Bytes,
+    ) -> Result<(), BusError> {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.insert(*k, *v);
+        }
+        self.client
+            .publish_with_headers(subject, map, payload)
+            .await
+            .map_err(|e| BusError::Publish(e.to_string()))
+    }
+
+    pub async fn barrier(&self) -> Result<(), BusError> {
+        let mut sub = self.barrier.sub.lock().await;
+        let token = self
+            .barrier
+            .next
+            .fetch_add(1, Ordering::Relaxed)
+            .to_string();
+        self.client
+            .publish(self.barrier.subject.clone(), Bytes::from(token.clone()))
+            .await
+            .map_err(|e| BusError::Barrier(e.to_string()))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| BusError::Barrier(e.to_string()))?;
+        let wait = async {
+            while let Some(msg) = sub.next().await {
+                if msg.payload.as_ref() == token.as_bytes() {
+                    return Ok(());
+                }
+                // An older token whose waiter timed out: skip it.
+            }
+            Err(BusError::Barrier("barrier subscription closed".into()))
+        };
+        tokio::time::timeout(BARRIER_TIMEOUT, wait)
+            .await
+            .map_err(|_| BusError::BarrierTimeout(BARRIER_TIMEOUT))?
+    }
+
+    pub async fn subscribe(&self, pattern: &str) -> Result<Subscription, BusError> {
+        let sub = self
+            .client
+            .subscribe(pattern.to_string())
+            .await
+            .map_err(|e| BusError::Subscribe(e.to_string()))?;
+        let stream = sub.map(|m| BusMessage {
+            subject: m.subject.to_string(),
+            headers: m
+                .headers
+                .map(|h| {
+                    h.iter()
+                        .flat_map(|(k, vs)| {
+                            let k = k.to_string();
+                            vs.iter()
+                                .map(move |v| (k.clone(), v.as_str().to_string()))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            payload: m.payload,
+        });
+        Ok(Subscription {
+            inner: Box::pin(stream),
+        })
+    }
+
+    pub fn is_connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}

@@ -1,0 +1,219 @@
+//! NATS subjects for changes: `walcast.realtime.<project>.<schema>.<table>`.
+//!
+//! A NATS token may not be empty or contain `.`, `*`, `>` or white space, and should stay
+//! printable ASCII. Identifiers are encoded token by token: ASCII letters, digits, `_` and
+//! `-` stay as they are; every other byte of the UTF-8 form becomes `~XX` (upper-case hex),
+//! `~` included; the empty identifier is the lone token `~`. The encoding is injective, so
+//! decoding gives back exactly the identifier.
+
+/// Prefix of every realtime change subject.
+pub const REALTIME_PREFIX: &str = "walcast.realtime";
+/// Subscribes to every realtime change.
+pub const REALTIME_ALL: &str = "walcast.realtime.>";
+
+/// Why a subject could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SubjectError {
+    #[error("subject does not start with {REALTIME_PREFIX}.")]
+    Prefix,
+    #[error("subject must have exactly project, schema and table tokens after the prefix")]
+    TokenCount,
+    #[error("bad escape in subject token {0:?}")]
+    Escape(String),
+    #[error("subject token {0:?} is not UTF-8 once decoded")]
+    Utf8(String),
+}
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
+}
+
+/// Encode one identifier as a subject token.
+pub fn encode_token(ident: &str) -> String {
+    if ident.is_empty() {
+        return "~".to_string();
+    }
+    let mut out = String::with_capacity(ident.len());
+    for &b in ident.as_bytes() {
+        if is_plain(b) {
+            out.push(b as char);
+        } else {
+            out.push('~');
+            out.push(char::from(HEX[(b >> 4) as usize]));
+            out.push(char::from(HEX[(b & 0xF) as usize]));
+        }
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn hex_val(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Decode a token made by [`encode_token`].
+pub fn decode_token(token: &str) -> Result<String, SubjectError> {
+    if token == "~" {
+        return Ok(String::new());
+    }
+    let bytes = token.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'~' {
+            let hi = bytes.get(i + 1).copied().and_then(hex_val);
+            let lo = bytes.get(i + 2).copied().and_then(hex_val);
+            match (hi, lo) {
+                (Some(h), Some(l)) => out.push(h << 4 | l),
+                _ => return Err(SubjectError::Escape(token.to_string())),
+            }
+            i += 3;
+        } else if is_plain(b) {
+            out.push(b);
+            i += 1;
+        } else {
+            return Err(SubjectError::Escape(token.to_string()));
+        }
+    }
+    if out.is_empty() {
+        return Err(SubjectError::Escape(token.to_string()));
+    }
+    String::from_utf8(out).map_err(|_| SubjectError::Utf8(token.to_string()))
+}
+
+/// The subject for a change of `schema.table` in `project`.
+pub fn change_subject(project: &str, schema: &str, table: &str) -> String {
+    format!(
+        "{REALTIME_PREFIX}.{}.{}.{}",
+        encode_token(project),
+        encode_token(schema),
+        encode_token(table)
+    )
+}
+
+/// The subscription pattern for every change of one project.
+pub fn project_pattern(project: &str) -> String {
+    format!("{REALTIME_PREFIX}.{}.>", encode_token(project))
+}
+
+/// Split a change subject back into (project, schema, table).
+pub fn parse_change_subject(subject: &str) -> Result<(String, String, String), SubjectError> {
+    let rest = subject
+        .strip_prefix(REALTIME_PREFIX)
+        .and_then(|r| r.strip_prefix('.'))
+        .ok_or(SubjectError::Prefix)?;
+    let tokens: Vec<&str> = rest.split('.').collect();
+    if tokens.len() != 3 {
+        return Err(SubjectError::TokenCount);
+    }
+    Ok((
+        decode_token(tokens[0])?,
+        decode_token(tokens[1])?,
+        decode_token(tokens[2])?,
+    ))
+}
+
+/// NATS wildcard matching (`*` one token, `>` the rest), for the in-process bus.
+pub fn matches(pattern: &str, subject: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_token(t: &str) -> bool {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'.' && b != b'*' && b != b'>')
+    }
+
+    #[test]
+    fn plain_names_stay_readable() {
+        assert_eq!(
+            change_subject("default", "public", "todos"),
+            "walcast.realtime.default.public.todos"
+        );
+    }
+
+    #[test]
+    fn awkward_names_are_escaped() {
+        assert_eq!(encode_token("a.b"), "a~2Eb");
+        assert_eq!(encode_token("My Table"), "My~20Table");
+        assert_eq!(encode_token(">"), "~3E");
+        assert_eq!(encode_token("~"), "~7E");
+        assert_eq!(encode_token(""), "~");
+        assert_eq!(encode_token("é"), "~C3~A9");
+    }
+
+    #[test]
+    fn bad_tokens_are_typed_errors() {
+        assert!(decode_token("~4").is_err());
+        assert!(decode_token("a b").is_err());
+        assert!(decode_token("~FF").is_err());
+        assert_eq!(
+            parse_change_subject("walcast.realtime.a.b"),
+            Err(SubjectError::TokenCount)
+        );
+        assert_eq!(
+            parse_change_subject("other.a.b.c"),
+            Err(SubjectError::Prefix)
+        );
+    }
+
+    #[test]
+    fn wildcards() {
+        assert!(matches("walcast.realtime.>", "walcast.realtime.a.b.c"));
+        assert!(!matches("walcast.realtime.>", "walcast.realtime"));
+        assert!(matches("walcast.*.a", "walcast.x.a"));
+        assert!(!matches("walcast.*.a", "walcast.x.b"));
+        assert!(matches(
+            &project_pattern("p 1"),
+            &change_subject("p 1", "s", "t")
+        ));
+        assert!(!matches(
+            &project_pattern("p"),
+            &change_subject("p2", "s", "t")
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn any_identifier_round_trips(p in ".*", s in ".*", t in ".*") {
+            let subject = change_subject(&p, &s, &t);
+            for token in subject.split('.') {
+                prop_assert!(valid_token(token), "invalid token {token:?}");
+            }
+            prop_assert_eq!(parse_change_subject(&subject), Ok((p, s, t)));
+        }
+
+        #[test]
+        fn distinct_identifiers_get_distinct_tokens(a in ".*", b in ".*") {
+            prop_assume!(a != b);
+            prop_assert_ne!(encode_token(&a), encode_token(&b));
+        }
+
+        #[test]
+        fn decoding_arbitrary_text_never_panics(s in "\\PC*") {
+            let _ = decode_token(&s);
+            let _ = parse_change_subject(&s);
+        }
+    }
+}

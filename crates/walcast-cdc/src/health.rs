@@ -1,0 +1,95 @@
+//! What `/health` reports about the pipeline, shared between the poller and the HTTP side.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+use walcast_wal2json::Lsn;
+
+/// A range of WAL whose changes were lost because the slot was invalidated.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct LostRange {
+    /// Last position we had confirmed (changes after it were never published).
+    pub from: Option<Lsn>,
+    /// Where the recreated slot starts.
+    pub to: Lsn,
+}
+
+#[derive(Default)]
+pub struct CdcHealth {
+    slot: Mutex<String>,
+    active: AtomicBool,
+    leader: AtomicBool,
+    confirmed_flush: AtomicU64,
+    lag_bytes: AtomicI64,
+    slot_lost_total: AtomicU64,
+    last_loss: Mutex<Option<LostRange>>,
+    last_error: Mutex<Option<String>>,
+}
+
+/// The JSON body of `/health` for the CDC part.
+#[derive(Serialize, Debug, Clone)]
+pub struct CdcHealthReport {
+    pub cdc_active: bool,
+    pub slot: String,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    pub lag_bytes: i64,
+    pub leader: bool,
+    pub slot_lost_total: u64,
+    pub last_slot_loss: Option<LostRange>,
+    pub last_error: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl CdcHealth {
+    pub fn new(slot: &str) -> CdcHealth {
+        let h = CdcHealth::default();
+        *lock(&h.slot) = slot.to_string();
+        h
+    }
+
+    pub fn set_active(&self, active: bool) {
+        self.active.store(active, Ordering::SeqCst);
+        metrics::gauge!("walcast_cdc_active").set(if active { 1.0 } else { 0.0 });
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64) {
+        self.confirmed_flush.store(confirmed.0, Ordering::SeqCst);
+        self.lag_bytes.store(lag_bytes, Ordering::SeqCst);
+        metrics::gauge!("walcast_cdc_slot_lag_bytes").set(lag_bytes as f64);
+    }
+
+    pub fn record_slot_loss(&self, range: LostRange) {
+        self.slot_lost_total.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.last_loss) = Some(range);
+    }
+
+    pub fn set_error(&self, error: Option<String>) {
+        *lock(&self.last_error) = error;
+    }
+
+    pub fn report(&self) -> CdcHealthReport {
+        let confirmed = self.confirmed_flush.load(Ordering::SeqCst);
+        CdcHealthReport {
+            cdc_active: self.is_active(),
+            slot: lock(&self.slot).clone(),
+            confirmed_flush_lsn: (confirmed != 0).then_some(Lsn(confirmed)),
+            lag_bytes: self.lag_bytes.load(Ordering::SeqCst),
+            leader: self.leader.load(Ordering::SeqCst),
+            slot_lost_total: self.slot_lost_total.load(Ordering::SeqCst),
+            last_slot_loss: lock(&self.last_loss).clone(),
+            last_error: lock(&self.last_error).clone(),
+        }
+    }
+}

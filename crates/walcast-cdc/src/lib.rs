@@ -1,0 +1,149 @@
+//! The CDC half of walcast: preflight checks, the replication slot, the realtime table
+//! registry, and the peek → publish → advance poller that never acknowledges a
+//! transaction before all of its changes reached the bus.
+
+pub mod event;
+pub mod health;
+pub mod migrate;
+pub mod pipeline;
+pub mod poller;
+pub mod preflight;
+pub mod registry;
+pub mod slot;
+pub mod sql;
+pub mod types;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::Bus;
+
+pub use health::{CdcHealth, CdcHealthReport};
+pub use poller::PollerConfig;
+pub use preflight::PreflightError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CdcError {
+    #[error(transparent)]
+    Preflight(#[from] PreflightError),
+    #[error("database: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("registry: {0}")]
+    Registry(#[from] registry::RegistryError),
+    #[error("migrations: {0}")]
+    Migrate(#[from] migrate::MigrateError),
+    #[error("cannot decode wal2json output ({error}): {line}")]
+    Decode { error: String, line: String },
+    #[error("building event: {0}")]
+    Event(#[from] event::EventError),
+    #[error("bus: {0}")]
+    Bus(#[from] walcast_bus::BusError),
+    #[error("replication slot {0:?} was lost (WAL removed past max_slot_wal_keep_size)")]
+    SlotLost(String),
+    #[error("replication slot {0:?} disappeared")]
+    SlotMissing(String),
+}
+
+impl CdcError {
+    /// Errors that retrying cannot fix: configuration the operator must change.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            CdcError::Preflight(
+                PreflightError::NoReplication { .. }
+                    | PreflightError::WalLevel(_)
+                    | PreflightError::UnboundedWal
+                    | PreflightError::NoFreeSlot { .. }
+                    | PreflightError::ForeignSlot { .. }
+                    | PreflightError::Wal2jsonMissing { .. }
+            )
+        )
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CdcConfig {
+    pub database_url: String,
+    pub poller: PollerConfig,
+    pub allow_unbounded_wal: bool,
+    /// This instance's id, sent as `Walcast-Origin`.
+    pub origin: String,
+}
+
+/// Connect, logging (not panicking) when the connection ends.
+pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::warn!(error = %e, "postgres connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Run the pipeline until `cancel` fires. Transient failures (connection loss, a slot
+/// still held by a dying session, a lost slot) are retried with backoff while `/health`
+/// reports `cdc_active: false`; configuration errors are returned at once.
+pub async fn run(
+    cfg: CdcConfig,
+    bus: Bus,
+    health: Arc<CdcHealth>,
+    cancel: CancellationToken,
+) -> Result<(), CdcError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let result = tokio::select! {
+            r = session(&cfg, &bus, &health, &cancel) => r,
+            _ = cancel.cancelled() => Ok(()),
+        };
+        health.set_active(false);
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_fatal() => {
+                health.set_error(Some(e.to_string()));
+                return Err(e);
+            }
+            Err(e) => {
+                metrics::counter!("walcast_cdc_poll_errors_total").increment(1);
+                tracing::error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cdc pipeline failed; retrying");
+                health.set_error(Some(e.to_string()));
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+async fn session(
+    cfg: &CdcConfig,
+    bus: &Bus,
+    health: &CdcHealth,
+    cancel: &CancellationToken,
+) -> Result<(), CdcError> {
+    let client = connect(&cfg.database_url).await?;
+    let catalog = connect(&cfg.database_url).await?;
+    let report = preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal).await?;
+    let slot = slot::ensure_slot(&client, &cfg.poller.slot, report.major, health).await?;
+    tracing::info!(
+        slot = %cfg.poller.slot,
+        confirmed_flush = %slot.confirmed_flush,
+        created = slot.created,
+        server = %report.server_version,
+        "replication slot ready"
+    );
+    let mut pipeline = pipeline::Pipeline::new(bus.clone(), cfg.origin.clone(), catalog).await?;
+    let poller = poller::Poller::new(
+        &cfg.poller,
+        &client,
+        &mut pipeline,
+        health,
+        slot.confirmed_flush,
+    )
+    .await?;
+    poller.run(cancel).await
+}

@@ -1,0 +1,85 @@
+//! Our SQL migrations (`sql/` at the repository root), embedded in the binary, versioned,
+//! idempotent, and applied under an advisory lock so two processes never race.
+
+use tokio_postgres::Client;
+
+/// (version, name, sql). Append only; never edit an applied migration.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "registry",
+    include_str!("../../../sql/0001_registry.sql"),
+)];
+
+/// Arbitrary, fixed key of the advisory lock that serialises migrations.
+const LOCK_KEY: i64 = 0x7761_6c63_6173_7401; // "walcast\x01"
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("migration {version} ({name}) failed: {source}")]
+    Failed {
+        version: i32,
+        name: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("migration bookkeeping failed: {0}")]
+    Db(#[from] tokio_postgres::Error),
+}
+
+/// Apply every migration not yet applied. Returns the versions applied by this call.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&LOCK_KEY])
+        .await?;
+    let result = apply_all(client).await;
+    // Unlock even when a migration failed; a lost session releases it anyway.
+    let unlock = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&LOCK_KEY])
+        .await;
+    let applied = result?;
+    unlock?;
+    Ok(applied)
+}
+
+async fn apply_all(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
+    client
+        .batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS walcast;
+             CREATE TABLE IF NOT EXISTS walcast.schema_migrations (
+                 version    integer     PRIMARY KEY,
+                 name       text        NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             );",
+        )
+        .await?;
+    let mut applied = Vec::new();
+    for &(version, name, sql) in MIGRATIONS {
+        let done = client
+            .query_opt(
+                "SELECT 1 FROM walcast.schema_migrations WHERE version = $1",
+                &[&version],
+            )
+            .await?
+            .is_some();
+        if done {
+            continue;
+        }
+        let tx = client.transaction().await?;
+        let fail = |source| MigrateError::Failed {
+            version,
+            name,
+            source,
+        };
+        tx.batch_execute(sql).await.map_err(fail)?;
+        tx.execute(
+            "INSERT INTO walcast.schema_migrations (version, name) VALUES ($1, $2)",
+            &[&version, &name],
+        )
+        .await
+        .map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
+        tracing::info!(version, name, "applied migration");
+        applied.push(version);
+    }
+    Ok(applied)
+}

@@ -1,0 +1,117 @@
+//! The realtime registry: which tables are streamed, per project.
+
+use tokio_postgres::GenericClient;
+
+use crate::sql::qualified;
+
+/// The registry's own table, always in the decoder's table filter (see the migration).
+pub const REGISTRY_SCHEMA: &str = "walcast";
+pub const REGISTRY_TABLE: &str = "realtime_tables";
+pub const DEFAULT_PROJECT: &str = "default";
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TableRef {
+    pub project: String,
+    pub schema: String,
+    pub table: String,
+}
+
+impl std::fmt::Display for TableRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", qualified(&self.schema, &self.table))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("table {0} does not exist (or is not a plain or partitioned table)")]
+    UnknownTable(String),
+    #[error("table {0} has no primary key; realtime needs one to identify rows")]
+    NoPrimaryKey(String),
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+}
+
+/// Does the table exist, and does it have a primary key?
+async fn inspect<C: GenericClient>(
+    client: &C,
+    schema: &str,
+    table: &str,
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&schema, &table],
+        )
+        .await?;
+    Ok(row.map(|r| r.get::<_, bool>(0)))
+}
+
+/// Enable streaming of `schema.table` for `project` and set `REPLICA IDENTITY FULL` so
+/// UPDATE and DELETE carry the old row. Idempotent.
+pub async fn enable<C: GenericClient>(
+    client: &C,
+    project: &str,
+    schema: &str,
+    table: &str,
+) -> Result<(), RegistryError> {
+    let name = qualified(schema, table);
+    match inspect(client, schema, table).await? {
+        None => return Err(RegistryError::UnknownTable(name)),
+        Some(false) => return Err(RegistryError::NoPrimaryKey(name)),
+        Some(true) => {}
+    }
+    client
+        .batch_execute(&format!("ALTER TABLE {name} REPLICA IDENTITY FULL"))
+        .await?;
+    client
+        .execute(
+            "INSERT INTO walcast.realtime_tables (project_id, schema_name, table_name)
+             VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            &[&project, &schema, &table],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Stop streaming a table. Returns whether it was enabled.
+pub async fn disable<C: GenericClient>(
+    client: &C,
+    project: &str,
+    schema: &str,
+    table: &str,
+) -> Result<bool, RegistryError> {
+    let n = client
+        .execute(
+            "DELETE FROM walcast.realtime_tables
+              WHERE project_id = $1 AND schema_name = $2 AND table_name = $3",
+            &[&project, &schema, &table],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
+/// Every enabled table, optionally of one project, sorted.
+pub async fn list<C: GenericClient>(
+    client: &C,
+    project: Option<&str>,
+) -> Result<Vec<TableRef>, RegistryError> {
+    let rows = client
+        .query(
+            "SELECT project_id, schema_name, table_name FROM walcast.realtime_tables
+              WHERE $1::text IS NULL OR project_id = $1
+              ORDER BY 1, 2, 3",
+            &[&project],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| TableRef {
+            project: r.get(0),
+            schema: r.get(1),
+            table: r.get(2),
+        })
+        .collect())
+}

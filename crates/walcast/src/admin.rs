@@ -1,0 +1,98 @@
+//! Admin subcommands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use futures_util::StreamExt;
+use walcast_bus::Bus;
+use walcast_cdc::registry;
+use walcast_cdc::sql::parse_qualified_name;
+
+use crate::config::redact_url;
+
+#[derive(Args, Debug, Clone)]
+pub struct RealtimeArgs {
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Project the table belongs to.
+    #[arg(long, env = "WALCAST_PROJECT", default_value = registry::DEFAULT_PROJECT)]
+    pub project: String,
+    #[command(subcommand)]
+    pub action: RealtimeAction,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum RealtimeAction {
+    /// Stream a table's changes (also sets REPLICA IDENTITY FULL). Name: `table`,
+    /// `schema.table`, SQL quoting allowed: `'"My Schema"."My Table"'`.
+    Enable { table: String },
+    /// Stop streaming a table.
+    Disable { table: String },
+    /// List the streamed tables.
+    List,
+}
+
+pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
+    crate::cdc_worker::migrate(&args.database_url).await?;
+    let client = walcast_cdc::connect(&args.database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+    match args.action {
+        RealtimeAction::Enable { table } => {
+            let (schema, name) =
+                parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
+            registry::enable(&client, &args.project, &schema, &name).await?;
+            println!(
+                "realtime enabled for {}",
+                walcast_cdc::sql::qualified(&schema, &name)
+            );
+        }
+        RealtimeAction::Disable { table } => {
+            let (schema, name) =
+                parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
+            let was = registry::disable(&client, &args.project, &schema, &name).await?;
+            let q = walcast_cdc::sql::qualified(&schema, &name);
+            if was {
+                println!("realtime disabled for {q}");
+            } else {
+                println!("realtime was not enabled for {q}");
+            }
+        }
+        RealtimeAction::List => {
+            for t in registry::list(&client, Some(&args.project)).await? {
+                println!("{t}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TailArgs {
+    /// NATS server the cdc-worker publishes to.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Subject pattern to follow.
+    #[arg(long, default_value = walcast_bus::subject::REALTIME_ALL)]
+    pub subject: String,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<usize>,
+}
+
+/// Print change events as JSON lines.
+pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
+    let bus = Bus::nats(&args.nats_url, "walcast-tail")
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(&args.nats_url)))?;
+    let mut sub = bus.subscribe(&args.subject).await?;
+    let mut seen = 0usize;
+    while let Some(msg) = sub.next().await {
+        println!("{}", String::from_utf8_lossy(&msg.payload));
+        seen += 1;
+        if args.count.is_some_and(|c| seen >= c) {
+            break;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+use clap::Parser;
+use walcast::cdc_worker::{main as worker_main, CdcWorkerConfig};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    worker_main(CdcWorkerConfig::parse()).await
+}

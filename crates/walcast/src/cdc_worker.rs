@@ -1,0 +1,126 @@
+//! The cdc-worker process: migrations, the CDC pipeline, and `/health` + `/metrics`.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use walcast_bus::Bus;
+use walcast_cdc::CdcHealth;
+
+use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
+use crate::http::{ops_router, serve, OpsState};
+
+/// Reads the WAL through a wal2json slot and publishes every change to NATS.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "cdc-worker", version, about)]
+pub struct CdcWorkerConfig {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub cdc: CdcArgs,
+    /// NATS server to publish changes to.
+    #[arg(long, env = "NATS_URL")]
+    pub nats_url: String,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// The effective configuration as JSON, secrets redacted.
+pub fn describe(
+    db: &DbArgs,
+    cdc: &CdcArgs,
+    nats_url: Option<&str>,
+    http: &HttpArgs,
+) -> serde_json::Value {
+    json!({
+        "database_url": redact_url(&db.database_url),
+        "replication_url": db.replication_url.as_deref().map(redact_url),
+        "nats_url": nats_url.map(redact_url),
+        "slot_name": cdc.slot_name,
+        "num_shards": cdc.num_shards,
+        "poll_batch": cdc.poll_batch,
+        "poll_max_batch": cdc.poll_max_batch,
+        "poll_idle_ms": cdc.poll_idle_ms,
+        "table_filter_refresh_ms": cdc.table_filter_refresh_ms,
+        "allow_unbounded_wal": cdc.allow_unbounded_wal,
+        "listen": format!("{}:{}", http.host, http.port),
+    })
+}
+
+/// A random id for this process, sent as `Walcast-Origin`.
+pub fn instance_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Apply our migrations (idempotent, serialised by an advisory lock).
+pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
+    let mut client = walcast_cdc::connect(database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
+    walcast_cdc::migrate::migrate(&mut client)
+        .await
+        .context("applying migrations")?;
+    Ok(())
+}
+
+/// Run migrations, the pipeline and the ops HTTP server until `cancel` fires or the
+/// pipeline hits an error that needs the operator.
+pub async fn run(
+    db: &DbArgs,
+    cdc: &CdcArgs,
+    bus: Bus,
+    origin: String,
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    migrate(&db.database_url).await?;
+    let cfg = cdc.to_config(db, &origin);
+    let health = Arc::new(CdcHealth::new(&cdc.slot_name));
+    health.set_leader(true);
+    let tracker = TaskTracker::new();
+    let state = OpsState {
+        cdc: health.clone(),
+        bus: bus.clone(),
+        metrics,
+        lease_mode: "none",
+    };
+    let http_cancel = cancel.clone();
+    let addr = listener.local_addr().ok();
+    tracker.spawn(async move {
+        if let Err(e) = serve(listener, ops_router(state), http_cancel.cancelled_owned()).await {
+            tracing::error!(error = %e, "http server failed");
+        }
+    });
+    tracing::info!(addr = ?addr, "serving /health and /metrics");
+    let result = walcast_cdc::run(cfg, bus, health, cancel.clone()).await;
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
+    result
+        .map_err(|e| anyhow::anyhow!(e))
+        .context("cdc pipeline stopped")
+}
+
+/// Entry point of the `cdc-worker` binary.
+pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
+    crate::telemetry::init_logs(&cfg.log);
+    tracing::info!(config = %describe(&cfg.db, &cfg.cdc, Some(&cfg.nats_url), &cfg.http), "cdc-worker starting");
+    let metrics = crate::telemetry::init_metrics()?;
+    let origin = instance_id();
+    let bus = Bus::nats(&cfg.nats_url, &format!("walcast-cdc-worker-{origin}"))
+        .await
+        .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
+    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
+        .await
+        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let cancel = crate::shutdown::on_signal();
+    run(&cfg.db, &cfg.cdc, bus, origin, listener, metrics, cancel).await
+}

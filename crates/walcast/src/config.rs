@@ -1,0 +1,125 @@
+//! Options shared by the binaries. Every option is a `--flag` and an environment variable.
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use walcast_cdc::{CdcConfig, PollerConfig};
+
+#[derive(Args, Clone, Debug)]
+pub struct DbArgs {
+    /// Postgres connection URL (tables, registry, RLS checks).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Connection URL for the replication slot; defaults to DATABASE_URL.
+    #[arg(long, env = "POSTGRES_REPLICATION_URL")]
+    pub replication_url: Option<String>,
+}
+
+impl DbArgs {
+    pub fn replication_url(&self) -> &str {
+        self.replication_url
+            .as_deref()
+            .unwrap_or(&self.database_url)
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct CdcArgs {
+    /// Name of the logical replication slot (created with wal2json when missing).
+    #[arg(long, env = "CDC_SLOT_NAME", default_value = "walcast_cdc_slot")]
+    pub slot_name: String,
+    /// Number of shards for per-subscriber work (routed by hash of project).
+    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = 4)]
+    pub num_shards: usize,
+    /// Rows per peek to start with; the poller grows it while polls come back full.
+    #[arg(long, env = "CDC_POLL_BATCH", default_value_t = 1000)]
+    pub poll_batch: usize,
+    /// Upper bound of the adaptive peek size (bounds server-side work per poll).
+    #[arg(long, env = "CDC_POLL_MAX_BATCH", default_value_t = 100_000)]
+    pub poll_max_batch: usize,
+    /// Wait after an empty poll, in milliseconds.
+    #[arg(long, env = "CDC_POLL_IDLE_MS", default_value_t = 100)]
+    pub poll_idle_ms: u64,
+    /// Re-read the realtime table registry at least this often, in milliseconds
+    /// (registry edits are also seen in WAL order, at once).
+    #[arg(long, env = "TABLE_FILTER_REFRESH_MS", default_value_t = 3000)]
+    pub table_filter_refresh_ms: u64,
+    /// Start even when max_slot_wal_keep_size is -1 (a stalled slot can then fill the disk).
+    #[arg(long, env = "CDC_ALLOW_UNBOUNDED_WAL", default_value_t = false)]
+    pub allow_unbounded_wal: bool,
+}
+
+impl CdcArgs {
+    pub fn to_config(&self, db: &DbArgs, origin: &str) -> CdcConfig {
+        CdcConfig {
+            database_url: db.replication_url().to_string(),
+            allow_unbounded_wal: self.allow_unbounded_wal,
+            origin: origin.to_string(),
+            poller: PollerConfig {
+                slot: self.slot_name.clone(),
+                min_batch: self.poll_batch,
+                max_batch: self.poll_max_batch,
+                idle: Duration::from_millis(self.poll_idle_ms),
+                filter_refresh: Duration::from_millis(self.table_filter_refresh_ms),
+            },
+        }
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct HttpArgs {
+    /// HTTP port (health, metrics; WebSocket in the front).
+    #[arg(long, env = "PORT", default_value_t = 4000)]
+    pub port: u16,
+    /// Address to bind.
+    #[arg(long, env = "HOST", default_value = "0.0.0.0")]
+    pub host: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+    Json,
+    Text,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `walcast_cdc=debug,info`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// Hide the password of a connection URL for logging.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_hidden() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("nats://a:b:c@h"), "nats://a:***@h");
+        assert_eq!(redact_url("host=x password=y"), "host=x password=y");
+    }
+}

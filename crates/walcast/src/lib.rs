@@ -1,0 +1,8 @@
+//! Binaries of walcast: `walcast` (all-in-one server and admin commands) and `cdc-worker`.
+
+pub mod admin;
+pub mod cdc_worker;
+pub mod config;
+pub mod http;
+pub mod shutdown;
+pub mod telemetry;

@@ -1,0 +1,79 @@
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use walcast::admin::{RealtimeArgs, TailArgs};
+use walcast::config::{CdcArgs, DbArgs, HttpArgs, LogArgs};
+use walcast_bus::Bus;
+
+/// walcast: streams Postgres changes in real time.
+#[derive(Parser, Debug)]
+#[command(name = "walcast", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// All-in-one server: CDC pipeline (and, later, the realtime front) in one process.
+    Serve(ServeConfig),
+    /// Apply walcast's SQL migrations and exit.
+    Migrate {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+    },
+    /// Manage which tables are streamed.
+    Realtime(RealtimeArgs),
+    /// Print change events from NATS as JSON lines.
+    Tail(TailArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ServeConfig {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    cdc: CdcArgs,
+    /// NATS server; unset = in-process bus (single process, no scale-out).
+    #[arg(long, env = "NATS_URL")]
+    nats_url: Option<String>,
+    /// In-process bus queue size per subscriber (when NATS_URL is unset).
+    #[arg(long, env = "BUS_CAPACITY", default_value_t = 65_536)]
+    bus_capacity: usize,
+    #[command(flatten)]
+    http: HttpArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
+    walcast::telemetry::init_logs(&cfg.log);
+    let described =
+        walcast::cdc_worker::describe(&cfg.db, &cfg.cdc, cfg.nats_url.as_deref(), &cfg.http);
+    tracing::info!(config = %described, "walcast serve starting");
+    let metrics = walcast::telemetry::init_metrics()?;
+    let origin = walcast::cdc_worker::instance_id();
+    let bus = match &cfg.nats_url {
+        Some(url) => Bus::nats(url, &format!("walcast-{origin}"))
+            .await
+            .with_context(|| {
+                format!("connecting to NATS at {}", walcast::config::redact_url(url))
+            })?,
+        None => Bus::local(cfg.bus_capacity),
+    };
+    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
+        .await
+        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let cancel = walcast::shutdown::on_signal();
+    walcast::cdc_worker::run(&cfg.db, &cfg.cdc, bus, origin, listener, metrics, cancel).await
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve(cfg) => serve(cfg).await,
+        Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
+        Command::Realtime(args) => walcast::admin::realtime(args).await,
+        Command::Tail(args) => walcast::admin::tail(args).await,
+    }
+}

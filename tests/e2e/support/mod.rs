@@ -1,0 +1,295 @@
+//! Shared helpers for the end-to-end tests: a real Postgres and nats-server from the
+//! test kit, the real `cdc-worker` binary as a child process, and a NATS collector.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use walcast_bus::{Bus, ChangeEvent};
+use walcast_testkit::{free_port, Nats, Postgres};
+
+pub struct Stack {
+    pub pg: Postgres,
+    pub nats: Nats,
+}
+
+impl Stack {
+    pub fn start() -> Stack {
+        Stack::with_pg(Postgres::builder().start().expect("start postgres"))
+    }
+
+    pub fn with_pg(pg: Postgres) -> Stack {
+        Stack {
+            pg,
+            nats: Nats::start().expect("start nats-server"),
+        }
+    }
+
+    pub fn worker(&self, extra: &[(&str, &str)]) -> Worker {
+        Worker::spawn(&self.pg.url(), &self.nats.url(), extra)
+    }
+
+    /// Run SQL (several statements allowed) as superuser.
+    pub fn sql(&self, sql: &str) -> String {
+        self.pg
+            .psql(sql)
+            .unwrap_or_else(|e| panic!("sql failed: {e}\n{sql}"))
+    }
+
+    /// Create a table and enable realtime on it through the CLI.
+    pub fn enable(&self, table: &str) {
+        let out = Command::new(env!("CARGO_BIN_EXE_walcast"))
+            .args(["realtime", "enable", table])
+            .env("DATABASE_URL", self.pg.url())
+            .output()
+            .expect("run walcast realtime enable");
+        assert!(
+            out.status.success(),
+            "walcast realtime enable {table} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A `cdc-worker` child process, killed on drop.
+pub struct Worker {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Worker {
+    pub fn spawn(db: &str, nats: &str, extra: &[(&str, &str)]) -> Worker {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("worker.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let port = free_port().expect("free port");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cdc-worker"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", db)
+            .env("NATS_URL", nats)
+            .env("PORT", port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("CDC_POLL_IDLE_MS", "20")
+            .env("LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("clone"))
+            .stderr(out);
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn cdc-worker");
+        Worker {
+            child,
+            port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET a path of the worker's HTTP server.
+    pub fn get(&self, path: &str) -> Option<String> {
+        http_get(self.port, path)
+    }
+
+    pub fn health(&self) -> Option<serde_json::Value> {
+        self.get("/health")
+            .and_then(|b| serde_json::from_str(&b).ok())
+    }
+
+    /// Wait until `/health` says `cdc_active: true`.
+    pub fn wait_active(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(h) = self.health() {
+                if h["cdc_active"] == true {
+                    return;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "cdc-worker exited ({status}) before becoming active:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cdc-worker not active within {timeout:?}; health: {:?}\nlog:\n{}",
+                self.health(),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait for the process to exit by itself; returns (success, log).
+    pub fn wait_exit(&mut self, timeout: Duration) -> (bool, String) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return (status.success(), self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cdc-worker still running after {timeout:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Value of a Prometheus sample, e.g. `walcast_cdc_slot_lost_total`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let body = self.get("/metrics")?;
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// Collects every change event published on NATS, in arrival order.
+#[derive(Clone)]
+pub struct Collector {
+    pub events: Arc<Mutex<Vec<(String, ChangeEvent)>>>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Collector {
+    pub async fn start(nats_url: &str) -> Collector {
+        let bus = Bus::nats(nats_url, "e2e-collector")
+            .await
+            .expect("connect collector");
+        let mut sub = bus
+            .subscribe(walcast_bus::subject::REALTIME_ALL)
+            .await
+            .expect("subscribe");
+        // A round trip makes sure the subscription is registered before we return.
+        bus.barrier().await.expect("barrier");
+        let c = Collector {
+            events: Arc::new(Mutex::new(Vec::new())),
+            notify: Arc::new(tokio::sync::Notify::new()),
+        };
+        let c2 = c.clone();
+        tokio::spawn(async move {
+            let _keep = bus;
+            while let Some(msg) = sub.next().await {
+                let ev: ChangeEvent = serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
+                    panic!(
+                        "bad event JSON {e}: {}",
+                        String::from_utf8_lossy(&msg.payload)
+                    )
+                });
+                let lsn = msg.header(walcast_bus::HEADER_LSN).map(str::to_string);
+                assert_eq!(lsn, Some(ev.commit_lsn.to_string()), "Walcast-Lsn header");
+                c2.events.lock().unwrap().push((msg.subject, ev));
+                c2.notify.notify_waiters();
+            }
+        });
+        c
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.lock().unwrap().len()
+    }
+
+    pub fn snapshot(&self) -> Vec<ChangeEvent> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    pub fn subjects(&self) -> Vec<String> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    /// Wait until `pred` holds on the events, or fail with `what`.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&[ChangeEvent]) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if pred(&self.snapshot()) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let n = self.len();
+                panic!("timed out after {timeout:?} waiting for {what}; {n} events received");
+            }
+        }
+    }
+
+    pub async fn wait_count(&self, n: usize, timeout: Duration) {
+        self.wait_until(&format!("{n} events"), timeout, |e| e.len() >= n)
+            .await
+    }
+}
+
+/// The `record` (or `old_record`) of an event as a JSON value.
+pub fn rec(ev: &ChangeEvent) -> serde_json::Value {
+    serde_json::from_str(ev.record.as_ref().expect("record").get()).expect("record json")
+}
+
+pub fn old(ev: &ChangeEvent) -> serde_json::Value {
+    serde_json::from_str(ev.old_record.as_ref().expect("old_record").get()).expect("old json")
+}
+
+/// Drop replays: keep an event only if its (commit_lsn, seq) is past the last one kept.
+pub fn dedup(events: &[ChangeEvent]) -> Vec<ChangeEvent> {
+    let mut last = None;
+    let mut out = Vec::new();
+    for e in events {
+        if last.is_some_and(|l| e.position() <= l) {
+            continue;
+        }
+        last = Some(e.position());
+        out.push(e.clone());
+    }
+    out
+}
