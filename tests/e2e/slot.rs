@@ -1,1 +1,136 @@
+//! Preflight errors and the slot manager, against real Postgres configurations.
 
+mod support;
+
+use std::time::Duration;
+
+use support::{rec, Collector, Stack, Worker};
+use walcast_testkit::Postgres;
+
+const EXIT: Duration = Duration::from_secs(60);
+
+fn failing_worker(pg: Postgres, extra: &[(&str, &str)]) -> (bool, String) {
+    let stack = Stack::with_pg(pg);
+    let mut worker = stack.worker(extra);
+    worker.wait_exit(EXIT)
+}
+
+#[test]
+fn missing_wal2json_says_which_package_to_install() {
+    // Postgres looks the plugin up in dynamic_library_path: an empty directory hides it.
+    let empty = tempfile::tempdir().unwrap();
+    let pg = Postgres::builder()
+        .setting("dynamic_library_path", &empty.path().display().to_string())
+        .start()
+        .unwrap();
+    let (ok, log) = failing_worker(pg, &[]);
+    assert!(!ok, "must exit non-zero:\n{log}");
+    assert!(log.contains("install postgresql-15-wal2json"), "{log}");
+}
+
+#[test]
+fn wal_level_replica_is_refused_with_the_fix() {
+    let pg = Postgres::builder()
+        .setting("wal_level", "replica")
+        .start()
+        .unwrap();
+    let (ok, log) = failing_worker(pg, &[]);
+    assert!(!ok);
+    assert!(
+        log.contains("ALTER SYSTEM SET wal_level = logical"),
+        "{log}"
+    );
+}
+
+#[test]
+fn unbounded_wal_is_refused_unless_allowed() {
+    let pg = Postgres::builder()
+        .setting("max_slot_wal_keep_size", "-1")
+        .start()
+        .unwrap();
+    let stack = Stack::with_pg(pg);
+    let (ok, log) = stack.worker(&[]).wait_exit(EXIT);
+    assert!(!ok);
+    assert!(log.contains("--allow-unbounded-wal"), "{log}");
+    let mut allowed = stack.worker(&[("CDC_ALLOW_UNBOUNDED_WAL", "true")]);
+    allowed.wait_active(EXIT);
+}
+
+#[test]
+fn a_role_without_replication_is_told_how_to_grant_it() {
+    let stack = Stack::start();
+    stack.sql("CREATE ROLE plain LOGIN");
+    let mut worker = Worker::spawn(
+        &stack.pg.url_for("plain", "postgres"),
+        &stack.nats.url(),
+        &[],
+    );
+    let (ok, log) = worker.wait_exit(EXIT);
+    assert!(!ok);
+    assert!(
+        log.contains("ALTER ROLE \\\"plain\\\" WITH REPLICATION")
+            || log.contains("ALTER ROLE \"plain\" WITH REPLICATION"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_slot_held_by_another_plugin_is_refused() {
+    let stack = Stack::start();
+    stack.sql("SELECT pg_create_logical_replication_slot('walcast_cdc_slot', 'test_decoding')");
+    let (ok, log) = stack.worker(&[]).wait_exit(EXIT);
+    assert!(!ok);
+    assert!(
+        log.contains("plugin") && log.contains("test_decoding"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slot_is_recreated_logged_counted_and_reported() {
+    let pg = Postgres::builder()
+        .setting("max_slot_wal_keep_size", "2MB")
+        .setting("min_wal_size", "2MB")
+        .setting("max_wal_size", "4MB")
+        .start()
+        .unwrap();
+    let stack = Stack::with_pg(pg);
+    stack.sql("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE filler (v text)");
+    stack.enable("t");
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(EXIT);
+    assert_eq!(worker.health().unwrap()["slot_lost_total"], 0);
+    worker.kill9();
+
+    // While nobody reads the slot, write far more WAL than it may keep, then checkpoint.
+    stack.sql("INSERT INTO t VALUES (1)");
+    for _ in 0..3 {
+        stack.sql(
+            "INSERT INTO filler SELECT repeat(md5(g::text), 20) FROM generate_series(1, 20000) g",
+        );
+        stack.sql("SELECT pg_switch_wal()");
+        stack.sql("CHECKPOINT");
+    }
+    let status = stack
+        .sql("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'walcast_cdc_slot'");
+    assert_eq!(status, "lost", "test setup: the slot should be invalidated");
+
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(EXIT);
+    let health = worker.health().unwrap();
+    assert_eq!(health["slot_lost_total"], 1, "{health}");
+    assert!(health["last_slot_loss"]["to"].is_string(), "{health}");
+    assert_eq!(worker.metric("walcast_cdc_slot_lost_total"), Some(1.0));
+    let log = worker.log_text();
+    assert!(
+        log.contains("\"level\":\"ERROR\"") && log.contains("replication slot was lost"),
+        "{log}"
+    );
+    // The change in the lost range is gone (and said so); new changes flow again.
+    stack.sql("INSERT INTO t VALUES (2)");
+    collector.wait_count(1, EXIT).await;
+    let events = collector.snapshot();
+    assert_eq!(events.len(), 1);
+    assert_eq!(rec(&events[0])["id"], 2);
+}

@@ -49,17 +49,7 @@ pub enum CdcError {
 impl CdcError {
     /// Errors that retrying cannot fix: configuration the operator must change.
     pub fn is_fatal(&self) -> bool {
-        matches!(
-            self,
-            CdcError::Preflight(
-                PreflightError::NoReplication { .. }
-                    | PreflightError::WalLevel(_)
-                    | PreflightError::UnboundedWal
-                    | PreflightError::NoFreeSlot { .. }
-                    | PreflightError::ForeignSlot { .. }
-                    | PreflightError::Wal2jsonMissing { .. }
-            )
-        )
+        matches!(self, CdcError::Preflight(e) if e.is_fatal())
     }
 }
 

@@ -56,6 +56,21 @@ impl Pipeline {
         })
     }
 
+    /// The streamed tables as the pipeline knows them at its current WAL position.
+    pub fn tables(&self) -> Vec<TableRef> {
+        let mut v: Vec<TableRef> = self
+            .routes
+            .iter()
+            .map(|((schema, table), project)| TableRef {
+                project: project.clone(),
+                schema: schema.clone(),
+                table: table.clone(),
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Which project each streamed table belongs to.
     pub fn set_tables(&mut self, tables: &[TableRef]) {
         self.routes = tables
@@ -126,6 +141,18 @@ impl Pipeline {
         row: &RowChange<'_>,
     ) -> Result<LineOutcome, CdcError> {
         if row.schema == REGISTRY_SCHEMA && row.table == REGISTRY_TABLE {
+            // Apply the registry edit as of this WAL position: the filter for what follows
+            // is then exact, whatever the registry holds by the time we read it.
+            if kind != ChangeKind::Insert {
+                if let Some(t) = registry_row(&row.identity) {
+                    self.routes.remove(&(t.schema, t.table));
+                }
+            }
+            if kind != ChangeKind::Delete {
+                if let Some(t) = registry_row(&row.columns) {
+                    self.routes.insert((t.schema, t.table), t.project);
+                }
+            }
             self.registry_changed = true;
             return Ok(LineOutcome::Continue);
         }
@@ -176,4 +203,19 @@ impl Pipeline {
     pub async fn barrier(&self) -> Result<(), CdcError> {
         Ok(self.bus.barrier().await?)
     }
+}
+
+/// A registry row (`project_id`, `schema_name`, `table_name`) from decoded columns.
+fn registry_row(cols: &[walcast_wal2json::Column<'_>]) -> Option<TableRef> {
+    let get = |name: &str| {
+        cols.iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.text())
+            .map(|t| t.into_owned())
+    };
+    Some(TableRef {
+        project: get("project_id")?,
+        schema: get("schema_name")?,
+        table: get("table_name")?,
+    })
 }

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::{pin_mut, TryStreamExt};
+use futures_util::TryStreamExt;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walcast_wal2json::Lsn;
@@ -96,15 +96,42 @@ impl<'a> Poller<'a> {
         Ok(p)
     }
 
+    /// Load the registry at start. Later edits arrive in WAL order (the registry table is
+    /// always decoded) and are applied by the pipeline exactly where they happened.
     async fn refresh_tables(&mut self) -> Result<(), CdcError> {
         let tables = registry::list(self.client, None).await?;
+        self.pipeline.set_tables(&tables);
+        self.apply_filter();
+        self.refreshed_at = Instant::now();
+        Ok(())
+    }
+
+    fn apply_filter(&mut self) {
+        let tables = self.pipeline.tables();
         let filter = table_filter(&tables);
         if filter != self.filter {
             tracing::info!(tables = tables.len(), filter = %filter, "table filter updated");
+            self.filter = filter;
         }
-        self.pipeline.set_tables(&tables);
-        self.filter = filter;
+    }
+
+    /// The periodic re-read: a safety net against drift. The registry is read in one
+    /// snapshot with the WAL position; it is applied only when we have decoded past that
+    /// position (so in-band edits are all applied), and then normally changes nothing.
+    async fn check_registry(&mut self) -> Result<(), CdcError> {
         self.refreshed_at = Instant::now();
+        let tx_sql = "SELECT pg_current_wal_lsn()::text";
+        let tables = registry::list(self.client, None).await?;
+        let at: String = self.client.query_one(tx_sql, &[]).await?.get(0);
+        let at: Lsn = at.parse().unwrap_or(Lsn(u64::MAX));
+        if self.confirmed < at {
+            return Ok(());
+        }
+        if tables != self.pipeline.tables() {
+            tracing::warn!("realtime registry differs from the decoded state; reloading it");
+            self.pipeline.set_tables(&tables);
+            self.apply_filter();
+        }
         Ok(())
     }
 
@@ -127,7 +154,7 @@ impl<'a> Poller<'a> {
     /// One peek/publish/advance round. Returns the number of rows read.
     pub async fn poll_once(&mut self) -> Result<usize, CdcError> {
         if self.refreshed_at.elapsed() >= self.cfg.filter_refresh {
-            self.refresh_tables().await?;
+            self.check_registry().await?;
         }
         let started = Instant::now();
         // Everything committed before this point is in the peek's output, if the peek
@@ -153,7 +180,9 @@ impl<'a> Poller<'a> {
                 ],
             )
             .await?;
-        pin_mut!(stream);
+        // Boxed so that dropping it below really ends the query: rows left unread after
+        // an early break are then discarded instead of blocking the connection.
+        let mut stream = Box::pin(stream);
         self.pipeline.reset();
         let mut rows = 0usize;
         let mut last_commit: Option<Lsn> = None;
@@ -188,7 +217,7 @@ impl<'a> Poller<'a> {
             self.advance(target).await?;
         }
         if cut_short {
-            self.refresh_tables().await?;
+            self.apply_filter();
         }
         self.adapt(rows, full);
         metrics::histogram!("walcast_cdc_poll_duration_seconds")

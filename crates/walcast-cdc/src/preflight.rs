@@ -27,6 +27,16 @@ pub enum PreflightError {
     Db(#[from] tokio_postgres::Error),
 }
 
+impl PreflightError {
+    /// Errors that retrying cannot fix: configuration the operator must change.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(
+            self,
+            PreflightError::SlotInUse { .. } | PreflightError::Db(_)
+        )
+    }
+}
+
 /// What preflight found, for the start-up log.
 #[derive(Debug, Clone)]
 pub struct PreflightReport {

@@ -34,8 +34,8 @@ pub async fn ensure_slot(
         .await?;
     // Some(confirmed position) when the slot we found was lost.
     let mut lost: Option<Option<Lsn>> = None;
-    match existing {
-        Some(row) => {
+    if let Some(row) = existing {
+        {
             let status: Option<String> = row.get(0);
             let confirmed = parse_lsn(row.get(1));
             if status.as_deref() != Some("lost") {
@@ -58,7 +58,6 @@ pub async fn ensure_slot(
                 .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
                 .await?;
         }
-        None => {}
     }
     tracing::info!(
         slot,

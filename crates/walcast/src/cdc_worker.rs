@@ -70,6 +70,33 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fail fast, with the fix, on configuration the operator must change. Transient states
+/// (a slot still held by a dying session) are left to the pipeline's retries.
+pub async fn preflight(db: &DbArgs, cdc: &CdcArgs) -> anyhow::Result<()> {
+    let url = db.replication_url();
+    let client = walcast_cdc::connect(url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(url)))?;
+    match walcast_cdc::preflight::preflight(&client, &cdc.slot_name, cdc.allow_unbounded_wal).await
+    {
+        Ok(report) => {
+            tracing::info!(
+                server = %report.server_version,
+                role = %report.role,
+                max_slot_wal_keep_size = %report.max_slot_wal_keep_size,
+                slot_exists = report.slot_exists,
+                "preflight passed"
+            );
+            Ok(())
+        }
+        Err(e) if e.is_fatal() => Err(anyhow::anyhow!("preflight failed: {e}")),
+        Err(e) => {
+            tracing::warn!(error = %e, "preflight: will retry");
+            Ok(())
+        }
+    }
+}
+
 /// Run migrations, the pipeline and the ops HTTP server until `cancel` fires or the
 /// pipeline hits an error that needs the operator.
 pub async fn run(
@@ -81,6 +108,7 @@ pub async fn run(
     metrics: PrometheusHandle,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    preflight(db, cdc).await?;
     migrate(&db.database_url).await?;
     let cfg = cdc.to_config(db, &origin);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
