@@ -17,6 +17,7 @@ const BIND_RETRIES: usize = 5;
 pub struct PostgresBuilder {
     settings: Vec<(String, String)>,
     require_wal2json: bool,
+    password_auth: Option<(String, String)>,
 }
 
 impl Default for PostgresBuilder {
@@ -42,6 +43,7 @@ impl Default for PostgresBuilder {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             require_wal2json: true,
+            password_auth: None,
         }
     }
 }
@@ -60,6 +62,15 @@ impl PostgresBuilder {
         self
     }
 
+    /// Require a password on TCP connections: `initdb --auth-host=<method>` (e.g.
+    /// `scram-sha-256`, `md5`, `password`), with `password` set for the `postgres`
+    /// superuser. [`Postgres::url`] then carries the password; Unix-socket connections
+    /// stay `trust`.
+    pub fn password_auth(mut self, method: &str, password: &str) -> Self {
+        self.password_auth = Some((method.to_string(), password.to_string()));
+        self
+    }
+
     pub fn start(self) -> Result<Postgres, KitError> {
         Postgres::start_with(self)
     }
@@ -71,6 +82,7 @@ pub struct Postgres {
     run_as: Option<RunAs>,
     port: u16,
     settings: Vec<(String, String)>,
+    password: Option<String>,
     process: Option<Supervised>,
     // Declared last so the directory outlives the process.
     dir: TempDir,
@@ -104,12 +116,28 @@ impl Postgres {
             .arg(&data)
             .args(["--auth=trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
             .args(["--locale=C.UTF-8", "--wal-segsize=1"]);
-        run(initdb, run_as)?;
+        let pwfile = dir.path().join("pwfile");
+        if let Some((method, password)) = &builder.password_auth {
+            std::fs::write(&pwfile, format!("{password}\n"))
+                .map_err(|e| KitError::io("writing the password file", e))?;
+            chown_tree(&pwfile, run_as)?;
+            // Later options win: host connections use `method`, local ones stay trust.
+            initdb
+                .arg(format!("--auth-host={method}"))
+                .arg("--pwfile")
+                .arg(&pwfile);
+        }
+        let initdb_result = run(initdb, run_as);
+        if builder.password_auth.is_some() {
+            let _ = std::fs::remove_file(&pwfile);
+        }
+        initdb_result?;
         let mut pg = Postgres {
             bindir,
             run_as,
             port: 0,
             settings: builder.settings,
+            password: builder.password_auth.map(|(_, password)| password),
             process: None,
             dir,
         };
@@ -206,9 +234,17 @@ impl Postgres {
         &self.bindir
     }
 
-    /// Superuser connection URL for the `postgres` database.
+    /// Superuser connection URL for the `postgres` database (with the password when the
+    /// cluster was built with [`PostgresBuilder::password_auth`]).
     pub fn url(&self) -> String {
-        self.url_for("postgres", "postgres")
+        match &self.password {
+            None => self.url_for("postgres", "postgres"),
+            Some(password) => format!(
+                "postgres://postgres:{}@127.0.0.1:{}/postgres",
+                percent_encode(password),
+                self.port
+            ),
+        }
     }
 
     /// Connection URL for `user` (trust auth) and `database`.
@@ -254,6 +290,19 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Percent-encode everything but RFC 3986 unreserved characters (for URL userinfo).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Connect to `url`, spawning the connection task on the current runtime.
