@@ -3,17 +3,18 @@
 
 mod support;
 
+both_sources!(kill_9_five_times_under_load_loses_nothing);
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use rand::Rng;
 use support::{dedup, rec, Collector, Stack};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_five_times_under_load_loses_nothing() {
+async fn kill_9_five_times_under_load_loses_nothing(source: &'static str) {
     const WRITERS: i32 = 4;
     const PER: i32 = 3000;
-    let stack = Stack::start();
+    let stack = Stack::start(source);
     stack.sql("CREATE TABLE c (writer int, i int, PRIMARY KEY (writer, i))");
     stack.enable("c");
     let collector = Collector::start(&stack.nats.url()).await;

@@ -2,6 +2,14 @@
 
 mod support;
 
+both_sources!(
+    insert_update_delete_arrive_with_content_in_commit_order,
+    eight_concurrent_writers_10k_transactions_all_arrive_once_in_commit_order,
+    a_50k_row_transaction_arrives_whole_and_in_order,
+    enabling_and_disabling_takes_effect_exactly_in_wal_order,
+    an_idle_open_transaction_neither_stalls_nor_reorders_others
+);
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -11,9 +19,8 @@ use walcast_bus::ChangeKind;
 const ACTIVE: Duration = Duration::from_secs(60);
 const ARRIVE: Duration = Duration::from_secs(120);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn insert_update_delete_arrive_with_content_in_commit_order() {
-    let stack = Stack::start();
+async fn insert_update_delete_arrive_with_content_in_commit_order(source: &'static str) {
+    let stack = Stack::start(source);
     stack.sql(
         "CREATE TYPE mood AS ENUM ('sad', 'happy');
          CREATE TABLE todos (id int8 PRIMARY KEY, title text, done bool, score numeric,
@@ -124,11 +131,12 @@ async fn insert_update_delete_arrive_with_content_in_commit_order() {
     assert_eq!(old(del)["title"], "it's \"quoted\"\n€");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eight_concurrent_writers_10k_transactions_all_arrive_once_in_commit_order() {
+async fn eight_concurrent_writers_10k_transactions_all_arrive_once_in_commit_order(
+    source: &'static str,
+) {
     const WRITERS: i32 = 8;
     const PER: i32 = 1250;
-    let stack = Stack::start();
+    let stack = Stack::start(source);
     stack.sql("CREATE TABLE w (writer int, i int, PRIMARY KEY (writer, i))");
     stack.enable("w");
     let collector = Collector::start(&stack.nats.url()).await;
@@ -175,10 +183,9 @@ async fn eight_concurrent_writers_10k_transactions_all_arrive_once_in_commit_ord
     assert_eq!(rec(&events[total])["writer"], -1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_50k_row_transaction_arrives_whole_and_in_order() {
+async fn a_50k_row_transaction_arrives_whole_and_in_order(source: &'static str) {
     const ROWS: usize = 50_000;
-    let stack = Stack::start();
+    let stack = Stack::start(source);
     stack.sql("CREATE TABLE big (id int PRIMARY KEY, v text)");
     stack.enable("big");
     let collector = Collector::start(&stack.nats.url()).await;
@@ -205,9 +212,8 @@ async fn a_50k_row_transaction_arrives_whole_and_in_order() {
     assert_eq!(rec(&events[ROWS + 1])["id"], -1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn enabling_and_disabling_takes_effect_exactly_in_wal_order() {
-    let stack = Stack::start();
+async fn enabling_and_disabling_takes_effect_exactly_in_wal_order(source: &'static str) {
+    let stack = Stack::start(source);
     stack.sql("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY);");
     stack.enable("a");
     let collector = Collector::start(&stack.nats.url()).await;
@@ -233,9 +239,8 @@ async fn enabling_and_disabling_takes_effect_exactly_in_wal_order() {
     assert_eq!(seen, [("b".to_string(), 2), ("a".to_string(), 100)]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_open_transaction_neither_stalls_nor_reorders_others() {
-    let stack = Stack::start();
+async fn an_idle_open_transaction_neither_stalls_nor_reorders_others(source: &'static str) {
+    let stack = Stack::start(source);
     stack.sql("CREATE TABLE t (id int PRIMARY KEY, who text)");
     stack.enable("t");
     let collector = Collector::start(&stack.nats.url()).await;

@@ -10,7 +10,7 @@ use walcast_testkit::Postgres;
 const EXIT: Duration = Duration::from_secs(60);
 
 fn failing_worker(pg: Postgres, extra: &[(&str, &str)]) -> (bool, String) {
-    let stack = Stack::with_pg(pg);
+    let stack = Stack::with_pg(pg, "poll");
     let mut worker = stack.worker(extra);
     worker.wait_exit(EXIT)
 }
@@ -48,7 +48,7 @@ fn unbounded_wal_is_refused_unless_allowed() {
         .setting("max_slot_wal_keep_size", "-1")
         .start()
         .unwrap();
-    let stack = Stack::with_pg(pg);
+    let stack = Stack::with_pg(pg, "poll");
     let (ok, log) = stack.worker(&[]).wait_exit(EXIT);
     assert!(!ok);
     assert!(log.contains("--allow-unbounded-wal"), "{log}");
@@ -58,7 +58,7 @@ fn unbounded_wal_is_refused_unless_allowed() {
 
 #[test]
 fn a_role_without_replication_is_told_how_to_grant_it() {
-    let stack = Stack::start();
+    let stack = Stack::start("poll");
     stack.sql("CREATE ROLE plain LOGIN");
     let mut worker = Worker::spawn(
         &stack.pg.url_for("plain", "postgres"),
@@ -76,7 +76,7 @@ fn a_role_without_replication_is_told_how_to_grant_it() {
 
 #[test]
 fn a_slot_held_by_another_plugin_is_refused() {
-    let stack = Stack::start();
+    let stack = Stack::start("poll");
     stack.sql("SELECT pg_create_logical_replication_slot('walcast_cdc_slot', 'test_decoding')");
     let (ok, log) = stack.worker(&[]).wait_exit(EXIT);
     assert!(!ok);
@@ -86,15 +86,16 @@ fn a_slot_held_by_another_plugin_is_refused() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_slot_is_recreated_logged_counted_and_reported() {
+both_sources!(a_lost_slot_is_recreated_logged_counted_and_reported);
+
+async fn a_lost_slot_is_recreated_logged_counted_and_reported(source: &'static str) {
     let pg = Postgres::builder()
         .setting("max_slot_wal_keep_size", "2MB")
         .setting("min_wal_size", "2MB")
         .setting("max_wal_size", "4MB")
         .start()
         .unwrap();
-    let stack = Stack::with_pg(pg);
+    let stack = Stack::with_pg(pg, source);
     stack.sql("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE filler (v text)");
     stack.enable("t");
     let mut worker = stack.worker(&[]);

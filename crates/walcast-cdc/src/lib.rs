@@ -10,7 +10,9 @@ pub mod poller;
 pub mod preflight;
 pub mod registry;
 pub mod slot;
+pub mod source;
 pub mod sql;
+pub mod stream;
 pub mod types;
 
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use walcast_bus::Bus;
 pub use health::{CdcHealth, CdcHealthReport};
 pub use poller::PollerConfig;
 pub use preflight::PreflightError;
+pub use source::SourceKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdcError {
@@ -44,6 +47,10 @@ pub enum CdcError {
     SlotLost(String),
     #[error("replication slot {0:?} disappeared")]
     SlotMissing(String),
+    #[error("replication stream: {0}")]
+    Repl(#[from] walcast_pgrepl::ReplError),
+    #[error("the server ended the replication stream")]
+    StreamEnded,
 }
 
 impl CdcError {
@@ -56,7 +63,10 @@ impl CdcError {
 #[derive(Clone, Debug)]
 pub struct CdcConfig {
     pub database_url: String,
+    pub source: SourceKind,
     pub poller: PollerConfig,
+    /// Stream mode: how often progress is acknowledged.
+    pub ack_interval: Duration,
     pub allow_unbounded_wal: bool,
     /// This instance's id, sent as `Walcast-Origin`.
     pub origin: String,
@@ -127,13 +137,34 @@ async fn session(
         "replication slot ready"
     );
     let mut pipeline = pipeline::Pipeline::new(bus.clone(), cfg.origin.clone(), catalog).await?;
-    let poller = poller::Poller::new(
-        &cfg.poller,
-        &client,
-        &mut pipeline,
-        health,
-        slot.confirmed_flush,
-    )
-    .await?;
-    poller.run(cancel).await
+    match cfg.source {
+        SourceKind::Poll => {
+            let poller = poller::Poller::new(
+                &cfg.poller,
+                &client,
+                &mut pipeline,
+                health,
+                slot.confirmed_flush,
+            )
+            .await?;
+            poller.run(cancel).await
+        }
+        SourceKind::Stream => {
+            let stream_cfg = stream::StreamConfig {
+                slot: cfg.poller.slot.clone(),
+                url: cfg.database_url.clone(),
+                ack_interval: cfg.ack_interval,
+                filter_refresh: cfg.poller.filter_refresh,
+            };
+            stream::Streamer::new(
+                &stream_cfg,
+                &client,
+                &mut pipeline,
+                health,
+                slot.confirmed_flush,
+            )
+            .run(cancel)
+            .await
+        }
+    }
 }

@@ -79,6 +79,11 @@ impl Pipeline {
             .collect();
     }
 
+    /// True between a transaction's BEGIN and COMMIT lines.
+    pub fn in_transaction(&self) -> bool {
+        self.txn.is_some()
+    }
+
     /// Forget a partial transaction (the source restarts from the last acknowledged commit).
     pub fn reset(&mut self) {
         self.txn = None;

@@ -2,8 +2,10 @@
 //! `pg_replication_slot_advance` to the commit LSN of the last transaction published.
 //!
 //! Every peek re-decodes the WAL from the slot's `restart_lsn`, so many small polls are
-//! slow. The row limit adapts: it grows (×4, up to `max_batch`) while polls come back full
-//! and shrinks while they come back mostly empty. The limit is checked by Postgres only
+//! slow. The row limit adapts: a poll that comes back full, or a slot more than 1 MiB
+//! behind, switches to `max_batch` at once (ramping up in steps would decode a backlog
+//! several times over); polls that come back mostly empty halve it back towards
+//! `min_batch`. The limit is checked by Postgres only
 //! between WAL records and a transaction's changes are all emitted while decoding its
 //! commit record, so a transaction is never split, however large (tested with 50,000 rows).
 
@@ -16,20 +18,12 @@ use walcast_wal2json::Lsn;
 
 use crate::health::CdcHealth;
 use crate::pipeline::{LineOutcome, Pipeline};
-use crate::registry::{self, TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::registry;
+use crate::source::{registry_drift, table_filter, WAL2JSON_OPTIONS};
 use crate::CdcError;
 
-/// The wal2json options every source uses (`add-tables` is appended).
-pub const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
-    ("format-version", "2"),
-    ("include-transaction", "1"),
-    ("include-xids", "1"),
-    ("include-timestamp", "1"),
-    ("include-lsn", "1"),
-    ("include-pk", "1"),
-    ("include-type-oids", "1"),
-    ("include-typmod", "0"),
-];
+/// WAL behind the slot beyond which a poll starts at the largest batch.
+const BACKLOG_BYTES: u64 = 1 << 20;
 
 #[derive(Clone, Debug)]
 pub struct PollerConfig {
@@ -38,18 +32,6 @@ pub struct PollerConfig {
     pub max_batch: usize,
     pub idle: Duration,
     pub filter_refresh: Duration,
-}
-
-/// The `add-tables` value: every enabled table plus our registry.
-pub fn table_filter(tables: &[TableRef]) -> String {
-    let mut names: Vec<(&str, &str)> = tables
-        .iter()
-        .map(|t| (t.schema.as_str(), t.table.as_str()))
-        .collect();
-    names.push((REGISTRY_SCHEMA, REGISTRY_TABLE));
-    names.sort();
-    names.dedup();
-    walcast_wal2json::add_tables_option(names)
 }
 
 fn peek_sql() -> String {
@@ -115,20 +97,11 @@ impl<'a> Poller<'a> {
         }
     }
 
-    /// The periodic re-read: a safety net against drift. The registry is read in one
-    /// snapshot with the WAL position; it is applied only when we have decoded past that
-    /// position (so in-band edits are all applied), and then normally changes nothing.
+    /// The periodic re-read: a safety net against drift (see [`registry_drift`]).
     async fn check_registry(&mut self) -> Result<(), CdcError> {
         self.refreshed_at = Instant::now();
-        let tx_sql = "SELECT pg_current_wal_lsn()::text";
-        let tables = registry::list(self.client, None).await?;
-        let at: String = self.client.query_one(tx_sql, &[]).await?.get(0);
-        let at: Lsn = at.parse().unwrap_or(Lsn(u64::MAX));
-        if self.confirmed < at {
-            return Ok(());
-        }
-        if tables != self.pipeline.tables() {
-            tracing::warn!("realtime registry differs from the decoded state; reloading it");
+        let current = self.pipeline.tables();
+        if let Some(tables) = registry_drift(self.client, &current, self.confirmed).await? {
             self.pipeline.set_tables(&tables);
             self.apply_filter();
         }
@@ -168,6 +141,9 @@ impl<'a> Poller<'a> {
             error: "bad flush LSN".into(),
             line: flushed.clone(),
         })?;
+        if flushed.0.saturating_sub(self.confirmed.0) > BACKLOG_BYTES {
+            self.limit = self.cfg.max_batch.max(self.cfg.min_batch.max(1));
+        }
         let limit = i32::try_from(self.limit).unwrap_or(i32::MAX);
         let stream = self
             .client
@@ -187,7 +163,11 @@ impl<'a> Poller<'a> {
         let mut rows = 0usize;
         let mut last_commit: Option<Lsn> = None;
         let mut cut_short = false;
+        let mut first_row = None;
         while let Some(row) = stream.try_next().await? {
+            if first_row.is_none() {
+                first_row = Some(started.elapsed());
+            }
             rows += 1;
             let data: &str = row.try_get(0)?;
             if let LineOutcome::Committed {
@@ -205,6 +185,7 @@ impl<'a> Poller<'a> {
             }
         }
         drop(stream);
+        let streamed = started.elapsed();
         let full = rows >= self.limit;
         let mut target = last_commit;
         if !full && !cut_short && flushed > target.unwrap_or_default() {
@@ -214,7 +195,16 @@ impl<'a> Poller<'a> {
             if last_commit.is_some() {
                 self.pipeline.barrier().await?;
             }
+            let t = Instant::now();
             self.advance(target).await?;
+            tracing::debug!(
+                rows,
+                limit = self.limit,
+                first_row_ms = first_row.map(|d| d.as_millis() as u64),
+                stream_ms = streamed.as_millis() as u64,
+                advance_ms = t.elapsed().as_millis() as u64,
+                "poll"
+            );
         }
         if cut_short {
             self.apply_filter();
@@ -246,7 +236,10 @@ impl<'a> Poller<'a> {
             self.cfg.max_batch.max(self.cfg.min_batch.max(1)),
         );
         if full {
-            self.limit = (self.limit.saturating_mul(4)).min(max);
+            // A backlog: every peek re-decodes from restart_lsn (which moves only at the
+            // server's running-xacts records), so ramping up in steps decodes the backlog
+            // several times over. Go straight to the largest batch.
+            self.limit = max;
         } else if rows < self.limit / 4 {
             self.limit = (self.limit / 2).max(min);
         }
@@ -263,26 +256,6 @@ impl<'a> Poller<'a> {
             return Ok(());
         }
         self.stats_at = Some(Instant::now());
-        let row = self
-            .client
-            .query_opt(
-                "SELECT wal_status, confirmed_flush_lsn::text,
-                        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8
-                   FROM pg_replication_slots WHERE slot_name = $1",
-                &[&self.cfg.slot],
-            )
-            .await?;
-        let Some(row) = row else {
-            return Err(CdcError::SlotMissing(self.cfg.slot.clone()));
-        };
-        let status: Option<String> = row.get(0);
-        if status.as_deref() == Some("lost") {
-            return Err(CdcError::SlotLost(self.cfg.slot.clone()));
-        }
-        let confirmed: Option<String> = row.get(1);
-        if let Some(c) = confirmed.and_then(|c| c.parse().ok()) {
-            self.health.set_slot_position(c, row.get(2));
-        }
-        Ok(())
+        crate::slot::report_position(self.client, &self.cfg.slot, self.health).await
     }
 }

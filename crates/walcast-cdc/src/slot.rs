@@ -88,3 +88,31 @@ pub async fn ensure_slot(
         recovered_loss,
     })
 }
+
+/// Read the slot's position and lag into `/health` and metrics; a lost or vanished slot
+/// is an error (the pipeline then restarts and [`ensure_slot`] recovers it).
+pub async fn report_position(
+    client: &Client,
+    slot: &str,
+    health: &CdcHealth,
+) -> Result<(), crate::CdcError> {
+    let row = client
+        .query_opt(
+            "SELECT wal_status, confirmed_flush_lsn::text,
+                    coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8
+               FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(crate::CdcError::SlotMissing(slot.to_string()));
+    };
+    let status: Option<String> = row.get(0);
+    if status.as_deref() == Some("lost") {
+        return Err(crate::CdcError::SlotLost(slot.to_string()));
+    }
+    if let Some(c) = parse_lsn(row.get(1)) {
+        health.set_slot_position(c, row.get(2));
+    }
+    Ok(())
+}

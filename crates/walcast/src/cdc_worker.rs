@@ -43,6 +43,8 @@ pub fn describe(
         "database_url": redact_url(&db.database_url),
         "replication_url": db.replication_url.as_deref().map(redact_url),
         "nats_url": nats_url.map(redact_url),
+        "cdc_source": cdc.source.to_string(),
+        "ack_interval_ms": cdc.ack_interval_ms,
         "slot_name": cdc.slot_name,
         "num_shards": cdc.num_shards,
         "poll_batch": cdc.poll_batch,

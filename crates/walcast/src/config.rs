@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use walcast_cdc::{CdcConfig, PollerConfig};
+use walcast_cdc::{CdcConfig, PollerConfig, SourceKind};
 
 #[derive(Args, Clone, Debug)]
 pub struct DbArgs {
@@ -25,6 +25,13 @@ impl DbArgs {
 
 #[derive(Args, Clone, Debug)]
 pub struct CdcArgs {
+    /// Where changes are read from: `stream` (replication protocol, START_REPLICATION) or
+    /// `poll` (SQL peek/advance, the reference-compatible mode).
+    #[arg(long = "cdc-source", env = "CDC_SOURCE", default_value = "poll")]
+    pub source: SourceKind,
+    /// Stream mode: how often progress is acknowledged to Postgres, in milliseconds.
+    #[arg(long, env = "CDC_ACK_INTERVAL_MS", default_value_t = 100)]
+    pub ack_interval_ms: u64,
     /// Name of the logical replication slot (created with wal2json when missing).
     #[arg(long, env = "CDC_SLOT_NAME", default_value = "walcast_cdc_slot")]
     pub slot_name: String,
@@ -54,6 +61,8 @@ impl CdcArgs {
         CdcConfig {
             database_url: db.replication_url().to_string(),
             allow_unbounded_wal: self.allow_unbounded_wal,
+            source: self.source,
+            ack_interval: Duration::from_millis(self.ack_interval_ms),
             origin: origin.to_string(),
             poller: PollerConfig {
                 slot: self.slot_name.clone(),

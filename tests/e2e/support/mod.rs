@@ -13,25 +13,56 @@ use futures_util::StreamExt;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_testkit::{free_port, Nats, Postgres};
 
+/// Generates one test per CDC source (`poll`, `stream`) for each listed async test
+/// function taking the source name: the same test body runs against both.
+#[macro_export]
+macro_rules! both_sources {
+    ($($name:ident),* $(,)?) => {
+        mod poll {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name("poll").await
+                }
+            )*
+        }
+        mod stream {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name("stream").await
+                }
+            )*
+        }
+    };
+}
+
 pub struct Stack {
     pub pg: Postgres,
     pub nats: Nats,
+    /// CDC_SOURCE for the workers this stack starts.
+    pub source: &'static str,
 }
 
 impl Stack {
-    pub fn start() -> Stack {
-        Stack::with_pg(Postgres::builder().start().expect("start postgres"))
+    pub fn start(source: &'static str) -> Stack {
+        Stack::with_pg(Postgres::builder().start().expect("start postgres"), source)
     }
 
-    pub fn with_pg(pg: Postgres) -> Stack {
+    pub fn with_pg(pg: Postgres, source: &'static str) -> Stack {
         Stack {
             pg,
             nats: Nats::start().expect("start nats-server"),
+            source,
         }
     }
 
     pub fn worker(&self, extra: &[(&str, &str)]) -> Worker {
-        Worker::spawn(&self.pg.url(), &self.nats.url(), extra)
+        let mut env = vec![("CDC_SOURCE", self.source)];
+        env.extend_from_slice(extra);
+        let mut w = Worker::spawn(&self.pg.url(), &self.nats.url(), &env);
+        w.source = Some(self.source);
+        w
     }
 
     /// Run SQL (several statements allowed) as superuser.
@@ -59,6 +90,8 @@ impl Stack {
 /// A `cdc-worker` child process, killed on drop.
 pub struct Worker {
     pub child: Child,
+    /// The CDC source it was started with, when known (checked once active).
+    pub source: Option<&'static str>,
     pub port: u16,
     pub log: PathBuf,
     _dir: tempfile::TempDir,
@@ -88,6 +121,7 @@ impl Worker {
         let child = cmd.spawn().expect("spawn cdc-worker");
         Worker {
             child,
+            source: None,
             port,
             log,
             _dir: dir,
@@ -114,6 +148,16 @@ impl Worker {
         loop {
             if let Some(h) = self.health() {
                 if h["cdc_active"] == true {
+                    let log = self.log_text();
+                    match self.source {
+                        Some("stream") => {
+                            assert!(log.contains("starting replication stream"), "{log}")
+                        }
+                        Some("poll") => {
+                            assert!(!log.contains("starting replication stream"), "{log}")
+                        }
+                        _ => {}
+                    }
                     return;
                 }
             }

@@ -1,0 +1,27 @@
+//! `cargo run --release -p walcast-bench -- <benchmark>`: each benchmark starts its own
+//! throwaway Postgres and nats-server, measures a baseline and walcast in the same run,
+//! and prints both with their ratio.
+
+mod cdc;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "walcast-bench", about)]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// CDC drain rate: raw `pg_logical_slot_get_changes` vs the poller end to end to NATS.
+    Cdc(cdc::CdcBench),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().bench {
+        Bench::Cdc(args) => cdc::run(args).await,
+    }
+}
