@@ -190,6 +190,7 @@ async fn drain(
     let task = tokio::spawn(walcast_cdc::run(
         cfg,
         bus,
+        walcast_cdc::matcher::Matcher::new(),
         Arc::new(CdcHealth::new(slot)),
         cancel.clone(),
     ));

@@ -70,6 +70,11 @@ pub struct ChangeEvent {
     /// They were filled from `old_record` when the table has `REPLICA IDENTITY FULL`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unchanged_toast: Vec<String>,
+    /// Ids of the registered subscriptions (see [`crate::subs`]) this change matched
+    /// (event, filter, and later row-level security). A front delivers the change to
+    /// exactly these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subs: Vec<String>,
 }
 
 impl ChangeEvent {

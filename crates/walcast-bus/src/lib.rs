@@ -10,6 +10,7 @@ pub mod event;
 mod local;
 mod nats;
 pub mod subject;
+pub mod subs;
 
 pub use bus::{Bus, BusError, BusMessage, Headers, Subscription};
 pub use event::{ChangeEvent, ChangeKind, ColumnInfo};

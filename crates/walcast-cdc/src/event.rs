@@ -160,6 +160,7 @@ pub fn build_event(
         old_record,
         pk: row.pk.iter().map(|p| p.name.to_string()).collect(),
         unchanged_toast: unchanged,
+        subs: Vec::new(),
     })
 }
 

@@ -4,10 +4,12 @@
 
 pub mod event;
 pub mod health;
+pub mod matcher;
 pub mod migrate;
 pub mod pipeline;
 pub mod poller;
 pub mod preflight;
+pub mod registrar;
 pub mod registry;
 pub mod slot;
 pub mod source;
@@ -89,13 +91,14 @@ pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
 pub async fn run(
     cfg: CdcConfig,
     bus: Bus,
+    matcher: Arc<matcher::Matcher>,
     health: Arc<CdcHealth>,
     cancel: CancellationToken,
 ) -> Result<(), CdcError> {
     let mut backoff = Duration::from_millis(200);
     loop {
         let result = tokio::select! {
-            r = session(&cfg, &bus, &health, &cancel) => r,
+            r = session(&cfg, &bus, &matcher, &health, &cancel) => r,
             _ = cancel.cancelled() => Ok(()),
         };
         health.set_active(false);
@@ -122,6 +125,7 @@ pub async fn run(
 async fn session(
     cfg: &CdcConfig,
     bus: &Bus,
+    matcher: &Arc<matcher::Matcher>,
     health: &CdcHealth,
     cancel: &CancellationToken,
 ) -> Result<(), CdcError> {
@@ -136,7 +140,8 @@ async fn session(
         server = %report.server_version,
         "replication slot ready"
     );
-    let mut pipeline = pipeline::Pipeline::new(bus.clone(), cfg.origin.clone(), catalog).await?;
+    let mut pipeline =
+        pipeline::Pipeline::new(bus.clone(), matcher.clone(), cfg.origin.clone(), catalog).await?;
     match cfg.source {
         SourceKind::Poll => {
             let poller = poller::Poller::new(

@@ -3,6 +3,7 @@
 //! tracked so the source knows which commit LSN is safe to acknowledge.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio_postgres::Client;
@@ -12,6 +13,7 @@ use walcast_bus::{
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
 use crate::event::{build_event, TxnContext};
+use crate::matcher::{Matcher, RowView};
 use crate::registry::{TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
 use crate::types::TypeCache;
 use crate::CdcError;
@@ -32,6 +34,7 @@ pub enum LineOutcome {
 
 pub struct Pipeline {
     bus: Bus,
+    matcher: Arc<Matcher>,
     origin: String,
     catalog: Client,
     types: TypeCache,
@@ -42,10 +45,16 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub async fn new(bus: Bus, origin: String, catalog: Client) -> Result<Pipeline, CdcError> {
+    pub async fn new(
+        bus: Bus,
+        matcher: Arc<Matcher>,
+        origin: String,
+        catalog: Client,
+    ) -> Result<Pipeline, CdcError> {
         let types = TypeCache::load(&catalog).await?;
         Ok(Pipeline {
             bus,
+            matcher,
             origin,
             catalog,
             types,
@@ -182,7 +191,33 @@ impl Pipeline {
             // A type created after start (an enum, a domain …).
             self.types.reload(&self.catalog).await?;
         }
-        let event = build_event(project, kind, row, txn, self.seq, &self.types)?;
+        let mut event = build_event(project, kind, row, txn, self.seq, &self.types)?;
+        event.subs = if kind == ChangeKind::Delete {
+            let view = RowView::new(row.identity.iter(), &self.types);
+            self.matcher.matches(
+                project,
+                &row.schema,
+                &row.table,
+                kind,
+                txn.commit_lsn,
+                &view,
+            )
+        } else {
+            // New values, plus unchanged TOASTed ones from the old row.
+            let extra = row
+                .identity
+                .iter()
+                .filter(|old| !row.columns.iter().any(|c| c.name == old.name));
+            let view = RowView::new(row.columns.iter().chain(extra), &self.types);
+            self.matcher.matches(
+                project,
+                &row.schema,
+                &row.table,
+                kind,
+                txn.commit_lsn,
+                &view,
+            )
+        };
         self.seq += 1;
         let subject = change_subject(project, &event.schema, &event.table);
         let payload =

@@ -10,7 +10,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::Bus;
+use walcast_cdc::registrar::Registrar;
 use walcast_cdc::CdcHealth;
+
+/// How long a starting worker waits for fronts to re-register their subscriptions.
+const RESYNC_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
@@ -101,10 +105,12 @@ pub async fn preflight(db: &DbArgs, cdc: &CdcArgs) -> anyhow::Result<()> {
 
 /// Run migrations, the pipeline and the ops HTTP server until `cancel` fires or the
 /// pipeline hits an error that needs the operator.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     db: &DbArgs,
     cdc: &CdcArgs,
     bus: Bus,
+    registrar: Registrar,
     origin: String,
     listener: TcpListener,
     metrics: PrometheusHandle,
@@ -116,6 +122,36 @@ pub async fn run(
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
     health.set_leader(true);
     let tracker = TaskTracker::new();
+    let matcher = registrar.matcher().clone();
+    {
+        // Drop subscriptions of fronts that stopped syncing (died).
+        let matcher = matcher.clone();
+        let cancel = cancel.clone();
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tick.tick() => { matcher.expire_dead_fronts(); }
+                }
+            }
+        });
+    }
+    if matches!(bus, Bus::Nats(_)) {
+        let bus = bus.clone();
+        let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar.clone());
+        let cancel = cancel.clone();
+        tracker.spawn(async move {
+            if let Err(e) =
+                walcast_bus::subs::serve_nats(&bus, handler, cancel.cancelled_owned()).await
+            {
+                tracing::error!(error = %e, "subscription registry stopped");
+            }
+        });
+        // Fronts answer the resync request by registering again: give them a moment
+        // before decoding, so their subscriptions match from the first change.
+        tokio::time::sleep(RESYNC_GRACE).await;
+    }
     let state = OpsState {
         cdc: health.clone(),
         bus: bus.clone(),
@@ -130,7 +166,7 @@ pub async fn run(
         }
     });
     tracing::info!(addr = ?addr, "serving /health and /metrics");
-    let result = walcast_cdc::run(cfg, bus, health, cancel.clone()).await;
+    let result = walcast_cdc::run(cfg, bus, matcher, health, cancel.clone()).await;
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
@@ -152,5 +188,12 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
     let cancel = crate::shutdown::on_signal();
-    run(&cfg.db, &cfg.cdc, bus, origin, listener, metrics, cancel).await
+    let registrar = Registrar::new(
+        walcast_cdc::matcher::Matcher::new(),
+        cfg.db.database_url.clone(),
+    );
+    run(
+        &cfg.db, &cfg.cdc, bus, registrar, origin, listener, metrics, cancel,
+    )
+    .await
 }

@@ -65,7 +65,14 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
     let cancel = walcast::shutdown::on_signal();
-    walcast::cdc_worker::run(&cfg.db, &cfg.cdc, bus, origin, listener, metrics, cancel).await
+    let registrar = walcast_cdc::registrar::Registrar::new(
+        walcast_cdc::matcher::Matcher::new(),
+        cfg.db.database_url.clone(),
+    );
+    walcast::cdc_worker::run(
+        &cfg.db, &cfg.cdc, bus, registrar, origin, listener, metrics, cancel,
+    )
+    .await
 }
 
 #[tokio::main]

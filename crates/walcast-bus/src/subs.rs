@@ -1,0 +1,275 @@
+//! The subscription registry protocol between fronts and the cdc-worker.
+//!
+//! A front registers every `postgres_changes` binding of a joining channel with the
+//! worker and answers the join only after the worker replied: the worker matches
+//! subscriptions while decoding, so "join ok" means every change committed after the
+//! reply's `effective_from` position is matched against it.
+//!
+//! * `register` (request/reply): add or replace subscriptions; the reply says, per
+//!   subscription, whether it was accepted (unknown table, bad filter … are refused with a
+//!   readable error), and from which WAL position it is effective.
+//! * `unregister`: drop subscriptions (channel left or socket closed).
+//! * `sync` (every [`SYNC_INTERVAL`]): a front's complete list of subscription ids. The
+//!   worker drops that front's subscriptions missing from it, and drops every
+//!   subscription of a front not heard from for [`FRONT_EXPIRY`] (a dead front).
+//! * `resync` (worker → fronts): a worker that starts leading asks every front to
+//!   register all its subscriptions again.
+//!
+//! Over NATS these are the subjects below; in one process the front calls the worker's
+//! [`SubsHandler`] directly (same types, no serialisation).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use walcast_wal2json::Lsn;
+
+use crate::{Bus, BusError};
+
+pub const SUBJECT_REGISTER: &str = "walcast.cdc.subs.register";
+pub const SUBJECT_UNREGISTER: &str = "walcast.cdc.subs.unregister";
+pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
+pub const SUBJECT_RESYNC: &str = "walcast.cdc.subs.resync";
+
+/// How often a front sends its full subscription list.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// A front silent this long is considered dead and its subscriptions dropped.
+pub const FRONT_EXPIRY: Duration = Duration::from_secs(20);
+
+/// One `postgres_changes` binding of one channel of one socket.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SubscriptionSpec {
+    /// Unique across the deployment: `<front id>:<counter>`.
+    pub id: String,
+    /// The front that owns it.
+    pub front: String,
+    pub project: String,
+    /// Schema name, or `*` for all schemas of the project.
+    pub schema: String,
+    /// Table name; `None` for every table of the schema.
+    pub table: Option<String>,
+    /// `*`, `INSERT`, `UPDATE` or `DELETE` (upper case).
+    pub event: String,
+    /// The binding's `filter` string, unparsed (the worker parses and validates it).
+    pub filter: Option<String>,
+    /// Selected columns, if the binding has `select`.
+    pub select: Option<Vec<String>>,
+    /// The subscriber's JWT claims (JSON object); its `role` is the Postgres role.
+    pub claims: serde_json::Value,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct RegisterRequest {
+    pub subs: Vec<SubscriptionSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RegisterResult {
+    pub id: String,
+    pub ok: bool,
+    /// Why the worker refused it (sent to the client in a `system` error).
+    pub error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct RegisterReply {
+    /// One per requested subscription, same order.
+    pub results: Vec<RegisterResult>,
+    /// Changes committed after this WAL position are matched against the accepted ones.
+    pub effective_from: Option<Lsn>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct UnregisterRequest {
+    pub ids: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SyncMessage {
+    pub front: String,
+    pub ids: Vec<String>,
+}
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The worker side of the registry.
+pub trait SubsHandler: Send + Sync + 'static {
+    fn register(&self, req: RegisterRequest) -> BoxFuture<RegisterReply>;
+    fn unregister(&self, req: UnregisterRequest);
+    fn sync(&self, msg: SyncMessage);
+}
+
+/// The front side: talks to the worker over NATS, or calls it in process.
+#[derive(Clone)]
+pub enum SubsClient {
+    Nats(async_nats::Client),
+    Local(Arc<dyn SubsHandler>),
+}
+
+impl SubsClient {
+    /// Over the given bus: NATS request/reply, or the in-process handler.
+    pub fn new(bus: &Bus, local: Option<Arc<dyn SubsHandler>>) -> Result<SubsClient, BusError> {
+        match (bus, local) {
+            (Bus::Nats(b), _) => Ok(SubsClient::Nats(b.client().clone())),
+            (Bus::Local(_), Some(h)) => Ok(SubsClient::Local(h)),
+            (Bus::Local(_), None) => Err(BusError::Subscribe(
+                "an in-process bus needs the worker's subscription handler".into(),
+            )),
+        }
+    }
+
+    pub async fn register(
+        &self,
+        req: RegisterRequest,
+        timeout: Duration,
+    ) -> Result<RegisterReply, BusError> {
+        match self {
+            SubsClient::Local(h) => tokio::time::timeout(timeout, h.register(req))
+                .await
+                .map_err(|_| BusError::Publish("subscription registration timed out".into())),
+            SubsClient::Nats(c) => {
+                let body =
+                    serde_json::to_vec(&req).map_err(|e| BusError::Publish(e.to_string()))?;
+                let msg =
+                    tokio::time::timeout(timeout, c.request(SUBJECT_REGISTER, Bytes::from(body)))
+                        .await
+                        .map_err(|_| {
+                            BusError::Publish(
+                                "no cdc-worker answered the subscription request in time".into(),
+                            )
+                        })?
+                        .map_err(|e| {
+                            BusError::Publish(format!(
+                                "no cdc-worker answered the subscription request: {e}"
+                            ))
+                        })?;
+                serde_json::from_slice(&msg.payload)
+                    .map_err(|e| BusError::Publish(format!("bad registration reply: {e}")))
+            }
+        }
+    }
+
+    pub async fn unregister(&self, req: UnregisterRequest) -> Result<(), BusError> {
+        match self {
+            SubsClient::Local(h) => {
+                h.unregister(req);
+                Ok(())
+            }
+            SubsClient::Nats(c) => publish_json(c, SUBJECT_UNREGISTER, &req).await,
+        }
+    }
+
+    pub async fn sync(&self, msg: SyncMessage) -> Result<(), BusError> {
+        match self {
+            SubsClient::Local(h) => {
+                h.sync(msg);
+                Ok(())
+            }
+            SubsClient::Nats(c) => publish_json(c, SUBJECT_SYNC, &msg).await,
+        }
+    }
+}
+
+async fn publish_json<T: Serialize>(
+    c: &async_nats::Client,
+    subject: &'static str,
+    v: &T,
+) -> Result<(), BusError> {
+    let body = serde_json::to_vec(v).map_err(|e| BusError::Publish(e.to_string()))?;
+    c.publish(subject, Bytes::from(body))
+        .await
+        .map_err(|e| BusError::Publish(e.to_string()))
+}
+
+/// Worker side over NATS: answer registrations and apply unregister and sync messages
+/// until `shutdown` completes. Asks every front to register again first (a new leader
+/// learns all current subscriptions). Requests are handled one at a time, in arrival
+/// order, so an unregister never overtakes the register it undoes.
+pub async fn serve_nats(
+    bus: &Bus,
+    handler: Arc<dyn SubsHandler>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), BusError> {
+    use futures_util::StreamExt;
+    let Bus::Nats(nats) = bus else {
+        return Ok(());
+    };
+    let client = nats.client().clone();
+    let sub = |s: &'static str| {
+        let c = client.clone();
+        async move {
+            c.subscribe(s)
+                .await
+                .map_err(|e| BusError::Subscribe(e.to_string()))
+        }
+    };
+    let mut register = sub(SUBJECT_REGISTER).await?;
+    let mut unregister = sub(SUBJECT_UNREGISTER).await?;
+    let mut sync = sub(SUBJECT_SYNC).await?;
+    client
+        .publish(SUBJECT_RESYNC, Bytes::new())
+        .await
+        .map_err(|e| BusError::Publish(e.to_string()))?;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            Some(msg) = register.next() => {
+                let Some(reply_to) = msg.reply else { continue };
+                let reply = match serde_json::from_slice::<RegisterRequest>(&msg.payload) {
+                    Ok(req) => handler.register(req).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "malformed subscription registration");
+                        RegisterReply::default()
+                    }
+                };
+                match serde_json::to_vec(&reply) {
+                    Ok(body) => {
+                        if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
+                            tracing::warn!(error = %e, "cannot answer a subscription registration");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot encode a registration reply"),
+                }
+            }
+            Some(msg) = unregister.next() => match serde_json::from_slice::<UnregisterRequest>(&msg.payload) {
+                Ok(req) => handler.unregister(req),
+                Err(e) => tracing::warn!(error = %e, "malformed unregister message"),
+            },
+            Some(msg) = sync.next() => match serde_json::from_slice::<SyncMessage>(&msg.payload) {
+                Ok(m) => handler.sync(m),
+                Err(e) => tracing::warn!(error = %e, "malformed sync message"),
+            },
+            else => return Err(BusError::Subscribe("subscription registry subscriptions closed".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_round_trip() {
+        let spec = SubscriptionSpec {
+            id: "f1:7".into(),
+            front: "f1".into(),
+            project: "default".into(),
+            schema: "public".into(),
+            table: Some("todos".into()),
+            event: "*".into(),
+            filter: Some("id=eq.1".into()),
+            select: None,
+            claims: serde_json::json!({"role": "authenticated", "sub": "u1"}),
+        };
+        let text = serde_json::to_string(&RegisterRequest {
+            subs: vec![spec.clone()],
+        })
+        .unwrap();
+        let back: RegisterRequest = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.subs, vec![spec]);
+    }
+}

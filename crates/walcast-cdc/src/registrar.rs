@@ -1,0 +1,213 @@
+//! The worker side of the subscription registry: validates what fronts register against
+//! the realtime registry and the table's columns, then adds it to the [`Matcher`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+use walcast_bus::subs::{
+    BoxFuture, RegisterReply, RegisterRequest, RegisterResult, SubsHandler, SubscriptionSpec,
+    SyncMessage, UnregisterRequest,
+};
+use walcast_protocol::filter::Filter;
+use walcast_wal2json::Lsn;
+
+use crate::matcher::{Matcher, Sub};
+use crate::{registry, CdcError};
+
+#[derive(Clone)]
+pub struct Registrar {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    matcher: Arc<Matcher>,
+    database_url: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl Registrar {
+    pub fn new(matcher: Arc<Matcher>, database_url: String) -> Registrar {
+        Registrar {
+            inner: Arc::new(Inner {
+                matcher,
+                database_url,
+                client: Mutex::new(None),
+            }),
+        }
+    }
+
+    pub fn matcher(&self) -> &Arc<Matcher> {
+        &self.inner.matcher
+    }
+
+    async fn register_all(&self, req: RegisterRequest) -> RegisterReply {
+        match self.try_register_all(&req).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                // The connection is suspect: reconnect next time.
+                *self.inner.client.lock().await = None;
+                tracing::error!(error = %e, "subscription registration failed");
+                RegisterReply {
+                    results: req
+                        .subs
+                        .iter()
+                        .map(|s| RegisterResult {
+                            id: s.id.clone(),
+                            ok: false,
+                            error: Some(format!(
+                                "Unable to subscribe to changes: database error: {e}"
+                            )),
+                        })
+                        .collect(),
+                    effective_from: None,
+                }
+            }
+        }
+    }
+
+    async fn try_register_all(&self, req: &RegisterRequest) -> Result<RegisterReply, CdcError> {
+        let mut guard = self.inner.client.lock().await;
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            *guard = Some(crate::connect(&self.inner.database_url).await?);
+        }
+        let Some(client) = guard.as_ref() else {
+            return Ok(RegisterReply::default());
+        };
+        let mut enabled: HashMap<String, Vec<registry::TableRef>> = HashMap::new();
+        let mut results = Vec::with_capacity(req.subs.len());
+        let mut accepted = Vec::new();
+        for spec in &req.subs {
+            if !enabled.contains_key(&spec.project) {
+                let tables = registry::list(client, Some(&spec.project)).await?;
+                enabled.insert(spec.project.clone(), tables);
+            }
+            let tables = enabled
+                .get(&spec.project)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            match validate(client, spec, tables).await? {
+                Ok(filter) => {
+                    accepted.push((spec.clone(), filter));
+                    results.push(RegisterResult {
+                        id: spec.id.clone(),
+                        ok: true,
+                        error: None,
+                    });
+                }
+                Err(message) => results.push(RegisterResult {
+                    id: spec.id.clone(),
+                    ok: false,
+                    error: Some(message),
+                }),
+            }
+        }
+        // Into the index first, then read the position: any transaction committing after
+        // that position is decoded after the subscription was there.
+        let placeholder = Lsn(u64::MAX);
+        let ids: Vec<String> = accepted.iter().map(|(s, _)| s.id.clone()).collect();
+        for (spec, filter) in &accepted {
+            self.inner
+                .matcher
+                .insert(Sub::new(spec.clone(), filter.clone(), placeholder));
+        }
+        let at: String = client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0);
+        let at: Lsn = at.parse().unwrap_or_default();
+        for (spec, filter) in accepted {
+            self.inner.matcher.insert(Sub::new(spec, filter, at));
+        }
+        metrics::counter!("walcast_cdc_subscriptions_registered_total").increment(ids.len() as u64);
+        Ok(RegisterReply {
+            results,
+            effective_from: Some(at),
+        })
+    }
+}
+
+fn describe(spec: &SubscriptionSpec) -> String {
+    format!(
+        "[event: {}, schema: {}, table: {}, filters: {}]",
+        spec.event,
+        spec.schema,
+        spec.table.as_deref().unwrap_or("*"),
+        spec.filter.as_deref().unwrap_or("")
+    )
+}
+
+/// Check a spec; `Ok(Err(message))` is a refusal to send to the client.
+async fn validate(
+    client: &Client,
+    spec: &SubscriptionSpec,
+    enabled: &[registry::TableRef],
+) -> Result<Result<Option<Filter>, String>, tokio_postgres::Error> {
+    let unable = || {
+        format!(
+            "Unable to subscribe to changes with given parameters. Please check Realtime is enabled for the given connect parameters: {}",
+            describe(spec)
+        )
+    };
+    if !matches!(spec.event.as_str(), "*" | "INSERT" | "UPDATE" | "DELETE") {
+        return Ok(Err(unable()));
+    }
+    let covered = enabled.iter().any(|t| {
+        (spec.schema == "*" || spec.schema == t.schema)
+            && spec.table.as_deref().is_none_or(|name| name == t.table)
+    });
+    if !covered {
+        return Ok(Err(unable()));
+    }
+    let filter = match spec
+        .filter
+        .as_deref()
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+    {
+        None => None,
+        Some(text) => match Filter::parse(text) {
+            Ok(f) => Some(f),
+            Err(e) => return Ok(Err(format!("Error parsing `filter` params: {e}"))),
+        },
+    };
+    if let (Some(f), Some(table)) = (&filter, spec.table.as_deref()) {
+        if spec.schema != "*" {
+            let rows = client
+                .query(
+                    "SELECT a.attname::text, t.typname::text
+                       FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                      WHERE a.attrelid = format('%I.%I', $1::text, $2::text)::regclass
+                        AND a.attnum > 0 AND NOT a.attisdropped",
+                    &[&spec.schema, &table],
+                )
+                .await?;
+            let cols: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+            let lookup = |name: &str| {
+                cols.iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, t)| t.as_str())
+            };
+            if let Err(e) = f.validate(lookup) {
+                return Ok(Err(format!("Error parsing `filter` params: {e}")));
+            }
+        }
+    }
+    Ok(Ok(filter))
+}
+
+impl SubsHandler for Registrar {
+    fn register(&self, req: RegisterRequest) -> BoxFuture<RegisterReply> {
+        let this = self.clone();
+        Box::pin(async move { this.register_all(req).await })
+    }
+
+    fn unregister(&self, req: UnregisterRequest) {
+        self.inner.matcher.remove(&req.ids);
+    }
+
+    fn sync(&self, msg: SyncMessage) {
+        self.inner.matcher.sync(&msg.front, &msg.ids);
+    }
+}

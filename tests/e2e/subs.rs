@@ -1,0 +1,138 @@
+//! The subscription registry between fronts and the cdc-worker, over real NATS: what a
+//! front registers is validated, matched while decoding, and effective at once.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{rec, Collector, Stack};
+use walcast_bus::subs::{
+    RegisterRequest, SubsClient, SubscriptionSpec, SyncMessage, UnregisterRequest,
+};
+use walcast_bus::Bus;
+
+both_sources!(registered_subscriptions_are_matched_from_the_reply_on);
+
+fn spec(id: &str, table: &str, event: &str, filter: Option<&str>) -> SubscriptionSpec {
+    SubscriptionSpec {
+        id: id.into(),
+        front: "front1".into(),
+        project: "default".into(),
+        schema: "public".into(),
+        table: Some(table.into()),
+        event: event.into(),
+        filter: filter.map(String::from),
+        select: None,
+        claims: serde_json::json!({"role": "anon"}),
+    }
+}
+
+async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static str) {
+    let stack = Stack::start(source);
+    stack.sql("CREATE TABLE t (id int PRIMARY KEY, owner text, n int); CREATE TABLE off (id int PRIMARY KEY)");
+    stack.enable("t");
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let bus = Bus::nats(&stack.nats.url(), "test-front").await.unwrap();
+    let subs = SubsClient::new(&bus, None).unwrap();
+    let reply = subs
+        .register(
+            RegisterRequest {
+                subs: vec![
+                    spec("front1:1", "t", "*", None),
+                    spec("front1:2", "t", "INSERT", Some("owner=eq.ann")),
+                    spec("front1:3", "t", "UPDATE", Some("n=gt.10")),
+                    spec("front1:4", "off", "*", None),
+                    spec("front1:5", "t", "*", Some("nope=eq.1")),
+                    spec("front1:6", "t", "*", Some("n=eq.notanumber")),
+                    spec("front1:7", "t", "*", Some("owner=zz.1")),
+                ],
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("worker answers");
+    let oks: Vec<bool> = reply.results.iter().map(|r| r.ok).collect();
+    assert_eq!(
+        oks,
+        [true, true, true, false, false, false, false],
+        "{:?}",
+        reply.results
+    );
+    assert!(reply.results[3]
+        .error
+        .as_deref()
+        .unwrap()
+        .starts_with("Unable to subscribe to changes"));
+    assert!(
+        reply.results[4].error.as_deref().unwrap().contains("nope"),
+        "{:?}",
+        reply.results[4]
+    );
+    assert!(reply.results[5]
+        .error
+        .as_deref()
+        .unwrap()
+        .starts_with("Error parsing `filter` params"));
+    assert!(reply.results[6]
+        .error
+        .as_deref()
+        .unwrap()
+        .starts_with("Error parsing `filter` params"));
+    assert!(reply.effective_from.is_some());
+
+    // Right after the reply: every change committed now must be matched.
+    stack.sql("INSERT INTO t VALUES (1, 'ann', 5)");
+    stack.sql("INSERT INTO t VALUES (2, 'bob', 50)");
+    stack.sql("UPDATE t SET n = 20 WHERE id = 1");
+    stack.sql("UPDATE t SET n = 1 WHERE id = 2");
+    stack.sql("DELETE FROM t WHERE id = 2");
+    collector.wait_count(5, Duration::from_secs(60)).await;
+    let got: Vec<(i64, Vec<String>)> = collector
+        .snapshot()
+        .iter()
+        .map(|e| {
+            let id = if e.record.is_some() {
+                rec(e)["id"].as_i64().unwrap()
+            } else {
+                -1
+            };
+            (id, e.subs.clone())
+        })
+        .collect();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        got,
+        [
+            (1, s(&["front1:1", "front1:2"])),
+            (2, s(&["front1:1"])),
+            (1, s(&["front1:1", "front1:3"])),
+            (2, s(&["front1:1"])),
+            (-1, s(&["front1:1"])),
+        ]
+    );
+
+    // Unregister one; a sync without the other drops it too.
+    subs.unregister(UnregisterRequest {
+        ids: vec!["front1:2".into()],
+    })
+    .await
+    .unwrap();
+    subs.sync(SyncMessage {
+        front: "front1".into(),
+        ids: vec!["front1:1".into()],
+    })
+    .await
+    .unwrap();
+    bus.barrier().await.unwrap();
+    // The worker handles registry messages in order: a round trip through it proves the
+    // two above were applied.
+    subs.register(RegisterRequest::default(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    stack.sql("INSERT INTO t VALUES (3, 'ann', 99)");
+    collector.wait_count(6, Duration::from_secs(60)).await;
+    let last = collector.snapshot().pop().unwrap();
+    assert_eq!(last.subs, ["front1:1"]);
+}
