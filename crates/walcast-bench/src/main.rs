@@ -3,6 +3,7 @@
 //! and prints both with their ratio.
 
 mod cdc;
+mod latency;
 
 use clap::{Parser, Subcommand};
 
@@ -17,11 +18,15 @@ struct Cli {
 enum Bench {
     /// CDC drain rate: raw `pg_logical_slot_get_changes` vs the poller end to end to NATS.
     Cdc(cdc::CdcBench),
+    /// Commit-to-NATS latency at a steady rate, stream vs poll, with and without an idle
+    /// transaction pinning restart_lsn.
+    Latency(latency::LatencyBench),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Cdc(args) => cdc::run(args).await,
+        Bench::Latency(args) => latency::run(args).await,
     }
 }

@@ -27,7 +27,7 @@ impl DbArgs {
 pub struct CdcArgs {
     /// Where changes are read from: `stream` (replication protocol, START_REPLICATION) or
     /// `poll` (SQL peek/advance, the reference-compatible mode).
-    #[arg(long = "cdc-source", env = "CDC_SOURCE", default_value = "poll")]
+    #[arg(long = "cdc-source", env = "CDC_SOURCE", default_value = "stream")]
     pub source: SourceKind,
     /// Stream mode: how often progress is acknowledged to Postgres, in milliseconds.
     #[arg(long, env = "CDC_ACK_INTERVAL_MS", default_value_t = 100)]

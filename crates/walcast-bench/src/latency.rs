@@ -1,0 +1,195 @@
+//! Commit-to-NATS latency at a steady write rate, for both sources, with and without a
+//! session idle in a transaction that wrote something (it pins `restart_lsn`, so every
+//! poll re-decodes everything since it began).
+//!
+//! Each row carries `clock_timestamp()` taken inside its transaction, just before the
+//! commit; the subscriber measures receive time minus that stamp (same machine clock).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Args;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::{Bus, ChangeEvent};
+use walcast_cdc::{CdcConfig, CdcHealth, PollerConfig, SourceKind};
+use walcast_testkit::{Nats, Postgres};
+
+#[derive(Args)]
+pub struct LatencyBench {
+    /// Transactions per second to write.
+    #[arg(long, default_value_t = 5000)]
+    rate: u32,
+    /// Seconds of steady load per scenario.
+    #[arg(long, default_value_t = 5)]
+    secs: u64,
+}
+
+struct Outcome {
+    sent: usize,
+    received: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    achieved_rate: f64,
+}
+
+pub async fn run(args: LatencyBench) -> anyhow::Result<()> {
+    println!(
+        "commit-to-NATS latency, {} single-row transactions/s for {} s per scenario",
+        args.rate, args.secs
+    );
+    println!(
+        "{:<8} {:<16} {:>10} {:>9} {:>9} {:>9} {:>10}",
+        "source", "idle txn", "received", "p50 ms", "p99 ms", "max ms", "tx/s"
+    );
+    for source in [SourceKind::Stream, SourceKind::Poll] {
+        for idle in [false, true] {
+            let o = scenario(&args, source, idle).await?;
+            println!(
+                "{:<8} {:<16} {:>10} {:>9.2} {:>9.2} {:>9.2} {:>10.0}",
+                source.to_string(),
+                if idle { "open, wrote" } else { "none" },
+                format!("{}/{}", o.received, o.sent),
+                o.p50_ms,
+                o.p99_ms,
+                o.max_ms,
+                o.achieved_rate
+            );
+        }
+    }
+    Ok(())
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow::Result<Outcome> {
+    let pg = Postgres::start().context("starting postgres")?;
+    let nats = Nats::start().context("starting nats-server")?;
+    let admin = pg.connect().await?;
+    let mut migr = walcast_cdc::connect(&pg.url()).await?;
+    walcast_cdc::migrate::migrate(&mut migr).await?;
+    admin
+        .batch_execute("CREATE TABLE lat (id int8 PRIMARY KEY, at timestamptz NOT NULL)")
+        .await?;
+    walcast_cdc::registry::enable(&admin, "default", "public", "lat").await?;
+
+    let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let sub_bus = Bus::nats(&nats.url(), "lat-sub").await?;
+    let mut sub = sub_bus
+        .subscribe(walcast_bus::subject::REALTIME_ALL)
+        .await?;
+    sub_bus.barrier().await?;
+    let sink = lat.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            let recv = now_micros();
+            let Ok(ev) = serde_json::from_slice::<ChangeEvent>(&m.payload) else {
+                continue;
+            };
+            let Some(rec) = ev.record else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(rec.get()) else {
+                continue;
+            };
+            let Some(at) = v["at"].as_str() else { continue };
+            if let Ok(t) = walcast_protocol::timestamp::parse_pg_datetime(at) {
+                if let Ok(mut l) = sink.lock() {
+                    l.push((recv - t.unix_micros()) as f64 / 1000.0);
+                }
+            }
+        }
+    });
+
+    let bus = Bus::nats(&nats.url(), "lat-pub").await?;
+    let cancel = CancellationToken::new();
+    let health = Arc::new(CdcHealth::new("walcast_cdc_slot"));
+    let cfg = CdcConfig {
+        database_url: pg.url(),
+        source,
+        ack_interval: Duration::from_millis(100),
+        allow_unbounded_wal: false,
+        origin: "bench".into(),
+        poller: PollerConfig {
+            slot: "walcast_cdc_slot".into(),
+            min_batch: 1000,
+            max_batch: 100_000,
+            idle: Duration::from_millis(100),
+            filter_refresh: Duration::from_secs(3),
+        },
+    };
+    let worker = tokio::spawn(walcast_cdc::run(
+        cfg,
+        bus,
+        walcast_cdc::matcher::Matcher::new(),
+        health.clone(),
+        cancel.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !health.is_active() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "pipeline not active: {:?}",
+            health.report()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let idle_client = if idle {
+        let c = pg.connect().await?;
+        c.batch_execute("BEGIN; INSERT INTO lat VALUES (-1, now())")
+            .await?;
+        Some(c)
+    } else {
+        None
+    };
+
+    // Steady load: a tick every millisecond sends the transactions due by then.
+    let writer = pg.connect().await?;
+    let stmt = writer
+        .prepare("INSERT INTO lat VALUES ($1, clock_timestamp())")
+        .await?;
+    let total = (args.rate as u64 * args.secs) as usize;
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    let mut sent = 0usize;
+    while sent < total {
+        tick.tick().await;
+        let due = ((started.elapsed().as_secs_f64() * args.rate as f64) as usize).min(total);
+        while sent < due {
+            writer.execute(&stmt, &[&(sent as i64)]).await?;
+            sent += 1;
+        }
+    }
+    let achieved_rate = sent as f64 / started.elapsed().as_secs_f64();
+    let wait_until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = lat.lock().map(|l| l.len()).unwrap_or(0);
+        if n >= sent || Instant::now() > wait_until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    let _ = worker.await;
+    drop(idle_client);
+    let mut v = lat.lock().map(|l| l.clone()).unwrap_or_default();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| {
+        v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    Ok(Outcome {
+        sent,
+        received: v.len(),
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        max_ms: v.last().copied().unwrap_or(f64::NAN),
+        achieved_rate,
+    })
+}
