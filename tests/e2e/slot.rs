@@ -86,7 +86,71 @@ fn a_slot_held_by_another_plugin_is_refused() {
     );
 }
 
-both_sources!(a_lost_slot_is_recreated_logged_counted_and_reported);
+both_sources!(
+    a_lost_slot_is_recreated_logged_counted_and_reported,
+    a_postgres_outage_turns_cdc_inactive_and_delivery_resumes_after
+);
+
+#[test]
+fn no_free_replication_slot_is_refused_with_the_fix() {
+    let pg = Postgres::builder()
+        .setting("max_replication_slots", "1")
+        .start()
+        .unwrap();
+    pg.psql("SELECT pg_create_logical_replication_slot('someone_else', 'wal2json')")
+        .unwrap();
+    let (ok, log) = failing_worker(pg, &[]);
+    assert!(!ok);
+    assert!(
+        log.contains("no free replication slot") && log.contains("max_replication_slots"),
+        "{log}"
+    );
+}
+
+async fn a_postgres_outage_turns_cdc_inactive_and_delivery_resumes_after(source: &'static str) {
+    let mut stack = Stack::start(source);
+    stack.sql("CREATE TABLE t (id int PRIMARY KEY)");
+    stack.enable("t");
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(EXIT);
+    stack.sql("INSERT INTO t VALUES (1)");
+    collector.wait_count(1, EXIT).await;
+
+    stack.pg.stop();
+    let deadline = std::time::Instant::now() + EXIT;
+    loop {
+        let h = worker.health().expect("health while postgres is down");
+        if h["cdc_active"] == false {
+            assert!(h["last_error"].is_string(), "{h}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still active with postgres down: {h}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stack.pg.restart().expect("restart postgres");
+    worker.wait_active(EXIT);
+    stack.sql("INSERT INTO t VALUES (2)");
+    collector
+        .wait_until("row 2 after the outage", EXIT, |e| {
+            e.iter().any(|e| e.record.is_some() && rec(e)["id"] == 2)
+        })
+        .await;
+    let ids: Vec<i64> = support::dedup(&collector.snapshot())
+        .iter()
+        .map(|e| rec(e)["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 2], "nothing lost, replays dropped by position");
+    assert!(
+        worker
+            .metric("walcast_cdc_poll_errors_total")
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+}
 
 async fn a_lost_slot_is_recreated_logged_counted_and_reported(source: &'static str) {
     let pg = Postgres::builder()

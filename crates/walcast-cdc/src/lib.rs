@@ -27,7 +27,7 @@ use walcast_bus::Bus;
 pub use health::{CdcHealth, CdcHealthReport};
 pub use poller::PollerConfig;
 pub use preflight::PreflightError;
-pub use source::SourceKind;
+pub use source::{Source, SourceKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdcError {

@@ -109,20 +109,6 @@ impl<'a> Poller<'a> {
     }
 
     /// Poll until cancelled.
-    pub async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
-        while !cancel.is_cancelled() {
-            let rows = self.poll_once().await?;
-            self.health.set_active(true);
-            self.health.set_error(None);
-            if rows == 0 {
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(self.cfg.idle) => {}
-                }
-            }
-        }
-        Ok(())
-    }
 
     /// One peek/publish/advance round. Returns the number of rows read.
     pub async fn poll_once(&mut self) -> Result<usize, CdcError> {
@@ -257,5 +243,22 @@ impl<'a> Poller<'a> {
         }
         self.stats_at = Some(Instant::now());
         crate::slot::report_position(self.client, &self.cfg.slot, self.health).await
+    }
+}
+
+impl crate::source::Source for Poller<'_> {
+    async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
+        while !cancel.is_cancelled() {
+            let rows = self.poll_once().await?;
+            self.health.set_active(true);
+            self.health.set_error(None);
+            if rows == 0 {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(self.cfg.idle) => {}
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! wal2json options, the table filter, and the source kinds.
 
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 use walcast_wal2json::Lsn;
 
 use crate::registry::{self, TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
@@ -85,4 +86,14 @@ pub async fn registry_drift(
     }
     tracing::warn!("realtime registry differs from the decoded state; reloading it");
     Ok(Some(tables))
+}
+
+/// A source of wal2json lines: reads the slot from its confirmed position, hands each line
+/// to the [`crate::pipeline::Pipeline`] in WAL order, and acknowledges to Postgres only
+/// commit positions whose changes the bus confirmed. Implemented by the poller and the
+/// streamer; everything after the line (decode, route, match, publish) is shared.
+#[allow(async_fn_in_trait)]
+pub trait Source {
+    /// Run until cancelled or a failure the caller retries.
+    async fn run(self, cancel: &CancellationToken) -> Result<(), crate::CdcError>;
 }

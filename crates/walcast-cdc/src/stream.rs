@@ -67,17 +67,6 @@ impl<'a> Streamer<'a> {
         }
     }
 
-    pub async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
-        let tables = registry::list(self.client, None).await?;
-        self.pipeline.set_tables(&tables);
-        loop {
-            match self.stream_once(cancel).await? {
-                Stop::Cancelled => return Ok(()),
-                Stop::FilterChanged => continue,
-            }
-        }
-    }
-
     async fn stream_once(&mut self, cancel: &CancellationToken) -> Result<Stop, CdcError> {
         let filter = table_filter(&self.pipeline.tables());
         tracing::info!(filter = %filter, from = %self.confirmed, "starting replication stream");
@@ -160,5 +149,18 @@ impl<'a> Streamer<'a> {
         stream.send_status(upto, false).await?;
         self.confirmed = upto;
         Ok(())
+    }
+}
+
+impl crate::source::Source for Streamer<'_> {
+    async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
+        let tables = registry::list(self.client, None).await?;
+        self.pipeline.set_tables(&tables);
+        loop {
+            match self.stream_once(cancel).await? {
+                Stop::Cancelled => return Ok(()),
+                Stop::FilterChanged => continue,
+            }
+        }
     }
 }
