@@ -108,8 +108,6 @@ impl<'a> Poller<'a> {
         Ok(())
     }
 
-    /// Poll until cancelled.
-
     /// One peek/publish/advance round. Returns the number of rows read.
     pub async fn poll_once(&mut self) -> Result<usize, CdcError> {
         if self.refreshed_at.elapsed() >= self.cfg.filter_refresh {
@@ -247,6 +245,7 @@ impl<'a> Poller<'a> {
 }
 
 impl crate::source::Source for Poller<'_> {
+    /// Poll until cancelled.
     async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
         while !cancel.is_cancelled() {
             let rows = self.poll_once().await?;
