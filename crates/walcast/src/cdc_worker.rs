@@ -111,6 +111,7 @@ pub async fn run(
     cdc: &CdcArgs,
     bus: Bus,
     registrar: Registrar,
+    front: Option<walcast_front::Front>,
     origin: String,
     listener: TcpListener,
     metrics: PrometheusHandle,
@@ -153,23 +154,31 @@ pub async fn run(
         tokio::time::sleep(RESYNC_GRACE).await;
     }
     let state = OpsState {
-        cdc: health.clone(),
+        cdc: Some(health.clone()),
+        front: front.clone(),
         bus: bus.clone(),
         metrics,
         lease_mode: "none",
     };
+    let router = match &front {
+        Some(f) => f.router().merge(ops_router(state)),
+        None => ops_router(state),
+    };
     let http_cancel = cancel.clone();
     let addr = listener.local_addr().ok();
     tracker.spawn(async move {
-        if let Err(e) = serve(listener, ops_router(state), http_cancel.cancelled_owned()).await {
+        if let Err(e) = serve(listener, router, http_cancel.cancelled_owned()).await {
             tracing::error!(error = %e, "http server failed");
         }
     });
-    tracing::info!(addr = ?addr, "serving /health and /metrics");
+    tracing::info!(addr = ?addr, front = front.is_some(), "serving HTTP");
     let result = walcast_cdc::run(cfg, bus, matcher, health, cancel.clone()).await;
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
+    if let Some(f) = front {
+        f.closed().await;
+    }
     result
         .map_err(|e| anyhow::anyhow!(e))
         .context("cdc pipeline stopped")
@@ -193,7 +202,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         cfg.db.database_url.clone(),
     );
     run(
-        &cfg.db, &cfg.cdc, bus, registrar, origin, listener, metrics, cancel,
+        &cfg.db, &cfg.cdc, bus, registrar, None, origin, listener, metrics, cancel,
     )
     .await
 }

@@ -13,10 +13,14 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use walcast_bus::Bus;
 use walcast_cdc::{CdcHealth, CdcHealthReport};
+use walcast_front::Front;
 
 #[derive(Clone)]
 pub struct OpsState {
-    pub cdc: Arc<CdcHealth>,
+    /// The CDC pipeline, in processes that run one.
+    pub cdc: Option<Arc<CdcHealth>>,
+    /// The realtime front, in processes that run one.
+    pub front: Option<Front>,
     pub bus: Bus,
     pub metrics: PrometheusHandle,
     pub lease_mode: &'static str,
@@ -24,17 +28,21 @@ pub struct OpsState {
 
 #[derive(Serialize)]
 struct HealthBody {
-    #[serde(flatten)]
-    cdc: CdcHealthReport,
-    lease_mode: &'static str,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    cdc: Option<CdcHealthReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_mode: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    front: Option<walcast_front::Health>,
     bus: &'static str,
     bus_connected: bool,
 }
 
 async fn health(State(s): State<OpsState>) -> impl IntoResponse {
     Json(HealthBody {
-        cdc: s.cdc.report(),
-        lease_mode: s.lease_mode,
+        cdc: s.cdc.as_ref().map(|c| c.report()),
+        lease_mode: s.cdc.as_ref().map(|_| s.lease_mode),
+        front: s.front.as_ref().map(Front::health),
         bus: s.bus.kind(),
         bus_connected: s.bus.is_connected(),
     })

@@ -3,6 +3,8 @@
 pub mod admin;
 pub mod cdc_worker;
 pub mod config;
+pub mod front;
 pub mod http;
 pub mod shutdown;
 pub mod telemetry;
+pub mod ws_front;

@@ -15,7 +15,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// All-in-one server: CDC pipeline (and, later, the realtime front) in one process.
+    /// All-in-one server: the CDC pipeline and the realtime front (WebSocket, SSE) in one
+    /// process.
     Serve(ServeConfig),
     /// Apply walcast's SQL migrations and exit.
     Migrate {
@@ -41,6 +42,8 @@ struct ServeConfig {
     #[arg(long, env = "BUS_CAPACITY", default_value_t = 65_536)]
     bus_capacity: usize,
     #[command(flatten)]
+    front: walcast::front::FrontArgs,
+    #[command(flatten)]
     http: HttpArgs,
     #[command(flatten)]
     log: LogArgs,
@@ -48,8 +51,9 @@ struct ServeConfig {
 
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     walcast::telemetry::init_logs(&cfg.log);
-    let described =
+    let mut described =
         walcast::cdc_worker::describe(&cfg.db, &cfg.cdc, cfg.nats_url.as_deref(), &cfg.http);
+    described["front"] = cfg.front.describe();
     tracing::info!(config = %described, "walcast serve starting");
     let metrics = walcast::telemetry::init_metrics()?;
     let origin = walcast::cdc_worker::instance_id();
@@ -69,8 +73,30 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         walcast_cdc::matcher::Matcher::new(),
         cfg.db.database_url.clone(),
     );
+    // In one process the front calls the worker's registry directly; over NATS it uses
+    // request/reply like a separate ws-front would.
+    let local: std::sync::Arc<dyn walcast_bus::subs::SubsHandler> =
+        std::sync::Arc::new(registrar.clone());
+    let subs = walcast_bus::subs::SubsClient::new(&bus, Some(local))?;
+    let front = walcast_front::Front::start(
+        cfg.front.config(&format!("front-{origin}")),
+        bus.clone(),
+        subs,
+        cfg.front.projects(),
+        cancel.clone(),
+    )
+    .await
+    .context("starting the front")?;
     walcast::cdc_worker::run(
-        &cfg.db, &cfg.cdc, bus, registrar, origin, listener, metrics, cancel,
+        &cfg.db,
+        &cfg.cdc,
+        bus,
+        registrar,
+        Some(front),
+        origin,
+        listener,
+        metrics,
+        cancel,
     )
     .await
 }

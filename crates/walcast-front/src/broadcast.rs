@@ -1,0 +1,373 @@
+//! Broadcast: local delivery, relay between fronts over the bus, and the REST API.
+//!
+//! A broadcast is delivered directly to this front's channels of the topic and published
+//! on `walcast.broadcast.<project>.<public|private>.<channel name>` (tokens encoded with
+//! [`encode_token`]) with header `Walcast-Origin` = this front's id. Every front relays
+//! the messages of the others to its own channels and drops its own echo.
+//!
+//! Bus payload: one line of JSON `{"event":…,"binary":bool,"meta":…}`, a `\n`, then the
+//! body bytes (JSON text, or raw bytes for binary broadcasts) — no re-encoding of bodies.
+//!
+//! REST authorisation: the token is `Authorization: Bearer …`, else the `apikey` header,
+//! else the `apikey` query parameter. Any valid token of the project may broadcast to
+//! public channels (as anyone holding the anon key can through a socket); private
+//! channels need a `service_role` token (RLS on `realtime.messages` is not evaluated).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::subject::{decode_token, encode_token};
+use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN};
+use walcast_protocol::message::TOPIC_PREFIX;
+use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
+
+use crate::http::error_response;
+use crate::outbound::Out;
+use crate::state::Shared;
+use crate::telemetry;
+use crate::topics::TopicKey;
+
+/// Prefix of broadcast relay subjects.
+pub const BROADCAST_PREFIX: &str = "walcast.broadcast";
+/// Subscription pattern for every relayed broadcast.
+pub const BROADCAST_ALL: &str = "walcast.broadcast.>";
+
+fn subject(key: &TopicKey) -> String {
+    format!(
+        "{BROADCAST_PREFIX}.{}.{}.{}",
+        encode_token(&key.project),
+        if key.private { "private" } else { "public" },
+        encode_token(channel_name(&key.topic))
+    )
+}
+
+fn parse_subject(subject: &str) -> Option<TopicKey> {
+    let rest = subject.strip_prefix(BROADCAST_PREFIX)?.strip_prefix('.')?;
+    let mut it = rest.split('.');
+    let (p, ns, name) = (it.next()?, it.next()?, it.next()?);
+    if it.next().is_some() {
+        return None;
+    }
+    let private = match ns {
+        "private" => true,
+        "public" => false,
+        _ => return None,
+    };
+    Some(TopicKey {
+        project: decode_token(p).ok()?,
+        private,
+        topic: format!("{TOPIC_PREFIX}{}", decode_token(name).ok()?),
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    event: std::borrow::Cow<'a, str>,
+    binary: bool,
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a RawValue>,
+}
+
+fn encode_envelope(b: &UserBroadcast) -> Option<Bytes> {
+    let (binary, body): (bool, &[u8]) = match &b.body {
+        BroadcastBody::Json(v) => (false, v.get().as_bytes()),
+        BroadcastBody::Binary(bytes) => (true, bytes),
+    };
+    let head = serde_json::to_vec(&Envelope {
+        event: std::borrow::Cow::Borrowed(&b.event),
+        binary,
+        meta: b.meta.as_deref(),
+    })
+    .ok()?;
+    let mut out = Vec::with_capacity(head.len() + 1 + body.len());
+    out.extend_from_slice(&head);
+    out.push(b'\n');
+    out.extend_from_slice(body);
+    Some(Bytes::from(out))
+}
+
+fn decode_envelope(payload: &Bytes) -> Option<UserBroadcast> {
+    let nl = payload.iter().position(|&c| c == b'\n')?;
+    let env: Envelope<'_> = serde_json::from_slice(&payload[..nl]).ok()?;
+    let body = payload.slice(nl + 1..);
+    let body = if env.binary {
+        BroadcastBody::Binary(body)
+    } else {
+        let text = String::from_utf8(body.to_vec()).ok()?;
+        BroadcastBody::Json(RawValue::from_string(text).ok()?)
+    };
+    Some(UserBroadcast {
+        event: env.event.into_owned(),
+        meta: env.meta.map(RawValue::to_owned),
+        body,
+    })
+}
+
+/// Deliver to this front's channels of the topic (except channel `except`).
+pub(crate) fn deliver_local(
+    shared: &Shared,
+    key: &TopicKey,
+    b: &UserBroadcast,
+    except: Option<u64>,
+) {
+    let members = shared.topics.members(key);
+    if members.is_empty() {
+        return;
+    }
+    let frame = server::broadcast(&key.topic, b.clone());
+    let mut v1: Option<Option<Out>> = None;
+    let mut v2: Option<Option<Out>> = None;
+    for m in members {
+        if Some(m.id) == except {
+            continue;
+        }
+        let slot = match m.vsn {
+            Vsn::V1 => &mut v1,
+            Vsn::V2 => &mut v2,
+        };
+        let out = slot.get_or_insert_with(|| encode_for(&frame, m.vsn));
+        if let Some(o) = out {
+            m.deliver(o.clone());
+        }
+    }
+}
+
+fn encode_for(frame: &walcast_protocol::Frame, vsn: Vsn) -> Option<Out> {
+    match frame.encode_server(vsn) {
+        Ok(WireMessage::Text(t)) => Some(Out::Text(t.into())),
+        Ok(WireMessage::Binary(b)) => Some(Out::Binary(Bytes::from(b))),
+        // Kind 4 cannot carry a topic or event over 255 bytes: fall back to text.
+        Err(_) => frame.encode_text(vsn).ok().map(|t| Out::Text(t.into())),
+    }
+}
+
+/// Deliver locally and relay to the other fronts.
+pub(crate) async fn send(shared: &Shared, key: &TopicKey, b: &UserBroadcast, except: Option<u64>) {
+    deliver_local(shared, key, b, except);
+    let Some(payload) = encode_envelope(b) else {
+        return;
+    };
+    if let Err(e) = shared
+        .bus
+        .publish(subject(key), &[(HEADER_ORIGIN, &shared.front_id)], payload)
+        .await
+    {
+        telemetry::error("broadcast_publish");
+        tracing::warn!(error = %e, "cannot relay broadcast");
+    }
+}
+
+/// Relay the other fronts' broadcasts to local channels.
+pub(crate) async fn relay_loop(
+    shared: Arc<Shared>,
+    mut sub: Subscription,
+    cancel: CancellationToken,
+) {
+    loop {
+        let msg = tokio::select! {
+            _ = cancel.cancelled() => return,
+            m = sub.next() => m,
+        };
+        let Some(msg) = msg else { return };
+        relay_one(&shared, &msg);
+    }
+}
+
+fn relay_one(shared: &Shared, msg: &BusMessage) {
+    if msg.header(HEADER_ORIGIN) == Some(shared.front_id.as_str()) {
+        return;
+    }
+    let (Some(key), Some(b)) = (parse_subject(&msg.subject), decode_envelope(&msg.payload)) else {
+        telemetry::error("bad_broadcast_relay");
+        return;
+    };
+    metrics::counter!(telemetry::BROADCASTS, "source" => "bus").increment(1);
+    deliver_local(shared, &key, &b, None);
+}
+
+/// Authorise a REST broadcast: `(project, may_send_private)`.
+fn rest_auth(
+    shared: &Shared,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Result<(String, bool), (StatusCode, String)> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    let apikey = headers.get("apikey").and_then(|v| v.to_str().ok());
+    let token = bearer
+        .or(apikey)
+        .or(query.get("apikey").map(String::as_str))
+        .map(str::trim)
+        .unwrap_or("");
+    match shared.projects.verify(token) {
+        Ok(v) => {
+            let service = v.role() == Some("service_role");
+            Ok((v.project, service))
+        }
+        Err(e) => Err((StatusCode::UNAUTHORIZED, e.to_string())),
+    }
+}
+
+#[derive(Deserialize)]
+struct Batch {
+    messages: Vec<RestMessage>,
+}
+
+#[derive(Deserialize)]
+struct RestMessage {
+    topic: String,
+    event: String,
+    #[serde(default)]
+    payload: Option<Box<RawValue>>,
+    #[serde(default)]
+    private: Option<bool>,
+}
+
+/// `POST /realtime/v1/api/broadcast` with `{"messages":[{topic,event,payload,private}]}`.
+pub(crate) async fn rest_batch(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (project, service) = match rest_auth(&shared, &headers, &query) {
+        Ok(a) => a,
+        Err((status, msg)) => return error_response(status, &msg),
+    };
+    let batch: Batch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, &format!("invalid body: {e}"));
+        }
+    };
+    let mut out = Vec::with_capacity(batch.messages.len());
+    for m in batch.messages {
+        let private = m.private.unwrap_or(false);
+        if private && !service {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "private channels need a service_role token",
+            );
+        }
+        let payload = m.payload.unwrap_or_else(crate::state::empty_object);
+        if payload.get().len() > shared.cfg.max_frame_bytes {
+            return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
+        }
+        let key = rest_key(&project, private, &m.topic);
+        out.push((
+            key,
+            UserBroadcast {
+                event: m.event,
+                meta: None,
+                body: BroadcastBody::Json(payload),
+            },
+        ));
+    }
+    for (key, b) in out {
+        metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
+        send(&shared, &key, &b, None).await;
+    }
+    StatusCode::ACCEPTED.into_response()
+}
+
+fn rest_key(project: &str, private: bool, topic: &str) -> TopicKey {
+    let name = topic.strip_prefix(TOPIC_PREFIX).unwrap_or(topic);
+    TopicKey {
+        project: project.to_string(),
+        private,
+        topic: format!("{TOPIC_PREFIX}{name}"),
+    }
+}
+
+/// `POST /realtime/v1/api/broadcast/<topic>/events/<event>[?private=true]`, raw body.
+pub(crate) async fn rest_single(
+    State(shared): State<Arc<Shared>>,
+    Path((topic, event)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (project, service) = match rest_auth(&shared, &headers, &query) {
+        Ok(a) => a,
+        Err((status, msg)) => return error_response(status, &msg),
+    };
+    let private = query.get("private").map(String::as_str) == Some("true");
+    if private && !service {
+        return error_response(
+            StatusCode::FORBIDDEN,
+            "private channels need a service_role token",
+        );
+    }
+    if body.len() > shared.cfg.max_frame_bytes {
+        return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
+    }
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let as_json = if ctype.contains("json") || ctype.is_empty() {
+        std::str::from_utf8(&body)
+            .ok()
+            .and_then(|t| RawValue::from_string(t.to_string()).ok())
+    } else {
+        None
+    };
+    let body = match as_json {
+        Some(j) => BroadcastBody::Json(j),
+        None if ctype.contains("json") => {
+            return error_response(StatusCode::BAD_REQUEST, "body is not valid JSON");
+        }
+        None => BroadcastBody::Binary(body),
+    };
+    let key = rest_key(&project, private, &topic);
+    metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
+    send(
+        &shared,
+        &key,
+        &UserBroadcast {
+            event,
+            meta: None,
+            body,
+        },
+        None,
+    )
+    .await;
+    StatusCode::ACCEPTED.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_and_envelopes_round_trip() {
+        let key = TopicKey {
+            project: "p.1".into(),
+            private: true,
+            topic: "realtime:room 1".into(),
+        };
+        assert_eq!(parse_subject(&subject(&key)), Some(key));
+        let b = UserBroadcast {
+            event: "cur\nsor".into(),
+            meta: None,
+            body: BroadcastBody::Binary(Bytes::from_static(b"\n\x00\x01")),
+        };
+        let back = decode_envelope(&encode_envelope(&b).unwrap()).unwrap();
+        assert_eq!(back, b);
+        assert!(decode_envelope(&Bytes::from_static(b"garbage")).is_none());
+    }
+}

@@ -1,0 +1,71 @@
+//! HTTP routes: the WebSocket upgrade, SSE and the broadcast REST API.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use walcast_protocol::Vsn;
+
+use crate::limits::ConnSlot;
+use crate::state::Shared;
+use crate::{broadcast, conn, sse};
+
+/// `{"error": msg}` with a status.
+pub(crate) fn error_response(status: StatusCode, msg: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/realtime/v1/websocket", get(websocket))
+        .route("/socket/websocket", get(websocket))
+        .route("/realtime/v1/sse", get(sse::handler))
+        .route("/realtime/v1/api/broadcast", post(broadcast::rest_batch))
+        .route(
+            "/realtime/v1/api/broadcast/{topic}/events/{event}",
+            post(broadcast::rest_single),
+        )
+        .with_state(shared)
+}
+
+/// `GET /realtime/v1/websocket?apikey=<jwt>&vsn=<1.0.0|2.0.0>`.
+async fn websocket(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<HashMap<String, String>>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let vsn = match Vsn::from_query(q.get("vsn").map(String::as_str)) {
+        Ok(v) => v,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let apikey = q.get("apikey").cloned().unwrap_or_default();
+    let socket_auth = match shared.projects.verify(&apikey) {
+        Ok(v) => v,
+        Err(e) => {
+            crate::telemetry::error("auth");
+            return error_response(StatusCode::UNAUTHORIZED, &e.to_string());
+        }
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(r) => return r.into_response(),
+    };
+    let Some(slot) = ConnSlot::acquire(&shared) else {
+        return error_response(StatusCode::TOO_MANY_REQUESTS, "too many connections");
+    };
+    let limit = shared.cfg.max_frame_bytes.saturating_mul(2).max(64 * 1024);
+    ws.max_message_size(limit)
+        .max_frame_size(limit)
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(8 * 1024)
+        .on_upgrade(move |socket| {
+            let tracker = shared.tracker.clone();
+            tracker.track_future(conn::run(shared, socket, vsn, socket_auth, apikey, slot))
+        })
+}

@@ -1,0 +1,198 @@
+//! # walcast-front
+//!
+//! The realtime front: serves the Supabase Realtime protocol over WebSocket (so the
+//! unmodified `@supabase/realtime-js` works), `postgres_changes` over SSE, and the
+//! broadcast REST API.
+//!
+//! * Join means subscribed: a join's bindings are registered with the cdc-worker (through
+//!   [`SubsClient`]) before the join reply is sent.
+//! * Fan-out: the worker puts the ids of the subscriptions a change matched into the
+//!   event; the front encodes the change once and sends one frame per channel into each
+//!   connection's bounded queue. A connection that cannot keep up is closed (1013).
+//! * Broadcast is relayed between fronts over the bus; presence is per front for now,
+//!   behind [`PresenceStore`].
+//!
+//! ```no_run
+//! # async fn demo(bus: walcast_bus::Bus, subs: walcast_bus::subs::SubsClient) -> Result<(), Box<dyn std::error::Error>> {
+//! use tokio_util::sync::CancellationToken;
+//! use walcast_front::{Front, FrontConfig, Projects};
+//!
+//! let cancel = CancellationToken::new();
+//! let front = Front::start(FrontConfig::default(), bus, subs, Projects::new("secret"), cancel.clone()).await?;
+//! let listener = tokio::net::TcpListener::bind("0.0.0.0:4000").await?;
+//! let c = cancel.clone();
+//! axum::serve(listener, front.router())
+//!     .with_graceful_shutdown(async move { c.cancelled().await })
+//!     .await?;
+//! front.closed().await; // every socket closed with 1001
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod auth;
+mod broadcast;
+mod channel;
+pub mod config;
+mod conn;
+mod fanout;
+mod http;
+mod limits;
+mod outbound;
+pub mod presence;
+mod registry;
+mod sse;
+mod state;
+pub mod telemetry;
+mod topics;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use walcast_bus::subject::REALTIME_ALL;
+use walcast_bus::subs::{SubsClient, SUBJECT_RESYNC};
+use walcast_bus::{Bus, BusError};
+
+pub use auth::{AuthError, Projects, Verified, DEFAULT_PROJECT};
+pub use broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
+pub use channel::SUBSCRIBED;
+pub use config::FrontConfig;
+pub use conn::{CLOSE_GOING_AWAY, CLOSE_TOO_BIG};
+pub use outbound::{CLOSE_SLOW_CONSUMER, REASON_SLOW_CONSUMER};
+pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore};
+pub use topics::TopicKey;
+
+use state::Shared;
+
+/// A running front. Cheap to clone.
+#[derive(Clone)]
+pub struct Front {
+    shared: Arc<Shared>,
+}
+
+/// `GET /health` material.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// This front's id.
+    pub front_id: String,
+    /// Open WebSocket connections.
+    pub connections: usize,
+    /// Joined WebSocket channels.
+    pub channels: usize,
+    /// Open SSE streams.
+    pub sse_streams: usize,
+    /// Registered subscriptions (WebSocket bindings and SSE streams).
+    pub subscriptions: usize,
+    /// Bus kind (`nats` / `in-process`).
+    pub bus: &'static str,
+    /// Whether the bus is connected.
+    pub bus_connected: bool,
+}
+
+impl Front {
+    /// Start with in-memory presence. See [`Front::start_with_presence`].
+    pub async fn start(
+        cfg: FrontConfig,
+        bus: Bus,
+        subs: SubsClient,
+        projects: Projects,
+        cancel: CancellationToken,
+    ) -> Result<Front, BusError> {
+        Front::start_with_presence(
+            cfg,
+            bus,
+            subs,
+            projects,
+            Arc::new(MemoryPresence::default()),
+            cancel,
+        )
+        .await
+    }
+
+    /// Subscribe to changes, broadcasts and resync requests (before returning, so no join
+    /// can be answered before the front receives changes), and spawn the fan-out, relay,
+    /// sync, resync and SSE reaper tasks. Everything stops when `cancel` fires; sockets
+    /// are then closed with 1001.
+    pub async fn start_with_presence(
+        cfg: FrontConfig,
+        bus: Bus,
+        subs: SubsClient,
+        projects: Projects,
+        presence: Arc<dyn PresenceStore>,
+        cancel: CancellationToken,
+    ) -> Result<Front, BusError> {
+        let front_id = cfg
+            .front_id
+            .clone()
+            .unwrap_or_else(|| format!("front-{:08x}", rand::random::<u32>()));
+        let changes = bus.subscribe(REALTIME_ALL).await?;
+        let broadcasts = bus.subscribe(BROADCAST_ALL).await?;
+        let resync = bus.subscribe(SUBJECT_RESYNC).await?;
+        let tracker = TaskTracker::new();
+        let shared = Arc::new(Shared::new(
+            cfg,
+            front_id,
+            bus,
+            subs,
+            projects,
+            presence,
+            cancel.clone(),
+            tracker.clone(),
+        ));
+        tracker.spawn(fanout::run(shared.clone(), changes, cancel.clone()));
+        tracker.spawn(broadcast::relay_loop(
+            shared.clone(),
+            broadcasts,
+            cancel.clone(),
+        ));
+        tracker.spawn(registry::sync_loop(shared.clone(), cancel.clone()));
+        tracker.spawn(registry::resync_loop(
+            shared.clone(),
+            resync,
+            cancel.clone(),
+        ));
+        tracker.spawn(sse::reaper(shared.clone(), cancel));
+        tracing::info!(front = %shared.front_id, bus = shared.bus.kind(), "realtime front started");
+        Ok(Front { shared })
+    }
+
+    /// The routes: `GET /realtime/v1/websocket` (also `/socket/websocket`),
+    /// `GET /realtime/v1/sse`, `POST /realtime/v1/api/broadcast` and
+    /// `POST /realtime/v1/api/broadcast/{topic}/events/{event}`.
+    pub fn router(&self) -> axum::Router {
+        http::router(self.shared.clone())
+    }
+
+    /// Counts for `/health`.
+    pub fn health(&self) -> Health {
+        let s = &self.shared;
+        Health {
+            front_id: s.front_id.clone(),
+            connections: s.connections.load(Ordering::Relaxed),
+            channels: s.channels.load(Ordering::Relaxed),
+            sse_streams: s.sse_streams.load(Ordering::Relaxed),
+            subscriptions: s.registry.len(),
+            bus: s.bus.kind(),
+            bus_connected: s.bus.is_connected(),
+        }
+    }
+
+    /// This front's id (subscription id prefix and `Walcast-Origin`).
+    pub fn id(&self) -> &str {
+        &self.shared.front_id
+    }
+
+    /// The projects (add or remove them at run time).
+    pub fn projects(&self) -> &Projects {
+        &self.shared.projects
+    }
+
+    /// Wait until every task and socket of this front has ended (after `cancel`).
+    pub async fn closed(&self) {
+        self.shared.tracker.close();
+        self.shared.tracker.wait().await;
+    }
+}

@@ -1,0 +1,266 @@
+//! Presence: who is tracked on which topic.
+//!
+//! [`PresenceStore`] is the seam for a shared store (JetStream KV later); this front ships
+//! [`MemoryPresence`], which is per front. The front sends the returned diffs to its own
+//! channels of the topic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde_json::value::RawValue;
+use walcast_bus::subs::BoxFuture;
+use walcast_protocol::{server, Vsn};
+
+use crate::outbound::Out;
+use crate::state::Shared;
+use crate::topics::TopicKey;
+
+/// One tracked presence: `key` (the channel's presence key) and its meta
+/// (the track payload plus `phx_ref`, and `phx_ref_prev` after an update).
+#[derive(Clone, Debug)]
+pub struct PresenceMeta {
+    /// Presence key.
+    pub key: String,
+    /// The meta object as sent to clients.
+    pub meta: Box<RawValue>,
+}
+
+/// Joins and leaves caused by one track/untrack.
+#[derive(Clone, Debug, Default)]
+pub struct PresenceDiff {
+    /// New metas.
+    pub joins: Vec<PresenceMeta>,
+    /// Removed metas.
+    pub leaves: Vec<PresenceMeta>,
+}
+
+/// Where presence lives. `owner` identifies one channel instance globally
+/// (`<front id>:<channel id>`), so several connections with one key give several metas.
+pub trait PresenceStore: Send + Sync + 'static {
+    /// Track (or update) `owner`'s presence; `None` when nothing changed (same payload).
+    fn track(
+        &self,
+        topic: TopicKey,
+        owner: String,
+        key: String,
+        payload: Box<RawValue>,
+    ) -> BoxFuture<Option<PresenceDiff>>;
+    /// Stop tracking `owner`; `None` when it was not tracked.
+    fn untrack(&self, topic: TopicKey, owner: String) -> BoxFuture<Option<PresenceDiff>>;
+    /// Everything tracked on a topic.
+    fn list(&self, topic: TopicKey) -> BoxFuture<Vec<PresenceMeta>>;
+}
+
+struct Entry {
+    owner: String,
+    key: String,
+    payload: String,
+    phx_ref: String,
+    meta: Box<RawValue>,
+}
+
+/// In-memory presence for one front.
+pub struct MemoryPresence {
+    topics: Mutex<HashMap<TopicKey, Vec<Entry>>>,
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl Default for MemoryPresence {
+    fn default() -> Self {
+        MemoryPresence {
+            topics: Mutex::new(HashMap::new()),
+            prefix: format!("F{:08x}", rand::random::<u32>()),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl MemoryPresence {
+    fn phx_ref(&self) -> String {
+        format!(
+            "{}{}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TopicKey, Vec<Entry>>> {
+        self.topics.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn track_now(
+        &self,
+        topic: TopicKey,
+        owner: String,
+        key: String,
+        payload: Box<RawValue>,
+    ) -> Option<PresenceDiff> {
+        let mut g = self.lock();
+        let entries = g.entry(topic).or_default();
+        let text = payload.get().to_string();
+        let mut diff = PresenceDiff::default();
+        let mut prev = None;
+        if let Some(pos) = entries.iter().position(|e| e.owner == owner) {
+            if entries[pos].payload == text && entries[pos].key == key {
+                return None;
+            }
+            let old = entries.remove(pos);
+            prev = Some(old.phx_ref.clone());
+            diff.leaves.push(PresenceMeta {
+                key: old.key,
+                meta: old.meta,
+            });
+        }
+        let phx_ref = self.phx_ref();
+        let meta = server::presence_meta(&payload, &phx_ref, prev.as_deref());
+        diff.joins.push(PresenceMeta {
+            key: key.clone(),
+            meta: meta.clone(),
+        });
+        entries.push(Entry {
+            owner,
+            key,
+            payload: text,
+            phx_ref,
+            meta,
+        });
+        Some(diff)
+    }
+
+    fn untrack_now(&self, topic: TopicKey, owner: String) -> Option<PresenceDiff> {
+        let mut g = self.lock();
+        let entries = g.get_mut(&topic)?;
+        let pos = entries.iter().position(|e| e.owner == owner)?;
+        let old = entries.remove(pos);
+        if entries.is_empty() {
+            g.remove(&topic);
+        }
+        Some(PresenceDiff {
+            joins: Vec::new(),
+            leaves: vec![PresenceMeta {
+                key: old.key,
+                meta: old.meta,
+            }],
+        })
+    }
+}
+
+impl PresenceStore for MemoryPresence {
+    fn track(
+        &self,
+        topic: TopicKey,
+        owner: String,
+        key: String,
+        payload: Box<RawValue>,
+    ) -> BoxFuture<Option<PresenceDiff>> {
+        let r = self.track_now(topic, owner, key, payload);
+        Box::pin(std::future::ready(r))
+    }
+
+    fn untrack(&self, topic: TopicKey, owner: String) -> BoxFuture<Option<PresenceDiff>> {
+        let r = self.untrack_now(topic, owner);
+        Box::pin(std::future::ready(r))
+    }
+
+    fn list(&self, topic: TopicKey) -> BoxFuture<Vec<PresenceMeta>> {
+        let g = self.lock();
+        let r = g
+            .get(&topic)
+            .map(|v| {
+                v.iter()
+                    .map(|e| PresenceMeta {
+                        key: e.key.clone(),
+                        meta: e.meta.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Box::pin(std::future::ready(r))
+    }
+}
+
+/// `{key:{metas:[…]}}` of a list of metas, grouped by key in first-seen order.
+pub(crate) fn presence_map(metas: &[PresenceMeta]) -> String {
+    let mut keys: Vec<(&str, Vec<&RawValue>)> = Vec::new();
+    for m in metas {
+        match keys.iter_mut().find(|(k, _)| *k == m.key) {
+            Some((_, v)) => v.push(&m.meta),
+            None => keys.push((&m.key, vec![&m.meta])),
+        }
+    }
+    server::presence_map(keys)
+}
+
+/// Send a diff to this front's channels of the topic that have presence enabled.
+pub(crate) fn send_diff(shared: &Shared, key: &TopicKey, d: &PresenceDiff) {
+    let frame = server::presence_diff(
+        &key.topic,
+        &presence_map(&d.joins),
+        &presence_map(&d.leaves),
+    );
+    let mut v1: Option<Option<Out>> = None;
+    let mut v2: Option<Option<Out>> = None;
+    for m in shared.topics.members(key) {
+        if !m.presence_enabled() {
+            continue;
+        }
+        let slot = match m.vsn {
+            Vsn::V1 => &mut v1,
+            Vsn::V2 => &mut v2,
+        };
+        if let Some(o) = slot.get_or_insert_with(|| Out::frame(&frame, m.vsn)) {
+            m.deliver(o.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> TopicKey {
+        TopicKey {
+            project: "p".into(),
+            private: false,
+            topic: "realtime:r".into(),
+        }
+    }
+
+    fn rv(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.into()).unwrap()
+    }
+
+    #[test]
+    fn track_update_untrack() {
+        let p = MemoryPresence::default();
+        let d = p
+            .track_now(key(), "o1".into(), "ann".into(), rv(r#"{"a":1}"#))
+            .unwrap();
+        assert_eq!(d.joins.len(), 1);
+        assert!(d.leaves.is_empty());
+        assert!(p
+            .track_now(key(), "o1".into(), "ann".into(), rv(r#"{"a":1}"#))
+            .is_none());
+        let d = p
+            .track_now(key(), "o1".into(), "ann".into(), rv(r#"{"a":2}"#))
+            .unwrap();
+        assert_eq!(d.leaves.len(), 1);
+        assert!(d.joins[0].meta.get().contains("phx_ref_prev"));
+        p.track_now(key(), "o2".into(), "ann".into(), rv("{}"));
+        let state = presence_map(
+            &p.lock()[&key()]
+                .iter()
+                .map(|e| PresenceMeta {
+                    key: e.key.clone(),
+                    meta: e.meta.clone(),
+                })
+                .collect::<Vec<_>>(),
+        );
+        let v: serde_json::Value = serde_json::from_str(&state).unwrap();
+        assert_eq!(v["ann"]["metas"].as_array().unwrap().len(), 2);
+        assert!(p.untrack_now(key(), "o1".into()).is_some());
+        assert!(p.untrack_now(key(), "o1".into()).is_none());
+    }
+}

@@ -1,0 +1,278 @@
+//! The front's side of the subscription registry.
+//!
+//! Every `postgres_changes` binding of a joined channel (or SSE stream) gets a
+//! subscription id `<front id>:<n>`, registered with the cdc-worker, which puts the ids a
+//! change matched into the event's `subs`. This map turns those ids back into the channel
+//! to deliver to and the binding id the client knows. It also drives `sync` (every
+//! [`SYNC_INTERVAL`]) and answers `resync` by registering everything again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::subs::{
+    RegisterRequest, SubsClient, SubscriptionSpec, SyncMessage, UnregisterRequest, SYNC_INTERVAL,
+};
+use walcast_bus::Subscription;
+use walcast_protocol::PgChangeBinding;
+
+use crate::outbound::ChanOut;
+use crate::sse::SseChannel;
+use crate::state::Shared;
+use crate::telemetry;
+
+/// Where a subscription's changes go.
+#[derive(Clone)]
+pub(crate) enum Sink {
+    Ws(Arc<ChanOut>),
+    Sse(Arc<SseChannel>),
+}
+
+impl Sink {
+    pub(crate) fn id(&self) -> u64 {
+        match self {
+            Sink::Ws(c) => c.id,
+            Sink::Sse(s) => s.id,
+        }
+    }
+}
+
+pub(crate) struct Target {
+    pub sink: Sink,
+    /// The binding id the client knows (the join reply's `id`).
+    pub binding: u32,
+    pub spec: SubscriptionSpec,
+}
+
+pub(crate) struct Registry {
+    prefix: String,
+    next: AtomicU64,
+    map: RwLock<HashMap<u64, Target>>,
+}
+
+impl Registry {
+    pub(crate) fn new(front_id: &str) -> Registry {
+        Registry {
+            prefix: format!("{front_id}:"),
+            next: AtomicU64::new(1),
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// A fresh subscription number and its id.
+    pub(crate) fn alloc(&self) -> (u64, String) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        (n, format!("{}{n}", self.prefix))
+    }
+
+    /// The number of one of our own ids (`None` for other fronts' ids).
+    pub(crate) fn own(&self, id: &str) -> Option<u64> {
+        id.strip_prefix(&self.prefix)?.parse().ok()
+    }
+
+    pub(crate) fn insert(&self, n: u64, t: Target) {
+        self.write().insert(n, t);
+    }
+
+    /// Remove subscriptions; returns their ids.
+    pub(crate) fn remove(&self, ns: &[u64]) -> Vec<String> {
+        let mut g = self.write();
+        ns.iter()
+            .filter_map(|n| g.remove(n).map(|t| t.spec.id))
+            .collect()
+    }
+
+    /// Replace the claims of these subscriptions; returns their updated specs.
+    pub(crate) fn set_claims(&self, ns: &[u64], claims: &Value) -> Vec<SubscriptionSpec> {
+        let mut g = self.write();
+        ns.iter()
+            .filter_map(|n| {
+                g.get_mut(n).map(|t| {
+                    t.spec.claims = claims.clone();
+                    t.spec.clone()
+                })
+            })
+            .collect()
+    }
+
+    /// Group the targets of `ids` by sink: `(sink, binding ids deduplicated)`. Targets of
+    /// another project are skipped (tenant isolation does not rest on the worker alone).
+    pub(crate) fn groups(&self, project: &str, ids: &[String]) -> Vec<(Sink, Vec<u32>)> {
+        let g = self.read();
+        let mut index: HashMap<u64, usize> = HashMap::new();
+        let mut out: Vec<(Sink, Vec<u32>)> = Vec::new();
+        for id in ids {
+            let Some(t) = self.own(id).and_then(|n| g.get(&n)) else {
+                continue;
+            };
+            if t.spec.project != project {
+                telemetry::error("cross_project_event");
+                continue;
+            }
+            let slot = *index.entry(t.sink.id()).or_insert_with(|| {
+                out.push((t.sink.clone(), Vec::new()));
+                out.len() - 1
+            });
+            let ids = &mut out[slot].1;
+            if !ids.contains(&t.binding) {
+                ids.push(t.binding);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn specs_of(&self, ns: &[u64]) -> Vec<SubscriptionSpec> {
+        let g = self.read();
+        ns.iter()
+            .filter_map(|n| g.get(n).map(|t| t.spec.clone()))
+            .collect()
+    }
+
+    pub(crate) fn all_ids(&self) -> Vec<String> {
+        self.read().values().map(|t| t.spec.id.clone()).collect()
+    }
+
+    pub(crate) fn all_specs(&self) -> Vec<SubscriptionSpec> {
+        self.read().values().map(|t| t.spec.clone()).collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, Target>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<u64, Target>> {
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The spec registered for one binding.
+pub(crate) fn spec_for(
+    id: String,
+    front: &str,
+    project: &str,
+    b: &PgChangeBinding,
+    claims: &Value,
+) -> SubscriptionSpec {
+    SubscriptionSpec {
+        id,
+        front: front.to_string(),
+        project: project.to_string(),
+        schema: b.schema.clone(),
+        table: b.table.clone(),
+        event: b.event.to_ascii_uppercase(),
+        filter: b.filter.clone().filter(|f| !f.trim().is_empty()),
+        select: b.select.clone(),
+        claims: claims.clone(),
+    }
+}
+
+/// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
+/// `Err` is a readable reason the whole request failed (no answer in time …).
+pub(crate) async fn register(
+    subs: &SubsClient,
+    specs: Vec<SubscriptionSpec>,
+    timeout: Duration,
+) -> Result<HashMap<String, String>, String> {
+    if specs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
+    let reply = subs
+        .register(RegisterRequest { subs: specs }, timeout)
+        .await
+        .map_err(|e| {
+            telemetry::error("register");
+            e.to_string()
+        })?;
+    let mut refused = HashMap::new();
+    for id in ids {
+        match reply.results.iter().find(|r| r.id == id) {
+            Some(r) if r.ok => {}
+            Some(r) => {
+                let why = r
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "subscription refused by the cdc-worker".into());
+                refused.insert(id, why);
+            }
+            None => {
+                refused.insert(
+                    id,
+                    "the cdc-worker did not answer for this subscription".into(),
+                );
+            }
+        }
+    }
+    Ok(refused)
+}
+
+/// Tell the worker these subscriptions are gone (errors are logged: `sync` repairs them).
+pub(crate) async fn unregister(subs: &SubsClient, ids: Vec<String>) {
+    if ids.is_empty() {
+        return;
+    }
+    if let Err(e) = subs.unregister(UnregisterRequest { ids }).await {
+        telemetry::error("unregister");
+        tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
+    }
+}
+
+/// Every [`SYNC_INTERVAL`]: send the full list of this front's subscription ids.
+pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(SYNC_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let msg = SyncMessage {
+            front: shared.front_id.clone(),
+            ids: shared.registry.all_ids(),
+        };
+        if let Err(e) = shared.subs.sync(msg).await {
+            telemetry::error("sync");
+            tracing::warn!(error = %e, "subscription sync failed");
+        }
+    }
+}
+
+/// On every resync request (a new worker leader), register everything again.
+pub(crate) async fn resync_loop(
+    shared: Arc<Shared>,
+    mut sub: Subscription,
+    cancel: CancellationToken,
+) {
+    loop {
+        let msg = tokio::select! {
+            _ = cancel.cancelled() => return,
+            m = sub.next() => m,
+        };
+        if msg.is_none() {
+            return;
+        }
+        let specs = shared.registry.all_specs();
+        tracing::info!(
+            count = specs.len(),
+            "resync requested: registering all subscriptions again"
+        );
+        for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
+            match register(&shared.subs, chunk.to_vec(), shared.cfg.register_timeout).await {
+                Ok(refused) => {
+                    for (id, why) in refused {
+                        tracing::warn!(%id, reason = %why, "subscription refused on resync");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "resync registration failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Broadcast (self, ack, binary kinds 3/4, v1 text, REST, across fronts) and presence.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use walcast_protocol::{BroadcastBody, Frame, Payload, RawValue, UserBroadcast, Vsn, WireMessage};
+
+fn kind3(join_ref: &str, r: &str, topic: &str, event: &str, payload: &str) -> Vec<u8> {
+    let f = Frame {
+        join_ref: Some(join_ref.into()),
+        ref_: Some(r.into()),
+        topic: topic.into(),
+        event: "broadcast".into(),
+        payload: Payload::Broadcast(UserBroadcast {
+            event: event.into(),
+            meta: None,
+            body: BroadcastBody::Json(RawValue::from_string(payload.into()).unwrap()),
+        }),
+    };
+    match f.encode_client(Vsn::V2).unwrap() {
+        WireMessage::Binary(b) => b,
+        WireMessage::Text(_) => unreachable!(),
+    }
+}
+
+fn decode_kind4(m: &Msg) -> (String, String, String) {
+    let Msg::Binary(b) = m else {
+        panic!("expected binary, got {m:?}")
+    };
+    let f = Frame::decode_server_binary(b).unwrap();
+    let Payload::Broadcast(ub) = f.payload else {
+        panic!()
+    };
+    let BroadcastBody::Json(body) = ub.body else {
+        panic!()
+    };
+    (f.topic, ub.event, body.get().to_string())
+}
+
+fn bcfg(ack: bool, self_: bool) -> Value {
+    json!({"broadcast": {"ack": ack, "self": self_}, "presence": {"key": "", "enabled": false}, "postgres_changes": [], "private": false})
+}
+
+#[tokio::test]
+async fn broadcast_v2_binary_self_and_ack() {
+    let s = start().await;
+    let mut a = s.client("2.0.0").await;
+    let (jra, _) = a.join("realtime:room", bcfg(true, true), None).await;
+    let mut b = s.client("2.0.0").await;
+    b.join("realtime:room", bcfg(false, false), None).await;
+    let mut v1 = s.client("1.0.0").await;
+    v1.join("realtime:room", bcfg(false, false), None).await;
+
+    a.send_binary(kind3(&jra, "7", "realtime:room", "cursor", r#"{"x":1}"#))
+        .await;
+    // `a` has self and ack: the broadcast (kind 4) and an ok reply, in any order.
+    let mut got_reply = false;
+    let mut got_self = false;
+    for _ in 0..2 {
+        match a.recv().await {
+            Msg::Frame(f) => {
+                assert_eq!(
+                    f,
+                    json!([jra, "7", "realtime:room", "phx_reply", {"status":"ok","response":{}}])
+                );
+                got_reply = true;
+            }
+            m => {
+                assert_eq!(
+                    decode_kind4(&m),
+                    ("realtime:room".into(), "cursor".into(), r#"{"x":1}"#.into())
+                );
+                got_self = true;
+            }
+        }
+    }
+    assert!(got_reply && got_self);
+    assert_eq!(decode_kind4(&b.recv().await).1, "cursor");
+    assert_eq!(
+        v1.recv().await.frame(),
+        &json!([null, null, "realtime:room", "broadcast", {"type":"broadcast","event":"cursor","payload":{"x":1}}])
+    );
+
+    // `b` has neither self nor ack: nothing comes back to it.
+    b.send_binary(kind3("2", "8", "realtime:room", "move", "[1,2]"))
+        .await;
+    assert_eq!(decode_kind4(&a.recv().await).2, "[1,2]");
+    assert!(b.try_recv(Duration::from_millis(200)).await.is_none());
+}
+
+#[tokio::test]
+async fn broadcast_v1_text() {
+    let s = start().await;
+    let mut a = s.client("1.0.0").await;
+    let (jr, _) = a.join("realtime:room", bcfg(true, true), None).await;
+    let mut b = s.client("2.0.0").await;
+    b.join("realtime:room", bcfg(false, false), None).await;
+    a.send(
+        Some(&jr),
+        Some("9"),
+        "realtime:room",
+        "broadcast",
+        json!({"type":"broadcast","event":"hi","payload":{"n":1}}),
+    )
+    .await;
+    let mut events = Vec::new();
+    for _ in 0..2 {
+        events.push(a.recv().await.frame().clone());
+    }
+    assert!(events
+        .contains(&json!([jr, "9", "realtime:room", "phx_reply", {"status":"ok","response":{}}])));
+    assert!(events.contains(&json!([null, null, "realtime:room", "broadcast", {"type":"broadcast","event":"hi","payload":{"n":1}}])));
+    assert_eq!(
+        decode_kind4(&b.recv().await),
+        ("realtime:room".into(), "hi".into(), r#"{"n":1}"#.into())
+    );
+}
+
+#[tokio::test]
+async fn broadcast_crosses_fronts_and_rest_api_answers_202() {
+    let s = start().await;
+    let s2 = s.replica().await;
+    let mut a = s.client("2.0.0").await;
+    let (jr, _) = a.join("realtime:room", bcfg(false, false), None).await;
+    let mut b = s2.client("2.0.0").await;
+    b.join("realtime:room", bcfg(false, false), None).await;
+    a.send_binary(kind3(&jr, "3", "realtime:room", "ping", "{}"))
+        .await;
+    assert_eq!(decode_kind4(&b.recv().await).1, "ping");
+    assert!(a.try_recv(Duration::from_millis(200)).await.is_none());
+
+    let key = anon();
+    let body =
+        json!({"messages":[{"topic":"room","event":"rest","payload":{"k":"v"},"private":false}]})
+            .to_string();
+    let (status, _) = s
+        .http(
+            "POST",
+            "/realtime/v1/api/broadcast?apikey=x&vsn=2.0.0",
+            &[
+                ("apikey", &key),
+                ("Authorization", &format!("Bearer {key}")),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(decode_kind4(&a.recv().await).2, r#"{"k":"v"}"#);
+    assert_eq!(decode_kind4(&b.recv().await).2, r#"{"k":"v"}"#);
+
+    let (status, _) = s2
+        .http(
+            "POST",
+            &format!("/realtime/v1/api/broadcast/room/events/single?apikey={key}"),
+            &[("Content-Type", "application/json")],
+            br#"{"one":1}"#,
+        )
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(decode_kind4(&a.recv().await).1, "single");
+    assert_eq!(decode_kind4(&b.recv().await).1, "single");
+
+    // Private needs service_role; bad tokens are 401.
+    let private =
+        json!({"messages":[{"topic":"room","event":"e","payload":{},"private":true}]}).to_string();
+    let (status, text) = s
+        .http(
+            "POST",
+            "/realtime/v1/api/broadcast",
+            &[("apikey", &key)],
+            private.as_bytes(),
+        )
+        .await;
+    assert_eq!(status, 403, "{text}");
+    let service = token(json!({"role":"service_role","exp": now() + 60}));
+    let (status, _) = s
+        .http(
+            "POST",
+            "/realtime/v1/api/broadcast",
+            &[("apikey", &service)],
+            private.as_bytes(),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let (status, text) = s
+        .http(
+            "POST",
+            "/realtime/v1/api/broadcast",
+            &[("apikey", "nope")],
+            body.as_bytes(),
+        )
+        .await;
+    assert_eq!(status, 401);
+    assert!(text.contains("\"error\""));
+    let (status, _) = s
+        .http(
+            "POST",
+            "/realtime/v1/api/broadcast",
+            &[("apikey", &key)],
+            b"{bad",
+        )
+        .await;
+    assert_eq!(status, 400);
+    // The public channel did not get the private message.
+    assert!(a.try_recv(Duration::from_millis(200)).await.is_none());
+}
+
+#[tokio::test]
+async fn presence_track_diff_state_and_leave() {
+    let s = start().await;
+    let pcfg = |key: &str| json!({"broadcast": {"ack": false, "self": false}, "presence": {"key": key, "enabled": true}, "postgres_changes": [], "private": false});
+    let mut a = s.client("2.0.0").await;
+    let (jra, _) = a.join("realtime:room", pcfg("ann"), None).await;
+    let st = a.recv().await;
+    assert_eq!(
+        st.frame(),
+        &json!([jra, null, "realtime:room", "presence_state", {}])
+    );
+
+    a.send(
+        Some(&jra),
+        Some("8"),
+        "realtime:room",
+        "presence",
+        json!({"type":"presence","event":"track","payload":{"user":"ann"}}),
+    )
+    .await;
+    let reply = a.recv().await;
+    assert_eq!(
+        reply.frame(),
+        &json!([jra, "8", "realtime:room", "phx_reply", {"status":"ok","response":{}}])
+    );
+    let diff = a.recv().await;
+    assert_eq!(diff.event(), "presence_diff");
+    assert_eq!(diff.frame()[0], json!(null));
+    let metas = &diff.payload()["joins"]["ann"]["metas"];
+    assert_eq!(metas[0]["user"], "ann");
+    assert!(metas[0]["phx_ref"].is_string());
+    assert_eq!(diff.payload()["leaves"], json!({}));
+
+    // A later joiner gets the state with its own join_ref.
+    let mut b = s.client("1.0.0").await;
+    let (jrb, _) = b.join("realtime:room", pcfg(""), None).await;
+    let st = b.recv().await;
+    assert_eq!(st.event(), "presence_state");
+    assert_eq!(st.frame()[0], json!(jrb));
+    assert_eq!(st.payload()["ann"]["metas"][0]["user"], "ann");
+
+    // Bad payload.
+    a.send(
+        Some(&jra),
+        Some("9"),
+        "realtime:room",
+        "presence",
+        json!({"type":"presence","event":"track","payload":5}),
+    )
+    .await;
+    assert_eq!(
+        a.recv().await.payload()["response"]["reason"],
+        "Presence track payload must be a map"
+    );
+
+    // Leaving untracks: b sees the leave.
+    a.send(
+        Some(&jra),
+        Some("10"),
+        "realtime:room",
+        "phx_leave",
+        json!({}),
+    )
+    .await;
+    let diff = b.recv_event("presence_diff").await;
+    assert_eq!(diff.payload()["leaves"]["ann"]["metas"][0]["user"], "ann");
+    assert_eq!(diff.payload()["joins"], json!({}));
+}

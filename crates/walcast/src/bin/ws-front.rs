@@ -1,0 +1,7 @@
+use clap::Parser;
+use walcast::ws_front::{main as front_main, WsFrontConfig};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    front_main(WsFrontConfig::parse()).await
+}

@@ -1,0 +1,73 @@
+//! Options of the realtime front, shared by `ws-front` and `walcast serve`.
+
+use std::time::Duration;
+
+use clap::Args;
+use walcast_front::{FrontConfig, Projects};
+
+#[derive(Args, Clone, Debug)]
+pub struct FrontArgs {
+    /// HS256 secret of the default project's JWTs (apikey and access tokens).
+    #[arg(long, env = "JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: String,
+    /// SSE: changes kept per channel for `Last-Event-ID` resumption.
+    #[arg(long, env = "HISTORY_SIZE", default_value_t = 1000)]
+    pub history_size: usize,
+    /// Frames queued per connection before a slow client is disconnected.
+    #[arg(long, env = "OUTBOUND_QUEUE", default_value_t = 1024)]
+    pub outbound_queue: usize,
+    /// Largest client frame accepted, in bytes.
+    #[arg(long, env = "MAX_FRAME_BYTES", default_value_t = 1 << 20)]
+    pub max_frame_bytes: usize,
+    /// Channels one socket may join.
+    #[arg(long, env = "MAX_CHANNELS_PER_SOCKET", default_value_t = 100)]
+    pub max_channels_per_socket: usize,
+    /// postgres_changes bindings per channel.
+    #[arg(long, env = "MAX_BINDINGS_PER_CHANNEL", default_value_t = 100)]
+    pub max_bindings_per_channel: usize,
+    /// WebSocket connections accepted at once.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 100_000)]
+    pub max_connections: usize,
+    /// Joins per second per socket (after a burst of twice that).
+    #[arg(long, env = "JOINS_PER_SECOND", default_value_t = 100)]
+    pub joins_per_second: u32,
+    /// How long a join waits for the cdc-worker to confirm its subscriptions, in ms.
+    #[arg(long, env = "REGISTER_TIMEOUT_MS", default_value_t = 5000)]
+    pub register_timeout_ms: u64,
+}
+
+impl FrontArgs {
+    pub fn config(&self, front_id: &str) -> FrontConfig {
+        FrontConfig {
+            front_id: Some(front_id.to_string()),
+            history_size: self.history_size,
+            outbound_queue: self.outbound_queue,
+            max_frame_bytes: self.max_frame_bytes,
+            max_channels_per_socket: self.max_channels_per_socket,
+            max_bindings_per_channel: self.max_bindings_per_channel,
+            max_connections: self.max_connections,
+            joins_per_second: self.joins_per_second,
+            join_burst: self.joins_per_second.saturating_mul(2),
+            register_timeout: Duration::from_millis(self.register_timeout_ms),
+            ..FrontConfig::default()
+        }
+    }
+
+    pub fn projects(&self) -> Projects {
+        Projects::new(&self.jwt_secret)
+    }
+
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "jwt_secret": "***",
+            "history_size": self.history_size,
+            "outbound_queue": self.outbound_queue,
+            "max_frame_bytes": self.max_frame_bytes,
+            "max_channels_per_socket": self.max_channels_per_socket,
+            "max_bindings_per_channel": self.max_bindings_per_channel,
+            "max_connections": self.max_connections,
+            "joins_per_second": self.joins_per_second,
+            "register_timeout_ms": self.register_timeout_ms,
+        })
+    }
+}

@@ -1,0 +1,70 @@
+//! The ws-front process: WebSocket + SSE for realtime clients, fed by NATS.
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::net::TcpListener;
+use walcast_bus::subs::SubsClient;
+use walcast_bus::Bus;
+use walcast_front::Front;
+
+use crate::config::{redact_url, HttpArgs, LogArgs};
+use crate::front::FrontArgs;
+use crate::http::{ops_router, serve, OpsState};
+
+/// Serves realtime clients (Supabase Realtime protocol) from the changes the cdc-worker
+/// publishes on NATS. Run as many replicas as you like.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "ws-front", version, about)]
+pub struct WsFrontConfig {
+    /// NATS server the cdc-worker publishes to.
+    #[arg(long, env = "NATS_URL")]
+    pub nats_url: String,
+    #[command(flatten)]
+    pub front: FrontArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
+    crate::telemetry::init_logs(&cfg.log);
+    let mut described = cfg.front.describe();
+    described["nats_url"] = redact_url(&cfg.nats_url).into();
+    described["listen"] = format!("{}:{}", cfg.http.host, cfg.http.port).into();
+    tracing::info!(config = %described, "ws-front starting");
+    let metrics = crate::telemetry::init_metrics()?;
+    let id = format!("front-{}", crate::cdc_worker::instance_id());
+    let bus = Bus::nats(&cfg.nats_url, &format!("walcast-{id}"))
+        .await
+        .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
+    let subs = SubsClient::new(&bus, None)?;
+    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
+        .await
+        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let cancel = crate::shutdown::on_signal();
+    let front = Front::start(
+        cfg.front.config(&id),
+        bus.clone(),
+        subs,
+        cfg.front.projects(),
+        cancel.clone(),
+    )
+    .await
+    .context("starting the front")?;
+    let state = OpsState {
+        cdc: None,
+        front: Some(front.clone()),
+        bus,
+        metrics,
+        lease_mode: "none",
+    };
+    let router = front.router().merge(ops_router(state));
+    tracing::info!(addr = ?listener.local_addr().ok(), "serving realtime clients");
+    serve(listener, router, cancel.clone().cancelled_owned())
+        .await
+        .context("http server")?;
+    cancel.cancel();
+    front.closed().await;
+    Ok(())
+}
