@@ -17,7 +17,7 @@ struct Cli {
 enum Command {
     /// All-in-one server: the CDC pipeline and the realtime front (WebSocket, SSE) in one
     /// process.
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Apply walcast's SQL migrations and exit.
     Migrate {
         #[arg(long, env = "DATABASE_URL")]
@@ -104,7 +104,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(cfg) => serve(cfg).await,
+        Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
         Command::Realtime(args) => walcast::admin::realtime(args).await,
         Command::Tail(args) => walcast::admin::tail(args).await,
