@@ -96,3 +96,49 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Args, Debug, Clone)]
+pub struct KeyArgs {
+    /// HS256 secret of the project (the default project's is JWT_SECRET).
+    #[arg(long, env = "JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: String,
+    /// The `role` claim: `anon`, `service_role`, `authenticated` or any Postgres role.
+    #[arg(long, default_value = "anon")]
+    pub role: String,
+    /// Lifetime in seconds (the `exp` claim).
+    #[arg(long, default_value_t = 10 * 365 * 24 * 3600)]
+    pub expires_in: u64,
+    /// The `sub` claim (a user id), if any.
+    #[arg(long)]
+    pub sub: Option<String>,
+    /// The `ref` claim: the project id (none = the default project).
+    #[arg(long = "project")]
+    pub project_ref: Option<String>,
+}
+
+/// Print a signed HS256 JWT (an API key like Supabase's anon / service_role keys).
+pub fn key(args: KeyArgs) -> anyhow::Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("system clock before 1970")?
+        .as_secs();
+    let mut claims = serde_json::json!({
+        "role": args.role,
+        "iat": now,
+        "exp": now + args.expires_in,
+    });
+    if let Some(sub) = args.sub {
+        claims["sub"] = sub.into();
+    }
+    if let Some(r) = args.project_ref {
+        claims["ref"] = r.into();
+    }
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(args.jwt_secret.as_bytes()),
+    )
+    .context("signing the key")?;
+    println!("{token}");
+    Ok(())
+}

@@ -27,6 +27,8 @@ enum Command {
     Realtime(RealtimeArgs),
     /// Print change events from NATS as JSON lines.
     Tail(TailArgs),
+    /// Print a signed API key / access token (HS256 JWT) for a role.
+    Key(walcast::admin::KeyArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -108,5 +110,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
         Command::Realtime(args) => walcast::admin::realtime(args).await,
         Command::Tail(args) => walcast::admin::tail(args).await,
+        Command::Key(args) => walcast::admin::key(args),
     }
 }
