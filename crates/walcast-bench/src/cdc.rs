@@ -15,7 +15,6 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
 use walcast_cdc::{CdcConfig, CdcHealth, PollerConfig, SourceKind};
-use walcast_testkit::{Nats, Postgres};
 
 #[derive(Args)]
 pub struct CdcBench {
@@ -36,14 +35,8 @@ const OPTIONS: &str = "'format-version','2','include-transaction','1','include-x
     'include-typmod','0'";
 
 pub async fn run(args: CdcBench) -> anyhow::Result<()> {
-    let pg = Postgres::start().context("starting postgres")?;
-    let nats = Nats::start().context("starting nats-server")?;
-    let admin = pg.connect().await?;
-    let mut migr = walcast_cdc::connect(&pg.url()).await?;
-    walcast_cdc::migrate::migrate(&mut migr).await?;
-    admin
-        .batch_execute(
-            "CREATE TABLE bench (id int8 PRIMARY KEY, title text, done bool, at timestamptz);
+    let crate::env::BenchEnv { pg, nats, admin } = crate::env::start(
+        "CREATE TABLE bench (id int8 PRIMARY KEY, title text, done bool, at timestamptz);
              CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$
              BEGIN
                FOR i IN 1..n LOOP
@@ -51,9 +44,9 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
                  COMMIT;
                END LOOP;
              END $$;",
-        )
-        .await?;
-    walcast_cdc::registry::enable(&admin, "default", "public", "bench").await?;
+        "bench",
+    )
+    .await?;
     let variants: &[(&str, SourceKind, usize, usize)] = &[
         (
             "stream (START_REPLICATION)",

@@ -8,13 +8,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use clap::Args;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_cdc::{CdcConfig, CdcHealth, PollerConfig, SourceKind};
-use walcast_testkit::{Nats, Postgres};
 
 #[derive(Args)]
 pub struct LatencyBench {
@@ -70,15 +68,11 @@ fn now_micros() -> i64 {
 }
 
 async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow::Result<Outcome> {
-    let pg = Postgres::start().context("starting postgres")?;
-    let nats = Nats::start().context("starting nats-server")?;
-    let admin = pg.connect().await?;
-    let mut migr = walcast_cdc::connect(&pg.url()).await?;
-    walcast_cdc::migrate::migrate(&mut migr).await?;
-    admin
-        .batch_execute("CREATE TABLE lat (id int8 PRIMARY KEY, at timestamptz NOT NULL)")
-        .await?;
-    walcast_cdc::registry::enable(&admin, "default", "public", "lat").await?;
+    let crate::env::BenchEnv { pg, nats, .. } = crate::env::start(
+        "CREATE TABLE lat (id int8 PRIMARY KEY, at timestamptz NOT NULL)",
+        "lat",
+    )
+    .await?;
 
     let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
     let sub_bus = Bus::nats(&nats.url(), "lat-sub").await?;

@@ -3,6 +3,7 @@
 //! and prints both with their ratio.
 
 mod cdc;
+mod env;
 mod latency;
 
 use clap::{Parser, Subcommand};

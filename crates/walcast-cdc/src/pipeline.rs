@@ -192,32 +192,25 @@ impl Pipeline {
             self.types.reload(&self.catalog).await?;
         }
         let mut event = build_event(project, kind, row, txn, self.seq, &self.types)?;
-        event.subs = if kind == ChangeKind::Delete {
-            let view = RowView::new(row.identity.iter(), &self.types);
-            self.matcher.matches(
-                project,
-                &row.schema,
-                &row.table,
-                kind,
-                txn.commit_lsn,
-                &view,
-            )
+        // Filters see the old row for a DELETE; otherwise the new one, with unchanged
+        // TOASTed values taken from the old row.
+        let view = if kind == ChangeKind::Delete {
+            RowView::new(row.identity.iter(), &self.types)
         } else {
-            // New values, plus unchanged TOASTed ones from the old row.
             let extra = row
                 .identity
                 .iter()
                 .filter(|old| !row.columns.iter().any(|c| c.name == old.name));
-            let view = RowView::new(row.columns.iter().chain(extra), &self.types);
-            self.matcher.matches(
-                project,
-                &row.schema,
-                &row.table,
-                kind,
-                txn.commit_lsn,
-                &view,
-            )
+            RowView::new(row.columns.iter().chain(extra), &self.types)
         };
+        event.subs = self.matcher.matches(
+            project,
+            &row.schema,
+            &row.table,
+            kind,
+            txn.commit_lsn,
+            &view,
+        );
         self.seq += 1;
         let subject = change_subject(project, &event.schema, &event.table);
         let payload =

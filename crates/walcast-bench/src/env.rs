@@ -1,0 +1,23 @@
+//! What every benchmark starts with: throwaway Postgres and nats-server, our migrations,
+//! and one table with realtime enabled.
+
+use anyhow::Context;
+use walcast_testkit::{Nats, Postgres};
+
+pub struct BenchEnv {
+    pub pg: Postgres,
+    pub nats: Nats,
+    pub admin: tokio_postgres::Client,
+}
+
+/// Start the services, apply migrations, run `setup_sql` and enable `public.<table>`.
+pub async fn start(setup_sql: &str, table: &str) -> anyhow::Result<BenchEnv> {
+    let pg = Postgres::start().context("starting postgres")?;
+    let nats = Nats::start().context("starting nats-server")?;
+    let admin = pg.connect().await?;
+    let mut migr = walcast_cdc::connect(&pg.url()).await?;
+    walcast_cdc::migrate::migrate(&mut migr).await?;
+    admin.batch_execute(setup_sql).await?;
+    walcast_cdc::registry::enable(&admin, "default", "public", table).await?;
+    Ok(BenchEnv { pg, nats, admin })
+}
