@@ -72,6 +72,10 @@ pub struct CdcConfig {
     pub allow_unbounded_wal: bool,
     /// This instance's id, sent as `Walcast-Origin`.
     pub origin: String,
+    /// We were elected: a session still reading the slot belongs to a worker that lost
+    /// its leadership (typically one that was killed while Postgres still runs its last
+    /// query), so terminate it instead of waiting for it.
+    pub take_over_slot: bool,
 }
 
 /// Connect, logging (not panicking) when the connection ends.
@@ -95,7 +99,7 @@ pub async fn run(
     health: Arc<CdcHealth>,
     cancel: CancellationToken,
 ) -> Result<(), CdcError> {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Duration::from_millis(100);
     loop {
         let result = tokio::select! {
             r = session(&cfg, &bus, &matcher, &health, &cancel) => r,
@@ -131,7 +135,22 @@ async fn session(
 ) -> Result<(), CdcError> {
     let client = connect(&cfg.database_url).await?;
     let catalog = connect(&cfg.database_url).await?;
-    let report = preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal).await?;
+    let report = match preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal)
+        .await
+    {
+        Err(PreflightError::SlotInUse { pid, .. }) if cfg.take_over_slot => {
+            tracing::warn!(pid, slot = %cfg.poller.slot, "slot still held by a former leader's session: terminating it");
+            client
+                .execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await?;
+            return Err(PreflightError::SlotInUse {
+                slot: cfg.poller.slot.clone(),
+                pid,
+            }
+            .into());
+        }
+        other => other?,
+    };
     let slot = slot::ensure_slot(&client, &cfg.poller.slot, report.major, health).await?;
     tracing::info!(
         slot = %cfg.poller.slot,

@@ -6,15 +6,18 @@ use anyhow::Context;
 use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::Bus;
+
 use walcast_cdc::registrar::Registrar;
 use walcast_cdc::CdcHealth;
+use walcast_lease::LeaseMode;
 
 /// How long a starting worker waits for fronts to re-register their subscriptions.
-const RESYNC_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+const RESYNC_GRACE: Duration = Duration::from_millis(500);
 
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
@@ -56,6 +59,9 @@ pub fn describe(
         "poll_idle_ms": cdc.poll_idle_ms,
         "table_filter_refresh_ms": cdc.table_filter_refresh_ms,
         "allow_unbounded_wal": cdc.allow_unbounded_wal,
+        "lease_mode": cdc.lease.lease_mode.to_string(),
+        "lease_name": cdc.lease.lease_name,
+        "lease_duration_secs": cdc.lease.lease_duration_secs,
         "listen": format!("{}:{}", http.host, http.port),
     })
 }
@@ -121,7 +127,6 @@ pub async fn run(
     migrate(&db.database_url).await?;
     let cfg = cdc.to_config(db, &origin);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
-    health.set_leader(true);
     let tracker = TaskTracker::new();
     let matcher = registrar.matcher().clone();
     {
@@ -138,27 +143,16 @@ pub async fn run(
             }
         });
     }
-    if matches!(bus, Bus::Nats(_)) {
-        let bus = bus.clone();
-        let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar.clone());
-        let cancel = cancel.clone();
-        tracker.spawn(async move {
-            if let Err(e) =
-                walcast_bus::subs::serve_nats(&bus, handler, cancel.cancelled_owned()).await
-            {
-                tracing::error!(error = %e, "subscription registry stopped");
-            }
-        });
-        // Fronts answer the resync request by registering again: give them a moment
-        // before decoding, so their subscriptions match from the first change.
-        tokio::time::sleep(RESYNC_GRACE).await;
-    }
+    let mode = lease_mode(cdc);
     let state = OpsState {
         cdc: Some(health.clone()),
         front: front.clone(),
         bus: bus.clone(),
         metrics,
-        lease_mode: "none",
+        lease_mode: match mode {
+            LeaseMode::None => "none (no election: never run two workers)".to_string(),
+            m => m.to_string(),
+        },
     };
     let router = match &front {
         Some(f) => f.router().merge(ops_router(state)),
@@ -171,17 +165,103 @@ pub async fn run(
             tracing::error!(error = %e, "http server failed");
         }
     });
-    tracing::info!(addr = ?addr, front = front.is_some(), "serving HTTP");
-    let result = walcast_cdc::run(cfg, bus, matcher, health, cancel.clone()).await;
+    tracing::info!(addr = ?addr, front = front.is_some(), lease = %mode, "serving HTTP");
+
+    // Everything only the leader does: answer subscription registrations, read the slot.
+    let failure: Arc<std::sync::Mutex<Option<walcast_cdc::CdcError>>> = Arc::default();
+    let lead = |term: CancellationToken| {
+        let (cfg, bus, matcher, health, registrar, failure, root) = (
+            cfg.clone(),
+            bus.clone(),
+            matcher.clone(),
+            health.clone(),
+            registrar.clone(),
+            failure.clone(),
+            cancel.clone(),
+        );
+        async move {
+            health.set_leader(true);
+            let responder = if matches!(bus, Bus::Nats(_)) {
+                let bus = bus.clone();
+                let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar);
+                let t = term.clone();
+                let task = tokio::spawn(async move {
+                    if let Err(e) =
+                        walcast_bus::subs::serve_nats(&bus, handler, t.cancelled_owned()).await
+                    {
+                        tracing::error!(error = %e, "subscription registry stopped");
+                    }
+                });
+                // Fronts answer the resync request by registering again: give them a
+                // moment before decoding, so their subscriptions match from the start.
+                tokio::select! {
+                    _ = term.cancelled() => {}
+                    _ = tokio::time::sleep(RESYNC_GRACE) => {}
+                }
+                Some(task)
+            } else {
+                None
+            };
+            if let Err(e) = walcast_cdc::run(cfg, bus, matcher, health.clone(), term.clone()).await
+            {
+                if let Ok(mut f) = failure.lock() {
+                    *f = Some(e);
+                }
+                root.cancel();
+            }
+            term.cancel();
+            if let Some(t) = responder {
+                let _ = t.await;
+            }
+            health.set_leader(false);
+        }
+    };
+    match mode {
+        LeaseMode::None => {
+            tracing::warn!("LEASE_MODE=none: no leader election. Running two cdc-workers on one slot reorders changes; use it for development only");
+            lead(cancel.child_token()).await
+        }
+        _ => {
+            let name = cdc
+                .lease
+                .lease_name
+                .clone()
+                .unwrap_or_else(|| cdc.slot_name.clone());
+            let period = Duration::from_secs(cdc.lease.lease_duration_secs.max(3)) / 3;
+            let pg = walcast_lease::postgres::PgLeaseConfig {
+                url: db.database_url.clone(),
+                key: walcast_lease::postgres::lock_key(&name),
+                check_interval: period,
+                retry_interval: period,
+            };
+            let flag = Arc::new(walcast_lease::postgres::LeaderFlag::default());
+            walcast_lease::postgres::run(pg, flag, cancel.clone(), lead).await
+        }
+    }
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
     if let Some(f) = front {
         f.closed().await;
     }
-    result
-        .map_err(|e| anyhow::anyhow!(e))
-        .context("cdc pipeline stopped")
+    let failure = failure.lock().ok().and_then(|mut f| f.take());
+    match failure {
+        Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
+        None => Ok(()),
+    }
+}
+
+/// The election mode in force. Kubernetes Lease election is not built yet: inside a
+/// cluster `auto` elects through Postgres too, and `kubernetes` says so.
+fn lease_mode(cdc: &CdcArgs) -> LeaseMode {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    match cdc.lease.lease_mode.resolve(in_cluster) {
+        LeaseMode::Kubernetes => {
+            tracing::warn!("Kubernetes Lease election is not implemented yet; electing through a Postgres advisory lock instead");
+            LeaseMode::Postgres
+        }
+        m => m,
+    }
 }
 
 /// Entry point of the `cdc-worker` binary.

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use walcast_cdc::{CdcConfig, PollerConfig, SourceKind};
+use walcast_lease::LeaseMode;
 
 #[derive(Args, Clone, Debug)]
 pub struct DbArgs {
@@ -54,6 +55,25 @@ pub struct CdcArgs {
     /// Start even when max_slot_wal_keep_size is -1 (a stalled slot can then fill the disk).
     #[arg(long, env = "CDC_ALLOW_UNBOUNDED_WAL", default_value_t = false)]
     pub allow_unbounded_wal: bool,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct LeaseArgs {
+    /// Leader election: `auto` (Kubernetes in a cluster, else Postgres), `kubernetes`,
+    /// `postgres` (advisory lock), or `none` (always leader: development only).
+    #[arg(long, env = "LEASE_MODE", default_value = "auto")]
+    pub lease_mode: LeaseMode,
+    /// Name of the lease (workers with the same name compete); defaults to the slot name.
+    #[arg(long, env = "LEASE_NAME")]
+    pub lease_name: Option<String>,
+    /// Kubernetes namespace of the Lease object.
+    #[arg(long, env = "LEASE_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Lease duration in seconds; the holder re-checks every third of it.
+    #[arg(long, env = "LEASE_DURATION_SECS", default_value_t = 15)]
+    pub lease_duration_secs: u64,
 }
 
 impl CdcArgs {
@@ -64,6 +84,7 @@ impl CdcArgs {
             source: self.source,
             ack_interval: Duration::from_millis(self.ack_interval_ms),
             origin: origin.to_string(),
+            take_over_slot: self.lease.lease_mode != LeaseMode::None,
             poller: PollerConfig {
                 slot: self.slot_name.clone(),
                 min_batch: self.poll_batch,

@@ -23,7 +23,7 @@ pub struct OpsState {
     pub front: Option<Front>,
     pub bus: Bus,
     pub metrics: PrometheusHandle,
-    pub lease_mode: &'static str,
+    pub lease_mode: String,
 }
 
 #[derive(Serialize)]
@@ -31,7 +31,7 @@ struct HealthBody {
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     cdc: Option<CdcHealthReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    lease_mode: Option<&'static str>,
+    lease_mode: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     front: Option<walcast_front::Health>,
     bus: &'static str,
@@ -41,7 +41,7 @@ struct HealthBody {
 async fn health(State(s): State<OpsState>) -> impl IntoResponse {
     Json(HealthBody {
         cdc: s.cdc.as_ref().map(|c| c.report()),
-        lease_mode: s.cdc.as_ref().map(|_| s.lease_mode),
+        lease_mode: s.cdc.as_ref().map(|_| s.lease_mode.clone()),
         front: s.front.as_ref().map(Front::health),
         bus: s.bus.kind(),
         bus_connected: s.bus.is_connected(),

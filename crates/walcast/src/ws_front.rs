@@ -57,7 +57,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         front: Some(front.clone()),
         bus,
         metrics,
-        lease_mode: "none",
+        lease_mode: String::new(),
     };
     let router = front.router().merge(ops_router(state));
     tracing::info!(addr = ?listener.local_addr().ok(), "serving realtime clients");

@@ -13,6 +13,8 @@ use futures_util::StreamExt;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_testkit::{free_port, Nats, Postgres};
 
+pub mod ws;
+
 /// Generates one test per CDC source (`poll`, `stream`) for each listed async test
 /// function taking the source name: the same test body runs against both.
 #[macro_export]
@@ -111,6 +113,8 @@ impl Worker {
             .env("PORT", port.to_string())
             .env("HOST", "127.0.0.1")
             .env("CDC_POLL_IDLE_MS", "20")
+            // A restarted worker retries the election lock every second.
+            .env("LEASE_DURATION_SECS", "3")
             .env("LOG_FORMAT", "json")
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("clone"))
@@ -126,6 +130,58 @@ impl Worker {
             log,
             _dir: dir,
         }
+    }
+
+    /// `walcast serve` (CDC pipeline + realtime front, in-process bus) as a child process,
+    /// with `JWT_SECRET` = [`ws::SECRET`] and `extra` environment variables.
+    pub fn serve(db: &str, extra: &[(&str, &str)]) -> Worker {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("serve.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let port = free_port().expect("free port");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_walcast"));
+        cmd.arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("DATABASE_URL", db)
+            .env("JWT_SECRET", ws::SECRET)
+            .env("PORT", port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("clone"))
+            .stderr(out);
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn walcast serve");
+        Worker {
+            child,
+            source: None,
+            port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The WebSocket URL of a front (`walcast serve`) with this apikey, vsn 2.0.0.
+    pub fn ws_url(&self, apikey: &str) -> String {
+        format!(
+            "ws://127.0.0.1:{}/realtime/v1/websocket?apikey={apikey}&vsn=2.0.0",
+            self.port
+        )
+    }
+
+    /// A field of `/proc/<pid>/status` in kB (`VmRSS`, `VmHWM`).
+    pub fn proc_kb(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.split(':').next() == Some(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", self.child.id()))
     }
 
     pub fn log_text(&self) -> String {
