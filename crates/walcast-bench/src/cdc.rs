@@ -171,6 +171,7 @@ async fn drain(
         ack_interval: Duration::from_millis(100),
         allow_unbounded_wal: false,
         origin: "bench".into(),
+        take_over_slot: false,
         poller: PollerConfig {
             slot: slot.to_string(),
             min_batch: min,

@@ -109,6 +109,7 @@ async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow
         ack_interval: Duration::from_millis(100),
         allow_unbounded_wal: false,
         origin: "bench".into(),
+        take_over_slot: false,
         poller: PollerConfig {
             slot: "walcast_cdc_slot".into(),
             min_batch: 1000,
