@@ -5,6 +5,8 @@
 mod cdc;
 mod env;
 mod latency;
+mod ws;
+mod ws_server;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +24,16 @@ enum Bench {
     /// Commit-to-NATS latency at a steady rate, stream vs poll, with and without an idle
     /// transaction pinning restart_lsn.
     Latency(latency::LatencyBench),
+    /// WebSocket fan-out: N raw Phoenix clients on `walcast serve` (a child process),
+    /// deliveries/s, commit-to-client latency, memory per idle connection, against a
+    /// minimal WebSocket fan-out server.
+    Ws(ws::WsBench),
+    /// (internal) `walcast serve` with the in-process bus, run as the `ws` child.
+    #[command(hide = true)]
+    WsServer(Box<ws_server::ServerArgs>),
+    /// (internal) the `ws` baseline server.
+    #[command(hide = true)]
+    WsBaselineServer(ws_server::BaselineArgs),
 }
 
 #[tokio::main]
@@ -29,5 +41,8 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Cdc(args) => cdc::run(args).await,
         Bench::Latency(args) => latency::run(args).await,
+        Bench::Ws(args) => ws::run(args).await,
+        Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
+        Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
     }
 }

@@ -44,12 +44,25 @@ fn type_name(types: &TypeCache, col: &Column<'_>) -> String {
 }
 
 /// One value as JSON: wal2json's own JSON for numbers, booleans and text; json/jsonb
-/// columns (which wal2json sends as strings) embedded as JSON.
-fn push_value(out: &mut String, col: &Column<'_>, row: &RowChange<'_>) -> Result<(), EventError> {
+/// columns (which wal2json sends as strings) embedded as JSON; arrays and timestamps in
+/// the form `to_jsonb` gives them (what Supabase clients receive from the reference).
+fn push_value(
+    out: &mut String,
+    col: &Column<'_>,
+    row: &RowChange<'_>,
+    types: &TypeCache,
+) -> Result<(), EventError> {
     let Some(raw) = col.value else {
         out.push_str("null");
         return Ok(());
     };
+    let typname = col.type_oid.and_then(|o| types.get(o)).unwrap_or("");
+    let reshaped = typname.starts_with('_') || typname == "timestamptz" || typname == "timestamp";
+    if reshaped && raw.get().starts_with('"') {
+        let text: String = serde_json::from_str(raw.get())?;
+        walcast_protocol::values::append_json(typname, &text, out);
+        return Ok(());
+    }
     let is_json = matches!(col.type_oid, Some(JSON_OID | JSONB_OID));
     if is_json && raw.get().starts_with('"') {
         let text: String = serde_json::from_str(raw.get())?;
@@ -70,6 +83,7 @@ fn push_value(out: &mut String, col: &Column<'_>, row: &RowChange<'_>) -> Result
 fn record<'c>(
     cols: impl Iterator<Item = &'c Column<'c>>,
     row: &RowChange<'_>,
+    types: &TypeCache,
 ) -> Result<Box<RawValue>, EventError> {
     let mut out = String::from("{");
     for (i, col) in cols.enumerate() {
@@ -78,7 +92,7 @@ fn record<'c>(
         }
         out.push_str(&serde_json::to_string(col.name.as_ref())?);
         out.push(':');
-        push_value(&mut out, col, row)?;
+        push_value(&mut out, col, row, types)?;
     }
     out.push('}');
     Ok(RawValue::from_string(out)?)
@@ -110,7 +124,7 @@ pub fn build_event(
             (
                 cols.collect(),
                 None,
-                Some(record(row.identity.iter(), row)?),
+                Some(record(row.identity.iter(), row, types)?),
             )
         }
         _ => {
@@ -139,11 +153,15 @@ pub fn build_event(
                 type_name: type_name(types, c),
             });
             let old = if kind == ChangeKind::Update && !row.identity.is_empty() {
-                Some(record(row.identity.iter(), row)?)
+                Some(record(row.identity.iter(), row, types)?)
             } else {
                 None
             };
-            (cols.collect(), Some(record(full.into_iter(), row)?), old)
+            (
+                cols.collect(),
+                Some(record(full.into_iter(), row, types)?),
+                old,
+            )
         }
     };
     Ok(ChangeEvent {

@@ -42,6 +42,7 @@ pub mod message;
 pub mod payload;
 pub mod server;
 pub mod timestamp;
+pub mod values;
 pub mod vsn;
 
 pub use binary::BinaryError;

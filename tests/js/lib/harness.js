@@ -142,3 +142,93 @@ export function subscribe(channel, ms = 15000) {
     })
   })
 }
+
+// ---------------------------------------------------------------------------
+// Helpers shared by the protocol acceptance tests.
+
+/** Both protocol versions realtime-js speaks; 2.0.0 is its default. */
+export const VSNS = ['2.0.0', '1.0.0']
+
+/** Enable realtime on a table the way `walcast realtime enable` does (the table needs a PK). */
+export async function enableTable(env, table, schema = 'public') {
+  await env.db.query('INSERT INTO walcast.realtime_tables (schema_name, table_name) VALUES ($1, $2)', [schema, table])
+  await env.db.query(`ALTER TABLE "${schema}"."${table}" REPLICA IDENTITY FULL`)
+}
+
+/**
+ * Start the throwaway services, run `setupSql` (table creation), start `walcast serve`
+ * with `serverEnv`, then enable `tables`. Returns `{ env, server, stop }`.
+ */
+export async function startStack({ setupSql = [], tables = [], serverEnv = {} } = {}) {
+  const env = await startEnv()
+  let server
+  try {
+    for (const q of setupSql) await env.db.query(q)
+    server = await startProcess(env, 'walcast', ['serve'], serverEnv)
+    for (const t of tables) await enableTable(env, t)
+  } catch (e) {
+    await server?.stop()
+    await env.stop()
+    throw e
+  }
+  return {
+    env,
+    server,
+    async stop() {
+      await server?.stop()
+      await env.stop()
+    },
+  }
+}
+
+/**
+ * A callback that records what it receives. `cb.items` is the list; `cb.wait(n, what)`
+ * resolves once `n` items arrived (bounded, with a clear message).
+ */
+export function collector(name = 'callback') {
+  const items = []
+  const cb = (x) => {
+    items.push(x)
+  }
+  cb.items = items
+  cb.wait = (n, what = `${n} item(s) on ${name}`, ms = 10000) =>
+    until(`${what} (got ${items.length}: ${JSON.stringify(items).slice(0, 600)})`, () => items.length >= n, ms)
+  return cb
+}
+
+/**
+ * Subscribe and record every status the channel reports (`statuses`, in order).
+ * `first` resolves with the first status, bounded by `ms`.
+ */
+export function subscribeTracked(channel, ms = 15000) {
+  const statuses = []
+  let resolveFirst
+  const first = new Promise((resolve, reject) => {
+    resolveFirst = resolve
+    setTimeout(() => reject(new Error(`no subscribe status within ${ms} ms on ${channel.topic}`)), ms).unref()
+  })
+  channel.subscribe((status, err) => {
+    statuses.push({ status, err })
+    resolveFirst({ status, err })
+  })
+  return { first, statuses }
+}
+
+/** Subscribe and assert that the channel reports SUBSCRIBED. */
+export async function subscribed(channel, ms = 15000) {
+  const { status, err } = await subscribe(channel, ms)
+  if (status !== 'SUBSCRIBED') {
+    throw new Error(`${channel.topic}: expected SUBSCRIBED, got ${status}${err ? `: ${err.message}` : ''}`)
+  }
+  return channel
+}
+
+/** A unique channel name per call, so tests never share topics by accident. */
+let channelSeq = 0
+export function uniq(prefix = 'ch') {
+  channelSeq += 1
+  return `${prefix}-${process.pid}-${channelSeq}`
+}
+
+/** ISO-8601 UTC with milliseconds and a `Z`, as `commit_timestamp` must be. */
+export const ISO_Z = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
