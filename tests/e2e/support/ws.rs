@@ -234,4 +234,13 @@ impl Ws {
             json!([null, r, "phoenix", "phx_reply", {"status": "ok", "response": {}}])
         );
     }
+
+    /// Send a heartbeat and wait for its ok reply, skipping change frames meanwhile.
+    pub async fn heartbeat_ok_skipping_changes(&mut self) {
+        let r = self.next_ref();
+        self.send(None, Some(&r), "phoenix", "heartbeat", json!({}))
+            .await;
+        let f = self.reply_to(&r).await;
+        assert_eq!(f[4]["status"], "ok", "{f}");
+    }
 }
