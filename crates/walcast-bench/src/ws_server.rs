@@ -57,10 +57,9 @@ fn announce(port: u16) {
     let _ = out.flush();
 }
 
-/// `walcast serve` with the in-process bus (mirrors `serve` in crates/walcast/src/main.rs).
+/// `walcast serve` with the in-process bus ([`walcast::serve::run`]).
 pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
     let metrics = walcast::telemetry::init_metrics()?;
-    let origin = walcast::cdc_worker::instance_id();
     let bus = Bus::local(cfg.bus_capacity);
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
         .await
@@ -69,31 +68,8 @@ pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
     // Logs after the port line (the parent forwards them to its stderr).
     walcast::telemetry::init_logs(&cfg.log);
     let cancel = walcast::shutdown::on_signal();
-    let registrar = walcast_cdc::registrar::Registrar::new(
-        walcast_cdc::matcher::Matcher::new(),
-        cfg.db.database_url.clone(),
-    );
-    let local: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar.clone());
-    let subs = walcast_bus::subs::SubsClient::new(&bus, Some(local))?;
-    let front = walcast_front::Front::start(
-        cfg.front.config(&format!("front-{origin}")),
-        bus.clone(),
-        subs,
-        cfg.front.projects(),
-        cancel.clone(),
-    )
-    .await
-    .context("starting the front")?;
-    walcast::cdc_worker::run(
-        &cfg.db,
-        &cfg.cdc,
-        bus,
-        registrar,
-        Some(front),
-        origin,
-        listener,
-        metrics,
-        cancel,
+    walcast::serve::run(
+        &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
     )
     .await
 }

@@ -71,34 +71,8 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
     let cancel = walcast::shutdown::on_signal();
-    let registrar = walcast_cdc::registrar::Registrar::new(
-        walcast_cdc::matcher::Matcher::new(),
-        cfg.db.database_url.clone(),
-    );
-    // In one process the front calls the worker's registry directly; over NATS it uses
-    // request/reply like a separate ws-front would.
-    let local: std::sync::Arc<dyn walcast_bus::subs::SubsHandler> =
-        std::sync::Arc::new(registrar.clone());
-    let subs = walcast_bus::subs::SubsClient::new(&bus, Some(local))?;
-    let front = walcast_front::Front::start(
-        cfg.front.config(&format!("front-{origin}")),
-        bus.clone(),
-        subs,
-        cfg.front.projects(),
-        cancel.clone(),
-    )
-    .await
-    .context("starting the front")?;
-    walcast::cdc_worker::run(
-        &cfg.db,
-        &cfg.cdc,
-        bus,
-        registrar,
-        Some(front),
-        origin,
-        listener,
-        metrics,
-        cancel,
+    walcast::serve::run(
+        &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
     )
     .await
 }

@@ -1,0 +1,54 @@
+//! The all-in-one process (`walcast serve`): the CDC pipeline and the realtime front on one
+//! bus. In process the front calls the worker's subscription registry directly; over NATS
+//! it uses request/reply like a separate ws-front.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::subs::{SubsClient, SubsHandler};
+use walcast_bus::Bus;
+use walcast_cdc::matcher::Matcher;
+use walcast_cdc::registrar::Registrar;
+
+use crate::config::{CdcArgs, DbArgs};
+use crate::front::FrontArgs;
+
+/// Run until `cancel` fires (or the pipeline hits an error the operator must fix).
+pub async fn run(
+    db: &DbArgs,
+    cdc: &CdcArgs,
+    front_args: &FrontArgs,
+    bus: Bus,
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let origin = crate::cdc_worker::instance_id();
+    let registrar = Registrar::new(Matcher::new(), db.database_url.clone());
+    let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
+    let subs = SubsClient::new(&bus, Some(local))?;
+    let front = walcast_front::Front::start(
+        front_args.config(&format!("front-{origin}")),
+        bus.clone(),
+        subs,
+        front_args.projects(),
+        cancel.clone(),
+    )
+    .await
+    .context("starting the front")?;
+    crate::cdc_worker::run(
+        db,
+        cdc,
+        bus,
+        registrar,
+        Some(front),
+        origin,
+        listener,
+        metrics,
+        cancel,
+    )
+    .await
+}
