@@ -9,6 +9,7 @@ before(async () => {
   server = await startProcess(env, 'walcast', ['serve'])
   await env.db.query("INSERT INTO walcast.realtime_tables (schema_name, table_name) VALUES ('public','todos')")
   await env.db.query('ALTER TABLE todos REPLICA IDENTITY FULL')
+  await env.db.query('GRANT SELECT ON todos TO anon, authenticated, service_role')
 })
 after(async () => {
   await server?.stop()

@@ -75,6 +75,17 @@ pub struct ChangeEvent {
     /// exactly these.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subs: Vec<String>,
+    /// Subscribers of `subs` that may see only some columns (column privileges, or only
+    /// the key of a deleted row under row-level security).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restricted: Vec<Restriction>,
+}
+
+/// These subscribers get only these columns.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Restriction {
+    pub columns: Vec<String>,
+    pub subs: Vec<String>,
 }
 
 impl ChangeEvent {
@@ -82,6 +93,63 @@ impl ChangeEvent {
     pub fn position(&self) -> (Lsn, u32) {
         (self.commit_lsn, self.seq)
     }
+
+    /// What each subscriber may receive: the full event for the unrestricted ones, and a
+    /// reduced copy per [`Restriction`], each with exactly its subscribers in `subs`.
+    pub fn variants(&self) -> Result<Vec<ChangeEvent>, serde_json::Error> {
+        if self.restricted.is_empty() {
+            return Ok(vec![self.clone()]);
+        }
+        let limited: std::collections::HashSet<&str> = self
+            .restricted
+            .iter()
+            .flat_map(|r| r.subs.iter().map(String::as_str))
+            .collect();
+        let mut full = self.clone();
+        full.restricted.clear();
+        full.subs.retain(|s| !limited.contains(s.as_str()));
+        let mut out = vec![full];
+        for r in &self.restricted {
+            let mut e = self.restrict(&r.columns)?;
+            e.subs = r.subs.clone();
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    /// A copy with only `keep` columns, in the event's column order.
+    pub fn restrict(&self, keep: &[String]) -> Result<ChangeEvent, serde_json::Error> {
+        let keep: std::collections::HashSet<&str> = keep.iter().map(String::as_str).collect();
+        let mut e = self.clone();
+        e.restricted.clear();
+        e.columns.retain(|c| keep.contains(c.name.as_str()));
+        e.record = restrict_record(self.record.as_deref(), &e.columns)?;
+        e.old_record = restrict_record(self.old_record.as_deref(), &e.columns)?;
+        e.pk.retain(|k| keep.contains(k.as_str()));
+        e.unchanged_toast.retain(|k| keep.contains(k.as_str()));
+        Ok(e)
+    }
+}
+
+fn restrict_record(
+    rec: Option<&RawValue>,
+    columns: &[ColumnInfo],
+) -> Result<Option<Box<RawValue>>, serde_json::Error> {
+    let Some(rec) = rec else { return Ok(None) };
+    let map: std::collections::HashMap<String, Box<RawValue>> = serde_json::from_str(rec.get())?;
+    let mut out = String::from("{");
+    for c in columns {
+        if let Some(v) = map.get(&c.name) {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(&c.name)?);
+            out.push(':');
+            out.push_str(v.get());
+        }
+    }
+    out.push('}');
+    Ok(Some(RawValue::from_string(out)?))
 }
 
 #[cfg(test)]
@@ -97,5 +165,22 @@ mod tests {
         assert_eq!(ev.record.as_ref().unwrap().get(), r#"{"id":1}"#);
         assert!(ev.old_record.is_none());
         assert_eq!(serde_json::to_string(&ev).unwrap(), text);
+    }
+
+    #[test]
+    fn restricted_subscribers_get_reduced_copies() {
+        let text = r#"{"project":"default","schema":"public","table":"t","type":"UPDATE","commit_timestamp":"x","commit_lsn":"0/1","seq":0,"columns":[{"name":"id","type":"int4"},{"name":"secret","type":"text"}],"record":{"id":1,"secret":"s"},"old_record":{"id":1,"secret":"o"},"pk":["id"],"subs":["a","b"],"restricted":[{"columns":["id"],"subs":["b"]}]}"#;
+        let ev: ChangeEvent = serde_json::from_str(text).unwrap();
+        let v = ev.variants().unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].subs, ["a"]);
+        assert_eq!(
+            v[0].record.as_ref().unwrap().get(),
+            r#"{"id":1,"secret":"s"}"#
+        );
+        assert_eq!(v[1].subs, ["b"]);
+        assert_eq!(v[1].record.as_ref().unwrap().get(), r#"{"id":1}"#);
+        assert_eq!(v[1].old_record.as_ref().unwrap().get(), r#"{"id":1}"#);
+        assert_eq!(v[1].columns.len(), 1);
     }
 }

@@ -13,7 +13,7 @@ pub mod subject;
 pub mod subs;
 
 pub use bus::{Bus, BusError, BusMessage, Headers, Subscription};
-pub use event::{ChangeEvent, ChangeKind, ColumnInfo};
+pub use event::{ChangeEvent, ChangeKind, ColumnInfo, Restriction};
 
 /// Header naming the instance that published a message (a replica ignores its own).
 pub const HEADER_ORIGIN: &str = "Walcast-Origin";

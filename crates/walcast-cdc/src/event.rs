@@ -179,6 +179,7 @@ pub fn build_event(
         pk: row.pk.iter().map(|p| p.name.to_string()).collect(),
         unchanged_toast: unchanged,
         subs: Vec::new(),
+        restricted: Vec::new(),
     })
 }
 

@@ -2,6 +2,7 @@
 //! registry, and the peek → publish → advance poller that never acknowledges a
 //! transaction before all of its changes reached the bus.
 
+pub mod authorize;
 pub mod event;
 pub mod health;
 pub mod matcher;
@@ -11,6 +12,7 @@ pub mod poller;
 pub mod preflight;
 pub mod registrar;
 pub mod registry;
+pub mod rls;
 pub mod slot;
 pub mod source;
 pub mod sql;
@@ -33,7 +35,7 @@ pub use source::{Source, SourceKind};
 pub enum CdcError {
     #[error(transparent)]
     Preflight(#[from] PreflightError),
-    #[error("database: {0}")]
+    #[error("database: {}", db_message(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("registry: {0}")]
     Registry(#[from] registry::RegistryError),
@@ -53,6 +55,15 @@ pub enum CdcError {
     Repl(#[from] walcast_pgrepl::ReplError),
     #[error("the server ended the replication stream")]
     StreamEnded,
+}
+
+/// A database error with the server's message (tokio-postgres' own display says only
+/// "db error").
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{}: {} ({})", d.severity(), d.message(), d.code().code()),
+        None => e.to_string(),
+    }
 }
 
 impl CdcError {
@@ -159,8 +170,14 @@ async fn session(
         server = %report.server_version,
         "replication slot ready"
     );
-    let mut pipeline =
-        pipeline::Pipeline::new(bus.clone(), matcher.clone(), cfg.origin.clone(), catalog).await?;
+    let mut pipeline = pipeline::Pipeline::new(
+        bus.clone(),
+        matcher.clone(),
+        cfg.origin.clone(),
+        catalog,
+        cfg.database_url.clone(),
+    )
+    .await?;
     match cfg.source {
         SourceKind::Poll => {
             let poller = poller::Poller::new(

@@ -212,7 +212,7 @@ impl Matcher {
         kind: ChangeKind,
         commit_lsn: Lsn,
         row: &impl RecordView,
-    ) -> Vec<String> {
+    ) -> Vec<Arc<Sub>> {
         let st = self.read();
         if st.by_id.is_empty() {
             return Vec::new();
@@ -247,7 +247,7 @@ impl Matcher {
                     },
                 };
                 if pass {
-                    out.push(sub.spec.id.clone());
+                    out.push(sub.clone());
                 }
             }
         }
@@ -269,6 +269,10 @@ fn remove_from_key(st: &mut State, old: &Arc<Sub>) {
 mod tests {
     use super::*;
     use walcast_protocol::filter::SliceRecord;
+
+    fn ids(v: Vec<Arc<Sub>>) -> Vec<String> {
+        v.iter().map(|s| s.spec.id.clone()).collect()
+    }
 
     fn spec(id: &str, table: Option<&str>, event: &str, filter: Option<&str>) -> SubscriptionSpec {
         SubscriptionSpec {
@@ -306,32 +310,32 @@ mod tests {
         add(&m, "e", Some("other"), "*", None, 0);
         let one = [("id", "int4", Some("1"))];
         let two = [("id", "int4", Some("2"))];
-        let ins1 = m.matches(
+        let ins1 = ids(m.matches(
             "default",
             "public",
             "t",
             ChangeKind::Insert,
             Lsn(50),
             &SliceRecord(&one),
-        );
+        ));
         assert_eq!(ins1, ["a", "b"]);
-        let ins2 = m.matches(
+        let ins2 = ids(m.matches(
             "default",
             "public",
             "t",
             ChangeKind::Insert,
             Lsn(150),
             &SliceRecord(&two),
-        );
+        ));
         assert_eq!(ins2, ["a", "d"]);
-        let del = m.matches(
+        let del = ids(m.matches(
             "default",
             "public",
             "t",
             ChangeKind::Delete,
             Lsn(150),
             &SliceRecord(&one),
-        );
+        ));
         assert_eq!(del, ["a", "d", "c"]);
         assert!(m
             .matches(
@@ -351,14 +355,14 @@ mod tests {
         add(&m, "ok", Some("t"), "*", None, 0);
         add(&m, "bad", Some("t"), "*", Some("id=eq.1"), 0);
         let rec = [("id", "int4", Some("not a number"))];
-        let got = m.matches(
+        let got = ids(m.matches(
             "default",
             "public",
             "t",
             ChangeKind::Insert,
             Lsn(1),
             &SliceRecord(&rec),
-        );
+        ));
         assert_eq!(got, ["ok"]);
     }
 

@@ -4,11 +4,18 @@
 use tokio_postgres::Client;
 
 /// (version, name, sql). Append only; never edit an applied migration.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "registry",
-    include_str!("../../../sql/0001_registry.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "registry",
+        include_str!("../../../sql/0001_registry.sql"),
+    ),
+    (
+        2,
+        "supabase_helpers",
+        include_str!("../../../sql/0002_supabase_helpers.sql"),
+    ),
+];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.
 const LOCK_KEY: i64 = 0x7761_6c63_6173_7401; // "walcast\x01"

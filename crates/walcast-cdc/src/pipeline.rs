@@ -8,13 +8,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio_postgres::Client;
 use walcast_bus::{
-    subject::change_subject, Bus, ChangeKind, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
+    subject::change_subject, Bus, ChangeKind, Restriction, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
 };
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
+use crate::authorize::authorize;
 use crate::event::{build_event, TxnContext};
 use crate::matcher::{Matcher, RowView};
 use crate::registry::{TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::rls::RlsChecker;
 use crate::types::TypeCache;
 use crate::CdcError;
 
@@ -35,6 +37,7 @@ pub enum LineOutcome {
 pub struct Pipeline {
     bus: Bus,
     matcher: Arc<Matcher>,
+    rls: RlsChecker,
     origin: String,
     catalog: Client,
     types: TypeCache,
@@ -50,11 +53,13 @@ impl Pipeline {
         matcher: Arc<Matcher>,
         origin: String,
         catalog: Client,
+        database_url: String,
     ) -> Result<Pipeline, CdcError> {
         let types = TypeCache::load(&catalog).await?;
         Ok(Pipeline {
             bus,
             matcher,
+            rls: RlsChecker::new(database_url),
             origin,
             catalog,
             types,
@@ -203,7 +208,7 @@ impl Pipeline {
                 .filter(|old| !row.columns.iter().any(|c| c.name == old.name));
             RowView::new(row.columns.iter().chain(extra), &self.types)
         };
-        event.subs = self.matcher.matches(
+        let matched = self.matcher.matches(
             project,
             &row.schema,
             &row.table,
@@ -211,6 +216,19 @@ impl Pipeline {
             txn.commit_lsn,
             &view,
         );
+        drop(view);
+        if !matched.is_empty() {
+            let audience = authorize(&mut self.rls, kind, row, &event, matched).await?;
+            for (columns, ids) in audience {
+                if let Some(cols) = columns {
+                    event.restricted.push(Restriction {
+                        columns: cols.into_iter().collect(),
+                        subs: ids.clone(),
+                    });
+                }
+                event.subs.extend(ids);
+            }
+        }
         self.seq += 1;
         let subject = change_subject(project, &event.schema, &event.table);
         let payload =

@@ -49,11 +49,26 @@ fn deliver(shared: &Shared, msg: &BusMessage) {
             return;
         }
     };
+    if ev.restricted.is_empty() {
+        deliver_event(shared, &ev);
+        return;
+    }
+    // Subscribers that may see only some columns get their own, reduced copy.
+    match ev.variants() {
+        Ok(variants) => variants.iter().for_each(|v| deliver_event(shared, v)),
+        Err(e) => {
+            telemetry::error("bad_change_event");
+            tracing::warn!(subject = %msg.subject, error = %e, "cannot reduce a change event");
+        }
+    }
+}
+
+fn deliver_event(shared: &Shared, ev: &ChangeEvent) {
     let groups = shared.registry.groups(&ev.project, &ev.subs);
     if groups.is_empty() {
         return;
     }
-    let Some(encoded) = encode(&ev) else {
+    let Some(encoded) = encode(ev) else {
         return;
     };
     let mut cache: HashMap<(Vsn, Arc<str>, Vec<u32>), Utf8Bytes> = HashMap::new();
@@ -74,7 +89,7 @@ fn deliver(shared: &Shared, msg: &BusMessage) {
                 }
             }
             Sink::Sse(sse) => {
-                sse.push(&ev, &encoded, &ids);
+                sse.push(ev, &encoded, &ids);
                 metrics::counter!(telemetry::DELIVERIES).increment(1);
             }
         }

@@ -86,6 +86,10 @@ impl Stack {
             "walcast realtime enable {table} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // As a Supabase project's default privileges do: subscribers' roles may read it.
+        self.sql(&format!(
+            "GRANT SELECT ON {table} TO anon, authenticated, service_role"
+        ));
     }
 }
 

@@ -152,6 +152,8 @@ export const VSNS = ['2.0.0', '1.0.0']
 /** Enable realtime on a table the way `walcast realtime enable` does (the table needs a PK). */
 export async function enableTable(env, table, schema = 'public') {
   await env.db.query('INSERT INTO walcast.realtime_tables (schema_name, table_name) VALUES ($1, $2)', [schema, table])
+  // As a Supabase project's default privileges do: the subscribers' roles may read it.
+  await env.db.query(`GRANT SELECT ON "${schema}"."${table}" TO anon, authenticated, service_role`)
   await env.db.query(`ALTER TABLE "${schema}"."${table}" REPLICA IDENTITY FULL`)
 }
 
