@@ -9,8 +9,9 @@
 //! * Fan-out: the worker puts the ids of the subscriptions a change matched into the
 //!   event; the front encodes the change once and sends one frame per channel into each
 //!   connection's bounded queue. A connection that cannot keep up is closed (1013).
-//! * Broadcast is relayed between fronts over the bus; presence is per front for now,
-//!   behind [`PresenceStore`].
+//! * Broadcast is relayed between fronts over the bus; presence is behind
+//!   [`PresenceStore`]: per front ([`MemoryPresence`]) or shared through JetStream KV
+//!   ([`KvPresence`]).
 //!
 //! ```no_run
 //! # async fn demo(bus: walcast_bus::Bus, subs: walcast_bus::subs::SubsClient) -> Result<(), Box<dyn std::error::Error>> {
@@ -37,6 +38,7 @@ pub mod config;
 mod conn;
 mod fanout;
 mod http;
+pub mod kv_presence;
 mod limits;
 mod outbound;
 pub mod presence;
@@ -61,8 +63,9 @@ pub use broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 pub use channel::SUBSCRIBED;
 pub use config::FrontConfig;
 pub use conn::{CLOSE_GOING_AWAY, CLOSE_TOO_BIG};
+pub use kv_presence::{KvPresence, DEFAULT_PRESENCE_TTL, PRESENCE_BUCKET};
 pub use outbound::{CLOSE_SLOW_CONSUMER, REASON_SLOW_CONSUMER};
-pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore};
+pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore, RemoteDiffs};
 pub use topics::TopicKey;
 
 use state::Shared;
@@ -132,6 +135,7 @@ impl Front {
         let broadcasts = bus.subscribe(BROADCAST_ALL).await?;
         let resync = bus.subscribe(SUBJECT_RESYNC).await?;
         let tracker = TaskTracker::new();
+        let remote_diffs = presence.remote_diffs();
         let shared = Arc::new(Shared::new(
             cfg,
             front_id,
@@ -154,6 +158,9 @@ impl Front {
             resync,
             cancel.clone(),
         ));
+        if let Some(rx) = remote_diffs {
+            tracker.spawn(presence::remote_loop(shared.clone(), rx, cancel.clone()));
+        }
         tracker.spawn(sse::reaper(shared.clone(), cancel));
         tracing::info!(front = %shared.front_id, bus = shared.bus.kind(), "realtime front started");
         Ok(Front { shared })

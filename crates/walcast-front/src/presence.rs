@@ -1,8 +1,9 @@
 //! Presence: who is tracked on which topic.
 //!
-//! [`PresenceStore`] is the seam for a shared store (JetStream KV later); this front ships
-//! [`MemoryPresence`], which is per front. The front sends the returned diffs to its own
-//! channels of the topic.
+//! [`PresenceStore`] is the seam for the store: [`MemoryPresence`] is per front (the
+//! in-process bus), [`crate::KvPresence`] is shared by every front through JetStream KV.
+//! The front sends the returned diffs, and the store's [`PresenceStore::remote_diffs`]
+//! (changes made by other fronts), to its own channels of the topic.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +51,15 @@ pub trait PresenceStore: Send + Sync + 'static {
     fn untrack(&self, topic: TopicKey, owner: String) -> BoxFuture<Option<PresenceDiff>>;
     /// Everything tracked on a topic.
     fn list(&self, topic: TopicKey) -> BoxFuture<Vec<PresenceMeta>>;
+    /// Diffs caused elsewhere (other fronts), for this front's subscribers of the topic.
+    /// Taken once, by the front at start; `None` for a store local to one front.
+    fn remote_diffs(&self) -> Option<RemoteDiffs> {
+        None
+    }
 }
+
+/// Diffs made by other fronts, per topic.
+pub type RemoteDiffs = tokio::sync::mpsc::UnboundedReceiver<(TopicKey, PresenceDiff)>;
 
 struct Entry {
     owner: String,
@@ -213,6 +222,22 @@ pub(crate) fn send_diff(shared: &Shared, key: &TopicKey, d: &PresenceDiff) {
         if let Some(o) = slot.get_or_insert_with(|| Out::frame(&frame, m.vsn)) {
             m.deliver(o.clone());
         }
+    }
+}
+
+/// Send other fronts' diffs to this front's subscribers until `cancel` fires.
+pub(crate) async fn remote_loop(
+    shared: std::sync::Arc<Shared>,
+    mut rx: RemoteDiffs,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return,
+            n = rx.recv() => n,
+        };
+        let Some((key, d)) = next else { return };
+        send_diff(&shared, &key, &d);
     }
 }
 

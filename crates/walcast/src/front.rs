@@ -1,9 +1,12 @@
 //! Options of the realtime front, shared by `ws-front` and `walcast serve`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use walcast_front::{FrontConfig, Projects};
+use tokio_util::sync::CancellationToken;
+use walcast_bus::Bus;
+use walcast_front::{FrontConfig, KvPresence, MemoryPresence, PresenceStore, Projects};
 
 #[derive(Args, Clone, Debug)]
 pub struct FrontArgs {
@@ -34,6 +37,10 @@ pub struct FrontArgs {
     /// How long a join waits for the cdc-worker to confirm its subscriptions, in ms.
     #[arg(long, env = "REGISTER_TIMEOUT_MS", default_value_t = 5000)]
     pub register_timeout_ms: u64,
+    /// Presence over NATS: `max_age` of the `walcast_presence` KV bucket, and how long
+    /// another replica's presence lasts without a refresh (its replica died), in seconds.
+    #[arg(long, env = "PRESENCE_TTL_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..))]
+    pub presence_ttl_secs: u64,
 }
 
 impl FrontArgs {
@@ -57,6 +64,25 @@ impl FrontArgs {
         Projects::new(&self.jwt_secret)
     }
 
+    /// The presence store for `bus`: shared through JetStream KV on NATS, per front in
+    /// process.
+    pub fn presence(
+        &self,
+        bus: &Bus,
+        front_id: &str,
+        cancel: &CancellationToken,
+    ) -> Arc<dyn PresenceStore> {
+        match bus {
+            Bus::Nats(n) => Arc::new(KvPresence::start(
+                n.client().clone(),
+                front_id,
+                Duration::from_secs(self.presence_ttl_secs),
+                cancel.clone(),
+            )),
+            Bus::Local(_) => Arc::new(MemoryPresence::default()),
+        }
+    }
+
     pub fn describe(&self) -> serde_json::Value {
         serde_json::json!({
             "jwt_secret": "***",
@@ -68,6 +94,7 @@ impl FrontArgs {
             "max_connections": self.max_connections,
             "joins_per_second": self.joins_per_second,
             "register_timeout_ms": self.register_timeout_ms,
+            "presence_ttl_secs": self.presence_ttl_secs,
         })
     }
 }

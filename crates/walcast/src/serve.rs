@@ -30,11 +30,14 @@ pub async fn run(
     let registrar = Registrar::new(Matcher::new(), db.database_url.clone());
     let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
     let subs = SubsClient::new(&bus, Some(local))?;
-    let front = walcast_front::Front::start(
-        front_args.config(&format!("front-{origin}")),
+    let front_id = format!("front-{origin}");
+    let presence = front_args.presence(&bus, &front_id, &cancel);
+    let front = walcast_front::Front::start_with_presence(
+        front_args.config(&front_id),
         bus.clone(),
         subs,
         front_args.projects(),
+        presence,
         cancel.clone(),
     )
     .await

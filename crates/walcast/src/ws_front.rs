@@ -43,11 +43,13 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
     let cancel = crate::shutdown::on_signal();
-    let front = Front::start(
+    let presence = cfg.front.presence(&bus, &id, &cancel);
+    let front = Front::start_with_presence(
         cfg.front.config(&id),
         bus.clone(),
         subs,
         cfg.front.projects(),
+        presence,
         cancel.clone(),
     )
     .await

@@ -1,0 +1,277 @@
+//! Presence across two `ws-front` processes on one NATS (JetStream KV bucket
+//! `walcast_presence`): track on one replica is seen on the other, untrack gives the leave,
+//! and a replica killed with `kill -9` has its presences gone for the others within about
+//! `PRESENCE_TTL_SECS`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::ws::{anon, Msg, Ws, SECRET};
+use walcast_testkit::{free_port, Nats};
+
+const TTL_SECS: u64 = 4;
+const TOPIC: &str = "realtime:lobby";
+
+/// A `ws-front` child process, killed on drop.
+struct FrontProc {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FrontProc {
+    fn spawn(nats: &str) -> FrontProc {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("front.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let port = free_port().expect("free port");
+        let child = Command::new(env!("CARGO_BIN_EXE_ws-front"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("NATS_URL", nats)
+            .env("JWT_SECRET", SECRET)
+            .env("PORT", port.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PRESENCE_TTL_SECS", TTL_SECS.to_string())
+            .env("LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("clone"))
+            .stderr(out)
+            .spawn()
+            .expect("spawn ws-front");
+        FrontProc {
+            child,
+            port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Wait until `/health` answers.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if support::http_get(self.port, "/health").is_some() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("ws-front exited ({status}):\n{}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ws-front not serving /health within 20s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn ws_url(&self) -> String {
+        format!(
+            "ws://127.0.0.1:{}/realtime/v1/websocket?apikey={}&vsn=2.0.0",
+            self.port,
+            anon()
+        )
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for FrontProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn presence_config(key: &str) -> Value {
+    json!({
+        "broadcast": {"ack": false, "self": false},
+        "presence": {"key": key, "enabled": true},
+        "postgres_changes": [],
+        "private": false
+    })
+}
+
+/// Join `TOPIC` with presence on; returns the presence_state payload.
+async fn join_presence(ws: &mut Ws, key: &str) -> Value {
+    let (jr, reply) = ws.join(TOPIC, presence_config(key)).await;
+    assert_eq!(reply[4]["status"], "ok", "{reply}");
+    let state = wait_frame(ws, "presence_state", Duration::from_secs(10), |_| true).await;
+    assert_eq!(
+        state[0],
+        json!(jr),
+        "presence_state carries the join_ref: {state}"
+    );
+    state[4].clone()
+}
+
+/// The next frame with `event` whose payload satisfies `pred`, skipping others; panics
+/// after `within`.
+async fn wait_frame(
+    ws: &mut Ws,
+    event: &str,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ws.try_recv(left).await {
+            None => panic!("no {event} matching within {within:?}"),
+            Some(Msg::Frame(f)) if f[3] == event && pred(&f[4]) => return f,
+            Some(Msg::Frame(_)) => continue,
+            Some(other) => panic!("socket ended while waiting for {event}: {other:?}"),
+        }
+    }
+}
+
+async fn push(ws: &mut Ws, jr: &str, payload: Value) {
+    let r = ws.next_ref();
+    ws.send(Some(jr), Some(&r), TOPIC, "presence", payload)
+        .await;
+    let reply = ws.reply_to(&r).await;
+    assert_eq!(reply[4]["status"], "ok", "{reply}");
+}
+
+fn metas<'a>(map: &'a Value, key: &str) -> &'a [Value] {
+    map[key]["metas"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_across_replicas_and_replica_death() {
+    let nats = Nats::start().expect("start nats-server");
+    let mut a = FrontProc::spawn(&nats.url());
+    let mut b = FrontProc::spawn(&nats.url());
+    a.wait_ready();
+    b.wait_ready();
+
+    // A watcher on B, then a tracker on A.
+    let mut watcher = Ws::connect(&b.ws_url()).await;
+    let state = join_presence(&mut watcher, "watcher").await;
+    assert_eq!(state, json!({}), "nothing tracked yet");
+
+    let mut ann = Ws::connect(&a.ws_url()).await;
+    join_presence(&mut ann, "ann").await;
+    let jr_ann = "1"; // the first join of this socket
+    push(
+        &mut ann,
+        jr_ann,
+        json!({"type": "presence", "event": "track", "payload": {"user": "ann"}}),
+    )
+    .await;
+
+    let diff = wait_frame(
+        &mut watcher,
+        "presence_diff",
+        Duration::from_secs(10),
+        |p| !metas(&p["joins"], "ann").is_empty(),
+    )
+    .await;
+    let meta = &metas(&diff[4]["joins"], "ann")[0];
+    assert_eq!(meta["user"], "ann", "{diff}");
+    let phx_ref = meta["phx_ref"].as_str().expect("phx_ref").to_string();
+
+    // A later join on B lists A's presence in presence_state.
+    let mut late = Ws::connect(&b.ws_url()).await;
+    let state = join_presence(&mut late, "late").await;
+    assert_eq!(metas(&state, "ann").len(), 1, "{state}");
+    assert_eq!(
+        metas(&state, "ann")[0]["phx_ref"],
+        json!(phx_ref),
+        "{state}"
+    );
+
+    // Untrack on A: the leave on B.
+    push(
+        &mut ann,
+        jr_ann,
+        json!({"type": "presence", "event": "untrack"}),
+    )
+    .await;
+    let diff = wait_frame(
+        &mut watcher,
+        "presence_diff",
+        Duration::from_secs(10),
+        |p| !metas(&p["leaves"], "ann").is_empty(),
+    )
+    .await;
+    assert_eq!(
+        metas(&diff[4]["leaves"], "ann")[0]["phx_ref"],
+        json!(phx_ref),
+        "{diff}"
+    );
+
+    // Track again, and survive several refreshes: no leave while A lives.
+    push(
+        &mut ann,
+        jr_ann,
+        json!({"type": "presence", "event": "track", "payload": {"user": "ann", "n": 2}}),
+    )
+    .await;
+    let diff = wait_frame(
+        &mut watcher,
+        "presence_diff",
+        Duration::from_secs(10),
+        |p| !metas(&p["joins"], "ann").is_empty(),
+    )
+    .await;
+    let phx_ref2 = metas(&diff[4]["joins"], "ann")[0]["phx_ref"].clone();
+    let quiet = Duration::from_secs(TTL_SECS * 2);
+    let deadline = Instant::now() + quiet;
+    while let Some(m) = watcher
+        .try_recv(deadline.saturating_duration_since(Instant::now()))
+        .await
+    {
+        match m {
+            Msg::Frame(f) if f[3] == "presence_diff" => {
+                panic!("unexpected diff while the tracker lives (refresh failed?): {f}")
+            }
+            Msg::Frame(_) => {}
+            other => panic!("watcher socket ended: {other:?}"),
+        }
+    }
+    // Keep the watcher's socket alive across the quiet period.
+    watcher.heartbeat_ok().await;
+
+    // kill -9 A: its presence is gone for B within the TTL plus a few seconds.
+    a.kill9();
+    let killed = Instant::now();
+    let bound = Duration::from_secs(TTL_SECS + 4);
+    let diff = wait_frame(&mut watcher, "presence_diff", bound, |p| {
+        !metas(&p["leaves"], "ann").is_empty()
+    })
+    .await;
+    assert_eq!(
+        metas(&diff[4]["leaves"], "ann")[0]["phx_ref"],
+        phx_ref2,
+        "{diff}"
+    );
+    assert!(
+        killed.elapsed() <= bound,
+        "leave after {:?}",
+        killed.elapsed()
+    );
+    // And a fresh join on B no longer lists it.
+    let mut after = Ws::connect(&b.ws_url()).await;
+    let state = join_presence(&mut after, "after").await;
+    assert!(
+        metas(&state, "ann").is_empty(),
+        "{state}\nB log:\n{}",
+        b.log_text()
+    );
+}
