@@ -7,11 +7,14 @@
 //!
 //! * [`decision`]: the pure rule of a lease with a holder, a renew time and a duration
 //!   (Kubernetes `Lease` semantics), evaluated on the elector's own clock.
+//! * [`kubernetes`]: a `coordination.k8s.io/v1` Lease, written compare-and-set on its
+//!   `resourceVersion`; the holder steps down before its lease could expire.
 //! * [`postgres`]: an advisory lock held by a dedicated session; losing the session loses
 //!   leadership.
 //! * `none`: always leader, only when asked for explicitly (loud warning).
 
 pub mod decision;
+pub mod kubernetes;
 pub mod postgres;
 
 use std::fmt;

@@ -43,7 +43,7 @@ impl LeaderFlag {
         self.0.load(Ordering::SeqCst)
     }
 
-    fn set(&self, v: bool) {
+    pub(crate) fn set(&self, v: bool) {
         self.0.store(v, Ordering::SeqCst);
     }
 }

@@ -216,21 +216,31 @@ pub async fn run(
             health.set_leader(false);
         }
     };
+    let mut election_failure = None;
     match mode {
         LeaseMode::None => {
             tracing::warn!("LEASE_MODE=none: no leader election. Running two cdc-workers on one slot reorders changes; use it for development only");
             lead(cancel.child_token()).await
         }
+        LeaseMode::Kubernetes => {
+            let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
+                api_url: None,
+                namespace: cdc.lease.lease_namespace.clone(),
+                name: lease_name(cdc),
+                identity: lease_identity(),
+                duration: Duration::from_secs(cdc.lease.lease_duration_secs.max(3)),
+            };
+            tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, "electing through a Kubernetes Lease");
+            let flag = Arc::new(walcast_lease::postgres::LeaderFlag::default());
+            if let Err(e) = walcast_lease::kubernetes::run(cfg, flag, cancel.clone(), lead).await {
+                election_failure = Some(e);
+            }
+        }
         _ => {
-            let name = cdc
-                .lease
-                .lease_name
-                .clone()
-                .unwrap_or_else(|| cdc.slot_name.clone());
             let period = Duration::from_secs(cdc.lease.lease_duration_secs.max(3)) / 3;
             let pg = walcast_lease::postgres::PgLeaseConfig {
                 url: db.database_url.clone(),
-                key: walcast_lease::postgres::lock_key(&name),
+                key: walcast_lease::postgres::lock_key(&lease_name(cdc)),
                 check_interval: period,
                 retry_interval: period,
             };
@@ -244,6 +254,9 @@ pub async fn run(
     if let Some(f) = front {
         f.closed().await;
     }
+    if let Some(e) = election_failure {
+        return Err(anyhow::anyhow!(e)).context("Kubernetes leader election");
+    }
     let failure = failure.lock().ok().and_then(|mut f| f.take());
     match failure {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
@@ -251,16 +264,31 @@ pub async fn run(
     }
 }
 
-/// The election mode in force. Kubernetes Lease election is not built yet: inside a
-/// cluster `auto` elects through Postgres too, and `kubernetes` says so.
+/// The election mode in force: `auto` is Kubernetes inside a cluster
+/// (`KUBERNETES_SERVICE_HOST` set), else Postgres.
 fn lease_mode(cdc: &CdcArgs) -> LeaseMode {
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    match cdc.lease.lease_mode.resolve(in_cluster) {
-        LeaseMode::Kubernetes => {
-            tracing::warn!("Kubernetes Lease election is not implemented yet; electing through a Postgres advisory lock instead");
-            LeaseMode::Postgres
-        }
-        m => m,
+    cdc.lease.lease_mode.resolve(in_cluster)
+}
+
+/// Workers with the same lease name compete; defaults to the slot name.
+fn lease_name(cdc: &CdcArgs) -> String {
+    cdc.lease
+        .lease_name
+        .clone()
+        .unwrap_or_else(|| cdc.slot_name.clone())
+}
+
+/// This worker's Lease `holderIdentity`: the pod name (`HOSTNAME` in Kubernetes), else
+/// one made up for this process.
+fn lease_identity() -> String {
+    match std::env::var("HOSTNAME") {
+        Ok(h) if !h.is_empty() => h,
+        _ => format!(
+            "cdc-worker-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ),
     }
 }
 

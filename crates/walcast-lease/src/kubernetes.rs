@@ -1,0 +1,453 @@
+//! Leadership through a Kubernetes `coordination.k8s.io/v1` Lease.
+//!
+//! Every write is a compare-and-set: a new Lease is created (409 `AlreadyExists` when
+//! someone else created it first), an existing one is replaced carrying the
+//! `resourceVersion` we read (409 `Conflict` when someone wrote in between). The rule of
+//! [`decision`](crate::decision) runs on our own monotonic clock, never on the timestamps
+//! stored in the Lease:
+//!
+//! * a lease held by another is taken over only after its `resourceVersion` stayed the
+//!   same, on our clock, for a full duration (the longer of ours and its
+//!   `leaseDurationSeconds`);
+//! * the holder renews every third of the duration, sending each renewal with the
+//!   `resourceVersion` of its last write, and cancels its term as soon as a renewal fails
+//!   (any error, a 409, or no answer in time). Every request of a term is bounded by the
+//!   time left until [`decision::deadline`], so a hung API server cannot keep us leader
+//!   past `duration - margin` after the last renewal that succeeded was sent.
+//!
+//! On a graceful shutdown, once the leader's work has stopped, the lease is released
+//! (empty holder) so the next worker takes over without waiting.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::chrono::Utc;
+use kube::api::{Api, PostParams};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::decision::{self, Decision, Local, Millis, Observed, Timing};
+use crate::postgres::LeaderFlag;
+
+#[derive(Clone, Debug)]
+pub struct KubeLeaseConfig {
+    /// API server URL (plain http allowed, for tests); `None`: the in-cluster config
+    /// (service account token, `KUBERNETES_SERVICE_HOST`).
+    pub api_url: Option<String>,
+    pub namespace: String,
+    /// Name of the Lease object: workers with the same name compete.
+    pub name: String,
+    /// This worker's `holderIdentity` (e.g. the pod name). Must be unique among workers.
+    pub identity: String,
+    /// Lease duration; the holder renews every third of it.
+    pub duration: Duration,
+}
+
+impl KubeLeaseConfig {
+    /// The leader stops a fifth of the duration before its lease could expire.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            duration: self.duration,
+            margin: self.duration / 5,
+        }
+    }
+
+    fn renew_every(&self) -> Duration {
+        (self.duration / 3).max(Duration::from_millis(10))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeLeaseError {
+    #[error("invalid Kubernetes API URL {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("Kubernetes in-cluster configuration: {0}")]
+    InCluster(String),
+    #[error("Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Build the client: explicit URL, else in-cluster.
+pub fn client(cfg: &KubeLeaseConfig) -> Result<kube::Client, KubeLeaseError> {
+    let config = match &cfg.api_url {
+        Some(url) => {
+            let uri = url.parse().map_err(|e| KubeLeaseError::Url {
+                url: url.clone(),
+                reason: format!("{e}"),
+            })?;
+            kube::Config::new(uri)
+        }
+        None => kube::Config::incluster().map_err(|e| KubeLeaseError::InCluster(e.to_string()))?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Elect until `shutdown`. Each time we become leader, `lead(term)` runs; it must return
+/// soon after `term` is cancelled (leadership in doubt, or shutdown). Fails only when the
+/// client cannot be built.
+pub async fn run<F, Fut>(
+    cfg: KubeLeaseConfig,
+    flag: Arc<LeaderFlag>,
+    shutdown: CancellationToken,
+    lead: F,
+) -> Result<(), KubeLeaseError>
+where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let client = client(&cfg)?;
+    run_with_client(client, cfg, flag, shutdown, lead).await;
+    Ok(())
+}
+
+/// [`run`] with a client already built.
+pub async fn run_with_client<F, Fut>(
+    client: kube::Client,
+    cfg: KubeLeaseConfig,
+    flag: Arc<LeaderFlag>,
+    shutdown: CancellationToken,
+    mut lead: F,
+) where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut elector = Elector {
+        api: Api::namespaced(client, &cfg.namespace),
+        clock: Instant::now(),
+        local: Local::default(),
+        versions: Versions::default(),
+        cfg,
+    };
+    while !shutdown.is_cancelled() {
+        let Some(lease) = elector.acquire(&shutdown).await else {
+            return;
+        };
+        tracing::info!(
+            lease = %elector.cfg.name,
+            identity = %elector.cfg.identity,
+            "became leader (Kubernetes Lease)"
+        );
+        flag.set(true);
+        let term = shutdown.child_token();
+        let mut renewer = Renewer {
+            api: elector.api.clone(),
+            cfg: elector.cfg.clone(),
+            clock: elector.clock,
+            local: elector.local.clone(),
+            lease,
+        };
+        // Both in this task: dropping `run` stops the renewals too.
+        let work_done = CancellationToken::new();
+        let work = async {
+            lead(term.clone()).await;
+            term.cancel();
+            work_done.cancel();
+        };
+        let keep = async {
+            let reason = renewer.hold(&term).await;
+            term.cancel();
+            // Released only once `lead` has returned: the work has stopped.
+            if reason == Ended::Shutdown {
+                work_done.cancelled().await;
+                renewer.release().await;
+            }
+        };
+        tokio::join!(work, keep);
+        elector.local = renewer.local;
+        decision::lost(&mut elector.local);
+        flag.set(false);
+        tracing::warn!(lease = %elector.cfg.name, "leadership ended");
+    }
+}
+
+/// Maps the opaque `resourceVersion` strings onto the numbers of [`decision::Observed`]:
+/// a new number whenever the string changes.
+#[derive(Default)]
+struct Versions {
+    last: Option<String>,
+    n: u64,
+}
+
+impl Versions {
+    fn number(&mut self, rv: Option<&str>) -> u64 {
+        if self.last.as_deref() != rv || rv.is_none() {
+            self.n += 1;
+            self.last = rv.map(str::to_owned);
+        }
+        self.n
+    }
+}
+
+fn millis(clock: Instant) -> Millis {
+    clock.elapsed().as_millis() as Millis
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(r) if r.code == 409)
+}
+
+fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+}
+
+struct Elector {
+    api: Api<Lease>,
+    cfg: KubeLeaseConfig,
+    clock: Instant,
+    local: Local,
+    versions: Versions,
+}
+
+impl Elector {
+    /// Read and write until we hold the lease; None on shutdown.
+    async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<Lease> {
+        let timing = self.cfg.timing();
+        let every = self.cfg.renew_every();
+        let mut announced = None::<String>;
+        loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
+            if let Some(lease) = self.try_once(timing, every, &mut announced).await {
+                return Some(lease);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    /// One read, and a write when the rule says so. Some(lease) when we won it.
+    async fn try_once(
+        &mut self,
+        timing: Timing,
+        bound: Duration,
+        announced: &mut Option<String>,
+    ) -> Option<Lease> {
+        let current = match tokio::time::timeout(bound, self.api.get_opt(&self.cfg.name)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot read the Lease");
+                return None;
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.cfg.name, "leader election: reading the Lease timed out");
+                return None;
+            }
+        };
+        let now = millis(self.clock);
+        let observed = current.as_ref().map(|l| Observed {
+            holder: holder(l).map(str::to_owned),
+            version: self.versions.number(l.metadata.resource_version.as_deref()),
+        });
+        // Wait for the longer of our duration and the one the holder announced.
+        let theirs = current
+            .as_ref()
+            .and_then(|l| l.spec.as_ref())
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs)
+            .unwrap_or_default();
+        let wait_timing = Timing {
+            duration: timing.duration.max(theirs),
+            ..timing
+        };
+        match decision::decide(
+            now,
+            &self.cfg.identity,
+            observed.as_ref(),
+            &mut self.local,
+            wait_timing,
+        ) {
+            Decision::Wait => {
+                decision::lost(&mut self.local);
+                let h = observed.and_then(|o| o.holder).unwrap_or_default();
+                if announced.as_deref() != Some(h.as_str()) {
+                    tracing::info!(lease = %self.cfg.name, holder = %h, "another worker leads; waiting for its Lease to expire");
+                    *announced = Some(h);
+                }
+                None
+            }
+            Decision::Acquire | Decision::Renew => {
+                let sent = millis(self.clock);
+                let (lease, create) = claimed(current, &self.cfg);
+                let pp = PostParams::default();
+                let write = async {
+                    if create {
+                        self.api.create(&pp, &lease).await
+                    } else {
+                        self.api.replace(&self.cfg.name, &pp, &lease).await
+                    }
+                };
+                match tokio::time::timeout(bound, write).await {
+                    Ok(Ok(written)) => {
+                        decision::won(&mut self.local, sent);
+                        self.versions
+                            .number(written.metadata.resource_version.as_deref());
+                        // Usable only if there is time left to lead.
+                        decision::is_leader(&self.local, millis(self.clock), timing)
+                            .then_some(written)
+                    }
+                    Ok(Err(e)) => {
+                        decision::lost(&mut self.local);
+                        if is_conflict(&e) {
+                            tracing::info!(lease = %self.cfg.name, "lost the race for the Lease");
+                        } else {
+                            tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot write the Lease");
+                        }
+                        None
+                    }
+                    Err(_) => {
+                        decision::lost(&mut self.local);
+                        tracing::warn!(lease = %self.cfg.name, "leader election: writing the Lease timed out");
+                        None
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The Lease with us as holder, and whether it must be created.
+fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
+    let now = MicroTime(Utc::now());
+    let secs = i32::try_from(cfg.duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    match current {
+        None => (
+            Lease {
+                metadata: ObjectMeta {
+                    name: Some(cfg.name.clone()),
+                    namespace: Some(cfg.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(cfg.identity.clone()),
+                    lease_duration_seconds: Some(secs),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                }),
+            },
+            true,
+        ),
+        Some(mut lease) => {
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            }
+            spec.holder_identity = Some(cfg.identity.clone());
+            spec.lease_duration_seconds = Some(secs);
+            spec.acquire_time = Some(now.clone());
+            spec.renew_time = Some(now);
+            (lease, false)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    Shutdown,
+    Lost,
+}
+
+/// Keeps the lease while a term lasts.
+struct Renewer {
+    api: Api<Lease>,
+    cfg: KubeLeaseConfig,
+    clock: Instant,
+    local: Local,
+    /// Our last successful write, carrying its `resourceVersion`.
+    lease: Lease,
+}
+
+impl Renewer {
+    /// Renew until the term is cancelled or a renewal fails.
+    async fn hold(&mut self, term: &CancellationToken) -> Ended {
+        let timing = self.cfg.timing();
+        let every = self.cfg.renew_every();
+        loop {
+            let Some(deadline) = decision::deadline(&self.local, timing) else {
+                return Ended::Lost;
+            };
+            let last = self.local.renewed_at.unwrap_or(0);
+            let next = last.saturating_add(every.as_millis() as Millis);
+            let until_next = Duration::from_millis(next.saturating_sub(millis(self.clock)));
+            tokio::select! {
+                _ = term.cancelled() => return Ended::Shutdown,
+                _ = tokio::time::sleep(until_next) => {}
+            }
+            let sent = millis(self.clock);
+            let left = Duration::from_millis(deadline.saturating_sub(sent));
+            if left.is_zero() {
+                tracing::error!(lease = %self.cfg.name, "lease deadline reached without a renewal: stepping down");
+                return Ended::Lost;
+            }
+            let mut lease = self.lease.clone();
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.renew_time = Some(MicroTime(Utc::now()));
+            }
+            let pp = PostParams::default();
+            let result = tokio::select! {
+                _ = term.cancelled() => return Ended::Shutdown,
+                r = tokio::time::timeout(left, self.api.replace(&self.cfg.name, &pp, &lease)) => r,
+            };
+            match result {
+                Ok(Ok(written)) if holder(&written) == Some(self.cfg.identity.as_str()) => {
+                    decision::won(&mut self.local, sent);
+                    self.lease = written;
+                }
+                Ok(Ok(_)) => {
+                    tracing::error!(lease = %self.cfg.name, "the Lease names another holder: stepping down");
+                    return Ended::Lost;
+                }
+                Ok(Err(e)) if is_conflict(&e) => {
+                    tracing::error!(lease = %self.cfg.name, "the Lease was written by another worker: stepping down");
+                    return Ended::Lost;
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, lease = %self.cfg.name, "renewing the Lease failed: stepping down");
+                    return Ended::Lost;
+                }
+                Err(_) => {
+                    tracing::error!(lease = %self.cfg.name, "renewing the Lease got no answer before the deadline: stepping down");
+                    return Ended::Lost;
+                }
+            }
+        }
+    }
+
+    /// Give the lease up (empty holder) so that the next worker need not wait. Only while
+    /// it is still ours: the write carries our last `resourceVersion`.
+    async fn release(&mut self) {
+        let timing = self.cfg.timing();
+        let Some(deadline) = decision::deadline(&self.local, timing) else {
+            return;
+        };
+        let left = Duration::from_millis(deadline.saturating_sub(millis(self.clock)));
+        if left.is_zero() {
+            return;
+        }
+        let mut lease = self.lease.clone();
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.acquire_time = None;
+            spec.renew_time = None;
+        }
+        let pp = PostParams::default();
+        match tokio::time::timeout(left, self.api.replace(&self.cfg.name, &pp, &lease)).await {
+            Ok(Ok(_)) => tracing::info!(lease = %self.cfg.name, "released the Lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, lease = %self.cfg.name, "could not release the Lease")
+            }
+            Err(_) => tracing::warn!(lease = %self.cfg.name, "releasing the Lease timed out"),
+        }
+        decision::lost(&mut self.local);
+    }
+}
