@@ -1,0 +1,107 @@
+//! Hostile identifiers and filters crafted as SQL: refused with a clear error, nothing
+//! executed, and everyone else keeps receiving.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use support::{rec, Collector, Stack};
+use walcast_bus::subs::{RegisterRequest, SubsClient, SubscriptionSpec};
+use walcast_bus::Bus;
+
+fn spec(id: &str, schema: &str, table: &str, filter: Option<&str>) -> SubscriptionSpec {
+    SubscriptionSpec {
+        id: id.into(),
+        front: "f".into(),
+        project: "default".into(),
+        schema: schema.into(),
+        table: Some(table.into()),
+        event: "*".into(),
+        filter: filter.map(String::from),
+        select: None,
+        claims: serde_json::json!({"role": "anon"}),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    stack.enable("t");
+
+    // The CLI quotes identifiers: a crafted name is just a table that does not exist.
+    let out = Command::new(env!("CARGO_BIN_EXE_walcast"))
+        .args(["realtime", "enable", "\"t\"\"; DROP TABLE t; --\""])
+        .env("DATABASE_URL", stack.pg.url())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let bus = Bus::nats(&stack.nats.url(), "security-test").await.unwrap();
+    let subs = SubsClient::new(&bus, None).unwrap();
+    let hostile = [
+        spec("h1", "public", "t\"; DROP TABLE t; --", None),
+        spec("h2", "public\"; DROP TABLE t; --", "t", None),
+        spec("h3", "public", "t", Some("id=eq.1); DROP TABLE t; --")),
+        spec(
+            "h4",
+            "public",
+            "t",
+            Some("\"id\"\"; DROP TABLE t; --\"=eq.1"),
+        ),
+        spec("h5", "public", "t", Some("v=eq.'); DROP TABLE t; --")),
+        spec("h6", "public", "t", Some("id=in.(1,2);DROP TABLE t")),
+        spec("ok", "public", "t", None),
+    ];
+    let reply = subs
+        .register(
+            RegisterRequest {
+                subs: hostile.to_vec(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let verdicts: Vec<(String, bool)> =
+        reply.results.iter().map(|r| (r.id.clone(), r.ok)).collect();
+    // h5 is a valid filter whose value is the literal text `'); DROP TABLE t; --`.
+    assert_eq!(
+        verdicts,
+        [
+            ("h1".into(), false),
+            ("h2".into(), false),
+            ("h3".into(), false),
+            ("h4".into(), false),
+            ("h5".into(), true),
+            ("h6".into(), false),
+            ("ok".into(), true),
+        ],
+        "{:?}",
+        reply.results
+    );
+    for r in reply.results.iter().filter(|r| !r.ok) {
+        let e = r.error.as_deref().unwrap_or_default();
+        assert!(
+            e.starts_with("Unable to subscribe") || e.starts_with("Error parsing `filter` params"),
+            "{}: {e}",
+            r.id
+        );
+    }
+
+    stack.sql("INSERT INTO t VALUES (1, 'plain')");
+    stack.sql("INSERT INTO t VALUES (2, '''); DROP TABLE t; --')");
+    collector.wait_count(2, Duration::from_secs(60)).await;
+    let events = collector.snapshot();
+    assert_eq!(events[0].subs, ["ok"]);
+    assert_eq!(rec(&events[0])["v"], "plain");
+    // The literal value matched only the row that holds it.
+    assert_eq!(events[1].subs, ["h5", "ok"]);
+    // Nothing ran: the table is still there with both rows.
+    assert_eq!(stack.sql("SELECT count(*) FROM t"), "2");
+}
