@@ -42,10 +42,26 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
             let (schema, name) =
                 parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
             registry::enable(&client, &args.project, &schema, &name).await?;
-            println!(
-                "realtime enabled for {}",
-                walcast_cdc::sql::qualified(&schema, &name)
-            );
+            let q = walcast_cdc::sql::qualified(&schema, &name);
+            println!("realtime enabled for {q}");
+            // Subscribers read as their JWT role: say so when the usual roles cannot.
+            let blind = client
+                .query(
+                    "SELECT r.rolname::text FROM pg_roles r
+                      WHERE r.rolname IN ('anon', 'authenticated')
+                        AND NOT has_table_privilege(r.oid, to_regclass($1), 'SELECT')",
+                    &[&q],
+                )
+                .await?;
+            let roles: Vec<String> = blind.iter().map(|r| r.get(0)).collect();
+            if !roles.is_empty() {
+                println!(
+                    "note: {} cannot SELECT {q}, so subscribers with that role receive nothing \
+                     from it; if they should: GRANT SELECT ON {q} TO {};",
+                    roles.join(" and "),
+                    roles.join(", ")
+                );
+            }
         }
         RealtimeAction::Disable { table } => {
             let (schema, name) =
