@@ -6,12 +6,10 @@ mod support;
 both_sources!(kill_9_five_times_under_load_loses_nothing);
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
-use support::{dedup, rec, Collector, Stack};
+use support::{assert_writers_complete_in_order, dedup, Collector, Stack, Writers};
 
 async fn kill_9_five_times_under_load_loses_nothing(source: &'static str) {
     const WRITERS: i32 = 4;
@@ -23,24 +21,7 @@ async fn kill_9_five_times_under_load_loses_nothing(source: &'static str) {
     worker.wait_active(Duration::from_secs(60));
 
     // Writers run until every kill is done, so each kill lands under load.
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for writer in 0..WRITERS {
-        let client = stack.pg.connect().await.expect("writer connect");
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            let stmt = client
-                .prepare("INSERT INTO c VALUES ($1, $2)")
-                .await
-                .unwrap();
-            let mut i = 0i32;
-            while !stop.load(Ordering::Relaxed) {
-                client.execute(&stmt, &[&writer, &i]).await.unwrap();
-                i += 1;
-            }
-            i as i64
-        }));
-    }
+    let writers = Writers::start(&stack.pg, "c", WRITERS).await;
     let mut seen_at_kill = Vec::new();
     for _ in 0..5 {
         // A random moment (not synchronisation) in the life of a worker that is reading.
@@ -57,11 +38,7 @@ async fn kill_9_five_times_under_load_loses_nothing(source: &'static str) {
         worker.kill9();
         worker = stack.worker(&[]);
     }
-    stop.store(true, Ordering::Relaxed);
-    let mut written: HashMap<i64, i64> = HashMap::new();
-    for (w, t) in tasks.into_iter().enumerate() {
-        written.insert(w as i64, t.await.unwrap());
-    }
+    let written = writers.stop().await;
     worker.wait_active(Duration::from_secs(60));
     let total = written.values().sum::<i64>() as usize;
     collector
@@ -79,15 +56,7 @@ async fn kill_9_five_times_under_load_loses_nothing(source: &'static str) {
         total,
         "every change exactly once after dropping replays"
     );
-    let mut next: HashMap<i64, i64> = HashMap::new();
-    for e in &kept {
-        let r = rec(e);
-        let (w, i) = (r["writer"].as_i64().unwrap(), r["i"].as_i64().unwrap());
-        let expected = next.entry(w).or_insert(0);
-        assert_eq!(i, *expected, "writer {w}: missing or out of order");
-        *expected += 1;
-    }
-    assert_eq!(next, written, "every writer's rows, all of them");
+    assert_writers_complete_in_order(&kept, &written, "missing or out of order");
 
     // A replay repeats an already delivered change verbatim: same position, same row.
     let mut first: HashMap<(walcast_wal2json::Lsn, u32), String> = HashMap::new();

@@ -4,12 +4,9 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{dedup, rec, Collector, Stack, Worker};
+use support::{assert_writers_complete_in_order, dedup, Collector, Stack, Worker, Writers};
 
 both_sources!(a_killed_leader_is_replaced_within_the_lease_without_a_gap);
 
@@ -50,24 +47,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_without_a_gap(source: &'st
         "only the leader holds an election session with the lock"
     );
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for writer in 0..2 {
-        let client = stack.pg.connect().await.unwrap();
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            let stmt = client
-                .prepare("INSERT INTO l VALUES ($1, $2)")
-                .await
-                .unwrap();
-            let mut i = 0i32;
-            while !stop.load(Ordering::Relaxed) {
-                client.execute(&stmt, &[&writer, &i]).await.unwrap();
-                i += 1;
-            }
-            i as i64
-        }));
-    }
+    let writers = Writers::start(&stack.pg, "l", 2).await;
     let before = collector.len();
     collector
         .wait_until(
@@ -98,11 +78,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_without_a_gap(source: &'st
             |e| e.len() > mid + 100,
         )
         .await;
-    stop.store(true, Ordering::Relaxed);
-    let mut written: HashMap<i64, i64> = HashMap::new();
-    for (w, t) in tasks.into_iter().enumerate() {
-        written.insert(w as i64, t.await.unwrap());
-    }
+    let written = writers.stop().await;
     let total = written.values().sum::<i64>() as usize;
     collector
         .wait_until(
@@ -113,18 +89,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_without_a_gap(source: &'st
         .await;
     let kept = dedup(&collector.snapshot());
     assert_eq!(kept.len(), total);
-    let mut next: HashMap<i64, i64> = HashMap::new();
-    for e in &kept {
-        let r = rec(e);
-        let (w, i) = (r["writer"].as_i64().unwrap(), r["i"].as_i64().unwrap());
-        let expected = next.entry(w).or_insert(0);
-        assert_eq!(
-            i, *expected,
-            "writer {w}: gap or reorder across the failover"
-        );
-        *expected += 1;
-    }
-    assert_eq!(next, written);
+    assert_writers_complete_in_order(&kept, &written, "gap or reorder across the failover");
     eprintln!(
         "failover ({source}): leader after {took:?}, reading after {reading:?} (kill -9 to first poll/stream); {total} changes, no gap"
     );

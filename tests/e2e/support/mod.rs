@@ -105,60 +105,51 @@ pub struct Worker {
 
 impl Worker {
     pub fn spawn(db: &str, nats: &str, extra: &[(&str, &str)]) -> Worker {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log = dir.path().join("worker.log");
-        let out = std::fs::File::create(&log).expect("log file");
-        let port = free_port().expect("free port");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cdc-worker"));
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("DATABASE_URL", db)
-            .env("NATS_URL", nats)
-            .env("PORT", port.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("CDC_POLL_IDLE_MS", "20")
+        let base = [
+            ("DATABASE_URL", db),
+            ("NATS_URL", nats),
+            ("CDC_POLL_IDLE_MS", "20"),
             // A restarted worker retries the election lock every second.
-            .env("LEASE_DURATION_SECS", "3")
-            .env("LOG_FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone"))
-            .stderr(out);
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn cdc-worker");
-        Worker {
-            child,
-            source: None,
-            port,
-            log,
-            _dir: dir,
-        }
+            ("LEASE_DURATION_SECS", "3"),
+        ];
+        Worker::launch(env!("CARGO_BIN_EXE_cdc-worker"), &[], &base, extra)
     }
 
     /// `walcast serve` (CDC pipeline + realtime front, in-process bus) as a child process,
     /// with `JWT_SECRET` = [`ws::SECRET`] and `extra` environment variables.
     pub fn serve(db: &str, extra: &[(&str, &str)]) -> Worker {
+        let base = [("DATABASE_URL", db), ("JWT_SECRET", ws::SECRET)];
+        Worker::launch(env!("CARGO_BIN_EXE_walcast"), &["serve"], &base, extra)
+    }
+
+    /// Start `program args` with a clean environment (`base`, then `extra`), a free port
+    /// on 127.0.0.1, JSON logs into a file of its own.
+    fn launch(
+        program: &str,
+        args: &[&str],
+        base: &[(&str, &str)],
+        extra: &[(&str, &str)],
+    ) -> Worker {
         let dir = tempfile::tempdir().expect("temp dir");
-        let log = dir.path().join("serve.log");
+        let log = dir.path().join("process.log");
         let out = std::fs::File::create(&log).expect("log file");
         let port = free_port().expect("free port");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_walcast"));
-        cmd.arg("serve")
+        let mut cmd = Command::new(program);
+        cmd.args(args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("DATABASE_URL", db)
-            .env("JWT_SECRET", ws::SECRET)
             .env("PORT", port.to_string())
             .env("HOST", "127.0.0.1")
             .env("LOG_FORMAT", "json")
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("clone"))
             .stderr(out);
-        for (k, v) in extra {
+        for (k, v) in base.iter().chain(extra) {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("spawn walcast serve");
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
         Worker {
             child,
             source: None,
@@ -396,4 +387,60 @@ pub fn dedup(events: &[ChangeEvent]) -> Vec<ChangeEvent> {
         out.push(e.clone());
     }
     out
+}
+
+/// Writers inserting `(writer, i)` rows into a table, each in its own session, one
+/// transaction per row, until stopped.
+pub struct Writers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<i64>>,
+}
+
+impl Writers {
+    pub async fn start(pg: &Postgres, table: &str, count: i32) -> Writers {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for writer in 0..count {
+            let client = pg.connect().await.expect("writer connect");
+            let stop = stop.clone();
+            let sql = format!("INSERT INTO {table} VALUES ($1, $2)");
+            tasks.push(tokio::spawn(async move {
+                let stmt = client.prepare(&sql).await.expect("prepare insert");
+                let mut i = 0i32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    client.execute(&stmt, &[&writer, &i]).await.expect("insert");
+                    i += 1;
+                }
+                i as i64
+            }));
+        }
+        Writers { stop, tasks }
+    }
+
+    /// Stop them; rows written per writer.
+    pub async fn stop(self) -> std::collections::HashMap<i64, i64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut written = std::collections::HashMap::new();
+        for (w, t) in self.tasks.into_iter().enumerate() {
+            written.insert(w as i64, t.await.expect("writer task"));
+        }
+        written
+    }
+}
+
+/// Every writer's rows arrived once each, in its own order; returns nothing on success.
+pub fn assert_writers_complete_in_order(
+    kept: &[ChangeEvent],
+    written: &std::collections::HashMap<i64, i64>,
+    what: &str,
+) {
+    let mut next: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
+    for e in kept {
+        let r = rec(e);
+        let (w, i) = (r["writer"].as_i64().unwrap(), r["i"].as_i64().unwrap());
+        let expected = next.entry(w).or_insert(0);
+        assert_eq!(i, *expected, "writer {w}: {what}");
+        *expected += 1;
+    }
+    assert_eq!(&next, written, "every writer's rows, all of them");
 }
