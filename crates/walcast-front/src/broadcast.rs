@@ -20,7 +20,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
@@ -172,12 +171,7 @@ pub(crate) async fn relay_loop(
     mut sub: Subscription,
     cancel: CancellationToken,
 ) {
-    loop {
-        let msg = tokio::select! {
-            _ = cancel.cancelled() => return,
-            m = sub.next() => m,
-        };
-        let Some(msg) = msg else { return };
+    while let Some(msg) = crate::next_message(&mut sub, &cancel, "broadcast relay").await {
         relay_one(&shared, &msg);
     }
 }

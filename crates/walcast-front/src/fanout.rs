@@ -11,7 +11,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use axum::extract::ws::Utf8Bytes;
-use futures_util::StreamExt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -25,18 +24,8 @@ use crate::state::Shared;
 use crate::telemetry;
 
 pub(crate) async fn run(shared: Arc<Shared>, mut sub: Subscription, cancel: CancellationToken) {
-    loop {
-        let msg = tokio::select! {
-            _ = cancel.cancelled() => return,
-            m = sub.next() => m,
-        };
-        match msg {
-            Some(m) => deliver(&shared, &m),
-            None => {
-                tracing::warn!("change subscription ended");
-                return;
-            }
-        }
+    while let Some(m) = crate::next_message(&mut sub, &cancel, "change").await {
+        deliver(&shared, &m);
     }
 }
 

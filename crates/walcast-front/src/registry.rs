@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{
@@ -251,14 +250,10 @@ pub(crate) async fn resync_loop(
     mut sub: Subscription,
     cancel: CancellationToken,
 ) {
-    loop {
-        let msg = tokio::select! {
-            _ = cancel.cancelled() => return,
-            m = sub.next() => m,
-        };
-        if msg.is_none() {
-            return;
-        }
+    while crate::next_message(&mut sub, &cancel, "resync")
+        .await
+        .is_some()
+    {
         let specs = shared.registry.all_specs();
         tracing::info!(
             count = specs.len(),
