@@ -172,6 +172,7 @@ async fn drain(
         allow_unbounded_wal: false,
         origin: "bench".into(),
         take_over_slot: false,
+        rls: walcast_cdc::RlsOptions::default(),
         poller: PollerConfig {
             slot: slot.to_string(),
             min_batch: min,

@@ -110,6 +110,7 @@ async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow
         allow_unbounded_wal: false,
         origin: "bench".into(),
         take_over_slot: false,
+        rls: walcast_cdc::RlsOptions::default(),
         poller: PollerConfig {
             slot: "walcast_cdc_slot".into(),
             min_batch: 1000,

@@ -1,111 +1,250 @@
-//! Which matched subscribers may see a change, and which of its columns.
+//! Which matched subscribers may see each change of a batch, and which of its columns.
+//!
+//! Per change and subscriber: the role (JWT `role` claim) must exist and may `SELECT`
+//! some of the change's columns; only those are sent. Without row-level security (or
+//! for a role that bypasses it) that is all. With it, a DELETE is reduced to its key and
+//! an INSERT or UPDATE waits for the batch's check: one statement per (table, role,
+//! claims) covering every row of the batch that group needs judged (see
+//! [`crate::rls_check`]). Naive mode (for benchmarks) checks each subscriber separately.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use walcast_bus::{ChangeEvent, ChangeKind};
-use walcast_wal2json::RowChange;
 
 use crate::matcher::Sub;
 use crate::rls::RlsChecker;
+use crate::rls_check::{CheckOptions, GroupCheck, TableCheck};
 use crate::CdcError;
 
 /// Subscribers grouped by the columns they may see: `None` = every column of the event.
 pub type Audience = Vec<(Option<BTreeSet<String>>, Vec<String>)>;
 
-/// Subscribers waiting for one row check, with the columns each may see.
-type Waiting = Vec<(Arc<Sub>, BTreeSet<String>)>;
+/// A decoded change waiting for its batch to be authorized and published.
+#[derive(Debug)]
+pub struct PendingChange {
+    pub event: ChangeEvent,
+    pub matched: Vec<Arc<Sub>>,
+    /// The new row's columns as Postgres text (INSERT and UPDATE; empty for DELETE),
+    /// with unchanged TOASTed values taken from the old row.
+    pub row: Vec<(String, Option<String>)>,
+}
+
+/// How row-level security is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RlsMode {
+    /// One statement per (table, role, claims) per batch, all in one round trip.
+    #[default]
+    Batched,
+    /// One check per subscriber per change, one statement per round trip: the cost of
+    /// the straightforward approach, kept for benchmarks.
+    Naive,
+}
 
 fn deny(sub: &Sub, why: &str) {
     metrics::counter!("walcast_cdc_rls_denied_total").increment(1);
     tracing::debug!(sub = %sub.spec.id, why, "change not delivered to subscriber");
 }
 
-/// Decide per subscriber (see [`crate::rls`]). Errors of one check deny only the
-/// subscribers of that check.
-pub async fn authorize(
+/// A subscriber waiting for a row check: change index, subscriber, columns it may see.
+type Waiting = (usize, Arc<Sub>, BTreeSet<String>);
+
+/// The checks of one table being gathered.
+#[derive(Default)]
+struct Gather {
+    /// Change indices, in batch order.
+    changes: Vec<usize>,
+    position: HashMap<usize, usize>,
+    /// Group key → subscribers waiting.
+    groups: BTreeMap<(String, String), Vec<Waiting>>,
+}
+
+impl Gather {
+    fn row_of(&mut self, change: usize) -> usize {
+        *self.position.entry(change).or_insert_with(|| {
+            self.changes.push(change);
+            self.changes.len() - 1
+        })
+    }
+}
+
+/// Decide per subscriber for every change of the batch. Errors of one check deny only the
+/// subscribers of that check; an error of the connection itself is returned.
+pub async fn authorize_batch(
     rls: &mut RlsChecker,
-    kind: ChangeKind,
-    row: &RowChange<'_>,
-    event: &ChangeEvent,
-    matched: Vec<Arc<Sub>>,
-) -> Result<Audience, CdcError> {
-    let event_cols: BTreeSet<String> = event.columns.iter().map(|c| c.name.clone()).collect();
-    let (rls_on, pk) = rls.table(&row.schema, &row.table).await?;
-    // (role, claims) → subscribers waiting for that row check.
-    let mut checks: HashMap<(String, String), Waiting> = HashMap::new();
-    let mut allowed: Vec<(BTreeSet<String>, String)> = Vec::new();
-    for sub in matched {
-        let Some(role) = sub
-            .spec
-            .claims
-            .get("role")
-            .and_then(|r| r.as_str())
-            .map(str::to_string)
-        else {
-            deny(&sub, "no role claim");
+    batch: &[PendingChange],
+    mode: RlsMode,
+    timeout_ms: u64,
+) -> Result<Vec<Audience>, CdcError> {
+    let mut allowed: Vec<Vec<(BTreeSet<String>, String)>> = vec![Vec::new(); batch.len()];
+    let mut tables: BTreeMap<(String, String), Gather> = BTreeMap::new();
+    let mut xids: Vec<u32> = Vec::new();
+    for (i, change) in batch.iter().enumerate() {
+        if change.matched.is_empty() {
             continue;
-        };
-        let access = match rls.access(&role, &row.schema, &row.table).await {
-            Ok(Some(a)) => a,
-            Ok(None) => {
-                deny(&sub, "role may not read the table");
+        }
+        let event = &change.event;
+        let info = rls.table(&event.schema, &event.table).await?;
+        let event_cols: BTreeSet<&str> = event.columns.iter().map(|c| c.name.as_str()).collect();
+        for sub in &change.matched {
+            let Some(role) = sub.spec.claims.get("role").and_then(|r| r.as_str()) else {
+                deny(sub, "no role claim");
                 continue;
+            };
+            let access = match rls.access(role, &event.schema, &event.table).await {
+                Ok(Some(a)) => a,
+                Ok(None) => {
+                    deny(sub, "role may not read the table");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, role, "privilege check failed; denying");
+                    deny(sub, "privilege check failed");
+                    continue;
+                }
+            };
+            let mut cols: BTreeSet<String> = event_cols
+                .iter()
+                .filter(|c| access.columns.contains(**c))
+                .map(|c| c.to_string())
+                .collect();
+            if !info.rls || access.bypass_rls {
+                allowed[i].push((cols, sub.spec.id.clone()));
+            } else if event.kind == ChangeKind::Delete {
+                // RLS cannot be checked on a row that is gone: send only its key.
+                cols.retain(|c| info.pk.iter().any(|(k, _)| k == c));
+                allowed[i].push((cols, sub.spec.id.clone()));
+            } else {
+                let gather = tables
+                    .entry((event.schema.clone(), event.table.clone()))
+                    .or_default();
+                gather.row_of(i);
+                let claims = match mode {
+                    RlsMode::Batched => serde_json::to_string(&sub.spec.claims).unwrap_or_default(),
+                    // Naive: a check per subscriber, even with claims shared.
+                    RlsMode::Naive => sub.spec.id.clone(),
+                };
+                gather
+                    .groups
+                    .entry((role.to_string(), claims))
+                    .or_default()
+                    .push((i, sub.clone(), cols));
+                xids.extend(event.xid);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, role, "privilege check failed; denying");
-                deny(&sub, "privilege check failed");
-                continue;
-            }
-        };
-        let mut cols: BTreeSet<String> = event_cols
-            .iter()
-            .filter(|c| access.columns.contains(*c))
-            .cloned()
-            .collect();
-        if !rls_on || access.bypass_rls {
-            allowed.push((cols, sub.spec.id.clone()));
-        } else if kind == ChangeKind::Delete {
-            // RLS cannot be checked on a row that is gone: send only its key.
-            let keys: HashSet<&str> = pk.iter().map(|(n, _)| n.as_str()).collect();
-            cols.retain(|c| keys.contains(c.as_str()));
-            allowed.push((cols, sub.spec.id.clone()));
-        } else {
-            let claims = serde_json::to_string(&sub.spec.claims).unwrap_or_default();
-            checks.entry((role, claims)).or_default().push((sub, cols));
         }
     }
-    if !checks.is_empty() {
-        if let Some(xid) = event.xid {
-            rls.wait_visible(xid).await?;
+    if !tables.is_empty() {
+        // The stream can deliver a commit before it is visible to new snapshots.
+        rls.wait_visible(&xids).await?;
+        let mut checks = Vec::with_capacity(tables.len());
+        let mut waiting = Vec::with_capacity(tables.len());
+        for ((schema, table), gather) in tables {
+            let info = rls.table(&schema, &table).await?;
+            // Compare every catalog column the changes all carry.
+            let compare: Vec<(String, String)> = info
+                .columns
+                .iter()
+                .filter(|(name, _)| {
+                    gather.changes.iter().all(|&i| {
+                        batch
+                            .get(i)
+                            .is_some_and(|c| c.row.iter().any(|(n, _)| n == name))
+                    })
+                })
+                .cloned()
+                .collect();
+            let rows = gather
+                .changes
+                .iter()
+                .map(|&i| {
+                    let row = batch.get(i).map(|c| c.row.as_slice()).unwrap_or_default();
+                    compare
+                        .iter()
+                        .map(|(name, _)| {
+                            row.iter()
+                                .find(|(n, _)| n == name)
+                                .and_then(|(_, v)| v.clone())
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut groups = Vec::with_capacity(gather.groups.len());
+            let mut group_subs = Vec::with_capacity(gather.groups.len());
+            for ((role, claims), subs) in gather.groups {
+                let mut rows: Vec<usize> = subs
+                    .iter()
+                    .filter_map(|(i, _, _)| gather.position.get(i).copied())
+                    .collect();
+                rows.sort_unstable();
+                rows.dedup();
+                let claims = match mode {
+                    RlsMode::Batched => claims,
+                    RlsMode::Naive => subs
+                        .first()
+                        .map(|(_, s, _)| serde_json::to_string(&s.spec.claims).unwrap_or_default())
+                        .unwrap_or_default(),
+                };
+                groups.push(GroupCheck { role, claims, rows });
+                group_subs.push(subs);
+            }
+            waiting.push((gather.position, group_subs));
+            checks.push(TableCheck {
+                schema,
+                table,
+                pk: info.pk,
+                compare,
+                rows,
+                groups,
+            });
         }
-        let values: Vec<Option<String>> = pk
-            .iter()
-            .map(|(name, _)| {
-                row.columns
-                    .iter()
-                    .find(|c| &c.name == name)
-                    .and_then(|c| c.text().map(|t| t.into_owned()))
-            })
-            .collect();
-        for ((role, claims), subs) in checks {
-            metrics::counter!("walcast_cdc_rls_checks_total").increment(1);
-            match rls
-                .visible(&row.schema, &row.table, &pk, &values, &role, &claims)
-                .await
-            {
-                Ok(true) => allowed.extend(subs.into_iter().map(|(s, c)| (c, s.spec.id.clone()))),
-                Ok(false) => subs
-                    .iter()
-                    .for_each(|(s, _)| deny(s, "row not visible under RLS")),
+        let opts = CheckOptions {
+            pipelined: mode == RlsMode::Batched,
+            timeout_ms,
+        };
+        let statements: usize = checks.iter().map(|t| t.groups.len()).sum();
+        metrics::counter!("walcast_cdc_rls_checks_total").increment(statements as u64);
+        let outcomes = rls.check(&checks, &opts).await?;
+        for ((check, outcome), (position, group_subs)) in checks.iter().zip(outcomes).zip(waiting) {
+            let current: HashSet<usize> = match outcome.current {
+                Ok(rows) => rows,
                 Err(e) => {
                     metrics::counter!("walcast_cdc_rls_errors_total").increment(1);
-                    tracing::warn!(error = %e, role, table = %row.table, "RLS check failed; denying these subscribers");
-                    subs.iter().for_each(|(s, _)| deny(s, "RLS check failed"));
+                    tracing::warn!(error = %e, table = %check.table, "cannot compare changes with their rows; denying");
+                    HashSet::new()
+                }
+            };
+            for ((group, result), subs) in check.groups.iter().zip(outcome.groups).zip(group_subs) {
+                let visible = match result {
+                    Ok(v) => v,
+                    Err(e) => {
+                        metrics::counter!("walcast_cdc_rls_errors_total").increment(1);
+                        tracing::warn!(error = %e, role = %group.role, table = %check.table, "RLS check failed; denying these subscribers");
+                        HashSet::new()
+                    }
+                };
+                for (i, sub, cols) in subs {
+                    let row = position.get(&i).copied().unwrap_or(usize::MAX);
+                    if !visible.contains(&row) {
+                        deny(&sub, "row not visible under RLS");
+                    } else if !current.contains(&row) {
+                        metrics::counter!("walcast_cdc_rls_superseded_total").increment(1);
+                        deny(&sub, "row changed again before it could be checked");
+                    } else if let Some(a) = allowed.get_mut(i) {
+                        a.push((cols, sub.spec.id.clone()));
+                    }
                 }
             }
         }
     }
+    Ok(batch
+        .iter()
+        .zip(allowed)
+        .map(|(change, allowed)| audience(&change.event, allowed))
+        .collect())
+}
+
+fn audience(event: &ChangeEvent, allowed: Vec<(BTreeSet<String>, String)>) -> Audience {
+    let event_cols: BTreeSet<String> = event.columns.iter().map(|c| c.name.clone()).collect();
     let mut groups: HashMap<BTreeSet<String>, Vec<String>> = HashMap::new();
     for (cols, id) in allowed {
         if !cols.is_empty() {
@@ -117,5 +256,5 @@ pub async fn authorize(
         .map(|(cols, ids)| ((cols != event_cols).then_some(cols), ids))
         .collect();
     out.sort_by(|a, b| a.1.cmp(&b.1));
-    Ok(out)
+    out
 }

@@ -13,6 +13,8 @@ pub mod preflight;
 pub mod registrar;
 pub mod registry;
 pub mod rls;
+pub mod rls_check;
+pub mod rls_sql;
 pub mod slot;
 pub mod source;
 pub mod sql;
@@ -26,7 +28,9 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
 
+pub use authorize::RlsMode;
 pub use health::{CdcHealth, CdcHealthReport};
+pub use pipeline::RlsOptions;
 pub use poller::PollerConfig;
 pub use preflight::PreflightError;
 pub use source::{Source, SourceKind};
@@ -87,6 +91,8 @@ pub struct CdcConfig {
     /// its leadership (typically one that was killed while Postgres still runs its last
     /// query), so terminate it instead of waiting for it.
     pub take_over_slot: bool,
+    /// How row-level security is checked (batching, shards, timeout).
+    pub rls: pipeline::RlsOptions,
 }
 
 /// Connect, logging (not panicking) when the connection ends.
@@ -176,6 +182,7 @@ async fn session(
         cfg.origin.clone(),
         catalog,
         cfg.database_url.clone(),
+        cfg.rls.clone(),
     )
     .await?;
     match cfg.source {

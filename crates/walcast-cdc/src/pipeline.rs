@@ -12,7 +12,7 @@ use walcast_bus::{
 };
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
-use crate::authorize::authorize;
+use crate::authorize::{authorize_batch, PendingChange, RlsMode};
 use crate::event::{build_event, TxnContext};
 use crate::matcher::{Matcher, RowView};
 use crate::registry::{TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
@@ -34,10 +34,47 @@ pub enum LineOutcome {
     },
 }
 
+/// How changes are authorized: see [`crate::authorize`].
+#[derive(Clone, Debug)]
+pub struct RlsOptions {
+    pub mode: RlsMode,
+    /// Changes held for one authorization round (and published after it), at most.
+    pub max_batch: usize,
+    /// RLS checkers, each with its own connection; a project always uses the same one,
+    /// so its changes leave in order while other projects' checks run beside it.
+    pub shards: usize,
+    /// `statement_timeout` of each check, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl Default for RlsOptions {
+    fn default() -> Self {
+        RlsOptions {
+            mode: RlsMode::Batched,
+            max_batch: 1000,
+            shards: 4,
+            timeout_ms: 5000,
+        }
+    }
+}
+
+/// A stable shard for a project (FNV-1a), so routing survives restarts.
+pub fn shard_of(project: &str, shards: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in project.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % shards.max(1) as u64) as usize
+}
+
 pub struct Pipeline {
     bus: Bus,
     matcher: Arc<Matcher>,
-    rls: RlsChecker,
+    shards: Vec<RlsChecker>,
+    rls_opts: RlsOptions,
+    /// Decoded changes waiting to be authorized and published, in WAL order.
+    pending: Vec<PendingChange>,
     origin: String,
     catalog: Client,
     types: TypeCache,
@@ -54,12 +91,17 @@ impl Pipeline {
         origin: String,
         catalog: Client,
         database_url: String,
+        rls_opts: RlsOptions,
     ) -> Result<Pipeline, CdcError> {
         let types = TypeCache::load(&catalog).await?;
         Ok(Pipeline {
             bus,
             matcher,
-            rls: RlsChecker::new(database_url),
+            shards: (0..rls_opts.shards.max(1))
+                .map(|_| RlsChecker::new(database_url.clone()))
+                .collect(),
+            rls_opts,
+            pending: Vec::new(),
             origin,
             catalog,
             types,
@@ -100,6 +142,9 @@ impl Pipeline {
 
     /// Forget a partial transaction (the source restarts from the last acknowledged commit).
     pub fn reset(&mut self) {
+        // Only changes of a transaction cut short can be left here (a commit is always
+        // followed by a barrier, which publishes): they are read again.
+        self.pending.clear();
         self.txn = None;
         self.seq = 0;
         self.registry_changed = false;
@@ -196,7 +241,7 @@ impl Pipeline {
             // A type created after start (an enum, a domain …).
             self.types.reload(&self.catalog).await?;
         }
-        let mut event = build_event(project, kind, row, txn, self.seq, &self.types)?;
+        let event = build_event(project, kind, row, txn, self.seq, &self.types)?;
         // Filters see the old row for a DELETE; otherwise the new one, with unchanged
         // TOASTed values taken from the old row.
         let view = if kind == ChangeKind::Delete {
@@ -217,22 +262,108 @@ impl Pipeline {
             &view,
         );
         drop(view);
-        if !matched.is_empty() {
-            let audience = authorize(&mut self.rls, kind, row, &event, matched).await?;
+        let row_text = if matched.is_empty() || kind == ChangeKind::Delete {
+            Vec::new()
+        } else {
+            let mut cols: Vec<(String, Option<String>)> = row
+                .columns
+                .iter()
+                .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
+                .collect();
+            for old in &row.identity {
+                if !cols.iter().any(|(n, _)| n == old.name.as_ref()) {
+                    cols.push((old.name.to_string(), old.text().map(|t| t.into_owned())));
+                }
+            }
+            cols
+        };
+        self.seq += 1;
+        self.pending.push(PendingChange {
+            event,
+            matched,
+            row: row_text,
+        });
+        let limit = match self.rls_opts.mode {
+            RlsMode::Naive => 1,
+            RlsMode::Batched => self.rls_opts.max_batch.max(1),
+        };
+        if self.pending.len() >= limit {
+            self.flush().await?;
+        }
+        Ok(LineOutcome::Continue)
+    }
+
+    /// Changes are waiting to be authorized and published.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Authorize the held changes (each shard one round trip, shards side by side) and
+    /// hand them to the bus in WAL order.
+    pub async fn flush(&mut self) -> Result<(), CdcError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.pending);
+        let n = self.shards.len();
+        let mut parts: Vec<Vec<PendingChange>> = (0..n).map(|_| Vec::new()).collect();
+        let mut order: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
+        for change in batch {
+            let s = shard_of(&change.event.project, n);
+            let part = &mut parts[s];
+            order.push((s, part.len()));
+            part.push(change);
+        }
+        let started = std::time::Instant::now();
+        let mode = self.rls_opts.mode;
+        let timeout = self.rls_opts.timeout_ms;
+        let audiences = futures_util::future::join_all(self.shards.iter_mut().zip(&parts).map(
+            |(rls, part)| async move {
+                if part.iter().all(|c| c.matched.is_empty()) {
+                    return Ok(vec![Vec::new(); part.len()]);
+                }
+                authorize_batch(rls, part, mode, timeout).await
+            },
+        ))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, CdcError>>()?;
+        metrics::histogram!("walcast_cdc_authorize_seconds")
+            .record(started.elapsed().as_secs_f64());
+        tracing::debug!(
+            changes = order.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "batch authorized"
+        );
+        let mut parts: Vec<std::vec::IntoIter<PendingChange>> =
+            parts.into_iter().map(Vec::into_iter).collect();
+        for (s, j) in order {
+            let Some(mut change) = parts.get_mut(s).and_then(Iterator::next) else {
+                continue;
+            };
+            let audience = audiences
+                .get(s)
+                .and_then(|a| a.get(j))
+                .cloned()
+                .unwrap_or_default();
             for (columns, ids) in audience {
                 if let Some(cols) = columns {
-                    event.restricted.push(Restriction {
+                    change.event.restricted.push(Restriction {
                         columns: cols.into_iter().collect(),
                         subs: ids.clone(),
                     });
                 }
-                event.subs.extend(ids);
+                change.event.subs.extend(ids);
             }
+            self.publish(&change.event).await?;
         }
-        self.seq += 1;
-        let subject = change_subject(project, &event.schema, &event.table);
+        Ok(())
+    }
+
+    async fn publish(&self, event: &walcast_bus::ChangeEvent) -> Result<(), CdcError> {
+        let subject = change_subject(&event.project, &event.schema, &event.table);
         let payload =
-            Bytes::from(serde_json::to_vec(&event).map_err(crate::event::EventError::Json)?);
+            Bytes::from(serde_json::to_vec(event).map_err(crate::event::EventError::Json)?);
         let lsn = event.commit_lsn.to_string();
         let seq = event.seq.to_string();
         self.bus
@@ -247,11 +378,12 @@ impl Pipeline {
             )
             .await?;
         metrics::counter!("walcast_cdc_changes_published_total").increment(1);
-        Ok(LineOutcome::Continue)
+        Ok(())
     }
 
-    /// Wait until everything handed to the bus has reached it.
-    pub async fn barrier(&self) -> Result<(), CdcError> {
+    /// Publish what is held, then wait until everything handed to the bus has reached it.
+    pub async fn barrier(&mut self) -> Result<(), CdcError> {
+        self.flush().await?;
         Ok(self.bus.barrier().await?)
     }
 }

@@ -3,28 +3,42 @@
 //! A subscriber receives an INSERT or UPDATE only if a `SELECT` of that row by primary
 //! key, run with its JWT `role` as the Postgres role and its claims in
 //! `request.jwt.claims` (both set with `set_config(…, true)` and bound parameters, in a
-//! transaction that is always rolled back), returns it. Subscribers with the same role and
-//! claims share one check. Only columns the role may `SELECT` are sent. A DELETE goes to
+//! transaction that is always rolled back), returns it, *and* the row still holds the
+//! change's values in that same snapshot: a change is never judged by a later version of
+//! its row (a version that has since been replaced is withheld from RLS-checked
+//! subscribers; the newer version is judged on its own). Checks are batched: see
+//! [`crate::rls_check`]. Only columns the role may `SELECT` are sent. A DELETE goes to
 //! every subscriber whose role may read the table; with RLS on, its `old_record` holds
-//! only the primary key (as with Supabase). Any error in a check denies that subscriber
-//! only, is logged and counted.
+//! only the primary key (as with Supabase). Any error in a check denies the subscribers
+//! of that check only, is logged and counted.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
+use crate::rls_check::{run_checks, CheckOptions, TableCheck, TableOutcome};
+use crate::rls_sql::CatalogColumn;
 use crate::sql::qualified;
 use crate::CdcError;
 
 /// How long table facts (RLS flag, privileges, key types) are trusted before re-reading.
 const CACHE_TTL: Duration = Duration::from_secs(5);
 
+/// What the catalog says about a streamed table.
+#[derive(Clone, Debug, Default)]
+pub struct TableInfo {
+    /// Row-level security is enabled.
+    pub rls: bool,
+    /// Primary-key columns with their SQL type (`format_type`), in key order.
+    pub pk: Vec<CatalogColumn>,
+    /// Every column with its SQL type, in table order.
+    pub columns: Vec<CatalogColumn>,
+}
+
 #[derive(Clone, Debug)]
 struct TableFacts {
-    rls: bool,
-    /// Primary-key columns with their SQL type (`format_type`), in key order.
-    pk: Vec<(String, String)>,
+    info: TableInfo,
     at: Instant,
 }
 
@@ -46,8 +60,10 @@ pub struct Access {
 pub struct RlsChecker {
     database_url: String,
     client: Option<Client>,
-    /// The last transaction known to be visible to new snapshots.
-    visible_xid: Option<u32>,
+    /// Transactions known to be visible to new snapshots (the last batch's).
+    visible_xids: HashSet<u32>,
+    /// Prepared statements of this session, by SQL text.
+    statements: HashMap<String, Statement>,
     tables: HashMap<(String, String), TableFacts>,
     roles: HashMap<(String, String, String), RoleFacts>,
 }
@@ -57,7 +73,8 @@ impl RlsChecker {
         RlsChecker {
             database_url,
             client: None,
-            visible_xid: None,
+            visible_xids: HashSet::new(),
+            statements: HashMap::new(),
             tables: HashMap::new(),
             roles: HashMap::new(),
         }
@@ -65,6 +82,7 @@ impl RlsChecker {
 
     async fn client(&mut self) -> Result<&Client, CdcError> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            self.statements.clear();
             self.client = Some(crate::connect(&self.database_url).await?);
         }
         match self.client.as_ref() {
@@ -73,15 +91,11 @@ impl RlsChecker {
         }
     }
 
-    /// Is RLS enabled on the table, and what is its primary key?
-    pub async fn table(
-        &mut self,
-        schema: &str,
-        table: &str,
-    ) -> Result<(bool, Vec<(String, String)>), CdcError> {
+    /// Is RLS enabled on the table, what are its key and its columns?
+    pub async fn table(&mut self, schema: &str, table: &str) -> Result<TableInfo, CdcError> {
         let key = (schema.to_string(), table.to_string());
         if let Some(f) = self.tables.get(&key).filter(|f| f.at.elapsed() < CACHE_TTL) {
-            return Ok((f.rls, f.pk.clone()));
+            return Ok(f.info.clone());
         }
         let client = self.client().await?;
         let rel = qualified(schema, table);
@@ -106,16 +120,28 @@ impl RlsChecker {
             .await?
             .iter()
             .map(|r| (r.get(0), r.get(1)))
-            .collect::<Vec<(String, String)>>();
+            .collect();
+        let columns = client
+            .query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+                   FROM pg_attribute a
+                  WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+                  ORDER BY a.attnum",
+                &[&rel],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let info = TableInfo { rls, pk, columns };
         self.tables.insert(
             key,
             TableFacts {
-                rls,
-                pk: pk.clone(),
+                info: info.clone(),
                 at: Instant::now(),
             },
         );
-        Ok((rls, pk))
+        Ok(info)
     }
 
     /// The columns `role` may SELECT (None: not the table at all, or no such role).
@@ -175,11 +201,18 @@ impl RlsChecker {
         }))
     }
 
-    /// Wait (bounded) until transaction `xid` is visible to new snapshots. The streaming
-    /// source can receive a commit before the committing backend has left the process
-    /// array, and a check run in that instant would not see the row yet.
-    pub async fn wait_visible(&mut self, xid: u32) -> Result<(), CdcError> {
-        if self.visible_xid == Some(xid) {
+    /// Wait (bounded) until every transaction of `xids` is visible to new snapshots. The
+    /// streaming source can receive a commit before the committing backend has left the
+    /// process array, and a check run in that instant would not see the row yet.
+    pub async fn wait_visible(&mut self, xids: &[u32]) -> Result<(), CdcError> {
+        let mut pending: Vec<i64> = xids
+            .iter()
+            .filter(|x| !self.visible_xids.contains(x))
+            .map(|x| i64::from(*x))
+            .collect();
+        pending.sort_unstable();
+        pending.dedup();
+        if pending.is_empty() {
             return Ok(());
         }
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -189,23 +222,23 @@ impl RlsChecker {
             // 32-bit id is ahead of xmax's low half (it belongs to the previous epoch).
             let visible: bool = client
                 .query_one(
-                    "SELECT pg_visible_in_snapshot(
+                    "SELECT coalesce(bool_and(pg_visible_in_snapshot(
                          ((((pg_snapshot_xmax(s)::text::bigint >> 32)
-                            - CASE WHEN $1::bigint > (pg_snapshot_xmax(s)::text::bigint & 4294967295)
-                                   THEN 1 ELSE 0 END) << 32) | $1::bigint)::text::xid8, s)
-                       FROM pg_current_snapshot() s",
-                    &[&i64::from(xid)],
+                            - CASE WHEN x > (pg_snapshot_xmax(s)::text::bigint & 4294967295)
+                                   THEN 1 ELSE 0 END) << 32) | x)::text::xid8, s)), true)
+                       FROM pg_current_snapshot() s, unnest($1::bigint[]) x",
+                    &[&pending],
                 )
                 .await?
                 .get(0);
             if visible {
-                self.visible_xid = Some(xid);
+                self.visible_xids = xids.iter().copied().collect();
                 return Ok(());
             }
             if Instant::now() > deadline {
                 tracing::warn!(
-                    xid,
-                    "transaction still not visible after 2 s; checking anyway"
+                    xids = ?pending,
+                    "transactions still not visible after 2 s; checking anyway"
                 );
                 return Ok(());
             }
@@ -213,53 +246,22 @@ impl RlsChecker {
         }
     }
 
-    /// Does `SELECT … WHERE pk = values` as `role` with `claims` return the row? Errors
-    /// (an unknown role, a policy that raises …) are returned, for the caller to deny.
-    pub async fn visible(
+    /// Run a batch of checks in one round trip (see [`crate::rls_check`]).
+    pub async fn check(
         &mut self,
-        schema: &str,
-        table: &str,
-        pk: &[(String, String)],
-        values: &[Option<String>],
-        role: &str,
-        claims: &str,
-    ) -> Result<bool, CdcError> {
-        let mut sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE ",
-            qualified(schema, table)
-        );
-        for (i, (name, ty)) in pk.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(" AND ");
-            }
-            // `ty` is format_type() output from the catalog: valid SQL, not user input.
-            sql.push_str(&format!(
-                "{} = ${}::text::{}",
-                crate::sql::quote_ident(name),
-                i + 1,
-                ty
-            ));
+        tables: &[TableCheck],
+        opts: &CheckOptions,
+    ) -> Result<Vec<TableOutcome>, CdcError> {
+        self.client().await?;
+        let result = match self.client.as_ref() {
+            Some(client) => run_checks(client, &mut self.statements, tables, opts).await,
+            None => Err(CdcError::SlotMissing("rls connection".into())),
+        };
+        if result.is_err() {
+            // The session may be mid-transaction: start over on a fresh one.
+            self.client = None;
+            self.statements.clear();
         }
-        sql.push(')');
-        let client = self.client().await?;
-        client.batch_execute("BEGIN").await?;
-        let result = async {
-            client
-                .query_one(
-                    "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true)",
-                    &[&role, &claims],
-                )
-                .await?;
-            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
-                .iter()
-                .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
-                .collect();
-            let row = client.query_one(sql.as_str(), &params).await?;
-            Ok::<bool, tokio_postgres::Error>(row.get(0))
-        }
-        .await;
-        // Always rolled back: nothing a check does survives it.
-        client.batch_execute("ROLLBACK").await?;
-        Ok(result?)
+        result
     }
 }

@@ -87,6 +87,9 @@ impl<'a> Streamer<'a> {
         let mut refreshed_at = Instant::now();
         loop {
             tokio::select! {
+                // Lines already received come first; held changes are authorized and
+                // published as soon as nothing more is waiting (or a batch is full).
+                biased;
                 _ = cancel.cancelled() => {
                     self.ack(&mut stream, handled).await?;
                     let _ = stream.stop().await;
@@ -135,6 +138,9 @@ impl<'a> Streamer<'a> {
                             stream.send_status(self.confirmed, false).await?;
                         }
                     }
+                },
+                _ = std::future::ready(()), if self.pipeline.has_pending() => {
+                    self.pipeline.flush().await?;
                 }
             }
         }

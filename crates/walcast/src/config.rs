@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use walcast_cdc::{CdcConfig, PollerConfig, SourceKind};
+use walcast_cdc::{CdcConfig, PollerConfig, RlsMode, RlsOptions, SourceKind};
 use walcast_lease::LeaseMode;
 
 #[derive(Args, Clone, Debug)]
@@ -36,9 +36,22 @@ pub struct CdcArgs {
     /// Name of the logical replication slot (created with wal2json when missing).
     #[arg(long, env = "CDC_SLOT_NAME", default_value = "walcast_cdc_slot")]
     pub slot_name: String,
-    /// Number of shards for per-subscriber work (routed by hash of project).
-    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = 4)]
-    pub num_shards: usize,
+    /// Row-level-security checkers, each with its own Postgres connection; a project is
+    /// routed to one by hash, so its changes stay in order while projects are checked
+    /// side by side.
+    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub num_shards: u16,
+    /// Changes authorized together: one statement per (table, role, claims) covers them all.
+    #[arg(long, env = "CDC_RLS_BATCH", default_value_t = 1000)]
+    pub rls_batch: usize,
+    /// `batched` (default) or `naive`: one check per subscriber per change, one statement
+    /// per round trip. Naive exists to measure what batching saves; do not run it.
+    #[arg(long, env = "CDC_RLS_MODE", default_value = "batched")]
+    pub rls_mode: RlsModeArg,
+    /// statement_timeout of each RLS check, in milliseconds: a slow policy denies its
+    /// subscribers instead of stalling the stream.
+    #[arg(long, env = "CDC_RLS_CHECK_TIMEOUT_MS", default_value_t = 5000)]
+    pub rls_check_timeout_ms: u64,
     /// Rows per peek to start with; the poller grows it while polls come back full.
     #[arg(long, env = "CDC_POLL_BATCH", default_value_t = 1000)]
     pub poll_batch: usize,
@@ -57,6 +70,12 @@ pub struct CdcArgs {
     pub allow_unbounded_wal: bool,
     #[command(flatten)]
     pub lease: LeaseArgs,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RlsModeArg {
+    Batched,
+    Naive,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -85,6 +104,15 @@ impl CdcArgs {
             ack_interval: Duration::from_millis(self.ack_interval_ms),
             origin: origin.to_string(),
             take_over_slot: self.lease.lease_mode != LeaseMode::None,
+            rls: RlsOptions {
+                mode: match self.rls_mode {
+                    RlsModeArg::Batched => RlsMode::Batched,
+                    RlsModeArg::Naive => RlsMode::Naive,
+                },
+                max_batch: self.rls_batch.max(1),
+                shards: usize::from(self.num_shards),
+                timeout_ms: self.rls_check_timeout_ms,
+            },
             poller: PollerConfig {
                 slot: self.slot_name.clone(),
                 min_batch: self.poll_batch,
