@@ -5,6 +5,7 @@
 mod cdc;
 mod env;
 mod latency;
+mod rls;
 mod ws;
 mod ws_server;
 
@@ -28,6 +29,9 @@ enum Bench {
     /// deliveries/s, commit-to-client latency, memory per idle connection, against a
     /// minimal WebSocket fan-out server.
     Ws(ws::WsBench),
+    /// Row-level security: N subscribers with distinct claims on one RLS table, batched
+    /// checks vs one check per subscriber per change: deliveries/s and p99 latency.
+    Rls(rls::RlsBench),
     /// (internal) `walcast serve` with the in-process bus, run as the `ws` child.
     #[command(hide = true)]
     WsServer(Box<ws_server::ServerArgs>),
@@ -42,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Cdc(args) => cdc::run(args).await,
         Bench::Latency(args) => latency::run(args).await,
         Bench::Ws(args) => ws::run(args).await,
+        Bench::Rls(args) => rls::run(args).await,
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
     }

@@ -392,7 +392,7 @@ impl Server {
     }
 }
 
-async fn http_get(port: u16, path: &str) -> Option<String> {
+pub(crate) async fn http_get(port: u16, path: &str) -> Option<String> {
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -518,7 +518,7 @@ impl Stats {
 }
 
 /// `"key":<integer>` inside the `record` of a `postgres_changes` frame.
-fn record_int(text: &str, key: &str) -> Option<i64> {
+pub(crate) fn record_int(text: &str, key: &str) -> Option<i64> {
     let rec = text.find("\"record\":{")?;
     let rest = &text[rec..];
     let k = rest.find(key)?;
