@@ -17,6 +17,9 @@ use walcast_bus::subs::BoxFuture;
 use crate::projects::{self, ProjectError};
 use crate::registry::{self, RegistryError};
 
+/// Statements of an admin request wait this long for a table lock.
+const LOCK_TIMEOUT: &str = "SET lock_timeout = '3s'";
+
 /// Answers admin requests with one lazily (re)connected database session.
 #[derive(Clone)]
 pub struct Admin {
@@ -41,7 +44,13 @@ impl Admin {
     async fn answer(&self, req: AdminRequest) -> Result<AdminReply, AdminError> {
         let mut guard = self.inner.client.lock().await;
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
-            match crate::connect(&self.inner.database_url).await {
+            // A busy table must not hold every admin request (and the fronts' project
+            // refreshes) behind `ALTER TABLE … REPLICA IDENTITY FULL`.
+            let connected = match crate::connect(&self.inner.database_url).await {
+                Ok(c) => c.batch_execute(LOCK_TIMEOUT).await.map(|_| c),
+                Err(e) => Err(e),
+            };
+            match connected {
                 Ok(c) => *guard = Some(c),
                 Err(e) => {
                     let message = format!("database: {}", crate::db_message(&e));
@@ -129,6 +138,12 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
             enabled,
         } => {
             let schema = schema_of(client, &project).await?;
+            if table.is_empty() || table.contains('\0') {
+                // Postgres text cannot hold NUL: no such table can exist.
+                return Err(
+                    RegistryError::UnknownTable(crate::sql::qualified(&schema, &table)).into(),
+                );
+            }
             let changed = if enabled {
                 let changed = registry::enable(client, &project, &schema, &table).await?;
                 tracing::info!(%project, %schema, %table, changed, "realtime enabled");
