@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use walcast_protocol::Vsn;
 
+use crate::auth::AuthError;
 use crate::limits::ConnSlot;
 use crate::state::Shared;
 use crate::{broadcast, conn, sse};
@@ -19,6 +20,14 @@ use crate::{broadcast, conn, sse};
 /// `{"error": msg}` with a status.
 pub(crate) fn error_response(status: StatusCode, msg: &str) -> Response {
     (status, Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
+/// 503 when the project directory could not be asked, else 401.
+pub(crate) fn auth_status(e: &AuthError) -> StatusCode {
+    match e {
+        AuthError::DirectoryUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::UNAUTHORIZED,
+    }
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -45,11 +54,11 @@ async fn websocket(
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     let apikey = q.get("apikey").cloned().unwrap_or_default();
-    let socket_auth = match shared.projects.verify(&apikey) {
+    let socket_auth = match shared.projects.verify(&apikey).await {
         Ok(v) => v,
         Err(e) => {
             crate::telemetry::error("auth");
-            return error_response(StatusCode::UNAUTHORIZED, &e.to_string());
+            return error_response(auth_status(&e), &e.to_string());
         }
     };
     let ws = match ws {
