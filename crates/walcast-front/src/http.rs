@@ -1,4 +1,5 @@
-//! HTTP routes: the WebSocket upgrade, SSE and the broadcast REST API.
+//! HTTP routes: the WebSocket upgrade, SSE, the broadcast REST API and the REST API that
+//! enables realtime per table.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,14 +9,14 @@ use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use walcast_protocol::Vsn;
 
 use crate::auth::AuthError;
 use crate::limits::ConnSlot;
 use crate::state::Shared;
-use crate::{broadcast, conn, sse};
+use crate::{broadcast, conn, realtime_api, sse};
 
 /// `{"error": msg}` with a status.
 pub(crate) fn error_response(status: StatusCode, msg: &str) -> Response {
@@ -39,6 +40,16 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(
             "/realtime/v1/api/broadcast/{topic}/events/{event}",
             post(broadcast::rest_single),
+        )
+        .route(
+            "/v1/db/{project_id}/schema/tables/{table}/realtime",
+            put(realtime_api::put)
+                .delete(realtime_api::delete)
+                .get(realtime_api::get_one),
+        )
+        .route(
+            "/v1/db/{project_id}/realtime/tables",
+            get(realtime_api::list),
         )
         .with_state(shared)
 }

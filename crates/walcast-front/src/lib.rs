@@ -43,6 +43,7 @@ mod limits;
 mod outbound;
 pub mod presence;
 pub mod projects;
+mod realtime_api;
 mod registry;
 mod sse;
 mod state;
@@ -68,6 +69,7 @@ pub use kv_presence::{KvPresence, DEFAULT_PRESENCE_TTL, PRESENCE_BUCKET};
 pub use outbound::{CLOSE_SLOW_CONSUMER, REASON_SLOW_CONSUMER};
 pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore, RemoteDiffs};
 pub use projects::{DirectoryConfig, Projects};
+pub use realtime_api::API_ERRORS;
 pub use topics::TopicKey;
 
 use state::Shared;
