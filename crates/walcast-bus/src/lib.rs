@@ -4,7 +4,9 @@
 //!   whatever it contains, maps to a valid subject token and back.
 //! * [`event`]: the JSON change event published for every row change.
 //! * [`Bus`]: publish, barrier and subscribe over core NATS or in process.
+//! * [`subs`] and [`admin`]: request/reply between the fronts and the cdc-worker.
 
+pub mod admin;
 mod bus;
 pub mod event;
 mod local;

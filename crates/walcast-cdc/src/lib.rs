@@ -2,6 +2,7 @@
 //! registry, and the peek → publish → advance poller that never acknowledges a
 //! transaction before all of its changes reached the bus.
 
+pub mod admin;
 pub mod authorize;
 pub mod event;
 pub mod health;
@@ -10,6 +11,7 @@ pub mod migrate;
 pub mod pipeline;
 pub mod poller;
 pub mod preflight;
+pub mod projects;
 pub mod registrar;
 pub mod registry;
 pub mod rls;

@@ -15,6 +15,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "supabase_helpers",
         include_str!("../../../sql/0002_supabase_helpers.sql"),
     ),
+    (
+        3,
+        "projects",
+        include_str!("../../../sql/0003_projects.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -32,8 +32,8 @@ pub enum RegistryError {
     Db(#[from] tokio_postgres::Error),
 }
 
-/// Does the table exist, and does it have a primary key?
-async fn inspect<C: GenericClient>(
+/// Does the table exist (`None` if not), and does it have a primary key?
+pub async fn inspect<C: GenericClient>(
     client: &C,
     schema: &str,
     table: &str,
@@ -50,13 +50,14 @@ async fn inspect<C: GenericClient>(
 }
 
 /// Enable streaming of `schema.table` for `project` and set `REPLICA IDENTITY FULL` so
-/// UPDATE and DELETE carry the old row. Idempotent.
+/// UPDATE and DELETE carry the old row. Idempotent; returns whether it was not enabled
+/// before.
 pub async fn enable<C: GenericClient>(
     client: &C,
     project: &str,
     schema: &str,
     table: &str,
-) -> Result<(), RegistryError> {
+) -> Result<bool, RegistryError> {
     let name = qualified(schema, table);
     match inspect(client, schema, table).await? {
         None => return Err(RegistryError::UnknownTable(name)),
@@ -66,14 +67,14 @@ pub async fn enable<C: GenericClient>(
     client
         .batch_execute(&format!("ALTER TABLE {name} REPLICA IDENTITY FULL"))
         .await?;
-    client
+    let n = client
         .execute(
             "INSERT INTO walcast.realtime_tables (project_id, schema_name, table_name)
              VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
             &[&project, &schema, &table],
         )
         .await?;
-    Ok(())
+    Ok(n > 0)
 }
 
 /// Stop streaming a table. Returns whether it was enabled.

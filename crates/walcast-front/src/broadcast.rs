@@ -189,7 +189,7 @@ fn relay_one(shared: &Shared, msg: &BusMessage) {
 }
 
 /// Authorise a REST broadcast: `(project, may_send_private)`.
-fn rest_auth(
+async fn rest_auth(
     shared: &Shared,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
@@ -207,12 +207,12 @@ fn rest_auth(
         .or(query.get("apikey").map(String::as_str))
         .map(str::trim)
         .unwrap_or("");
-    match shared.projects.verify(token) {
+    match shared.projects.verify(token).await {
         Ok(v) => {
             let service = v.role() == Some("service_role");
             Ok((v.project, service))
         }
-        Err(e) => Err((StatusCode::UNAUTHORIZED, e.to_string())),
+        Err(e) => Err((crate::http::auth_status(&e), e.to_string())),
     }
 }
 
@@ -238,7 +238,7 @@ pub(crate) async fn rest_batch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (project, service) = match rest_auth(&shared, &headers, &query) {
+    let (project, service) = match rest_auth(&shared, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
@@ -295,7 +295,7 @@ pub(crate) async fn rest_single(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (project, service) = match rest_auth(&shared, &headers, &query) {
+    let (project, service) = match rest_auth(&shared, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };

@@ -167,13 +167,22 @@ impl Conn {
             .access_token
             .filter(|t| !t.is_empty() && !t.starts_with("sb_"))
             .unwrap_or_else(|| self.apikey.clone());
-        let auth = match self.verify(&token) {
+        let auth = match self.verify(&token).await {
             Ok(v) => v,
             Err(e) => {
                 telemetry::error("auth");
                 return self.join_error(f, e.code(), &e.to_string());
             }
         };
+        // Tenant isolation: only the project's own schema (the worker also refuses any
+        // table not enabled for this project).
+        if let Some(e) = bindings
+            .iter()
+            .find_map(|b| auth.check_schema(&b.schema).err())
+        {
+            telemetry::error("schema_not_allowed");
+            return self.join_error(f, e.code(), &e.to_string());
+        }
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);
         let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
@@ -284,8 +293,12 @@ impl Conn {
         );
     }
 
-    fn verify(&self, token: &str) -> Result<Verified, AuthError> {
-        let v = self.shared.projects.verify_for(&self.project, token)?;
+    async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
+        let v = self
+            .shared
+            .projects
+            .verify_for(&self.project, token)
+            .await?;
         v.require_role_and_exp()?;
         Ok(v)
     }
@@ -358,7 +371,7 @@ impl Conn {
         if ch.token == token {
             return;
         }
-        let auth = match self.verify(&token) {
+        let auth = match self.verify(&token).await {
             Ok(v) => v,
             Err(e) => {
                 telemetry::error("auth");

@@ -1,4 +1,5 @@
-//! HTTP routes: the WebSocket upgrade, SSE and the broadcast REST API.
+//! HTTP routes: the WebSocket upgrade, SSE, the broadcast REST API and the REST API that
+//! enables realtime per table.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,17 +9,26 @@ use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use walcast_protocol::Vsn;
 
+use crate::auth::AuthError;
 use crate::limits::ConnSlot;
 use crate::state::Shared;
-use crate::{broadcast, conn, sse};
+use crate::{broadcast, conn, realtime_api, sse};
 
 /// `{"error": msg}` with a status.
 pub(crate) fn error_response(status: StatusCode, msg: &str) -> Response {
     (status, Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
+/// 503 when the project directory could not be asked, else 401.
+pub(crate) fn auth_status(e: &AuthError) -> StatusCode {
+    match e {
+        AuthError::DirectoryUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::UNAUTHORIZED,
+    }
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -30,6 +40,16 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(
             "/realtime/v1/api/broadcast/{topic}/events/{event}",
             post(broadcast::rest_single),
+        )
+        .route(
+            "/v1/db/{project_id}/schema/tables/{table}/realtime",
+            put(realtime_api::put)
+                .delete(realtime_api::delete)
+                .get(realtime_api::get_one),
+        )
+        .route(
+            "/v1/db/{project_id}/realtime/tables",
+            get(realtime_api::list),
         )
         .with_state(shared)
 }
@@ -45,11 +65,11 @@ async fn websocket(
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     let apikey = q.get("apikey").cloned().unwrap_or_default();
-    let socket_auth = match shared.projects.verify(&apikey) {
+    let socket_auth = match shared.projects.verify(&apikey).await {
         Ok(v) => v,
         Err(e) => {
             crate::telemetry::error("auth");
-            return error_response(StatusCode::UNAUTHORIZED, &e.to_string());
+            return error_response(auth_status(&e), &e.to_string());
         }
     };
     let ws = match ws {

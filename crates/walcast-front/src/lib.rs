@@ -42,6 +42,8 @@ pub mod kv_presence;
 mod limits;
 mod outbound;
 pub mod presence;
+pub mod projects;
+mod realtime_api;
 mod registry;
 mod sse;
 mod state;
@@ -58,7 +60,7 @@ use walcast_bus::subject::REALTIME_ALL;
 use walcast_bus::subs::{SubsClient, SUBJECT_RESYNC};
 use walcast_bus::{Bus, BusError};
 
-pub use auth::{AuthError, Projects, Verified, DEFAULT_PROJECT};
+pub use auth::{AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 pub use broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 pub use channel::SUBSCRIBED;
 pub use config::FrontConfig;
@@ -66,6 +68,8 @@ pub use conn::{CLOSE_GOING_AWAY, CLOSE_TOO_BIG};
 pub use kv_presence::{KvPresence, DEFAULT_PRESENCE_TTL, PRESENCE_BUCKET};
 pub use outbound::{CLOSE_SLOW_CONSUMER, REASON_SLOW_CONSUMER};
 pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore, RemoteDiffs};
+pub use projects::{DirectoryConfig, Projects};
+pub use realtime_api::API_ERRORS;
 pub use topics::TopicKey;
 
 use state::Shared;
@@ -161,6 +165,7 @@ impl Front {
         if let Some(rx) = remote_diffs {
             tracker.spawn(presence::remote_loop(shared.clone(), rx, cancel.clone()));
         }
+        tracker.spawn(shared.projects.clone().refresh_loop(cancel.clone()));
         tracker.spawn(sse::reaper(shared.clone(), cancel));
         tracing::info!(front = %shared.front_id, bus = shared.bus.kind(), "realtime front started");
         Ok(Front { shared })

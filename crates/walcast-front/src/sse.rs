@@ -167,7 +167,8 @@ fn bad(msg: impl AsRef<str>) -> Response {
     error_response(StatusCode::BAD_REQUEST, msg.as_ref())
 }
 
-fn binding_from(p: &SseParams) -> Result<PgChangeBinding, String> {
+/// The binding an SSE request asks for; `schema` defaults to the project's own.
+fn binding_from(p: &SseParams, project_schema: &str) -> Result<PgChangeBinding, String> {
     let mut m = Map::new();
     m.insert(
         "event".into(),
@@ -175,7 +176,7 @@ fn binding_from(p: &SseParams) -> Result<PgChangeBinding, String> {
     );
     m.insert(
         "schema".into(),
-        Value::from(p.schema.as_deref().unwrap_or("public")),
+        Value::from(p.schema.as_deref().unwrap_or(project_schema)),
     );
     if let Some(t) = p.table.as_deref().filter(|t| !t.is_empty()) {
         m.insert("table".into(), Value::from(t));
@@ -221,23 +222,28 @@ pub(crate) async fn handler(
                 .and_then(|v| v.strip_prefix("Bearer "))
         });
     let apikey = p.apikey.as_deref().or(header_key).unwrap_or("");
-    let socket = match shared.projects.verify(apikey) {
+    let socket = match shared.projects.verify(apikey).await {
         Ok(v) => v,
-        Err(e) => return error_response(StatusCode::UNAUTHORIZED, &e.to_string()),
+        Err(e) => return error_response(crate::http::auth_status(&e), &e.to_string()),
     };
     let token = p.access_token.as_deref().unwrap_or(apikey);
     let user = match shared
         .projects
         .verify_for(&socket.project, token)
+        .await
         .and_then(|v| v.require_role_and_exp().map(|_| v))
     {
         Ok(v) => v,
-        Err(e) => return error_response(StatusCode::UNAUTHORIZED, &e.to_string()),
+        Err(e) => return error_response(crate::http::auth_status(&e), &e.to_string()),
     };
-    let binding = match binding_from(&p) {
+    let binding = match binding_from(&p, &socket.schema) {
         Ok(b) => b,
         Err(e) => return bad(e),
     };
+    if let Err(e) = socket.check_schema(&binding.schema) {
+        crate::telemetry::error("schema_not_allowed");
+        return error_response(StatusCode::FORBIDDEN, &e.to_string());
+    }
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -496,13 +502,13 @@ mod tests {
 
     #[test]
     fn binding_defaults() {
-        let b = binding_from(&SseParams::default()).unwrap();
+        let b = binding_from(&SseParams::default(), "public").unwrap();
         assert_eq!(b.event, "*");
         assert_eq!(b.schema, "public");
         let bad = SseParams {
             event: Some("TRUNCATE".into()),
             ..SseParams::default()
         };
-        assert!(binding_from(&bad).is_err());
+        assert!(binding_from(&bad, "public").is_err());
     }
 }

@@ -9,9 +9,9 @@ use tokio_util::task::TaskTracker;
 use walcast_bus::subs::SubsClient;
 use walcast_bus::Bus;
 
-use crate::auth::Projects;
 use crate::config::FrontConfig;
 use crate::presence::PresenceStore;
+use crate::projects::Projects;
 use crate::registry::Registry;
 use crate::sse::SseHub;
 use crate::topics::Topics;

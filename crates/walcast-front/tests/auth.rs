@@ -188,7 +188,7 @@ async fn token_expiry_closes_the_channel() {
 #[tokio::test]
 async fn projects_are_selected_by_ref_and_isolated() {
     let s = start().await;
-    s.front.projects().insert("p2", "p2-secret");
+    s.front.projects().insert("p2", "p2_schema", "p2-secret");
     let key2 = token_with(
         "p2-secret",
         json!({"role":"anon","exp": now() + 60, "ref": "p2"}),
@@ -199,10 +199,28 @@ async fn projects_are_selected_by_ref_and_isolated() {
         .join("realtime:x", pg_config(json!([])), Some(&anon()))
         .await;
     assert_eq!(f[4]["status"], "error");
+    // Nor can p2 ask for the default project's schema: refused before the worker hears
+    // of it.
+    let (_, f) = c
+        .join(
+            "realtime:z",
+            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
+            None,
+        )
+        .await;
+    assert_eq!(f[4]["status"], "error", "{f}");
+    let reason = f[4]["response"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "Unauthorized: You do not have permissions to read from schema \"public\""
+        ),
+        "{reason}"
+    );
+    assert!(s.worker.registered().is_empty());
     let (_, f) = c
         .join(
             "realtime:y",
-            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
+            pg_config(json!([{"event":"*","schema":"p2_schema","table":"t"}])),
             None,
         )
         .await;

@@ -1,4 +1,5 @@
-//! Admin subcommands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`.
+//! Admin subcommands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`,
+//! `walcast key` (projects: [`crate::project`]).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -122,7 +123,7 @@ pub struct KeyArgs {
     #[arg(long, default_value = "anon")]
     pub role: String,
     /// Lifetime in seconds (the `exp` claim).
-    #[arg(long, default_value_t = 10 * 365 * 24 * 3600)]
+    #[arg(long, default_value_t = KEY_LIFETIME_SECS)]
     pub expires_in: u64,
     /// The `sub` claim (a user id), if any.
     #[arg(long)]
@@ -132,29 +133,41 @@ pub struct KeyArgs {
     pub project_ref: Option<String>,
 }
 
-/// Print a signed HS256 JWT (an API key like Supabase's anon / service_role keys).
-pub fn key(args: KeyArgs) -> anyhow::Result<()> {
+/// Lifetime of the keys `walcast project create` prints (and `walcast key`'s default).
+pub const KEY_LIFETIME_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// Sign an HS256 API key: `claims` plus `iss` = `walcast`, `iat` = now and
+/// `exp` = now + `expires_in` seconds.
+pub fn sign_key(
+    secret: &str,
+    mut claims: serde_json::Map<String, serde_json::Value>,
+    expires_in: u64,
+) -> anyhow::Result<String> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .context("system clock before 1970")?
         .as_secs();
-    let mut claims = serde_json::json!({
-        "role": args.role,
-        "iat": now,
-        "exp": now + args.expires_in,
-    });
-    if let Some(sub) = args.sub {
-        claims["sub"] = sub.into();
-    }
-    if let Some(r) = args.project_ref {
-        claims["ref"] = r.into();
-    }
-    let token = jsonwebtoken::encode(
+    claims.insert("iss".into(), "walcast".into());
+    claims.insert("iat".into(), now.into());
+    claims.insert("exp".into(), now.saturating_add(expires_in).into());
+    jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
-        &jsonwebtoken::EncodingKey::from_secret(args.jwt_secret.as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
     )
-    .context("signing the key")?;
-    println!("{token}");
+    .context("signing the key")
+}
+
+/// Print a signed HS256 JWT (an API key like Supabase's anon / service_role keys).
+pub fn key(args: KeyArgs) -> anyhow::Result<()> {
+    let mut claims = serde_json::Map::new();
+    claims.insert("role".into(), args.role.into());
+    if let Some(sub) = args.sub {
+        claims.insert("sub".into(), sub.into());
+    }
+    if let Some(r) = args.project_ref {
+        claims.insert("ref".into(), r.into());
+    }
+    println!("{}", sign_key(&args.jwt_secret, claims, args.expires_in)?);
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use walcast_bus::admin::AdminHandler;
 use walcast_bus::Bus;
 
 use walcast_cdc::registrar::Registrar;
@@ -117,6 +118,7 @@ pub async fn run(
     cdc: &CdcArgs,
     bus: Bus,
     registrar: Registrar,
+    admin: Arc<dyn AdminHandler>,
     front: Option<walcast_front::Front>,
     origin: String,
     listener: TcpListener,
@@ -167,15 +169,17 @@ pub async fn run(
     });
     tracing::info!(addr = ?addr, front = front.is_some(), lease = %mode, "serving HTTP");
 
-    // Everything only the leader does: answer subscription registrations, read the slot.
+    // Everything only the leader does: answer subscription registrations and admin
+    // requests, read the slot.
     let failure: Arc<std::sync::Mutex<Option<walcast_cdc::CdcError>>> = Arc::default();
     let lead = |term: CancellationToken| {
-        let (cfg, bus, matcher, health, registrar, failure, root) = (
+        let (cfg, bus, matcher, health, registrar, admin, failure, root) = (
             cfg.clone(),
             bus.clone(),
             matcher.clone(),
             health.clone(),
             registrar.clone(),
+            admin.clone(),
             failure.clone(),
             cancel.clone(),
         );
@@ -186,10 +190,14 @@ pub async fn run(
                 let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar);
                 let t = term.clone();
                 let task = tokio::spawn(async move {
-                    if let Err(e) =
-                        walcast_bus::subs::serve_nats(&bus, handler, t.cancelled_owned()).await
-                    {
+                    let subs = walcast_bus::subs::serve_nats(&bus, handler, t.cancelled());
+                    let admin = walcast_bus::admin::serve_nats(&bus, admin, t.cancelled());
+                    let (subs, admin) = tokio::join!(subs, admin);
+                    if let Err(e) = subs {
                         tracing::error!(error = %e, "subscription registry stopped");
+                    }
+                    if let Err(e) = admin {
+                        tracing::error!(error = %e, "admin requests stopped");
                     }
                 });
                 // Fronts answer the resync request by registering again: give them a
@@ -309,8 +317,9 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         walcast_cdc::matcher::Matcher::new(),
         cfg.db.database_url.clone(),
     );
+    let admin = Arc::new(walcast_cdc::admin::Admin::new(cfg.db.database_url.clone()));
     run(
-        &cfg.db, &cfg.cdc, bus, registrar, None, origin, listener, metrics, cancel,
+        &cfg.db, &cfg.cdc, bus, registrar, admin, None, origin, listener, metrics, cancel,
     )
     .await
 }

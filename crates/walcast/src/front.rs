@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use clap::Args;
 use tokio_util::sync::CancellationToken;
+use walcast_bus::admin::AdminClient;
 use walcast_bus::Bus;
-use walcast_front::{FrontConfig, KvPresence, MemoryPresence, PresenceStore, Projects};
+use walcast_front::{
+    DirectoryConfig, FrontConfig, KvPresence, MemoryPresence, PresenceStore, Projects,
+};
 
 #[derive(Args, Clone, Debug)]
 pub struct FrontArgs {
@@ -60,8 +63,9 @@ impl FrontArgs {
         }
     }
 
-    pub fn projects(&self) -> Projects {
-        Projects::new(&self.jwt_secret)
+    /// The default project (`JWT_SECRET`) plus the stored ones, learnt through `admin`.
+    pub fn projects(&self, admin: AdminClient) -> Projects {
+        Projects::with_directory(&self.jwt_secret, admin, DirectoryConfig::default())
     }
 
     /// The presence store for `bus`: shared through JetStream KV on NATS, per front in

@@ -25,6 +25,8 @@ enum Command {
     },
     /// Manage which tables are streamed.
     Realtime(RealtimeArgs),
+    /// Create and list projects (tenants with their own schema and keys).
+    Project(walcast::project::ProjectArgs),
     /// Print change events from NATS as JSON lines.
     Tail(TailArgs),
     /// Print a signed API key / access token (HS256 JWT) for a role.
@@ -83,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
         Command::Realtime(args) => walcast::admin::realtime(args).await,
+        Command::Project(args) => walcast::project::project(args).await,
         Command::Tail(args) => walcast::admin::tail(args).await,
         Command::Key(args) => walcast::admin::key(args),
     }

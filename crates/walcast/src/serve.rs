@@ -1,6 +1,7 @@
 //! The all-in-one process (`walcast serve`): the CDC pipeline and the realtime front on one
 //! bus. In process the front calls the worker's subscription registry directly; over NATS
-//! it uses request/reply like a separate ws-front.
+//! it uses request/reply like a separate ws-front. Admin requests (projects, the REST
+//! API) are always answered in process.
 
 use std::sync::Arc;
 
@@ -8,8 +9,10 @@ use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
 use walcast_bus::Bus;
+use walcast_cdc::admin::Admin;
 use walcast_cdc::matcher::Matcher;
 use walcast_cdc::registrar::Registrar;
 
@@ -30,13 +33,17 @@ pub async fn run(
     let registrar = Registrar::new(Matcher::new(), db.database_url.clone());
     let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
     let subs = SubsClient::new(&bus, Some(local))?;
+    // The front's admin requests (project directory, REST API) need only the database,
+    // which this process has: answered in process whoever leads.
+    let admin: Arc<dyn AdminHandler> = Arc::new(Admin::new(db.database_url.clone()));
+    let admin_client = AdminClient::new(&bus, Some(admin.clone()))?;
     let front_id = format!("front-{origin}");
     let presence = front_args.presence(&bus, &front_id, &cancel);
     let front = walcast_front::Front::start_with_presence(
         front_args.config(&front_id),
         bus.clone(),
         subs,
-        front_args.projects(),
+        front_args.projects(admin_client),
         presence,
         cancel.clone(),
     )
@@ -47,6 +54,7 @@ pub async fn run(
         cdc,
         bus,
         registrar,
+        admin,
         Some(front),
         origin,
         listener,

@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use tokio::net::TcpListener;
+use walcast_bus::admin::AdminClient;
 use walcast_bus::subs::SubsClient;
 use walcast_bus::Bus;
 use walcast_front::Front;
@@ -39,6 +40,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
     let subs = SubsClient::new(&bus, None)?;
+    let admin = AdminClient::new(&bus, None)?;
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
@@ -48,7 +50,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         cfg.front.config(&id),
         bus.clone(),
         subs,
-        cfg.front.projects(),
+        cfg.front.projects(admin),
         presence,
         cancel.clone(),
     )

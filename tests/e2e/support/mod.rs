@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_testkit::{free_port, Nats, Postgres};
 
+pub mod projects;
 pub mod ws;
 
 /// Generates one test per CDC source (`poll`, `stream`) for each listed async test
@@ -120,6 +121,41 @@ impl Worker {
     pub fn serve(db: &str, extra: &[(&str, &str)]) -> Worker {
         let base = [("DATABASE_URL", db), ("JWT_SECRET", ws::SECRET)];
         Worker::launch(env!("CARGO_BIN_EXE_walcast"), &["serve"], &base, extra)
+    }
+
+    /// A `ws-front` on `nats` (`JWT_SECRET` = [`ws::SECRET`]), serving once
+    /// [`Worker::wait_http`] returns.
+    pub fn front(nats: &str, extra: &[(&str, &str)]) -> Worker {
+        let base = [("NATS_URL", nats), ("JWT_SECRET", ws::SECRET)];
+        Worker::launch(env!("CARGO_BIN_EXE_ws-front"), &[], &base, extra)
+    }
+
+    /// Wait until the process answers `GET /health`.
+    pub fn wait_http(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.get("/health").is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("process exited ({status}):\n{}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no /health within {timeout:?}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// An HTTP request to this process: (status, body).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, String) {
+        http_request(self.port, method, path, headers, body)
+            .unwrap_or_else(|| panic!("{method} {path}: no HTTP answer"))
     }
 
     /// Start `program args` with a clean environment (`base`, then `extra`), a free port
@@ -267,12 +303,37 @@ impl Drop for Worker {
 }
 
 pub fn http_get(port: u16, path: &str) -> Option<String> {
+    http_request(port, "GET", path, &[], None).map(|(_, body)| body)
+}
+
+/// One HTTP/1.0 request: (status, body). A body is sent as JSON.
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(body.unwrap_or(""));
+    s.write_all(req.as_bytes()).ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| (status, b.to_string()))
 }
 
 /// Collects every change event published on NATS, in arrival order.

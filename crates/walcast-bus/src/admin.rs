@@ -1,0 +1,313 @@
+//! Admin request/reply between the fronts and the cdc-worker.
+//!
+//! A ws-front has no database: to learn the projects (for verifying their keys) and to
+//! enable or disable realtime on a table (its REST API), it asks the leading cdc-worker.
+//! Same shape as the subscription registry ([`crate::subs`]): over NATS a JSON request on
+//! [`SUBJECT_ADMIN`] answered on the reply inbox; in one process the front calls the
+//! worker's [`AdminHandler`] directly.
+//!
+//! The NATS bus is the trusted internal bus (it already carries every row), so the
+//! [`AdminRequest::Projects`] reply carries each project's JWT secret.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::subs::BoxFuture;
+use crate::Bus;
+
+/// Request/reply subject the leading cdc-worker answers.
+pub const SUBJECT_ADMIN: &str = "walcast.cdc.admin";
+
+/// What a front asks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum AdminRequest {
+    /// Every stored project (the default project is not stored).
+    Projects,
+    /// Enable or disable realtime on `table` of the project's schema (`public` for the
+    /// default project, else `project_<hex>`).
+    SetRealtime {
+        project: String,
+        table: String,
+        enabled: bool,
+    },
+    /// The realtime-enabled tables of a project.
+    ListTables { project: String },
+}
+
+/// A stored project, as the worker tells the fronts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ProjectRecord {
+    pub id: String,
+    pub name: String,
+    /// Its schema: `project_<uuid hex>`.
+    pub schema: String,
+    /// HS256 secret of its keys and tokens.
+    pub jwt_secret: String,
+}
+
+/// A table of a project.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TableName {
+    pub schema: String,
+    pub table: String,
+}
+
+/// A successful answer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum AdminReply {
+    Projects {
+        projects: Vec<ProjectRecord>,
+    },
+    Realtime {
+        schema: String,
+        table: String,
+        /// Whether realtime is now enabled.
+        enabled: bool,
+        /// Whether this request changed anything.
+        changed: bool,
+    },
+    Tables {
+        tables: Vec<TableName>,
+    },
+}
+
+/// Why a request failed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminErrorKind {
+    UnknownProject,
+    UnknownTable,
+    NoPrimaryKey,
+    /// No cdc-worker answered (none leads, or NATS is down), or it answered nonsense.
+    Unavailable,
+    Internal,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AdminError {
+    pub kind: AdminErrorKind,
+    pub message: String,
+}
+
+impl AdminError {
+    pub fn new(kind: AdminErrorKind, message: impl Into<String>) -> AdminError {
+        AdminError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn unavailable(message: impl Into<String>) -> AdminError {
+        AdminError::new(AdminErrorKind::Unavailable, message)
+    }
+}
+
+/// The wire form of an answer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Response {
+    Ok(AdminReply),
+    Error(AdminError),
+}
+
+/// The worker side.
+pub trait AdminHandler: Send + Sync + 'static {
+    fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>>;
+}
+
+/// The front side: over NATS, or calling the worker in process.
+#[derive(Clone)]
+pub enum AdminClient {
+    Nats(async_nats::Client),
+    Local(Arc<dyn AdminHandler>),
+}
+
+impl AdminClient {
+    /// Over NATS when `bus` is NATS and no local handler is given, else in process.
+    pub fn new(bus: &Bus, local: Option<Arc<dyn AdminHandler>>) -> Result<AdminClient, AdminError> {
+        match (bus, local) {
+            (_, Some(h)) => Ok(AdminClient::Local(h)),
+            (Bus::Nats(b), None) => Ok(AdminClient::Nats(b.client().clone())),
+            (Bus::Local(_), None) => Err(AdminError::unavailable(
+                "an in-process bus needs the worker's admin handler",
+            )),
+        }
+    }
+
+    /// Send one request; the answer within `timeout`, or an `Unavailable` error.
+    pub async fn request(
+        &self,
+        req: AdminRequest,
+        timeout: Duration,
+    ) -> Result<AdminReply, AdminError> {
+        match self {
+            AdminClient::Local(h) => tokio::time::timeout(timeout, h.handle(req))
+                .await
+                .map_err(|_| AdminError::unavailable("the admin request timed out"))?,
+            AdminClient::Nats(c) => {
+                let body = serde_json::to_vec(&req)
+                    .map_err(|e| AdminError::new(AdminErrorKind::Internal, e.to_string()))?;
+                let msg =
+                    tokio::time::timeout(timeout, c.request(SUBJECT_ADMIN, Bytes::from(body)))
+                        .await
+                        .map_err(|_| {
+                            AdminError::unavailable(
+                                "no cdc-worker answered the admin request in time",
+                            )
+                        })?
+                        .map_err(|e| {
+                            AdminError::unavailable(format!(
+                                "no cdc-worker answered the admin request: {e}"
+                            ))
+                        })?;
+                match serde_json::from_slice::<Response>(&msg.payload) {
+                    Ok(Response::Ok(r)) => Ok(r),
+                    Ok(Response::Error(e)) => Err(e),
+                    Err(e) => Err(AdminError::unavailable(format!("bad admin reply: {e}"))),
+                }
+            }
+        }
+    }
+
+    /// Every stored project.
+    pub async fn projects(&self, timeout: Duration) -> Result<Vec<ProjectRecord>, AdminError> {
+        match self.request(AdminRequest::Projects, timeout).await? {
+            AdminReply::Projects { projects } => Ok(projects),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Enable or disable realtime on a table of the project's schema.
+    pub async fn set_realtime(
+        &self,
+        project: &str,
+        table: &str,
+        enabled: bool,
+        timeout: Duration,
+    ) -> Result<AdminReply, AdminError> {
+        let req = AdminRequest::SetRealtime {
+            project: project.to_string(),
+            table: table.to_string(),
+            enabled,
+        };
+        match self.request(req, timeout).await? {
+            r @ AdminReply::Realtime { .. } => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The realtime-enabled tables of a project.
+    pub async fn list_tables(
+        &self,
+        project: &str,
+        timeout: Duration,
+    ) -> Result<Vec<TableName>, AdminError> {
+        let req = AdminRequest::ListTables {
+            project: project.to_string(),
+        };
+        match self.request(req, timeout).await? {
+            AdminReply::Tables { tables } => Ok(tables),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(reply: &AdminReply) -> AdminError {
+    AdminError::unavailable(format!("unexpected admin reply {reply:?}"))
+}
+
+/// Worker side over NATS: answer admin requests until `shutdown` completes, one at a
+/// time in arrival order (an enable is never overtaken by the disable sent after it).
+pub async fn serve_nats(
+    bus: &Bus,
+    handler: Arc<dyn AdminHandler>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), crate::BusError> {
+    use futures_util::StreamExt;
+    let Bus::Nats(nats) = bus else {
+        return Ok(());
+    };
+    let client = nats.client().clone();
+    let mut requests = client
+        .subscribe(SUBJECT_ADMIN)
+        .await
+        .map_err(|e| crate::BusError::Subscribe(e.to_string()))?;
+    tokio::pin!(shutdown);
+    loop {
+        let msg = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            m = requests.next() => match m {
+                Some(m) => m,
+                None => return Err(crate::BusError::Subscribe("admin subscription closed".into())),
+            },
+        };
+        let Some(reply_to) = msg.reply else { continue };
+        let response = match serde_json::from_slice::<AdminRequest>(&msg.payload) {
+            Ok(req) => match handler.handle(req).await {
+                Ok(r) => Response::Ok(r),
+                Err(e) => Response::Error(e),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed admin request");
+                Response::Error(AdminError::new(
+                    AdminErrorKind::Internal,
+                    format!("malformed admin request: {e}"),
+                ))
+            }
+        };
+        match serde_json::to_vec(&response) {
+            Ok(body) => {
+                if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
+                    tracing::warn!(error = %e, "cannot answer an admin request");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot encode an admin reply"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_forms_are_stable() {
+        let req = AdminRequest::SetRealtime {
+            project: "p".into(),
+            table: "t".into(),
+            enabled: true,
+        };
+        let text = serde_json::to_string(&req).unwrap();
+        assert_eq!(
+            text,
+            r#"{"op":"set_realtime","project":"p","table":"t","enabled":true}"#
+        );
+        assert_eq!(serde_json::from_str::<AdminRequest>(&text).unwrap(), req);
+        assert_eq!(
+            serde_json::to_string(&AdminRequest::Projects).unwrap(),
+            r#"{"op":"projects"}"#
+        );
+        let err = Response::Error(AdminError::new(AdminErrorKind::NoPrimaryKey, "no pk"));
+        let text = serde_json::to_string(&err).unwrap();
+        assert_eq!(
+            text,
+            r#"{"error":{"kind":"no_primary_key","message":"no pk"}}"#
+        );
+        assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), err);
+        let ok = Response::Ok(AdminReply::Tables {
+            tables: vec![TableName {
+                schema: "s".into(),
+                table: "t".into(),
+            }],
+        });
+        let text = serde_json::to_string(&ok).unwrap();
+        assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), ok);
+    }
+}

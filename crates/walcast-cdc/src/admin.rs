@@ -1,0 +1,187 @@
+//! The worker side of the admin protocol ([`walcast_bus::admin`]): the project list for
+//! the fronts' key verification, and enabling realtime per table for their REST API.
+//!
+//! A table is always looked up in its project's schema (`public` for the default
+//! project, `project_<hex>` for the others), so a project can never enable, disable or
+//! list another project's tables.
+
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+use walcast_bus::admin::{
+    AdminError, AdminErrorKind, AdminHandler, AdminReply, AdminRequest, ProjectRecord, TableName,
+};
+use walcast_bus::subs::BoxFuture;
+
+use crate::projects::{self, ProjectError};
+use crate::registry::{self, RegistryError};
+
+/// Statements of an admin request wait this long for a table lock.
+const LOCK_TIMEOUT: &str = "SET lock_timeout = '3s'";
+
+/// Answers admin requests with one lazily (re)connected database session.
+#[derive(Clone)]
+pub struct Admin {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    database_url: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl Admin {
+    pub fn new(database_url: String) -> Admin {
+        Admin {
+            inner: Arc::new(Inner {
+                database_url,
+                client: Mutex::new(None),
+            }),
+        }
+    }
+
+    async fn answer(&self, req: AdminRequest) -> Result<AdminReply, AdminError> {
+        let mut guard = self.inner.client.lock().await;
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            // A busy table must not hold every admin request (and the fronts' project
+            // refreshes) behind `ALTER TABLE … REPLICA IDENTITY FULL`.
+            let connected = match crate::connect(&self.inner.database_url).await {
+                Ok(c) => c.batch_execute(LOCK_TIMEOUT).await.map(|_| c),
+                Err(e) => Err(e),
+            };
+            match connected {
+                Ok(c) => *guard = Some(c),
+                Err(e) => {
+                    let message = format!("database: {}", crate::db_message(&e));
+                    tracing::error!(error = %message, "admin request: cannot connect");
+                    return Err(AdminError::new(AdminErrorKind::Unavailable, message));
+                }
+            }
+        }
+        let Some(client) = guard.as_ref() else {
+            return Err(AdminError::new(
+                AdminErrorKind::Unavailable,
+                "no database session",
+            ));
+        };
+        let result = run(client, req).await;
+        if let Err(e) = &result {
+            if e.kind == AdminErrorKind::Internal {
+                // The session is suspect: reconnect next time.
+                *guard = None;
+                tracing::error!(error = %e, "admin request failed");
+            }
+        }
+        result
+    }
+}
+
+impl AdminHandler for Admin {
+    fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>> {
+        let this = self.clone();
+        Box::pin(async move { this.answer(req).await })
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> AdminError {
+    AdminError::new(AdminErrorKind::Internal, e.to_string())
+}
+
+impl From<ProjectError> for AdminError {
+    fn from(e: ProjectError) -> AdminError {
+        internal(e)
+    }
+}
+
+impl From<RegistryError> for AdminError {
+    fn from(e: RegistryError) -> AdminError {
+        match e {
+            RegistryError::UnknownTable(_) => {
+                AdminError::new(AdminErrorKind::UnknownTable, e.to_string())
+            }
+            RegistryError::NoPrimaryKey(_) => {
+                AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
+            }
+            RegistryError::Db(d) => internal(format!("database: {}", crate::db_message(&d))),
+        }
+    }
+}
+
+async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError> {
+    projects::schema_of(client, project).await?.ok_or_else(|| {
+        AdminError::new(
+            AdminErrorKind::UnknownProject,
+            format!("project {project:?} does not exist"),
+        )
+    })
+}
+
+async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
+    match req {
+        AdminRequest::Projects => {
+            let projects = projects::list(client)
+                .await?
+                .into_iter()
+                .map(|p| ProjectRecord {
+                    id: p.id,
+                    name: p.name,
+                    schema: p.schema,
+                    jwt_secret: p.jwt_secret,
+                })
+                .collect();
+            Ok(AdminReply::Projects { projects })
+        }
+        AdminRequest::SetRealtime {
+            project,
+            table,
+            enabled,
+        } => {
+            let schema = schema_of(client, &project).await?;
+            if table.is_empty() || table.contains('\0') {
+                // Postgres text cannot hold NUL: no such table can exist.
+                return Err(
+                    RegistryError::UnknownTable(crate::sql::qualified(&schema, &table)).into(),
+                );
+            }
+            let changed = if enabled {
+                let changed = registry::enable(client, &project, &schema, &table).await?;
+                tracing::info!(%project, %schema, %table, changed, "realtime enabled");
+                changed
+            } else {
+                let changed = registry::disable(client, &project, &schema, &table).await?;
+                if !changed
+                    && registry::inspect(client, &schema, &table)
+                        .await
+                        .map_err(RegistryError::Db)?
+                        .is_none()
+                {
+                    return Err(RegistryError::UnknownTable(crate::sql::qualified(
+                        &schema, &table,
+                    ))
+                    .into());
+                }
+                tracing::info!(%project, %schema, %table, changed, "realtime disabled");
+                changed
+            };
+            Ok(AdminReply::Realtime {
+                schema,
+                table,
+                enabled,
+                changed,
+            })
+        }
+        AdminRequest::ListTables { project } => {
+            schema_of(client, &project).await?;
+            let tables = registry::list(client, Some(&project))
+                .await?
+                .into_iter()
+                .map(|t| TableName {
+                    schema: t.schema,
+                    table: t.table,
+                })
+                .collect();
+            Ok(AdminReply::Tables { tables })
+        }
+    }
+}

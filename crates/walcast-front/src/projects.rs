@@ -1,0 +1,579 @@
+//! The project directory: project id → (schema, HS256 secret).
+//!
+//! A token selects its project through its `ref` claim (absent or `"default"` = the
+//! default project) and is verified with that project's secret.
+//!
+//! With an [`AdminClient`] the directory learns the stored projects from the cdc-worker:
+//! at start, every [`DirectoryConfig::refresh_every`], and when a token names an unknown
+//! project. Those on-demand refreshes happen at most once per
+//! [`DirectoryConfig::min_refresh`] (tokens with random `ref`s cannot hammer the worker)
+//! and concurrent misses share one refresh.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::admin::{AdminClient, AdminError};
+
+use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
+
+/// Project id → (schema, HS256 secret). Cheap to clone.
+#[derive(Clone)]
+pub struct Projects {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    map: RwLock<HashMap<String, Entry>>,
+    default: Entry,
+    directory: Option<Directory>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    schema: Arc<str>,
+    secret: Arc<[u8]>,
+}
+
+/// How the directory keeps up with the worker's project list.
+#[derive(Clone, Debug)]
+pub struct DirectoryConfig {
+    /// Bound of one request to the worker.
+    pub timeout: Duration,
+    /// Refreshes caused by unknown projects are at least this far apart.
+    pub min_refresh: Duration,
+    /// Periodic refresh.
+    pub refresh_every: Duration,
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            timeout: Duration::from_secs(5),
+            min_refresh: Duration::from_secs(1),
+            refresh_every: Duration::from_secs(30),
+        }
+    }
+}
+
+struct Directory {
+    admin: AdminClient,
+    cfg: DirectoryConfig,
+    /// When the last refresh started, and how it ended. Held during a refresh, so
+    /// concurrent misses queue behind it and then share its result.
+    last: tokio::sync::Mutex<Option<(Instant, Result<(), AdminError>)>>,
+}
+
+impl Projects {
+    /// Only the default project (id [`DEFAULT_PROJECT`], schema `public`) with this
+    /// secret; no directory.
+    pub fn new(default_secret: impl AsRef<[u8]>) -> Projects {
+        Projects::build(default_secret, None)
+    }
+
+    /// The default project plus the stored projects, learnt from the cdc-worker through
+    /// `admin`. Start [`Projects::refresh_loop`] to load them and keep them current.
+    pub fn with_directory(
+        default_secret: impl AsRef<[u8]>,
+        admin: AdminClient,
+        cfg: DirectoryConfig,
+    ) -> Projects {
+        Projects::build(
+            default_secret,
+            Some(Directory {
+                admin,
+                cfg,
+                last: tokio::sync::Mutex::new(None),
+            }),
+        )
+    }
+
+    fn build(default_secret: impl AsRef<[u8]>, directory: Option<Directory>) -> Projects {
+        let default = Entry {
+            schema: Arc::from(DEFAULT_SCHEMA),
+            secret: Arc::from(default_secret.as_ref()),
+        };
+        let mut map = HashMap::new();
+        map.insert(DEFAULT_PROJECT.to_string(), default.clone());
+        Projects {
+            inner: Arc::new(Inner {
+                map: RwLock::new(map),
+                default,
+                directory,
+            }),
+        }
+    }
+
+    /// The worker's admin client, when this front has a directory.
+    pub fn admin(&self) -> Option<&AdminClient> {
+        self.inner.directory.as_ref().map(|d| &d.admin)
+    }
+
+    /// Add (or replace) a project. With a directory, the next refresh replaces every
+    /// project but the default one with the worker's list.
+    pub fn insert(&self, id: impl Into<String>, schema: &str, secret: impl AsRef<[u8]>) {
+        let entry = Entry {
+            schema: Arc::from(schema),
+            secret: Arc::from(secret.as_ref()),
+        };
+        self.write().insert(id.into(), entry);
+    }
+
+    /// Remove a project (the default one cannot be removed).
+    pub fn remove(&self, id: &str) -> bool {
+        if id == DEFAULT_PROJECT {
+            return false;
+        }
+        self.write().remove(id).is_some()
+    }
+
+    /// Whether a project is known now (without asking the worker).
+    pub fn contains(&self, id: &str) -> bool {
+        self.read().contains_key(id)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
+        self.inner.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Entry>> {
+        self.inner.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entry(&self, id: &str) -> Option<Entry> {
+        self.read().get(id).cloned()
+    }
+
+    /// The schema of a project, asking the worker if it is not known yet.
+    pub async fn schema(&self, id: &str) -> Result<String, AuthError> {
+        Ok(self.resolve(id).await?.schema.to_string())
+    }
+
+    /// A known project, or one the directory learns by refreshing (rate-limited).
+    async fn resolve(&self, id: &str) -> Result<Entry, AuthError> {
+        if let Some(e) = self.entry(id) {
+            return Ok(e);
+        }
+        let Some(dir) = &self.inner.directory else {
+            return Err(AuthError::UnknownProject(id.to_string()));
+        };
+        let refreshed = self.refresh_after_miss(dir).await;
+        match (self.entry(id), refreshed) {
+            (Some(e), _) => Ok(e),
+            (None, Ok(())) => Err(AuthError::UnknownProject(id.to_string())),
+            (None, Err(e)) => Err(AuthError::DirectoryUnavailable(e.message)),
+        }
+    }
+
+    /// Refresh because a project was unknown at `now`: share a refresh that started
+    /// since, else wait until `min_refresh` after the previous one and refresh.
+    async fn refresh_after_miss(&self, dir: &Directory) -> Result<(), AdminError> {
+        let missed_at = Instant::now();
+        let mut last = dir.last.lock().await;
+        if let Some((started, result)) = last.as_ref() {
+            if *started >= missed_at {
+                return result.clone();
+            }
+            tokio::time::sleep_until(*started + dir.cfg.min_refresh).await;
+        }
+        let started = Instant::now();
+        let result = self.fetch(dir).await;
+        *last = Some((started, result.clone()));
+        result
+    }
+
+    /// Replace every project but the default one with the worker's list.
+    async fn fetch(&self, dir: &Directory) -> Result<(), AdminError> {
+        metrics::counter!("walcast_front_project_refreshes_total").increment(1);
+        let list = match dir.admin.projects(dir.cfg.timeout).await {
+            Ok(l) => l,
+            Err(e) => {
+                crate::telemetry::error("project_directory");
+                tracing::warn!(error = %e, "cannot refresh the project directory");
+                return Err(e);
+            }
+        };
+        let mut map: HashMap<String, Entry> = list
+            .into_iter()
+            .filter(|p| p.id != DEFAULT_PROJECT)
+            .map(|p| {
+                let entry = Entry {
+                    schema: Arc::from(p.schema.as_str()),
+                    secret: Arc::from(p.jwt_secret.as_bytes()),
+                };
+                (p.id, entry)
+            })
+            .collect();
+        map.insert(DEFAULT_PROJECT.to_string(), self.inner.default.clone());
+        tracing::debug!(projects = map.len(), "project directory refreshed");
+        *self.write() = map;
+        Ok(())
+    }
+
+    /// Load the projects now and every `refresh_every` until `cancel` fires (nothing to
+    /// do without a directory).
+    pub async fn refresh_loop(self, cancel: CancellationToken) {
+        let Some(dir) = &self.inner.directory else {
+            return;
+        };
+        let mut tick = tokio::time::interval(dir.cfg.refresh_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let mut last = dir.last.lock().await;
+            let started = Instant::now();
+            let result = self.fetch(dir).await;
+            *last = Some((started, result));
+        }
+    }
+
+    /// Verify a token, choosing the project by its `ref` claim (absent = default).
+    pub async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
+        let unverified = peek_claims(token)?;
+        let project = match unverified.get("ref") {
+            None | Some(Value::Null) => DEFAULT_PROJECT.to_string(),
+            Some(Value::String(r)) => r.clone(),
+            Some(_) => return Err(AuthError::Malformed("`ref` must be a string".into())),
+        };
+        let entry = self.resolve(&project).await?;
+        verify_with(project, &entry.schema, &entry.secret, token)
+    }
+
+    /// Verify a token for a known project: its `ref` claim, if any, must name it.
+    pub async fn verify_for(&self, project: &str, token: &str) -> Result<Verified, AuthError> {
+        let v = self.verify(token).await?;
+        if v.project != project {
+            return Err(AuthError::WrongProject {
+                token: v.project,
+                socket: project.to_string(),
+            });
+        }
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::now_secs;
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use walcast_bus::admin::{
+        AdminErrorKind, AdminHandler, AdminReply, AdminRequest, ProjectRecord,
+    };
+    use walcast_bus::subs::BoxFuture;
+
+    fn token(secret: &str, claims: Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    fn anon_of(project: &str, secret: &str) -> String {
+        token(
+            secret,
+            json!({"role": "anon", "exp": now_secs() + 60, "ref": project}),
+        )
+    }
+
+    /// The worker's side of the project list, counting the requests.
+    #[derive(Default)]
+    struct Worker {
+        projects: Mutex<Vec<ProjectRecord>>,
+        requests: AtomicUsize,
+        delay: Duration,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl Worker {
+        fn add(&self, id: &str, secret: &str) {
+            self.projects.lock().unwrap().push(ProjectRecord {
+                id: id.into(),
+                name: id.into(),
+                schema: format!("project_{id}"),
+                jwt_secret: secret.into(),
+            });
+        }
+        fn requests(&self) -> usize {
+            self.requests.load(Ordering::SeqCst)
+        }
+    }
+
+    impl AdminHandler for Worker {
+        fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>> {
+            assert_eq!(req, AdminRequest::Projects);
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            let projects = self.projects.lock().unwrap().clone();
+            let down = self.down.load(Ordering::SeqCst);
+            let delay = self.delay;
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                if down {
+                    return Err(AdminError::new(AdminErrorKind::Unavailable, "worker down"));
+                }
+                Ok(AdminReply::Projects { projects })
+            })
+        }
+    }
+
+    const MIN: Duration = Duration::from_millis(300);
+
+    fn directory(worker: &Arc<Worker>) -> Projects {
+        Projects::with_directory(
+            "s0",
+            AdminClient::Local(worker.clone()),
+            DirectoryConfig {
+                timeout: Duration::from_secs(5),
+                min_refresh: MIN,
+                refresh_every: Duration::from_secs(3600),
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn verifies_and_selects_project() {
+        let p = Projects::new("s1");
+        p.insert("p2", "project_p2", "s2");
+        let exp = now_secs() + 60;
+        let v = p
+            .verify(&token("s1", json!({"role":"anon","exp":exp})))
+            .await
+            .unwrap();
+        assert_eq!(
+            (v.project.as_str(), v.schema.as_str()),
+            ("default", "public")
+        );
+        assert_eq!(v.role(), Some("anon"));
+        let v = p
+            .verify(&token(
+                "s1",
+                json!({"role":"anon","exp":exp,"ref":"default"}),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(v.project, "default");
+        let v = p
+            .verify(&token("s2", json!({"role":"anon","exp":exp,"ref":"p2"})))
+            .await
+            .unwrap();
+        assert_eq!(
+            (v.project.as_str(), v.schema.as_str()),
+            ("p2", "project_p2")
+        );
+        assert_eq!(
+            p.verify(&token("s1", json!({"role":"anon","exp":exp,"ref":"p2"})))
+                .await
+                .unwrap_err(),
+            AuthError::Signature
+        );
+        assert!(matches!(
+            p.verify(&token("s1", json!({"ref":"nope"}))).await,
+            Err(AuthError::UnknownProject(_))
+        ));
+        assert!(matches!(
+            p.verify_for("default", &token("s2", json!({"ref":"p2"})))
+                .await,
+            Err(AuthError::WrongProject { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn refuses_expired_none_and_other_algorithms() {
+        let p = Projects::new("s1");
+        let e = p
+            .verify(&token("s1", json!({"role":"anon","exp":now_secs() - 12})))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, AuthError::Expired(n) if (12..=14).contains(&n)));
+        // alg none: header {"alg":"none","typ":"JWT"}, claims {"role":"anon"}
+        let none = "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJyb2xlIjoiYW5vbiJ9.";
+        assert!(matches!(p.verify(none).await, Err(AuthError::Malformed(_))));
+        let hs512 = encode(
+            &Header::new(Algorithm::HS512),
+            &json!({"role":"anon"}),
+            &EncodingKey::from_secret(b"s1"),
+        )
+        .unwrap();
+        assert!(matches!(
+            p.verify(&hs512).await,
+            Err(AuthError::Malformed(_))
+        ));
+        assert!(matches!(
+            p.verify("garbage").await,
+            Err(AuthError::Malformed(_))
+        ));
+        assert_eq!(p.verify("").await.unwrap_err(), AuthError::Missing);
+        let no_role = p
+            .verify(&token("s1", json!({"exp": now_secs() + 10})))
+            .await
+            .unwrap();
+        assert_eq!(
+            no_role.require_role_and_exp(),
+            Err(AuthError::MissingClaims)
+        );
+    }
+
+    #[test]
+    fn schemas_a_project_may_join() {
+        let v = |project: &str, schema: &str| Verified {
+            project: project.into(),
+            schema: schema.into(),
+            claims: Default::default(),
+        };
+        let hex = "0123456789abcdef0123456789abcdef";
+        let a = v("a", &format!("project_{hex}"));
+        assert!(a.allows_schema(&format!("project_{hex}")));
+        assert!(a.allows_schema("*"));
+        assert!(!a.allows_schema("public"));
+        assert!(!a.allows_schema("project_ffffffffffffffffffffffffffffffff"));
+        let d = v("default", "public");
+        assert!(d.allows_schema("public"));
+        assert!(d.allows_schema("My Schema"));
+        assert!(d.allows_schema("*"));
+        assert!(!d.allows_schema(&format!("project_{hex}")));
+        assert!(d.allows_schema("project_notahexname"));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_ref_refreshes_at_most_once_per_interval() {
+        let worker = Arc::new(Worker::default());
+        worker.add("p1", "s1");
+        let p = directory(&worker);
+        // First miss: refreshes at once.
+        let t0 = Instant::now();
+        let v = p.verify(&anon_of("p1", "s1")).await.unwrap();
+        assert_eq!(
+            (v.project.as_str(), v.schema.as_str()),
+            ("p1", "project_p1")
+        );
+        assert_eq!(worker.requests(), 1);
+        assert!(
+            t0.elapsed() < MIN,
+            "the first miss waited {:?}",
+            t0.elapsed()
+        );
+        // Known now: no request.
+        p.verify(&anon_of("p1", "s1")).await.unwrap();
+        assert_eq!(worker.requests(), 1);
+        // Another miss right after: waits for the interval, then asks once more.
+        let e = p.verify(&anon_of("nope", "s1")).await.unwrap_err();
+        assert_eq!(e, AuthError::UnknownProject("nope".into()));
+        assert_eq!(worker.requests(), 2);
+        assert!(
+            t0.elapsed() >= MIN,
+            "second refresh after {:?}",
+            t0.elapsed()
+        );
+        // A project created since is found by the next miss.
+        worker.add("p2", "s2");
+        let t1 = Instant::now();
+        p.verify(&anon_of("p2", "s2")).await.unwrap();
+        assert_eq!(worker.requests(), 3);
+        assert!(t1.elapsed() >= MIN / 2, "third refresh came too early");
+        // Many misses in a row: never more than one refresh per interval.
+        let t2 = Instant::now();
+        for i in 0..5 {
+            let e = p
+                .verify(&anon_of(&format!("x{i}"), "s1"))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, AuthError::UnknownProject(_)), "{e:?}");
+        }
+        let refreshes = worker.requests() - 3;
+        let allowed = (t2.elapsed().as_millis() / MIN.as_millis()) as usize + 1;
+        assert!(
+            refreshes <= allowed,
+            "{refreshes} refreshes in {:?}",
+            t2.elapsed()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_share_one_refresh() {
+        let worker = Arc::new(Worker {
+            delay: Duration::from_millis(100),
+            ..Worker::default()
+        });
+        worker.add("p1", "s1");
+        let p = directory(&worker);
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let p = p.clone();
+                let key = if i % 2 == 0 {
+                    anon_of("p1", "s1")
+                } else {
+                    anon_of(&format!("r{i}"), "s1")
+                };
+                tokio::spawn(async move { p.verify(&key).await.map(|v| v.project) })
+            })
+            .collect();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let r = t.await.unwrap();
+            if i % 2 == 0 {
+                assert_eq!(r, Ok("p1".to_string()));
+            } else {
+                assert!(matches!(r, Err(AuthError::UnknownProject(_))), "{r:?}");
+            }
+        }
+        // Misses that came in while a refresh ran may need one more (it may have read
+        // the list before they missed), but never one each.
+        assert!(
+            (1..=2).contains(&worker.requests()),
+            "{} refreshes for 20 concurrent misses",
+            worker.requests()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_cannot_answer_keeps_known_projects() {
+        let worker = Arc::new(Worker::default());
+        worker.add("p1", "s1");
+        let p = directory(&worker);
+        p.verify(&anon_of("p1", "s1")).await.unwrap();
+        worker.down.store(true, Ordering::SeqCst);
+        let e = p.verify(&anon_of("p2", "s2")).await.unwrap_err();
+        assert!(matches!(e, AuthError::DirectoryUnavailable(_)), "{e:?}");
+        // Known projects and the default one still verify, without asking.
+        let before = worker.requests();
+        p.verify(&anon_of("p1", "s1")).await.unwrap();
+        p.verify(&token(
+            "s0",
+            json!({"role": "anon", "exp": now_secs() + 60}),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(worker.requests(), before);
+    }
+
+    #[tokio::test]
+    async fn the_refresh_loop_loads_at_start_and_without_a_directory_does_nothing() {
+        let worker = Arc::new(Worker::default());
+        worker.add("p1", "s1");
+        let p = directory(&worker);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(p.clone().refresh_loop(cancel.clone()));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !p.contains("p1") {
+            assert!(Instant::now() < deadline, "p1 not loaded within 5 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(worker.requests(), 1);
+        // Without a directory the loop returns at once.
+        Projects::new("s")
+            .refresh_loop(CancellationToken::new())
+            .await;
+    }
+}

@@ -1,0 +1,330 @@
+//! The REST API that enables realtime per table, for a project's servers:
+//!
+//! * `PUT /v1/db/{project}/schema/tables/{table}/realtime` with `{"enabled": true|false}`
+//! * `DELETE` on the same path (= disable), `GET` on it (`{"schema","table","enabled"}`)
+//! * `GET /v1/db/{project}/realtime/tables`: `[{"schema","table"}]`
+//!
+//! The table is always in the project's own schema (`public` for the default project,
+//! `project_<hex>` for the others). The key (`apikey` header, or `Authorization: Bearer`)
+//! must be a `service_role` key of that project. The front has no database: the
+//! cdc-worker does the work ([`AdminClient`]); the pipeline sees the registry edit in WAL
+//! order, so it takes effect without a restart.
+//!
+//! Errors are `{"error": <code>, "message": <text>}`: 401 `unauthorized` (missing, bad
+//! or expired key), 403 `forbidden` (not `service_role`, or another project's key), 404
+//! `unknown_project` / `unknown_table`, 422 `no_primary_key` / `invalid_body`, 503
+//! `unavailable` (no cdc-worker answered), 500 `internal`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use walcast_bus::admin::{AdminClient, AdminError, AdminErrorKind, AdminReply};
+
+use crate::auth::AuthError;
+use crate::state::Shared;
+use crate::telemetry;
+
+/// How long a request waits for the cdc-worker.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Counter: REST admin API errors, labels `status` and `error`.
+pub const API_ERRORS: &str = "walcast_front_admin_api_errors_total";
+
+pub(crate) struct ApiError {
+    status: StatusCode,
+    error: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            error,
+            message: message.into(),
+        }
+    }
+
+    fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    fn unknown_project(project: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_project",
+            format!("project {project:?} does not exist"),
+        )
+    }
+
+    fn invalid_body(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", message)
+    }
+
+    /// Count, log and answer.
+    fn respond(self, op: &'static str, project: &str) -> Response {
+        metrics::counter!(API_ERRORS, "status" => self.status.as_u16().to_string(), "error" => self.error)
+            .increment(1);
+        telemetry::error("admin_api");
+        if self.status.is_server_error() {
+            tracing::warn!(op, project, status = self.status.as_u16(), error = self.error, message = %self.message, "realtime API request failed");
+        } else {
+            tracing::info!(op, project, status = self.status.as_u16(), error = self.error, message = %self.message, "realtime API request refused");
+        }
+        let body = json!({ "error": self.error, "message": self.message });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> ApiError {
+        let (status, error) = match e.kind {
+            AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
+            AdminErrorKind::UnknownTable => (StatusCode::NOT_FOUND, "unknown_table"),
+            AdminErrorKind::NoPrimaryKey => (StatusCode::UNPROCESSABLE_ENTITY, "no_primary_key"),
+            AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            AdminErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, error, e.message)
+    }
+}
+
+fn nonempty(v: &str) -> Option<&str> {
+    Some(v.trim()).filter(|k| !k.is_empty())
+}
+
+/// The key: `apikey` header, else `Authorization: Bearer`.
+fn key_of(headers: &HeaderMap) -> Option<&str> {
+    let apikey = headers
+        .get("apikey")
+        .and_then(|v| v.to_str().ok())
+        .and_then(nonempty);
+    apikey.or_else(|| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .and_then(nonempty)
+    })
+}
+
+/// Check that the request carries a `service_role` key of `project`; the client to the
+/// worker.
+async fn authorize(
+    shared: &Shared,
+    headers: &HeaderMap,
+    project: &str,
+) -> Result<AdminClient, ApiError> {
+    let Some(key) = key_of(headers) else {
+        return Err(ApiError::unauthorized(
+            "an apikey header (or Authorization: Bearer) with the project's service_role key is required",
+        ));
+    };
+    let verified = match shared.projects.verify(key).await {
+        Ok(v) => v,
+        Err(AuthError::UnknownProject(r)) if r == project => {
+            return Err(ApiError::unknown_project(project))
+        }
+        Err(AuthError::DirectoryUnavailable(m)) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                m,
+            ))
+        }
+        Err(e) => return Err(ApiError::unauthorized(e.to_string())),
+    };
+    if verified.project != project {
+        return match shared.projects.schema(project).await {
+            Ok(_) => Err(ApiError::forbidden(format!(
+                "this key belongs to project {:?}, not {project:?}",
+                verified.project
+            ))),
+            Err(AuthError::UnknownProject(_)) => Err(ApiError::unknown_project(project)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )),
+        };
+    }
+    if verified.role() != Some("service_role") {
+        return Err(ApiError::forbidden(format!(
+            "a service_role key is required (this key's role is {})",
+            verified
+                .role()
+                .map_or("missing".to_string(), |r| format!("{r:?}"))
+        )));
+    }
+    shared.projects.admin().cloned().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "this front has no cdc-worker to ask",
+        )
+    })
+}
+
+/// `{"enabled": true|false}`.
+fn parse_enabled(body: &[u8]) -> Result<bool, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_body(format!("the body is not JSON: {e}")))?;
+    v.get("enabled").and_then(Value::as_bool).ok_or_else(|| {
+        ApiError::invalid_body(r#"the body must be {"enabled": true} or {"enabled": false}"#)
+    })
+}
+
+async fn set(
+    shared: &Shared,
+    headers: &HeaderMap,
+    project: &str,
+    table: &str,
+    enabled: Result<bool, ApiError>,
+) -> Result<Value, ApiError> {
+    let admin = authorize(shared, headers, project).await?;
+    let enabled = enabled?;
+    match admin
+        .set_realtime(project, table, enabled, WORKER_TIMEOUT)
+        .await?
+    {
+        AdminReply::Realtime {
+            schema,
+            table,
+            enabled,
+            changed,
+        } => {
+            tracing::info!(project, %schema, %table, enabled, changed, "realtime set through the REST API");
+            Ok(json!({"schema": schema, "table": table, "enabled": enabled, "changed": changed}))
+        }
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected reply {other:?}"),
+        )),
+    }
+}
+
+fn reply(op: &'static str, project: &str, r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => (StatusCode::OK, Json(v)).into_response(),
+        Err(e) => e.respond(op, project),
+    }
+}
+
+/// `PUT /v1/db/{project}/schema/tables/{table}/realtime`.
+pub(crate) async fn put(
+    State(shared): State<Arc<Shared>>,
+    Path((project, table)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r = set(&shared, &headers, &project, &table, parse_enabled(&body)).await;
+    reply("put", &project, r)
+}
+
+/// `DELETE /v1/db/{project}/schema/tables/{table}/realtime`.
+pub(crate) async fn delete(
+    State(shared): State<Arc<Shared>>,
+    Path((project, table)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let r = set(&shared, &headers, &project, &table, Ok(false)).await;
+    reply("delete", &project, r)
+}
+
+/// `GET /v1/db/{project}/schema/tables/{table}/realtime`.
+pub(crate) async fn get_one(
+    State(shared): State<Arc<Shared>>,
+    Path((project, table)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let admin = authorize(&shared, &headers, &project).await?;
+        let schema = shared
+            .projects
+            .schema(&project)
+            .await
+            .map_err(|_| ApiError::unknown_project(&project))?;
+        let tables = admin.list_tables(&project, WORKER_TIMEOUT).await?;
+        let enabled = tables
+            .iter()
+            .any(|t| t.schema == schema && t.table == table);
+        Ok(json!({"schema": schema, "table": table, "enabled": enabled}))
+    }
+    .await;
+    reply("get", &project, r)
+}
+
+/// `GET /v1/db/{project}/realtime/tables`.
+pub(crate) async fn list(
+    State(shared): State<Arc<Shared>>,
+    Path(project): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let admin = authorize(&shared, &headers, &project).await?;
+        let tables = admin.list_tables(&project, WORKER_TIMEOUT).await?;
+        serde_json::to_value(tables).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    }
+    .await;
+    reply("list", &project, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies() {
+        assert_eq!(parse_enabled(br#"{"enabled": true}"#).ok(), Some(true));
+        assert_eq!(
+            parse_enabled(br#"{"enabled": false, "x": 1}"#).ok(),
+            Some(false)
+        );
+        for bad in [
+            &b"not json"[..],
+            br#"{"enabled": "true"}"#,
+            br#"{"enabled": 1}"#,
+            br#"{}"#,
+            br#"[true]"#,
+            b"",
+        ] {
+            let e = parse_enabled(bad).err().map(|e| (e.status, e.error));
+            assert_eq!(
+                e,
+                Some((StatusCode::UNPROCESSABLE_ENTITY, "invalid_body")),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn keys_come_from_apikey_then_bearer() {
+        let mut h = HeaderMap::new();
+        assert_eq!(key_of(&h), None);
+        h.insert(header::AUTHORIZATION, "Bearer b".parse().unwrap());
+        assert_eq!(key_of(&h), Some("b"));
+        h.insert("apikey", "a".parse().unwrap());
+        assert_eq!(key_of(&h), Some("a"));
+        h.insert("apikey", " ".parse().unwrap());
+        assert_eq!(key_of(&h), Some("b"));
+        h.insert(header::AUTHORIZATION, "Basic x".parse().unwrap());
+        assert_eq!(key_of(&h), None);
+    }
+}

@@ -1,0 +1,78 @@
+//! `walcast project create|list`: projects with their own schema, JWT secret and keys.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::json;
+use walcast_cdc::projects;
+
+use crate::admin::{sign_key, KEY_LIFETIME_SECS};
+use crate::config::redact_url;
+
+#[derive(Args, Debug, Clone)]
+pub struct ProjectArgs {
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    #[command(subcommand)]
+    pub action: ProjectAction,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum ProjectAction {
+    /// Create a project: its schema `project_<uuid hex>`, a JWT secret, and print them
+    /// with an anon and a service_role key (JSON).
+    Create {
+        /// A name for people (not unique).
+        #[arg(long)]
+        name: String,
+    },
+    /// Print the projects as a JSON array (no secrets).
+    List,
+}
+
+/// The two keys of a project: `(anon, service_role)`, valid ten years.
+pub fn project_keys(id: &str, secret: &str) -> anyhow::Result<(String, String)> {
+    let key = |role: &str| {
+        let mut claims = serde_json::Map::new();
+        claims.insert("role".into(), role.into());
+        claims.insert("ref".into(), id.into());
+        sign_key(secret, claims, KEY_LIFETIME_SECS)
+    };
+    Ok((key("anon")?, key("service_role")?))
+}
+
+pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
+    crate::cdc_worker::migrate(&args.database_url).await?;
+    let mut client = walcast_cdc::connect(&args.database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+    match args.action {
+        ProjectAction::Create { name } => {
+            let p = projects::create(&mut client, &name)
+                .await
+                .context("creating the project")?;
+            let (anon, service) = project_keys(&p.id, &p.jwt_secret)?;
+            let out = json!({
+                "id": p.id,
+                "name": p.name,
+                "schema": p.schema,
+                "jwt_secret": p.jwt_secret,
+                "anon_key": anon,
+                "service_role_key": service,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        ProjectAction::List => {
+            let list: Vec<serde_json::Value> = projects::list(&client)
+                .await
+                .context("listing the projects")?
+                .into_iter()
+                .map(|p| {
+                    json!({"id": p.id, "name": p.name, "schema": p.schema, "created_at": p.created_at})
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&list)?);
+        }
+    }
+    Ok(())
+}
