@@ -90,6 +90,35 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
         .unwrap();
     assert!(reply.results.iter().all(|r| r.ok), "{:?}", reply.results);
 
+    // A filter is matched against every change: on a column the role may not read, it
+    // would reveal values through what matches, so it is refused (on a readable one, not).
+    let filtered = |id: &str, filter: &str| SubscriptionSpec {
+        filter: Some(filter.into()),
+        ..spec(id, "docs", user("u1"))
+    };
+    let reply = subs
+        .register(
+            RegisterRequest {
+                subs: vec![
+                    filtered("peek", "secret=eq.s1"),
+                    filtered("peek-in", "id=gt.0,secret=like.s*"),
+                    filtered("fine", "body=eq.zzz-never"),
+                ],
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    for r in &reply.results[..2] {
+        assert!(!r.ok, "{r:?}");
+        let e = r.error.as_deref().unwrap_or_default();
+        assert!(
+            e.starts_with("Error parsing `filter` params: permission denied for column \"secret\""),
+            "{e}"
+        );
+    }
+    assert!(reply.results[2].ok, "{:?}", reply.results[2]);
+
     // Like Supabase, a check reads the row's *current* state by primary key, so each
     // change is awaited before the next one alters the row it would be checked against.
     let steps = [

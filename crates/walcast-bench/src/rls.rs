@@ -144,7 +144,10 @@ async fn start_stack(mode: &str) -> anyhow::Result<Stack> {
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
         .env("LOG_FORMAT", "text")
-        .env("LOG_LEVEL", "warn")
+        .env(
+            "LOG_LEVEL",
+            std::env::var("RLS_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

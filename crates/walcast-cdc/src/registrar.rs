@@ -172,22 +172,57 @@ async fn validate(
             Err(e) => return Ok(Err(format!("Error parsing `filter` params: {e}"))),
         },
     };
-    if let (Some(f), Some(table)) = (&filter, spec.table.as_deref()) {
-        if spec.schema != "*" {
+    if let Some(f) = &filter {
+        // A filter is evaluated on every change of the tables it covers: its columns must
+        // exist there with a type it fits, and the subscriber's role must be allowed to
+        // read them (or matching would reveal values the role cannot SELECT).
+        let role = spec
+            .claims
+            .get("role")
+            .and_then(|r| r.as_str())
+            .unwrap_or_default();
+        let tables: Vec<&registry::TableRef> = enabled
+            .iter()
+            .filter(|t| {
+                (spec.schema == "*" || spec.schema == t.schema)
+                    && spec.table.as_deref().is_none_or(|name| name == t.table)
+            })
+            .collect();
+        for t in tables {
             let rows = client
                 .query(
-                    "SELECT a.attname::text, t.typname::text
+                    "SELECT a.attname::text, t.typname::text,
+                            coalesce((SELECT has_column_privilege(r.oid, a.attrelid, a.attnum, 'SELECT')
+                                        FROM pg_roles r WHERE r.rolname = $3), false)
                        FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                       WHERE a.attrelid = format('%I.%I', $1::text, $2::text)::regclass
                         AND a.attnum > 0 AND NOT a.attisdropped",
-                    &[&spec.schema, &table],
+                    &[&t.schema, &t.table, &role],
                 )
                 .await?;
-            let cols: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+            let cols: Vec<(String, String, bool)> = rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect();
+            for c in &f.conditions {
+                if cols
+                    .iter()
+                    .any(|(n, _, readable)| *n == c.column && !readable)
+                {
+                    return Ok(Err(format!(
+                        "Error parsing `filter` params: permission denied for column {:?} of {} (role {:?} may not read it)",
+                        c.column, t, role
+                    )));
+                }
+            }
+            if spec.table.is_none() || spec.schema == "*" {
+                // A wildcard: tables without the column simply never match.
+                continue;
+            }
             let lookup = |name: &str| {
                 cols.iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, t)| t.as_str())
+                    .find(|(n, _, _)| n == name)
+                    .map(|(_, t, _)| t.as_str())
             };
             if let Err(e) = f.validate(lookup) {
                 return Ok(Err(format!("Error parsing `filter` params: {e}")));

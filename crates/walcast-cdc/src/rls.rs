@@ -83,7 +83,14 @@ impl RlsChecker {
     async fn client(&mut self) -> Result<&Client, CdcError> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
             self.statements.clear();
-            self.client = Some(crate::connect(&self.database_url).await?);
+            let client = crate::connect(&self.database_url).await?;
+            // Checks for one role differ only in the claims, which policies read when
+            // they run: one generic plan serves them all instead of planning each group.
+            // (Postgres re-plans by itself when the role changes.)
+            client
+                .batch_execute("SET plan_cache_mode = force_generic_plan")
+                .await?;
+            self.client = Some(client);
         }
         match self.client.as_ref() {
             Some(c) => Ok(c),
