@@ -33,7 +33,18 @@ async fn bad_apikeys_get_401_at_upgrade() {
     assert_eq!(http_status(&s, &anon()).await.0, 101);
     let expired = token(json!({"role":"anon","exp": now() - 30}));
     let wrong = token_with("another-secret", json!({"role":"anon","exp": now() + 30}));
-    for key in [expired.as_str(), ALG_NONE, wrong.as_str(), "", "garbage"] {
+    let hs512 = token_alg(
+        jsonwebtoken::Algorithm::HS512,
+        json!({"role":"anon","exp": now() + 30}),
+    );
+    for key in [
+        expired.as_str(),
+        ALG_NONE,
+        wrong.as_str(),
+        hs512.as_str(),
+        "",
+        "garbage",
+    ] {
         let (status, body) = http_status(&s, key).await;
         assert_eq!(status, 401, "{key}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -60,6 +71,13 @@ async fn bad_join_tokens_get_invalid_jwt_errors() {
         (
             token(json!({"exp": now() + 60})),
             "InvalidJWTToken: Fields `role` and `exp` are required in JWT",
+        ),
+        (
+            token_alg(
+                jsonwebtoken::Algorithm::HS384,
+                json!({"role":"anon","exp": now() + 60}),
+            ),
+            "InvalidJWTToken: Invalid token: algorithm",
         ),
     ];
     for (i, (tok, want)) in cases.iter().enumerate() {

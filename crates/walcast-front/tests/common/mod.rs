@@ -200,6 +200,16 @@ pub fn token_with(secret: &str, claims: Value) -> String {
     .unwrap()
 }
 
+/// Signed with the right secret but another HMAC algorithm (HS256 is the only one accepted).
+pub fn token_alg(alg: Algorithm, claims: Value) -> String {
+    encode(
+        &Header::new(alg),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
 pub fn token(claims: Value) -> String {
     token_with(SECRET, claims)
 }
