@@ -200,6 +200,7 @@ pub async fn authorize_batch(
         let opts = CheckOptions {
             pipelined: mode == RlsMode::Batched,
             timeout_ms,
+            isolate: true,
         };
         let statements: usize = checks.iter().map(|t| t.groups.len()).sum();
         metrics::counter!("walcast_cdc_rls_checks_total").increment(statements as u64);

@@ -261,7 +261,25 @@ impl RlsChecker {
     ) -> Result<Vec<TableOutcome>, CdcError> {
         self.client().await?;
         let result = match self.client.as_ref() {
-            Some(client) => run_checks(client, &mut self.statements, tables, opts).await,
+            Some(client) => {
+                let fast = CheckOptions {
+                    isolate: false,
+                    ..opts.clone()
+                };
+                match run_checks(client, &mut self.statements, tables, &fast).await {
+                    Ok(out) if out.iter().all(TableOutcome::all_ok) => Ok(out),
+                    // Something failed and took the rest of the batch with it: again,
+                    // with every statement in its own savepoint.
+                    Ok(_) => {
+                        let isolated = CheckOptions {
+                            isolate: true,
+                            ..opts.clone()
+                        };
+                        run_checks(client, &mut self.statements, tables, &isolated).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             None => Err(CdcError::SlotMissing("rls connection".into())),
         };
         if result.is_err() {
