@@ -40,6 +40,25 @@ async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("does not exist"), "{err}");
 
+    // A table streams for one project: enabling it for another is refused, not rerouted.
+    let out = Command::new(env!("CARGO_BIN_EXE_walcast"))
+        .args(["realtime", "--project", "other", "enable", "t"])
+        .env("DATABASE_URL", stack.pg.url())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already enabled for project \"default\""),
+        "{err}"
+    );
+    assert_eq!(
+        stack
+            .sql("SELECT string_agg(project_id, ',') FROM walcast.realtime_tables WHERE table_name = 't'")
+            .trim(),
+        "default"
+    );
+
     let collector = Collector::start(&stack.nats.url()).await;
     let mut worker = stack.worker(&[]);
     worker.wait_active(Duration::from_secs(60));

@@ -103,6 +103,7 @@ impl From<RegistryError> for AdminError {
             RegistryError::NoPrimaryKey(_) => {
                 AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
             }
+            RegistryError::OtherProject { .. } => internal(e),
             RegistryError::Db(d) => internal(format!("database: {}", crate::db_message(&d))),
         }
     }

@@ -20,6 +20,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "projects",
         include_str!("../../../sql/0003_projects.sql"),
     ),
+    (
+        4,
+        "one_project_per_table",
+        include_str!("../../../sql/0004_one_project_per_table.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -28,6 +28,8 @@ pub enum RegistryError {
     UnknownTable(String),
     #[error("table {0} has no primary key; realtime needs one to identify rows")]
     NoPrimaryKey(String),
+    #[error("table {table} is already enabled for project {project:?}; a table streams for one project only (disable it there first)")]
+    OtherProject { table: String, project: String },
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
 }
@@ -63,6 +65,19 @@ pub async fn enable<C: GenericClient>(
         None => return Err(RegistryError::UnknownTable(name)),
         Some(false) => return Err(RegistryError::NoPrimaryKey(name)),
         Some(true) => {}
+    }
+    let other = client
+        .query_opt(
+            "SELECT project_id FROM walcast.realtime_tables
+              WHERE schema_name = $1 AND table_name = $2 AND project_id <> $3",
+            &[&schema, &table, &project],
+        )
+        .await?;
+    if let Some(row) = other {
+        return Err(RegistryError::OtherProject {
+            table: name,
+            project: row.get(0),
+        });
     }
     client
         .batch_execute(&format!("ALTER TABLE {name} REPLICA IDENTITY FULL"))
