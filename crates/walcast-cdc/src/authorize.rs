@@ -56,7 +56,7 @@ struct Gather {
     changes: Vec<usize>,
     position: HashMap<usize, usize>,
     /// Group key → subscribers waiting.
-    groups: BTreeMap<(String, String), Vec<Waiting>>,
+    groups: HashMap<(String, String), Vec<Waiting>>,
 }
 
 impl Gather {
@@ -86,18 +86,26 @@ pub async fn authorize_batch(
         let event = &change.event;
         let info = rls.table(&event.schema, &event.table).await?;
         let event_cols: BTreeSet<&str> = event.columns.iter().map(|c| c.name.as_str()).collect();
+        // Role → what it may see of this table (the checker caches across batches too,
+        // this spares a lookup per subscriber).
+        let mut access_memo: HashMap<&str, Result<Option<crate::rls::Access>, CdcError>> =
+            HashMap::new();
         for sub in &change.matched {
             let Some(role) = sub.spec.claims.get("role").and_then(|r| r.as_str()) else {
                 deny(sub, "no role claim");
                 continue;
             };
-            let access = match rls.access(role, &event.schema, &event.table).await {
-                Ok(Some(a)) => a,
-                Ok(None) => {
+            if !access_memo.contains_key(role) {
+                let a = rls.access(role, &event.schema, &event.table).await;
+                access_memo.insert(role, a);
+            }
+            let access = match access_memo.get(role) {
+                Some(Ok(Some(a))) => a,
+                None | Some(Ok(None)) => {
                     deny(sub, "role may not read the table");
                     continue;
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, role, "privilege check failed; denying");
                     deny(sub, "privilege check failed");
                     continue;
@@ -120,7 +128,7 @@ pub async fn authorize_batch(
                     .or_default();
                 gather.row_of(i);
                 let claims = match mode {
-                    RlsMode::Batched => serde_json::to_string(&sub.spec.claims).unwrap_or_default(),
+                    RlsMode::Batched => sub.claims_json.clone(),
                     // Naive: a check per subscriber, even with claims shared.
                     RlsMode::Naive => sub.spec.id.clone(),
                 };
@@ -181,7 +189,7 @@ pub async fn authorize_batch(
                     RlsMode::Batched => claims,
                     RlsMode::Naive => subs
                         .first()
-                        .map(|(_, s, _)| serde_json::to_string(&s.spec.claims).unwrap_or_default())
+                        .map(|(_, s, _)| s.claims_json.clone())
                         .unwrap_or_default(),
                 };
                 groups.push(GroupCheck { role, claims, rows });

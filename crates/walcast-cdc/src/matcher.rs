@@ -22,6 +22,9 @@ pub struct Sub {
     pub spec: SubscriptionSpec,
     pub filter: Option<Filter>,
     pub effective_from: Lsn,
+    /// The claims as JSON text, as bound for `request.jwt.claims` (subscribers with the
+    /// same text share RLS checks).
+    pub claims_json: String,
     kinds: [bool; 3],
 }
 
@@ -30,6 +33,7 @@ impl Sub {
         let e = spec.event.to_ascii_uppercase();
         let all = e == "*";
         Sub {
+            claims_json: serde_json::to_string(&spec.claims).unwrap_or_default(),
             kinds: [
                 all || e == "INSERT",
                 all || e == "UPDATE",
