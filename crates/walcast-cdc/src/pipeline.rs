@@ -45,6 +45,9 @@ pub struct RlsOptions {
     pub shards: usize,
     /// `statement_timeout` of each check, in milliseconds.
     pub timeout_ms: u64,
+    /// Connections per shard that a batch with many groups is spread over (a project's
+    /// checks then use more than one core of the database).
+    pub connections: usize,
 }
 
 impl Default for RlsOptions {
@@ -54,6 +57,7 @@ impl Default for RlsOptions {
             max_batch: 1000,
             shards: 4,
             timeout_ms: 5000,
+            connections: 2,
         }
     }
 }
@@ -98,7 +102,7 @@ impl Pipeline {
             bus,
             matcher,
             shards: (0..rls_opts.shards.max(1))
-                .map(|_| RlsChecker::new(database_url.clone()))
+                .map(|_| RlsChecker::new(database_url.clone(), rls_opts.connections))
                 .collect(),
             rls_opts,
             pending: Vec::new(),

@@ -62,19 +62,20 @@ pub struct RlsChecker {
     client: Option<Client>,
     /// Transactions known to be visible to new snapshots (the last batch's).
     visible_xids: HashSet<u32>,
-    /// Prepared statements of this session, by SQL text.
-    statements: HashMap<String, Statement>,
+    /// Connections that run checks (`client` reads the catalog).
+    lanes: Vec<Lane>,
     tables: HashMap<(String, String), TableFacts>,
     roles: HashMap<(String, String, String), RoleFacts>,
 }
 
 impl RlsChecker {
-    pub fn new(database_url: String) -> RlsChecker {
+    /// `parallel`: connections a large batch's checks are spread over.
+    pub fn new(database_url: String, parallel: usize) -> RlsChecker {
         RlsChecker {
             database_url,
             client: None,
             visible_xids: HashSet::new(),
-            statements: HashMap::new(),
+            lanes: (0..parallel.max(1)).map(|_| Lane::default()).collect(),
             tables: HashMap::new(),
             roles: HashMap::new(),
         }
@@ -82,15 +83,7 @@ impl RlsChecker {
 
     async fn client(&mut self) -> Result<&Client, CdcError> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
-            self.statements.clear();
-            let client = crate::connect(&self.database_url).await?;
-            // Checks for one role differ only in the claims, which policies read when
-            // they run: one generic plan serves them all instead of planning each group.
-            // (Postgres re-plans by itself when the role changes.)
-            client
-                .batch_execute("SET plan_cache_mode = force_generic_plan")
-                .await?;
-            self.client = Some(client);
+            self.client = Some(crate::connect(&self.database_url).await?);
         }
         match self.client.as_ref() {
             Some(c) => Ok(c),
@@ -253,13 +246,115 @@ impl RlsChecker {
         }
     }
 
-    /// Run a batch of checks in one round trip (see [`crate::rls_check`]).
+    /// Run a batch of checks (see [`crate::rls_check`]): one round trip on one
+    /// connection, or, for many groups, the groups dealt over the checker's connections
+    /// and run side by side (each connection in its own snapshot, with its own version
+    /// statement; a row counts as unchanged only if it is in every snapshot).
     pub async fn check(
         &mut self,
         tables: &[TableCheck],
         opts: &CheckOptions,
     ) -> Result<Vec<TableOutcome>, CdcError> {
-        self.client().await?;
+        let groups: usize = tables.iter().map(|t| t.groups.len()).sum();
+        let n = if groups >= SPLIT_ABOVE_GROUPS {
+            self.lanes.len().max(1)
+        } else {
+            1
+        };
+        let url = self.database_url.as_str();
+        if n == 1 {
+            return match self.lanes.first_mut() {
+                Some(lane) => lane.check(url, tables, opts).await,
+                None => Err(CdcError::SlotMissing("rls connection".into())),
+            };
+        }
+        // chunk → table → original group indices
+        let mut chunks: Vec<Vec<TableCheck>> = (0..n).map(|_| Vec::new()).collect();
+        let mut index: Vec<Vec<Vec<usize>>> = (0..n).map(|_| Vec::new()).collect();
+        for t in tables {
+            for (chunk, idx) in chunks.iter_mut().zip(index.iter_mut()) {
+                chunk.push(TableCheck {
+                    schema: t.schema.clone(),
+                    table: t.table.clone(),
+                    pk: t.pk.clone(),
+                    compare: t.compare.clone(),
+                    rows: t.rows.clone(),
+                    groups: Vec::new(),
+                });
+                idx.push(Vec::new());
+            }
+            for (gi, g) in t.groups.iter().enumerate() {
+                let k = gi % n;
+                if let (Some(c), Some(i)) = (
+                    chunks.get_mut(k).and_then(|c| c.last_mut()),
+                    index.get_mut(k).and_then(|i| i.last_mut()),
+                ) {
+                    c.groups.push(g.clone());
+                    i.push(gi);
+                }
+            }
+        }
+        let outcomes = futures_util::future::join_all(
+            self.lanes
+                .iter_mut()
+                .zip(&chunks)
+                .map(|(lane, chunk)| lane.check(url, chunk, opts)),
+        )
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, CdcError>>()?;
+        let mut merged: Vec<TableOutcome> = tables
+            .iter()
+            .map(|t| TableOutcome {
+                current: Ok(HashSet::new()),
+                groups: t.groups.iter().map(|_| Err("not checked".into())).collect(),
+            })
+            .collect();
+        for (k, (outcome, idx)) in outcomes.into_iter().zip(index).enumerate() {
+            for (ti, (o, gidx)) in outcome.into_iter().zip(idx).enumerate() {
+                let Some(m) = merged.get_mut(ti) else {
+                    continue;
+                };
+                m.current = match (
+                    std::mem::replace(&mut m.current, Ok(HashSet::new())),
+                    o.current,
+                ) {
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                    (Ok(_), Ok(c)) if k == 0 => Ok(c),
+                    (Ok(a), Ok(b)) => Ok(a.intersection(&b).copied().collect()),
+                };
+                for (gi, g) in gidx.into_iter().zip(o.groups) {
+                    if let Some(slot) = m.groups.get_mut(gi) {
+                        *slot = g;
+                    }
+                }
+            }
+        }
+        Ok(merged)
+    }
+}
+
+/// Below this many groups in a batch, one connection does it all.
+const SPLIT_ABOVE_GROUPS: usize = 32;
+
+/// One connection that runs checks, with its prepared statements.
+#[derive(Default)]
+struct Lane {
+    client: Option<Client>,
+    statements: HashMap<String, Statement>,
+}
+
+impl Lane {
+    async fn check(
+        &mut self,
+        url: &str,
+        tables: &[TableCheck],
+        opts: &CheckOptions,
+    ) -> Result<Vec<TableOutcome>, CdcError> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            self.statements.clear();
+            self.client = Some(check_connection(url).await?);
+        }
         let result = match self.client.as_ref() {
             Some(client) => {
                 let fast = CheckOptions {
@@ -289,4 +384,15 @@ impl RlsChecker {
         }
         result
     }
+}
+
+/// A connection for checks. Checks for one role differ only in the claims, which
+/// policies read when they run: one generic plan serves them all instead of planning
+/// each group (Postgres re-plans by itself when the role changes).
+async fn check_connection(url: &str) -> Result<Client, CdcError> {
+    let client = crate::connect(url).await?;
+    client
+        .batch_execute("SET plan_cache_mode = force_generic_plan")
+        .await?;
+    Ok(client)
 }

@@ -49,7 +49,7 @@ pub struct TableCheck {
 }
 
 /// One role + claims, and the rows (indices into [`TableCheck::rows`]) it needs judged.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct GroupCheck {
     pub role: String,
     pub claims: String,

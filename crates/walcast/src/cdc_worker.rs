@@ -58,6 +58,7 @@ pub fn describe(
         "rls_batch": cdc.rls_batch,
         "rls_mode": format!("{:?}", cdc.rls_mode).to_lowercase(),
         "rls_check_timeout_ms": cdc.rls_check_timeout_ms,
+        "rls_connections": cdc.rls_connections,
         "poll_batch": cdc.poll_batch,
         "poll_max_batch": cdc.poll_max_batch,
         "poll_idle_ms": cdc.poll_idle_ms,

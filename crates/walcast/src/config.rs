@@ -48,6 +48,10 @@ pub struct CdcArgs {
     /// per round trip. Naive exists to measure what batching saves; do not run it.
     #[arg(long, env = "CDC_RLS_MODE", default_value = "batched")]
     pub rls_mode: RlsModeArg,
+    /// Connections per shard over which a batch with many (role, claims) groups is
+    /// spread, so one project's checks can use more than one database core.
+    #[arg(long, env = "CDC_RLS_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub rls_connections: u16,
     /// statement_timeout of each RLS check, in milliseconds: a slow policy denies its
     /// subscribers instead of stalling the stream.
     #[arg(long, env = "CDC_RLS_CHECK_TIMEOUT_MS", default_value_t = 5000)]
@@ -112,6 +116,7 @@ impl CdcArgs {
                 max_batch: self.rls_batch.max(1),
                 shards: usize::from(self.num_shards),
                 timeout_ms: self.rls_check_timeout_ms,
+                connections: usize::from(self.rls_connections),
             },
             poller: PollerConfig {
                 slot: self.slot_name.clone(),
