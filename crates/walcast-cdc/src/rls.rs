@@ -256,7 +256,8 @@ impl RlsChecker {
         opts: &CheckOptions,
     ) -> Result<Vec<TableOutcome>, CdcError> {
         let groups: usize = tables.iter().map(|t| t.groups.len()).sum();
-        let n = if groups >= SPLIT_ABOVE_GROUPS {
+        // Naive mode (not pipelined) stays the straightforward baseline: one connection.
+        let n = if groups >= SPLIT_ABOVE_GROUPS && opts.pipelined {
             self.lanes.len().max(1)
         } else {
             1
