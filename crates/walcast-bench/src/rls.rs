@@ -96,19 +96,7 @@ impl Stats {
             .iter()
             .map(|c| u64::from(c.load(Ordering::Relaxed)))
             .collect();
-        let total: u64 = counts.iter().sum();
-        if total == 0 {
-            return f64::NAN;
-        }
-        let want = ((total as f64 * p).ceil() as u64).max(1);
-        let mut acc = 0;
-        for (i, c) in counts.iter().enumerate() {
-            acc += c;
-            if acc >= want {
-                return (i as f64 + 1.0) * BUCKET_US as f64 / 1000.0;
-            }
-        }
-        f64::NAN
+        crate::ws::percentile_ms(&counts, BUCKET_US, p)
     }
 }
 

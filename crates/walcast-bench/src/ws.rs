@@ -498,23 +498,28 @@ impl Stats {
         if total == 0 {
             return (f64::NAN, f64::NAN, f64::NAN);
         }
-        let at = |p: f64| {
-            let want = ((total as f64 * p).ceil() as u64).max(1);
-            let mut acc = 0;
-            for (i, c) in counts.iter().enumerate() {
-                acc += c;
-                if acc >= want {
-                    return (i as f64 + 1.0) * BUCKET_US as f64 / 1000.0;
-                }
-            }
-            f64::NAN
-        };
+        let at = |p: f64| percentile_ms(&counts, BUCKET_US, p);
         let max = counts
             .iter()
             .rposition(|c| *c > 0)
             .map_or(f64::NAN, |i| (i as f64 + 1.0) * BUCKET_US as f64 / 1000.0);
         (at(0.5), at(0.99), max)
     }
+}
+
+/// The `p` quantile (upper bucket edge, in ms) of a latency histogram whose buckets are
+/// `bucket_us` wide; NaN when empty.
+pub(crate) fn percentile_ms(counts: &[u64], bucket_us: i64, p: f64) -> f64 {
+    let total: u64 = counts.iter().sum();
+    let want = ((total as f64 * p).ceil() as u64).max(1);
+    let mut acc = 0;
+    for (i, c) in counts.iter().enumerate() {
+        acc += c;
+        if acc >= want {
+            return (i as f64 + 1.0) * bucket_us as f64 / 1000.0;
+        }
+    }
+    f64::NAN
 }
 
 /// `"key":<integer>` inside the `record` of a `postgres_changes` frame.
