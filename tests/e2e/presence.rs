@@ -5,95 +5,14 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::ws::{anon, Msg, Ws, SECRET};
-use walcast_testkit::{free_port, Nats};
+use support::ws::{anon, Msg, Ws};
+use walcast_testkit::Nats;
 
 const TTL_SECS: u64 = 4;
 const TOPIC: &str = "realtime:lobby";
-
-/// A `ws-front` child process, killed on drop.
-struct FrontProc {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl FrontProc {
-    fn spawn(nats: &str) -> FrontProc {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log = dir.path().join("front.log");
-        let out = std::fs::File::create(&log).expect("log file");
-        let port = free_port().expect("free port");
-        let child = Command::new(env!("CARGO_BIN_EXE_ws-front"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("NATS_URL", nats)
-            .env("JWT_SECRET", SECRET)
-            .env("PORT", port.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PRESENCE_TTL_SECS", TTL_SECS.to_string())
-            .env("LOG_FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("clone"))
-            .stderr(out)
-            .spawn()
-            .expect("spawn ws-front");
-        FrontProc {
-            child,
-            port,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Wait until `/health` answers.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if support::http_get(self.port, "/health").is_some() {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("ws-front exited ({status}):\n{}", self.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ws-front not serving /health within 20s:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn ws_url(&self) -> String {
-        format!(
-            "ws://127.0.0.1:{}/realtime/v1/websocket?apikey={}&vsn=2.0.0",
-            self.port,
-            anon()
-        )
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for FrontProc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 fn presence_config(key: &str) -> Value {
     json!({
@@ -155,17 +74,18 @@ fn metas<'a>(map: &'a Value, key: &str) -> &'a [Value] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_across_replicas_and_replica_death() {
     let nats = Nats::start().expect("start nats-server");
-    let mut a = FrontProc::spawn(&nats.url());
-    let mut b = FrontProc::spawn(&nats.url());
-    a.wait_ready();
-    b.wait_ready();
+    let ttl = TTL_SECS.to_string();
+    let front = || support::Worker::front(&nats.url(), &[("PRESENCE_TTL_SECS", ttl.as_str())]);
+    let (mut a, mut b) = (front(), front());
+    a.wait_http(Duration::from_secs(20));
+    b.wait_http(Duration::from_secs(20));
 
     // A watcher on B, then a tracker on A.
-    let mut watcher = Ws::connect(&b.ws_url()).await;
+    let mut watcher = Ws::connect(&b.ws_url(&anon())).await;
     let state = join_presence(&mut watcher, "watcher").await;
     assert_eq!(state, json!({}), "nothing tracked yet");
 
-    let mut ann = Ws::connect(&a.ws_url()).await;
+    let mut ann = Ws::connect(&a.ws_url(&anon())).await;
     join_presence(&mut ann, "ann").await;
     let jr_ann = "1"; // the first join of this socket
     push(
@@ -187,7 +107,7 @@ async fn presence_across_replicas_and_replica_death() {
     let phx_ref = meta["phx_ref"].as_str().expect("phx_ref").to_string();
 
     // A later join on B lists A's presence in presence_state.
-    let mut late = Ws::connect(&b.ws_url()).await;
+    let mut late = Ws::connect(&b.ws_url(&anon())).await;
     let state = join_presence(&mut late, "late").await;
     assert_eq!(metas(&state, "ann").len(), 1, "{state}");
     assert_eq!(
@@ -267,7 +187,7 @@ async fn presence_across_replicas_and_replica_death() {
         killed.elapsed()
     );
     // And a fresh join on B no longer lists it.
-    let mut after = Ws::connect(&b.ws_url()).await;
+    let mut after = Ws::connect(&b.ws_url(&anon())).await;
     let state = join_presence(&mut after, "after").await;
     assert!(
         metas(&state, "ann").is_empty(),

@@ -4,61 +4,11 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use support::{http_get, Stack};
+use support::Stack;
 use tokio_tungstenite::tungstenite::Message;
-
-const SECRET: &str = "registry-test-secret-0123456789abcdef";
-
-fn token() -> String {
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 3600;
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &serde_json::json!({"role": "anon", "exp": exp}),
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .unwrap()
-}
-
-struct Front {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_front(nats: &str) -> Front {
-    let port = walcast_testkit::free_port().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_ws-front"))
-        .env("NATS_URL", nats)
-        .env("JWT_SECRET", SECRET)
-        .env("PORT", port.to_string())
-        .env("HOST", "127.0.0.1")
-        .env("LOG_FORMAT", "json")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn ws-front");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_get(port, "/health").is_none() {
-        assert!(Instant::now() < deadline, "ws-front not serving /health");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Front { child, port }
-}
 
 fn subscriptions(worker: &support::Worker) -> f64 {
     worker.metric("walcast_cdc_subscriptions").unwrap_or(0.0)
@@ -83,13 +33,10 @@ async fn a_new_worker_learns_subscriptions_and_a_dead_front_loses_them() {
     stack.enable("t");
     let mut worker = stack.worker(&[]);
     worker.wait_active(Duration::from_secs(60));
-    let front = start_front(&stack.nats.url());
+    let mut front = support::Worker::front(&stack.nats.url(), &[]);
+    front.wait_http(Duration::from_secs(30));
 
-    let url = format!(
-        "ws://127.0.0.1:{}/realtime/v1/websocket?apikey={}&vsn=2.0.0",
-        front.port,
-        token()
-    );
+    let url = front.ws_url(&support::ws::anon());
     let (mut ws, _) = tokio_tungstenite::connect_async(url)
         .await
         .expect("connect");

@@ -79,12 +79,21 @@ pub async fn authorize_batch(
     let mut allowed: Vec<Vec<(BTreeSet<String>, String)>> = vec![Vec::new(); batch.len()];
     let mut tables: BTreeMap<(String, String), Gather> = BTreeMap::new();
     let mut xids: Vec<u32> = Vec::new();
+    // Table facts, read once per batch (the checker caches them across batches).
+    let mut infos: HashMap<(String, String), crate::rls::TableInfo> = HashMap::new();
     for (i, change) in batch.iter().enumerate() {
         if change.matched.is_empty() {
             continue;
         }
         let event = &change.event;
-        let info = rls.table(&event.schema, &event.table).await?;
+        let key = (event.schema.clone(), event.table.clone());
+        if !infos.contains_key(&key) {
+            let info = rls.table(&event.schema, &event.table).await?;
+            infos.insert(key.clone(), info);
+        }
+        let Some(info) = infos.get(&key) else {
+            continue;
+        };
         let event_cols: BTreeSet<&str> = event.columns.iter().map(|c| c.name.as_str()).collect();
         // Role → what it may see of this table (the checker caches across batches too,
         // this spares a lookup per subscriber).
@@ -147,7 +156,10 @@ pub async fn authorize_batch(
         let mut checks = Vec::with_capacity(tables.len());
         let mut waiting = Vec::with_capacity(tables.len());
         for ((schema, table), gather) in tables {
-            let info = rls.table(&schema, &table).await?;
+            let info = match infos.remove(&(schema.clone(), table.clone())) {
+                Some(info) => info,
+                None => rls.table(&schema, &table).await?,
+            };
             // Compare every catalog column the changes all carry.
             let compare: Vec<(String, String)> = info
                 .columns
