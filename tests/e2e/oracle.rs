@@ -41,6 +41,7 @@ fn spec(id: &str, claims: serde_json::Value) -> SubscriptionSpec {
         filter: None,
         select: None,
         claims,
+        from: None,
     }
 }
 

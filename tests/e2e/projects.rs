@@ -496,6 +496,7 @@ async fn projects_are_isolated_across_cdc_worker_and_ws_front() {
         filter: None,
         select: None,
         claims: json!({"role": "anon"}),
+        from: None,
     };
     let reply = subs
         .register(

@@ -22,6 +22,7 @@ fn spec(id: &str, table: &str, claims: serde_json::Value) -> SubscriptionSpec {
         filter: None,
         select: None,
         claims,
+        from: None,
     }
 }
 

@@ -21,6 +21,7 @@ fn spec(id: &str, schema: &str, table: &str, filter: Option<&str>) -> Subscripti
         filter: filter.map(String::from),
         select: None,
         claims: serde_json::json!({"role": "anon"}),
+        from: None,
     }
 }
 

@@ -24,6 +24,7 @@ fn spec(id: &str, table: &str, event: &str, filter: Option<&str>) -> Subscriptio
         filter: filter.map(String::from),
         select: None,
         claims: serde_json::json!({"role": "anon"}),
+        from: None,
     }
 }
 

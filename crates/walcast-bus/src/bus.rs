@@ -18,6 +18,11 @@ pub enum BusError {
     Connect { url: String, message: String },
     #[error("publish failed: {0}")]
     Publish(String),
+    /// The message is larger than the server accepts: retrying cannot help.
+    #[error(
+        "publish failed: the message has {size} bytes, over the server's max_payload of {max}"
+    )]
+    PayloadTooLarge { size: usize, max: usize },
     #[error("subscribe failed: {0}")]
     Subscribe(String),
     #[error("barrier not confirmed by the NATS server within {0:?}")]
@@ -91,6 +96,15 @@ impl Bus {
         match self {
             Bus::Nats(b) => b.subscribe(pattern).await,
             Bus::Local(b) => Ok(b.subscribe(pattern)),
+        }
+    }
+
+    /// The largest message the transport accepts: NATS's `max_payload` as the server
+    /// announced it (it can change on reconnect); unbounded in process.
+    pub fn max_payload(&self) -> Option<usize> {
+        match self {
+            Bus::Nats(b) => Some(b.max_payload()),
+            Bus::Local(_) => None,
         }
     }
 

@@ -79,6 +79,39 @@ pub struct ChangeEvent {
     /// the key of a deleted row under row-level security).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restricted: Vec<Restriction>,
+    /// Supabase's `errors` of a change: `["Error 413: Payload Too Large"]` when the row
+    /// was too large to send whole (see [`ChangeEvent::shrink_to`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    /// When the audience of one change does not fit one message, the change is sent as
+    /// several parts (0, 1, …), each with some of the subscribers; `(commit_lsn, seq,
+    /// part)` then orders messages.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub part: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The error a change carries when its values were too large to send whole.
+pub const PAYLOAD_TOO_LARGE: &str = "Error 413: Payload Too Large";
+
+/// In a change reduced for size, values of at most this many bytes (as JSON) are kept,
+/// as Supabase does; the primary key is always kept.
+pub const SMALL_VALUE_BYTES: usize = 64;
+
+/// What [`ChangeEvent::shrink_to`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shrink {
+    /// The values fit: nothing changed.
+    Fits,
+    /// Values over [`SMALL_VALUE_BYTES`] were dropped (the key and small values kept).
+    SmallValues,
+    /// Only the primary key was kept.
+    KeyOnly,
+    /// Even the key alone is over the limit: the event must not be sent.
+    TooLarge,
 }
 
 /// These subscribers get only these columns.
@@ -92,6 +125,115 @@ impl ChangeEvent {
     /// The position used to drop replays: commit order, then order inside the transaction.
     pub fn position(&self) -> (Lsn, u32) {
         (self.commit_lsn, self.seq)
+    }
+
+    /// Bytes of the row values: `record` and `old_record` as JSON.
+    pub fn record_bytes(&self) -> usize {
+        self.record.as_ref().map_or(0, |r| r.get().len())
+            + self.old_record.as_ref().map_or(0, |r| r.get().len())
+    }
+
+    /// Make the row values fit `limit` bytes the way Supabase does with a record over
+    /// `max_record_bytes`: drop values over [`SMALL_VALUE_BYTES`] (keeping the primary
+    /// key whatever its size) and add [`PAYLOAD_TOO_LARGE`] to `errors`; if that is still
+    /// over, keep only the key. `columns` still lists every column.
+    pub fn shrink_to(&mut self, limit: usize) -> Result<Shrink, serde_json::Error> {
+        if self.record_bytes() <= limit {
+            return Ok(Shrink::Fits);
+        }
+        let pk: std::collections::HashSet<&str> = self.pk.iter().map(String::as_str).collect();
+        let small =
+            |name: &str, v: &RawValue| pk.contains(name) || v.get().len() <= SMALL_VALUE_BYTES;
+        let record = filter_record(self.record.as_deref(), &small)?;
+        let old = filter_record(self.old_record.as_deref(), &small)?;
+        let size = |r: &Option<Box<RawValue>>| r.as_ref().map_or(0, |r| r.get().len());
+        let (record, old, outcome) = if size(&record) + size(&old) <= limit {
+            (record, old, Shrink::SmallValues)
+        } else {
+            let key = |name: &str, _: &RawValue| pk.contains(name);
+            let record = filter_record(self.record.as_deref(), &key)?;
+            let old = filter_record(self.old_record.as_deref(), &key)?;
+            if size(&record) + size(&old) > limit {
+                return Ok(Shrink::TooLarge);
+            }
+            (record, old, Shrink::KeyOnly)
+        };
+        self.record = record;
+        self.old_record = old;
+        self.unchanged_toast.clear();
+        if !self.errors.iter().any(|e| e == PAYLOAD_TOO_LARGE) {
+            self.errors.push(PAYLOAD_TOO_LARGE.to_string());
+        }
+        Ok(outcome)
+    }
+
+    /// The messages to publish for this change, each at most `max_bytes` when
+    /// serialised: the event itself when it fits, otherwise copies with the same change
+    /// and disjoint parts of `subs` (and of `restricted`), numbered by `part`. `None`
+    /// when even one subscriber does not fit (the change itself is too large).
+    pub fn split(&self, max_bytes: usize) -> Result<Option<Vec<Vec<u8>>>, serde_json::Error> {
+        let whole = serde_json::to_vec(self)?;
+        if whole.len() <= max_bytes {
+            return Ok(Some(vec![whole]));
+        }
+        let mut bare = self.clone();
+        bare.subs.clear();
+        bare.restricted.clear();
+        let base = serde_json::to_vec(&bare)?.len() + 64;
+        let restricted: std::collections::HashMap<&str, usize> = self
+            .restricted
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.subs.iter().map(move |s| (s.as_str(), i)))
+            .collect();
+        let mut parts: Vec<ChangeEvent> = Vec::new();
+        let mut size = usize::MAX;
+        for id in &self.subs {
+            let group = restricted.get(id.as_str()).copied();
+            // An id restricted to some columns is listed twice (`subs` and `restricted`).
+            let cost = (id.len() + 4) * if group.is_some() { 2 } else { 1 };
+            let columns_cost = group.map_or(0, |g| {
+                self.restricted[g]
+                    .columns
+                    .iter()
+                    .map(|c| c.len() + 4)
+                    .sum::<usize>()
+                    + 32
+            });
+            let part = match parts.last_mut() {
+                Some(p) if size + cost + columns_cost <= max_bytes => p,
+                _ => {
+                    if base + cost + columns_cost > max_bytes {
+                        return Ok(None);
+                    }
+                    let mut p = bare.clone();
+                    p.part = parts.len() as u32;
+                    parts.push(p);
+                    size = base;
+                    parts.last_mut().expect("just pushed")
+                }
+            };
+            part.subs.push(id.clone());
+            size += cost;
+            if let Some(g) = group {
+                let r = &self.restricted[g];
+                match part.restricted.iter_mut().find(|x| x.columns == r.columns) {
+                    Some(x) => x.subs.push(id.clone()),
+                    None => {
+                        size += columns_cost;
+                        part.restricted.push(Restriction {
+                            columns: r.columns.clone(),
+                            subs: vec![id.clone()],
+                        });
+                    }
+                }
+            }
+        }
+        let out = parts
+            .iter()
+            .map(serde_json::to_vec)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(out.iter().all(|m| m.len() <= max_bytes).then_some(out))
     }
 
     /// What each subscriber may receive: the full event for the unrestricted ones, and a
@@ -128,6 +270,54 @@ impl ChangeEvent {
         e.pk.retain(|k| keep.contains(k.as_str()));
         e.unchanged_toast.retain(|k| keep.contains(k.as_str()));
         Ok(e)
+    }
+}
+
+/// The fields of a JSON object that `keep` accepts, in order.
+fn filter_record(
+    rec: Option<&RawValue>,
+    keep: &dyn Fn(&str, &RawValue) -> bool,
+) -> Result<Option<Box<RawValue>>, serde_json::Error> {
+    let Some(rec) = rec else { return Ok(None) };
+    let map: OrderedFields = serde_json::from_str(rec.get())?;
+    let mut out = String::from("{");
+    for (k, v) in map.0 {
+        if keep(&k, &v) {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(&k)?);
+            out.push(':');
+            out.push_str(v.get());
+        }
+    }
+    out.push('}');
+    Ok(Some(RawValue::from_string(out)?))
+}
+
+/// A JSON object's fields in document order, values kept raw.
+struct OrderedFields(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for OrderedFields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = OrderedFields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<OrderedFields, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Box<RawValue>>()? {
+                    out.push(entry);
+                }
+                Ok(OrderedFields(out))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
@@ -182,5 +372,98 @@ mod tests {
         assert_eq!(v[1].record.as_ref().unwrap().get(), r#"{"id":1}"#);
         assert_eq!(v[1].old_record.as_ref().unwrap().get(), r#"{"id":1}"#);
         assert_eq!(v[1].columns.len(), 1);
+    }
+
+    fn big_update() -> ChangeEvent {
+        let big = "x".repeat(5000);
+        let text = format!(
+            r#"{{"project":"default","schema":"public","table":"t","type":"UPDATE","commit_timestamp":"x","commit_lsn":"0/1","seq":3,"columns":[{{"name":"id","type":"text"}},{{"name":"small","type":"int4"}},{{"name":"body","type":"text"}}],"record":{{"id":"k1","small":7,"body":"{big}"}},"old_record":{{"id":"k1","small":6,"body":"{big}"}},"pk":["id"],"unchanged_toast":["body"]}}"#
+        );
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn an_event_that_fits_is_not_touched() {
+        let mut ev = big_update();
+        assert_eq!(ev.shrink_to(20_000).unwrap(), Shrink::Fits);
+        assert!(ev.errors.is_empty());
+        assert!(ev.record.unwrap().get().contains("xxxx"));
+    }
+
+    #[test]
+    fn oversized_values_are_dropped_with_the_413_error() {
+        let mut ev = big_update();
+        assert_eq!(ev.shrink_to(1000).unwrap(), Shrink::SmallValues);
+        assert_eq!(
+            ev.record.as_ref().unwrap().get(),
+            r#"{"id":"k1","small":7}"#
+        );
+        assert_eq!(
+            ev.old_record.as_ref().unwrap().get(),
+            r#"{"id":"k1","small":6}"#
+        );
+        assert_eq!(ev.errors, [PAYLOAD_TOO_LARGE]);
+        assert!(ev.unchanged_toast.is_empty());
+        assert_eq!(ev.columns.len(), 3, "columns still describe the table");
+        // Idempotent: a second pass neither changes the values nor repeats the error.
+        assert_eq!(ev.shrink_to(1000).unwrap(), Shrink::Fits);
+        assert_eq!(ev.errors.len(), 1);
+        let json = serde_json::to_string(&ev).unwrap();
+        assert!(json.contains(r#""errors":["Error 413: Payload Too Large"]"#));
+    }
+
+    #[test]
+    fn a_tighter_limit_keeps_only_the_key_and_a_huge_key_is_refused() {
+        let mut ev = big_update();
+        assert_eq!(ev.shrink_to(30).unwrap(), Shrink::KeyOnly);
+        assert_eq!(ev.record.as_ref().unwrap().get(), r#"{"id":"k1"}"#);
+        assert_eq!(ev.old_record.as_ref().unwrap().get(), r#"{"id":"k1"}"#);
+        let mut ev = big_update();
+        ev.pk = vec!["body".into()];
+        assert_eq!(ev.shrink_to(1000).unwrap(), Shrink::TooLarge);
+        assert!(ev.errors.is_empty(), "a refused event is left as it was");
+    }
+
+    #[test]
+    fn a_large_audience_is_split_into_bounded_disjoint_parts() {
+        let mut ev = big_update();
+        ev.shrink_to(1000).unwrap();
+        ev.subs = (0..5000).map(|i| format!("front-{}:{i}", i % 3)).collect();
+        ev.restricted = vec![Restriction {
+            columns: vec!["id".into()],
+            subs: (0..5000)
+                .step_by(7)
+                .map(|i| format!("front-{}:{i}", i % 3))
+                .collect(),
+        }];
+        let one = ev.split(usize::MAX).unwrap().unwrap();
+        assert_eq!(one.len(), 1);
+        let parts = ev.split(16 * 1024).unwrap().unwrap();
+        assert!(parts.len() > 5, "{} parts", parts.len());
+        let mut seen = Vec::new();
+        let mut limited = Vec::new();
+        for (i, bytes) in parts.iter().enumerate() {
+            assert!(
+                bytes.len() <= 16 * 1024,
+                "part {i} has {} bytes",
+                bytes.len()
+            );
+            let p: ChangeEvent = serde_json::from_slice(bytes).unwrap();
+            assert_eq!(p.part, i as u32);
+            assert_eq!(p.position(), ev.position());
+            assert_eq!(
+                p.record.as_ref().unwrap().get(),
+                ev.record.as_ref().unwrap().get()
+            );
+            for r in &p.restricted {
+                assert_eq!(r.columns, ["id"]);
+                assert!(r.subs.iter().all(|s| p.subs.contains(s)));
+                limited.extend(r.subs.clone());
+            }
+            seen.extend(p.subs);
+        }
+        assert_eq!(seen, ev.subs, "every subscriber once, in order");
+        assert_eq!(limited, ev.restricted[0].subs);
+        assert!(ev.split(100).unwrap().is_none());
     }
 }

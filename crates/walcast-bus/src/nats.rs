@@ -64,6 +64,13 @@ impl NatsBus {
         headers: &[(&str, &str)],
         payload: Bytes,
     ) -> Result<(), BusError> {
+        let max = self.max_payload();
+        if payload.len() > max {
+            return Err(BusError::PayloadTooLarge {
+                size: payload.len(),
+                max,
+            });
+        }
         let mut map = HeaderMap::new();
         for (k, v) in headers {
             map.insert(*k, *v);
@@ -129,6 +136,14 @@ impl NatsBus {
         Ok(Subscription {
             inner: Box::pin(stream),
         })
+    }
+
+    /// The server's `max_payload` (1 MiB when not yet known).
+    pub fn max_payload(&self) -> usize {
+        match self.client.server_info().max_payload {
+            0 => 1024 * 1024,
+            n => n,
+        }
     }
 
     pub fn is_connected(&self) -> bool {

@@ -13,7 +13,11 @@
 //!   worker drops that front's subscriptions missing from it, and drops every
 //!   subscription of a front not heard from for [`FRONT_EXPIRY`] (a dead front).
 //! * `resync` (worker → fronts): a worker that starts leading asks every front to
-//!   register all its subscriptions again.
+//!   register all its subscriptions again (each keeping its `from` position). The
+//!   request's payload is a subject on which each front reports [`ResyncProgress`]:
+//!   `started` at once, `done` when all its subscriptions are registered again. The new
+//!   leader reads the slot only once every front that started is done (bounded by
+//!   [`RESYNC_MAX_WAIT`]), so the backlog it replays is matched against everything.
 //!
 //! Over NATS these are the subjects below; in one process the front calls the worker's
 //! [`SubsHandler`] directly (same types, no serialisation).
@@ -33,6 +37,28 @@ pub const SUBJECT_REGISTER: &str = "walcast.cdc.subs.register";
 pub const SUBJECT_UNREGISTER: &str = "walcast.cdc.subs.unregister";
 pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
 pub const SUBJECT_RESYNC: &str = "walcast.cdc.subs.resync";
+
+/// How long a new leader waits for fronts to answer its resync request.
+pub const RESYNC_GRACE: Duration = Duration::from_millis(500);
+/// How long it waits at most for fronts that answered to finish registering.
+pub const RESYNC_MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A front's answer to a resync request.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ResyncProgress {
+    pub front: String,
+    /// `false`: started registering; `true`: everything registered again.
+    pub done: bool,
+}
+
+/// What a resync request gathered.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ResyncSummary {
+    /// Fronts that answered.
+    pub fronts: usize,
+    /// Fronts still registering when the wait ended.
+    pub unfinished: usize,
+}
 
 /// How often a front sends its full subscription list.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
@@ -59,6 +85,13 @@ pub struct SubscriptionSpec {
     pub select: Option<Vec<String>>,
     /// The subscriber's JWT claims (JSON object); its `role` is the Postgres role.
     pub claims: serde_json::Value,
+    /// The position the subscription has been effective from since it was first
+    /// registered (the first reply's `effective_from`), sent again when a front registers
+    /// it anew (resync to a new leader, token refresh): the worker keeps matching from
+    /// there, so a backlog it replays after a failover or a restart is matched as the
+    /// first leader matched it. `None` on the first registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Lsn>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -162,6 +195,19 @@ impl SubsClient {
         }
     }
 
+    /// Answer a resync request (its payload is where to).
+    pub async fn resync_progress(&self, to: &str, p: &ResyncProgress) -> Result<(), BusError> {
+        match self {
+            SubsClient::Local(_) => Ok(()),
+            SubsClient::Nats(c) => {
+                let body = serde_json::to_vec(p).map_err(|e| BusError::Publish(e.to_string()))?;
+                c.publish(to.to_string(), Bytes::from(body))
+                    .await
+                    .map_err(|e| BusError::Publish(e.to_string()))
+            }
+        }
+    }
+
     pub async fn sync(&self, msg: SyncMessage) -> Result<(), BusError> {
         match self {
             SubsClient::Local(h) => {
@@ -191,6 +237,7 @@ async fn publish_json<T: Serialize>(
 pub async fn serve_nats(
     bus: &Bus,
     handler: Arc<dyn SubsHandler>,
+    resynced: tokio::sync::oneshot::Sender<ResyncSummary>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BusError> {
     use futures_util::StreamExt;
@@ -209,10 +256,18 @@ pub async fn serve_nats(
     let mut register = sub(SUBJECT_REGISTER).await?;
     let mut unregister = sub(SUBJECT_UNREGISTER).await?;
     let mut sync = sub(SUBJECT_SYNC).await?;
-    client
-        .publish(SUBJECT_RESYNC, Bytes::new())
+    // Listening for registrations now: ask the fronts for theirs (answered beside this
+    // loop, which must keep serving the registrations it asks for).
+    let inbox = client.new_inbox();
+    let progress = client
+        .subscribe(inbox.clone())
         .await
-        .map_err(|e| BusError::Publish(e.to_string()))?;
+        .map_err(|e| BusError::Subscribe(e.to_string()))?;
+    let asker = client.clone();
+    tokio::spawn(async move {
+        let summary = request_resync(&asker, inbox, progress, RESYNC_GRACE, RESYNC_MAX_WAIT).await;
+        let _ = resynced.send(summary);
+    });
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -248,6 +303,59 @@ pub async fn serve_nats(
     }
 }
 
+/// Publish a resync request whose answers come to `progress`; wait `grace` for fronts to
+/// answer, then until each that answered is done (or `max` passed).
+async fn request_resync(
+    client: &async_nats::Client,
+    reply: String,
+    mut progress: async_nats::Subscriber,
+    grace: Duration,
+    max: Duration,
+) -> ResyncSummary {
+    use futures_util::StreamExt;
+    use std::collections::HashMap;
+    if let Err(e) = client.publish(SUBJECT_RESYNC, Bytes::from(reply)).await {
+        tracing::warn!(error = %e, "cannot ask fronts to register again");
+        return ResyncSummary::default();
+    }
+    let started = tokio::time::Instant::now();
+    let mut fronts: HashMap<String, bool> = HashMap::new();
+    loop {
+        let waiting = fronts.values().filter(|done| !**done).count();
+        let deadline = if started.elapsed() < grace || waiting > 0 {
+            started + if waiting > 0 { max } else { grace }
+        } else {
+            break;
+        };
+        match tokio::time::timeout_at(deadline, progress.next()).await {
+            Ok(Some(msg)) => match serde_json::from_slice::<ResyncProgress>(&msg.payload) {
+                Ok(p) => {
+                    let done = fronts.entry(p.front).or_insert(false);
+                    *done |= p.done;
+                }
+                Err(e) => tracing::warn!(error = %e, "malformed resync progress"),
+            },
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let summary = ResyncSummary {
+        fronts: fronts.len(),
+        unfinished: fronts.values().filter(|done| !**done).count(),
+    };
+    if summary.unfinished > 0 {
+        tracing::warn!(
+            ?summary,
+            "fronts still registering after the resync wait; reading anyway"
+        );
+    } else {
+        tracing::info!(
+            fronts = summary.fronts,
+            "fronts registered their subscriptions again"
+        );
+    }
+    summary
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +372,7 @@ mod tests {
             filter: Some("id=eq.1".into()),
             select: None,
             claims: serde_json::json!({"role": "authenticated", "sub": "u1"}),
+            from: None,
         };
         let text = serde_json::to_string(&RegisterRequest {
             subs: vec![spec.clone()],

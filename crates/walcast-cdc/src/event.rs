@@ -180,6 +180,8 @@ pub fn build_event(
         unchanged_toast: unchanged,
         subs: Vec::new(),
         restricted: Vec::new(),
+        errors: Vec::new(),
+        part: 0,
     })
 }
 

@@ -15,8 +15,22 @@ pub struct LostRange {
     pub to: Lsn,
 }
 
+/// The last change that was skipped or cut down instead of delivered whole.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SkippedChange {
+    /// `schema.table` (or the line's start when it could not be decoded).
+    pub table: String,
+    /// Commit LSN of its transaction.
+    pub commit_lsn: Option<Lsn>,
+    /// Why (`payload_too_large`, `undecodable`, `event`).
+    pub reason: String,
+}
+
 #[derive(Default)]
 pub struct CdcHealth {
+    skipped_total: AtomicU64,
+    oversized_total: AtomicU64,
+    last_skipped: Mutex<Option<SkippedChange>>,
     slot: Mutex<String>,
     active: AtomicBool,
     leader: AtomicBool,
@@ -38,6 +52,12 @@ pub struct CdcHealthReport {
     pub slot_lost_total: u64,
     pub last_slot_loss: Option<LostRange>,
     pub last_error: Option<String>,
+    /// Changes that could not be delivered at all (a deterministic failure: retrying
+    /// would stall the slot forever), since start.
+    pub skipped_changes_total: u64,
+    /// Changes delivered without their large values (`Error 413`), since start.
+    pub oversized_changes_total: u64,
+    pub last_skipped_change: Option<SkippedChange>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -79,6 +99,17 @@ impl CdcHealth {
         *lock(&self.last_error) = error;
     }
 
+    /// A change was skipped (`oversized: false`) or delivered reduced (`true`).
+    pub fn record_skip(&self, skip: SkippedChange, oversized: bool) {
+        let counter = if oversized {
+            &self.oversized_total
+        } else {
+            &self.skipped_total
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.last_skipped) = Some(skip);
+    }
+
     pub fn report(&self) -> CdcHealthReport {
         let confirmed = self.confirmed_flush.load(Ordering::SeqCst);
         CdcHealthReport {
@@ -90,6 +121,9 @@ impl CdcHealth {
             slot_lost_total: self.slot_lost_total.load(Ordering::SeqCst),
             last_slot_loss: lock(&self.last_loss).clone(),
             last_error: lock(&self.last_error).clone(),
+            skipped_changes_total: self.skipped_total.load(Ordering::SeqCst),
+            oversized_changes_total: self.oversized_total.load(Ordering::SeqCst),
+            last_skipped_change: lock(&self.last_skipped).clone(),
         }
     }
 }

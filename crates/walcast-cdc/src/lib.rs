@@ -21,6 +21,7 @@ pub mod slot;
 pub mod source;
 pub mod sql;
 pub mod stream;
+pub mod telemetry;
 pub mod types;
 
 use std::sync::Arc;
@@ -95,7 +96,12 @@ pub struct CdcConfig {
     pub take_over_slot: bool,
     /// How row-level security is checked (batching, shards, timeout).
     pub rls: pipeline::RlsOptions,
+    /// A change whose values are larger is delivered without them (`Error 413`).
+    pub max_record_bytes: usize,
 }
+
+/// Default of [`CdcConfig::max_record_bytes`]: 1 MiB, as Supabase's `max_record_bytes`.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
 
 /// Connect, logging (not panicking) when the connection ends.
 pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
@@ -149,7 +155,7 @@ async fn session(
     cfg: &CdcConfig,
     bus: &Bus,
     matcher: &Arc<matcher::Matcher>,
-    health: &CdcHealth,
+    health: &Arc<CdcHealth>,
     cancel: &CancellationToken,
 ) -> Result<(), CdcError> {
     let client = connect(&cfg.database_url).await?;
@@ -181,10 +187,14 @@ async fn session(
     let mut pipeline = pipeline::Pipeline::new(
         bus.clone(),
         matcher.clone(),
-        cfg.origin.clone(),
         catalog,
-        cfg.database_url.clone(),
-        cfg.rls.clone(),
+        pipeline::PipelineOptions {
+            origin: cfg.origin.clone(),
+            database_url: cfg.database_url.clone(),
+            rls: cfg.rls.clone(),
+            max_record_bytes: cfg.max_record_bytes,
+            health: health.clone(),
+        },
     )
     .await?;
     match cfg.source {

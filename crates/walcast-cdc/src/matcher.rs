@@ -289,6 +289,7 @@ mod tests {
             filter: filter.map(String::from),
             select: None,
             claims: serde_json::json!({"role": "anon"}),
+            from: None,
         }
     }
 

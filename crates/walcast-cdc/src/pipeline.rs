@@ -7,16 +7,20 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio_postgres::Client;
+use walcast_bus::event::Shrink;
 use walcast_bus::{
-    subject::change_subject, Bus, ChangeKind, Restriction, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
+    subject::change_subject, Bus, BusError, ChangeEvent, ChangeKind, Restriction, HEADER_LSN,
+    HEADER_ORIGIN, HEADER_SEQ,
 };
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
 use crate::authorize::{authorize_batch, PendingChange, RlsMode};
 use crate::event::{build_event, TxnContext};
+use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
 use crate::registry::{TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
 use crate::rls::RlsChecker;
+use crate::telemetry;
 use crate::types::TypeCache;
 use crate::CdcError;
 
@@ -72,6 +76,22 @@ pub fn shard_of(project: &str, shards: usize) -> usize {
     (h % shards.max(1) as u64) as usize
 }
 
+/// What a [`Pipeline`] is built with besides its connections.
+pub struct PipelineOptions {
+    /// This instance's id, sent as `Walcast-Origin`.
+    pub origin: String,
+    /// For the RLS checkers' connections.
+    pub database_url: String,
+    pub rls: RlsOptions,
+    /// Values larger than this are dropped from a change (`Error 413`).
+    pub max_record_bytes: usize,
+    /// Where skipped and reduced changes are reported.
+    pub health: Arc<CdcHealth>,
+}
+
+/// Room left in a bus message for the subject, headers and framing.
+const MESSAGE_OVERHEAD: usize = 1024;
+
 pub struct Pipeline {
     bus: Bus,
     matcher: Arc<Matcher>,
@@ -80,6 +100,8 @@ pub struct Pipeline {
     /// Decoded changes waiting to be authorized and published, in WAL order.
     pending: Vec<PendingChange>,
     origin: String,
+    max_record_bytes: usize,
+    health: Arc<CdcHealth>,
     catalog: Client,
     types: TypeCache,
     routes: HashMap<(String, String), String>,
@@ -92,21 +114,22 @@ impl Pipeline {
     pub async fn new(
         bus: Bus,
         matcher: Arc<Matcher>,
-        origin: String,
         catalog: Client,
-        database_url: String,
-        rls_opts: RlsOptions,
+        opts: PipelineOptions,
     ) -> Result<Pipeline, CdcError> {
         let types = TypeCache::load(&catalog).await?;
+        let rls_opts = opts.rls;
         Ok(Pipeline {
             bus,
             matcher,
             shards: (0..rls_opts.shards.max(1))
-                .map(|_| RlsChecker::new(database_url.clone(), rls_opts.connections))
+                .map(|_| RlsChecker::new(opts.database_url.clone(), rls_opts.connections))
                 .collect(),
             rls_opts,
             pending: Vec::new(),
-            origin,
+            origin: opts.origin,
+            max_record_bytes: opts.max_record_bytes,
+            health: opts.health,
             catalog,
             types,
             routes: HashMap::new(),
@@ -155,13 +178,24 @@ impl Pipeline {
     }
 
     pub async fn on_line(&mut self, data: &str) -> Result<LineOutcome, CdcError> {
-        let change = decode(data).map_err(|e| {
-            metrics::counter!("walcast_cdc_decode_errors_total").increment(1);
-            CdcError::Decode {
-                error: e.to_string(),
-                line: data.chars().take(300).collect(),
+        let change = match decode(data) {
+            Ok(change) => change,
+            Err(e) => {
+                metrics::counter!("walcast_cdc_decode_errors_total").increment(1);
+                let line: String = data.chars().take(300).collect();
+                if self.txn.is_some() {
+                    // A row line of a transaction whose framing we have: reading it again
+                    // gives the same bytes, so skip it rather than stall the slot.
+                    let lsn = self.txn.as_ref().map(|t| t.commit_lsn);
+                    self.skip(&line, lsn, "undecodable", &e.to_string());
+                    return Ok(LineOutcome::Continue);
+                }
+                return Err(CdcError::Decode {
+                    error: e.to_string(),
+                    line,
+                });
             }
-        })?;
+        };
         match change {
             Change::Begin(m) => {
                 let commit_lsn = m.next_lsn.ok_or_else(|| CdcError::Decode {
@@ -245,7 +279,17 @@ impl Pipeline {
             // A type created after start (an enum, a domain …).
             self.types.reload(&self.catalog).await?;
         }
-        let event = build_event(project, kind, row, txn, self.seq, &self.types)?;
+        let mut event = match build_event(project, kind, row, txn, self.seq, &self.types) {
+            Ok(event) => event,
+            Err(e) => {
+                let table = format!("{}.{}", row.schema, row.table);
+                self.skip(&table, Some(txn.commit_lsn), "event", &e.to_string());
+                return Ok(LineOutcome::Continue);
+            }
+        };
+        if !self.fit_record(&mut event)? {
+            return Ok(LineOutcome::Continue);
+        }
         // Filters see the old row for a DELETE; otherwise the new one, with unchanged
         // TOASTed values taken from the old row.
         let view = if kind == ChangeKind::Delete {
@@ -359,28 +403,139 @@ impl Pipeline {
                 }
                 change.event.subs.extend(ids);
             }
-            self.publish(&change.event).await?;
+            self.publish(&mut change.event).await?;
         }
         Ok(())
     }
 
-    async fn publish(&self, event: &walcast_bus::ChangeEvent) -> Result<(), CdcError> {
+    /// The largest message the bus takes, less room for subject and headers.
+    fn message_budget(&self) -> usize {
+        self.bus
+            .max_payload()
+            .map_or(usize::MAX, |m| m.saturating_sub(MESSAGE_OVERHEAD))
+    }
+
+    /// Bring a change's values within `MAX_RECORD_BYTES` and what one bus message can
+    /// carry, the Supabase way (see [`ChangeEvent::shrink_to`]). `false`: it cannot be
+    /// sent at all (skipped, reported).
+    fn fit_record(&self, event: &mut ChangeEvent) -> Result<bool, CdcError> {
+        let columns: usize = event
+            .columns
+            .iter()
+            .map(|c| c.name.len() + c.type_name.len() + 24)
+            .sum();
+        let limit = self.max_record_bytes.min(
+            self.message_budget()
+                .saturating_sub(columns + MESSAGE_OVERHEAD),
+        );
+        let size = event.record_bytes();
+        let outcome = event
+            .shrink_to(limit)
+            .map_err(crate::event::EventError::Json)?;
+        let table = format!("{}.{}", event.schema, event.table);
+        match outcome {
+            Shrink::Fits => Ok(true),
+            Shrink::SmallValues | Shrink::KeyOnly => {
+                metrics::counter!(telemetry::CHANGES_OVERSIZED).increment(1);
+                tracing::warn!(%table, commit_lsn = %event.commit_lsn, bytes = size, limit, "change too large: delivered without its large values (Error 413)");
+                self.health.record_skip(
+                    SkippedChange {
+                        table,
+                        commit_lsn: Some(event.commit_lsn),
+                        reason: "payload_too_large".into(),
+                    },
+                    true,
+                );
+                Ok(true)
+            }
+            Shrink::TooLarge => {
+                self.skip(
+                    &table,
+                    Some(event.commit_lsn),
+                    "payload_too_large",
+                    &format!("even its primary key is over {limit} bytes"),
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    /// A change that no retry can deliver: log, count, report, move on.
+    fn skip(&self, table: &str, commit_lsn: Option<Lsn>, reason: &'static str, error: &str) {
+        metrics::counter!(telemetry::CHANGES_SKIPPED, "reason" => reason).increment(1);
+        tracing::error!(
+            table,
+            ?commit_lsn,
+            reason,
+            error,
+            "change skipped: it cannot be delivered"
+        );
+        self.health.record_skip(
+            SkippedChange {
+                table: table.to_string(),
+                commit_lsn,
+                reason: reason.to_string(),
+            },
+            false,
+        );
+    }
+
+    /// Publish a change: one message, or several parts when its audience does not fit
+    /// one. A change the server refuses as too large (its `max_payload` can shrink on a
+    /// reconnect) is fitted again to the new size once; if that fails too it is skipped.
+    async fn publish(&self, event: &mut ChangeEvent) -> Result<(), CdcError> {
+        for attempt in 0..2 {
+            if attempt > 0 && !self.fit_record(event)? {
+                return Ok(());
+            }
+            let Some(messages) = event
+                .split(self.message_budget())
+                .map_err(crate::event::EventError::Json)?
+            else {
+                let table = format!("{}.{}", event.schema, event.table);
+                self.skip(
+                    &table,
+                    Some(event.commit_lsn),
+                    "payload_too_large",
+                    "one subscriber's share does not fit a message",
+                );
+                return Ok(());
+            };
+            if messages.len() > 1 {
+                metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
+            }
+            match self.send(event, messages).await {
+                Err(CdcError::Bus(BusError::PayloadTooLarge { .. })) => continue,
+                other => return other,
+            }
+        }
+        let table = format!("{}.{}", event.schema, event.table);
+        self.skip(
+            &table,
+            Some(event.commit_lsn),
+            "payload_too_large",
+            "the bus refused it twice",
+        );
+        Ok(())
+    }
+
+    async fn send(&self, event: &ChangeEvent, messages: Vec<Vec<u8>>) -> Result<(), CdcError> {
         let subject = change_subject(&event.project, &event.schema, &event.table);
-        let payload =
-            Bytes::from(serde_json::to_vec(event).map_err(crate::event::EventError::Json)?);
         let lsn = event.commit_lsn.to_string();
         let seq = event.seq.to_string();
-        self.bus
-            .publish(
-                subject,
-                &[
-                    (HEADER_ORIGIN, &self.origin),
-                    (HEADER_LSN, &lsn),
-                    (HEADER_SEQ, &seq),
-                ],
-                payload,
-            )
-            .await?;
+        for payload in messages {
+            self.bus
+                .publish(
+                    subject.clone(),
+                    &[
+                        (HEADER_ORIGIN, &self.origin),
+                        (HEADER_LSN, &lsn),
+                        (HEADER_SEQ, &seq),
+                    ],
+                    Bytes::from(payload),
+                )
+                .await?;
+        }
         metrics::counter!("walcast_cdc_changes_published_total").increment(1);
         Ok(())
     }

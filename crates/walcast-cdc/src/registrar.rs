@@ -118,7 +118,10 @@ impl Registrar {
             .get(0);
         let at: Lsn = at.parse().unwrap_or_default();
         for (spec, filter) in accepted {
-            self.inner.matcher.insert(Sub::new(spec, filter, at));
+            // Registered before (a resync, a token refresh): keep its position, so a
+            // replayed backlog is matched as it was the first time.
+            let from = spec.from.map_or(at, |f| f.min(at));
+            self.inner.matcher.insert(Sub::new(spec, filter, from));
         }
         metrics::counter!("walcast_cdc_subscriptions_registered_total").increment(ids.len() as u64);
         Ok(RegisterReply {

@@ -221,13 +221,7 @@ impl Conn {
             subs.push(n);
         }
         shared.topics.add(&key, out.clone());
-        let refused = match registry::register(
-            &shared.subs,
-            specs.clone(),
-            shared.cfg.register_timeout,
-        )
-        .await
-        {
+        let refused = match registry::register(&shared, specs.clone()).await {
             Ok(r) => r,
             Err(e) => {
                 out.close(Vec::new());
@@ -394,7 +388,7 @@ impl Conn {
         let specs = shared.registry.set_claims(&ch.subs, &claims);
         let jr = ch.join_ref.clone();
         let out = ch.out.clone();
-        let msg = match registry::register(&shared.subs, specs, shared.cfg.register_timeout).await {
+        let msg = match registry::register(&shared, specs).await {
             Ok(refused) => subscribed_message(jr.as_deref(), topic, &refused),
             Err(e) => server::system(
                 jr.as_deref(),

@@ -24,12 +24,35 @@ use crate::state::Shared;
 use crate::telemetry;
 
 pub(crate) async fn run(shared: Arc<Shared>, mut sub: Subscription, cancel: CancellationToken) {
+    let mut replays = ReplayGuard::default();
     while let Some(m) = crate::next_message(&mut sub, &cancel, "change").await {
-        deliver(&shared, &m);
+        deliver(&shared, &m, &mut replays);
     }
 }
 
-fn deliver(shared: &Shared, msg: &BusMessage) {
+/// Drops what this front already delivered. Changes leave the leader in commit order, so
+/// `(commit_lsn, seq, part)` only grows; a new leader (or a restarted one) replays from
+/// the slot's last acknowledged position, and everything up to what we saw last is a
+/// replay that each channel already got.
+#[derive(Default)]
+pub(crate) struct ReplayGuard {
+    last: Option<(walcast_wal2json::Lsn, u32, u32)>,
+}
+
+impl ReplayGuard {
+    /// True if the change is new (and remember it).
+    pub(crate) fn admit(&mut self, ev: &ChangeEvent) -> bool {
+        let at = (ev.commit_lsn, ev.seq, ev.part);
+        if self.last.is_some_and(|last| at <= last) {
+            metrics::counter!(telemetry::REPLAYS_DROPPED).increment(1);
+            return false;
+        }
+        self.last = Some(at);
+        true
+    }
+}
+
+fn deliver(shared: &Shared, msg: &BusMessage, replays: &mut ReplayGuard) {
     let ev: ChangeEvent = match serde_json::from_slice(&msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
@@ -38,6 +61,9 @@ fn deliver(shared: &Shared, msg: &BusMessage) {
             return;
         }
     };
+    if !replays.admit(&ev) {
+        return;
+    }
     if ev.restricted.is_empty() {
         deliver_event(shared, &ev);
         return;
@@ -117,6 +143,7 @@ pub(crate) fn encode(ev: &ChangeEvent) -> Option<EncodedChange> {
             value: v,
         })
         .collect();
+    let errors: Vec<&str> = ev.errors.iter().map(String::as_str).collect();
     let old_rec: Vec<ColumnValue<'_>> = old
         .iter()
         .map(|(k, v)| ColumnValue {
@@ -134,7 +161,7 @@ pub(crate) fn encode(ev: &ChangeEvent) -> Option<EncodedChange> {
             columns: Some(&columns),
             record: &rec,
             old_record: &old_rec,
-            errors: None,
+            errors: (!errors.is_empty()).then_some(errors.as_slice()),
         }
         .encode(),
     )

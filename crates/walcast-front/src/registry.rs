@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{
-    RegisterRequest, SubsClient, SubscriptionSpec, SyncMessage, UnregisterRequest, SYNC_INTERVAL,
+    RegisterRequest, ResyncProgress, SubsClient, SubscriptionSpec, SyncMessage, UnregisterRequest,
+    SYNC_INTERVAL,
 };
 use walcast_bus::Subscription;
 use walcast_protocol::PgChangeBinding;
@@ -124,6 +124,16 @@ impl Registry {
         out
     }
 
+    /// Note where these subscriptions became effective, unless they already were.
+    pub(crate) fn set_from(&self, ids: &[String], at: walcast_wal2json::Lsn) {
+        let mut g = self.write();
+        for n in ids.iter().filter_map(|id| self.own(id)) {
+            if let Some(t) = g.get_mut(&n) {
+                t.spec.from.get_or_insert(at);
+            }
+        }
+    }
+
     pub(crate) fn specs_of(&self, ns: &[u64]) -> Vec<SubscriptionSpec> {
         let g = self.read();
         ns.iter()
@@ -170,31 +180,34 @@ pub(crate) fn spec_for(
         filter: b.filter.clone().filter(|f| !f.trim().is_empty()),
         select: b.select.clone(),
         claims: claims.clone(),
+        from: None,
     }
 }
 
 /// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
-/// `Err` is a readable reason the whole request failed (no answer in time …).
+/// `Err` is a readable reason the whole request failed (no answer in time …). An
+/// accepted subscription keeps the position it first became effective from.
 pub(crate) async fn register(
-    subs: &SubsClient,
+    shared: &Shared,
     specs: Vec<SubscriptionSpec>,
-    timeout: Duration,
 ) -> Result<HashMap<String, String>, String> {
     if specs.is_empty() {
         return Ok(HashMap::new());
     }
     let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
-    let reply = subs
-        .register(RegisterRequest { subs: specs }, timeout)
+    let reply = shared
+        .subs
+        .register(RegisterRequest { subs: specs }, shared.cfg.register_timeout)
         .await
         .map_err(|e| {
             telemetry::error("register");
             e.to_string()
         })?;
     let mut refused = HashMap::new();
+    let mut accepted = Vec::with_capacity(ids.len());
     for id in ids {
         match reply.results.iter().find(|r| r.id == id) {
-            Some(r) if r.ok => {}
+            Some(r) if r.ok => accepted.push(id),
             Some(r) => {
                 let why = r
                     .error
@@ -209,6 +222,9 @@ pub(crate) async fn register(
                 );
             }
         }
+    }
+    if let Some(at) = reply.effective_from {
+        shared.registry.set_from(&accepted, at);
     }
     Ok(refused)
 }
@@ -250,23 +266,39 @@ pub(crate) async fn resync_loop(
     mut sub: Subscription,
     cancel: CancellationToken,
 ) {
-    while crate::next_message(&mut sub, &cancel, "resync")
-        .await
-        .is_some()
-    {
+    while let Some(request) = crate::next_message(&mut sub, &cancel, "resync").await {
+        // The request's payload is where the new leader waits for our progress.
+        let reply_to = std::str::from_utf8(&request.payload)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        let progress = |done: bool| ResyncProgress {
+            front: shared.front_id.clone(),
+            done,
+        };
+        if let Some(to) = &reply_to {
+            if let Err(e) = shared.subs.resync_progress(to, &progress(false)).await {
+                tracing::warn!(error = %e, "cannot answer a resync request");
+            }
+        }
         let specs = shared.registry.all_specs();
         tracing::info!(
             count = specs.len(),
             "resync requested: registering all subscriptions again"
         );
         for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
-            match register(&shared.subs, chunk.to_vec(), shared.cfg.register_timeout).await {
+            match register(&shared, chunk.to_vec()).await {
                 Ok(refused) => {
                     for (id, why) in refused {
                         tracing::warn!(%id, reason = %why, "subscription refused on resync");
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "resync registration failed"),
+            }
+        }
+        if let Some(to) = &reply_to {
+            if let Err(e) = shared.subs.resync_progress(to, &progress(true)).await {
+                tracing::warn!(error = %e, "cannot report a finished resync");
             }
         }
     }

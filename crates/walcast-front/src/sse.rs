@@ -304,7 +304,7 @@ pub(crate) async fn handler(
         .ready
         .get_or_init(|| async {
             let specs = shared.registry.specs_of(&[chan.sub]);
-            match registry::register(&shared.subs, specs, shared.cfg.register_timeout).await {
+            match registry::register(&shared, specs).await {
                 Ok(refused) => match refused.into_values().next() {
                     None => Ok(()),
                     Some(why) => Err((StatusCode::BAD_REQUEST, why)),

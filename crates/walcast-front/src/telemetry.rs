@@ -23,6 +23,10 @@ pub const SLOW_CONSUMERS: &str = "walcast_front_slow_consumer_disconnects_total"
 /// Counter: broadcasts received, label `source` (`socket`, `rest`, `bus`).
 pub const BROADCASTS: &str = "walcast_front_broadcasts_total";
 
+/// Counter: change messages dropped because this front already delivered them (a
+/// replay after a leader change or a worker restart).
+pub const REPLAYS_DROPPED: &str = "walcast_front_replays_dropped_total";
+
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
 }

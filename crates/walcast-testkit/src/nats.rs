@@ -17,6 +17,8 @@ const INSTALL_NATS: &str = "apt-get update && apt-get install -y nats-server \
 /// A running nats-server with JetStream; stopped and deleted on drop.
 pub struct Nats {
     binary: PathBuf,
+    /// `max_payload` in bytes, when not the server's default (1 MiB).
+    max_payload: Option<usize>,
     port: u16,
     process: Option<Supervised>,
     dir: TempDir,
@@ -24,6 +26,11 @@ pub struct Nats {
 
 impl Nats {
     pub fn start() -> Result<Nats, KitError> {
+        Nats::start_with_max_payload(None)
+    }
+
+    /// A server whose `max_payload` (largest message) is `max_payload` bytes.
+    pub fn start_with_max_payload(max_payload: Option<usize>) -> Result<Nats, KitError> {
         let binary = find_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("walcast-nats-")
@@ -31,6 +38,7 @@ impl Nats {
             .map_err(|e| KitError::io("creating temp dir", e))?;
         let mut nats = Nats {
             binary,
+            max_payload,
             port: 0,
             process: None,
             dir,
@@ -49,7 +57,7 @@ impl Nats {
     }
 
     fn boot(&mut self) -> Result<(), KitError> {
-        let args = vec![
+        let mut args = vec![
             "-a".to_string(),
             "127.0.0.1".into(),
             "-p".into(),
@@ -58,6 +66,14 @@ impl Nats {
             "-sd".into(),
             self.dir.path().join("store").display().to_string(),
         ];
+        if let Some(max) = self.max_payload {
+            // Only a configuration file sets it; the flags above still apply.
+            let conf = self.dir.path().join("nats.conf");
+            std::fs::write(&conf, format!("max_payload: {max}\n"))
+                .map_err(|e| KitError::io("writing nats.conf", e))?;
+            args.push("-c".into());
+            args.push(conf.display().to_string());
+        }
         let log = self.dir.path().join("nats.log");
         let mut proc = Supervised::spawn(&self.binary, &args, log, "KILL", None, self.dir.path())?;
         let deadline = Instant::now() + READY_TIMEOUT;

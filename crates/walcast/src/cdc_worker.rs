@@ -17,9 +17,6 @@ use walcast_cdc::registrar::Registrar;
 use walcast_cdc::CdcHealth;
 use walcast_lease::LeaseMode;
 
-/// How long a starting worker waits for fronts to re-register their subscriptions.
-const RESYNC_GRACE: Duration = Duration::from_millis(500);
-
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
 
@@ -56,6 +53,7 @@ pub fn describe(
         "slot_name": cdc.slot_name,
         "num_shards": cdc.num_shards,
         "rls_batch": cdc.rls_batch,
+        "max_record_bytes": cdc.max_record_bytes,
         "rls_mode": format!("{:?}", cdc.rls_mode).to_lowercase(),
         "rls_check_timeout_ms": cdc.rls_check_timeout_ms,
         "rls_connections": cdc.rls_connections,
@@ -193,8 +191,10 @@ pub async fn run(
                 let bus = bus.clone();
                 let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar);
                 let t = term.clone();
+                let (resynced, resync_done) = tokio::sync::oneshot::channel();
                 let task = tokio::spawn(async move {
-                    let subs = walcast_bus::subs::serve_nats(&bus, handler, t.cancelled());
+                    let subs =
+                        walcast_bus::subs::serve_nats(&bus, handler, resynced, t.cancelled());
                     let admin = walcast_bus::admin::serve_nats(&bus, admin, t.cancelled());
                     let (subs, admin) = tokio::join!(subs, admin);
                     if let Err(e) = subs {
@@ -204,11 +204,12 @@ pub async fn run(
                         tracing::error!(error = %e, "admin requests stopped");
                     }
                 });
-                // Fronts answer the resync request by registering again: give them a
-                // moment before decoding, so their subscriptions match from the start.
+                // Fronts answer the resync request by registering again (each
+                // subscription from its own position): wait until they are done before
+                // decoding, so the backlog is matched against all of them.
                 tokio::select! {
                     _ = term.cancelled() => {}
-                    _ = tokio::time::sleep(RESYNC_GRACE) => {}
+                    _ = resync_done => {}
                 }
                 Some(task)
             } else {

@@ -41,6 +41,11 @@ pub struct CdcArgs {
     /// side by side.
     #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub num_shards: u16,
+    /// A change whose values (new and old row, as JSON) are larger is delivered the way
+    /// Supabase does: large values dropped, the primary key kept, `errors: ["Error 413:
+    /// Payload Too Large"]`. The bus's own `max_payload` lowers it further.
+    #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = walcast_cdc::DEFAULT_MAX_RECORD_BYTES)]
+    pub max_record_bytes: usize,
     /// Changes authorized together: one statement per (table, role, claims) covers them all.
     #[arg(long, env = "CDC_RLS_BATCH", default_value_t = 1000)]
     pub rls_batch: usize,
@@ -108,6 +113,7 @@ impl CdcArgs {
             ack_interval: Duration::from_millis(self.ack_interval_ms),
             origin: origin.to_string(),
             take_over_slot: self.lease.lease_mode != LeaseMode::None,
+            max_record_bytes: self.max_record_bytes,
             rls: RlsOptions {
                 mode: match self.rls_mode {
                     RlsModeArg::Batched => RlsMode::Batched,

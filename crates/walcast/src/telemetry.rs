@@ -34,6 +34,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .map_err(|e| anyhow::anyhow!("metrics buckets: {e}"))?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
+    walcast_cdc::telemetry::describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

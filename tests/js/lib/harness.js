@@ -49,34 +49,73 @@ async function freePort() {
   return port
 }
 
-/** Start the throwaway services. */
-export async function startEnv() {
-  const child = spawn(bin('walcast-testenv'), [], { stdio: ['pipe', 'pipe', 'inherit'] })
+/**
+ * Start the throwaway services. `natsMaxPayload` lowers nats-server's max_payload (bytes).
+ * `env.command('restart-postgres' | 'restart-nats')` restarts one (Postgres: immediate
+ * shutdown, i.e. a crash restart); `env.db` is then reconnected.
+ */
+export async function startEnv({ natsMaxPayload } = {}) {
+  const extra = natsMaxPayload ? { WALCAST_TESTENV_NATS_MAX_PAYLOAD: String(natsMaxPayload) } : {}
+  const child = spawn(bin('walcast-testenv'), [], { stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, ...extra } })
   let buf = ''
-  const line = await new Promise((resolve, reject) => {
-    child.stdout.on('data', (d) => {
-      buf += d
-      const i = buf.indexOf('\n')
-      if (i >= 0) resolve(buf.slice(0, i))
-    })
-    child.on('exit', (code) => reject(new Error(`walcast-testenv exited ${code} (is Postgres with wal2json and nats-server installed? run ./dev/test)`)))
+  const lines = []
+  const waiters = []
+  child.stdout.on('data', (d) => {
+    buf += d
+    for (let i = buf.indexOf('\n'); i >= 0; i = buf.indexOf('\n')) {
+      const line = buf.slice(0, i)
+      buf = buf.slice(i + 1)
+      if (waiters.length) waiters.shift()(line)
+      else lines.push(line)
+    }
   })
+  const nextLine = (what, ms = 60000) =>
+    new Promise((resolve, reject) => {
+      if (lines.length) return resolve(lines.shift())
+      const t = setTimeout(() => reject(new Error(`walcast-testenv: no answer to ${what} within ${ms} ms`)), ms)
+      waiters.push((l) => {
+        clearTimeout(t)
+        resolve(l)
+      })
+    })
+  const exited = new Promise((resolve, reject) =>
+    child.on('exit', (code) => reject(new Error(`walcast-testenv exited ${code} (is Postgres with wal2json and nats-server installed? run ./dev/test)`))),
+  )
+  exited.catch(() => {})
+  const line = await Promise.race([nextLine('start'), exited])
   const env = JSON.parse(line)
-  const db = new pg.Client({ connectionString: env.database_url })
-  await db.connect()
+  const connect = async () => {
+    const c = new pg.Client({ connectionString: env.database_url })
+    c.on('error', () => {})
+    await c.connect()
+    return c
+  }
+  const db = await connect()
   return {
     ...env,
     db,
+    async command(cmd) {
+      child.stdin.write(cmd + '\n')
+      const answer = await nextLine(cmd)
+      if (answer !== 'ok') throw new Error(`walcast-testenv ${cmd}: ${answer}`)
+      if (cmd === 'restart-postgres') {
+        await this.db.end().catch(() => {})
+        this.db = await connect()
+      }
+    },
     async stop() {
-      await db.end().catch(() => {})
+      await this.db.end().catch(() => {})
       child.stdin.end()
       await once(child, 'exit')
     },
   }
 }
 
-/** Start a walcast binary (`walcast serve`, `cdc-worker`, `ws-front`) and wait for /health. */
-export async function startProcess(env, name, args, extraEnv = {}) {
+/**
+ * Start a walcast binary (`walcast serve`, `cdc-worker`, `ws-front`) and wait for /health
+ * (with `cdc_active` not false, unless `standby`: a cdc-worker that may not lead).
+ */
+export async function startProcess(env, name, args, extraEnv = {}, { standby = false } = {}) {
   const port = await freePort()
   const child = spawn(bin(name), args, {
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -113,7 +152,7 @@ export async function startProcess(env, name, args, extraEnv = {}) {
     if (child.exitCode !== null) throw new Error(`${name} exited ${child.exitCode}:\n${log}`)
     try {
       const h = await proc.health()
-      return h.cdc_active !== false
+      return standby || h.cdc_active !== false
     } catch {
       return false
     }

@@ -1,20 +1,27 @@
 //! `walcast-testenv`: start a throwaway Postgres (logical, wal2json) and nats-server, print
 //! their URLs as one JSON line, and keep them until stdin closes. Lets tests in other
 //! languages (tests/js) use the same kit: spawn it, read the line, close stdin to stop.
+//! `WALCAST_TESTENV_NATS_MAX_PAYLOAD` (bytes) lowers nats-server's `max_payload`.
+//! Commands on stdin, one a line, each answered by a line `ok` or `error: …`:
+//! `restart-postgres` (immediate shutdown, then start: a crash restart) and
+//! `restart-nats` (SIGKILL, then start on the same port and store).
 
 use std::io::{BufRead, Write};
 
 use walcast_testkit::{Nats, Postgres};
 
 fn main() {
-    let pg = match Postgres::start() {
+    let mut pg = match Postgres::start() {
         Ok(pg) => pg,
         Err(e) => {
             eprintln!("walcast-testenv: cannot start postgres: {e}");
             std::process::exit(1);
         }
     };
-    let nats = match Nats::start() {
+    let max_payload = std::env::var("WALCAST_TESTENV_NATS_MAX_PAYLOAD")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut nats = match Nats::start_with_max_payload(max_payload) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("walcast-testenv: cannot start nats-server: {e}");
@@ -35,6 +42,17 @@ fn main() {
     let stdin = std::io::stdin();
     let mut buf = String::new();
     while matches!(stdin.lock().read_line(&mut buf), Ok(n) if n > 0) {
+        let result = match buf.trim() {
+            "restart-postgres" => pg.restart().map_err(|e| e.to_string()),
+            "restart-nats" => nats.restart().map_err(|e| e.to_string()),
+            "" => Ok(()),
+            other => Err(format!("unknown command {other:?}")),
+        };
+        let _ = match result {
+            Ok(()) => writeln!(out, "ok"),
+            Err(e) => writeln!(out, "error: {}", e.replace('\n', " ")),
+        };
+        let _ = out.flush();
         buf.clear();
     }
     drop(nats);

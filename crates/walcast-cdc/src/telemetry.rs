@@ -1,0 +1,26 @@
+//! Metric names of the CDC pipeline that carry a description (registered by
+//! [`describe`]). Older metrics are still named where they are recorded.
+
+/// Counter: changes not delivered at all because of a failure retrying cannot fix,
+/// label `reason` (`undecodable`, `event`, `payload_too_large`).
+pub const CHANGES_SKIPPED: &str = "walcast_cdc_changes_skipped_total";
+/// Counter: changes delivered without their large values, with `Error 413`.
+pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
+/// Counter: changes whose audience was split over several messages to fit the bus.
+pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
+
+/// Register the descriptions with the installed recorder.
+pub fn describe() {
+    metrics::describe_counter!(
+        CHANGES_SKIPPED,
+        "Changes not delivered because of a failure that retrying cannot fix (label reason)"
+    );
+    metrics::describe_counter!(
+        CHANGES_OVERSIZED,
+        "Changes delivered with Error 413: values over MAX_RECORD_BYTES or the bus's max_payload dropped"
+    );
+    metrics::describe_counter!(
+        CHANGES_SPLIT,
+        "Changes whose subscriber list was split over several bus messages"
+    );
+}
