@@ -143,7 +143,7 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
       return r.json()
     },
     async stop() {
-      if (child.exitCode !== null) return
+      if (child.exitCode !== null || child.signalCode !== null) return
       child.kill('SIGTERM')
       await once(child, 'exit')
     },
