@@ -28,11 +28,36 @@ pub struct CdcBench {
     /// Skip the fixed 1,000-rows-per-peek variant (slow: it shows the re-decoding cost).
     #[arg(long)]
     skip_fixed: bool,
+    /// Fail when a drain has not delivered every change to NATS within this many seconds.
+    #[arg(long, default_value_t = 600)]
+    max_wait: u64,
 }
 
 const OPTIONS: &str = "'format-version','2','include-transaction','1','include-xids','1',\
     'include-timestamp','1','include-lsn','1','include-pk','1','include-type-oids','1',\
     'include-typmod','0'";
+
+/// (name, source, min batch, max batch) of each walcast drain, in order.
+const VARIANTS: &[(&str, SourceKind, usize, usize)] = &[
+    (
+        "stream (START_REPLICATION)",
+        SourceKind::Stream,
+        1000,
+        100_000,
+    ),
+    (
+        "poll, adaptive 1000..100000",
+        SourceKind::Poll,
+        1000,
+        100_000,
+    ),
+    (
+        "poll, fixed 1000 rows per peek",
+        SourceKind::Poll,
+        1000,
+        1000,
+    ),
+];
 
 pub async fn run(args: CdcBench) -> anyhow::Result<()> {
     let crate::env::BenchEnv { pg, nats, admin } = crate::env::start(
@@ -47,26 +72,7 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
         "bench",
     )
     .await?;
-    let variants: &[(&str, SourceKind, usize, usize)] = &[
-        (
-            "stream (START_REPLICATION)",
-            SourceKind::Stream,
-            1000,
-            100_000,
-        ),
-        (
-            "poll, adaptive 1000..100000",
-            SourceKind::Poll,
-            1000,
-            100_000,
-        ),
-        (
-            "poll, fixed 1000 rows per peek",
-            SourceKind::Poll,
-            1000,
-            1000,
-        ),
-    ];
+    anyhow::ensure!(args.rows > 0, "--rows must be at least 1");
     let slots = ["raw", "walcast_a", "walcast_b", "walcast_c"];
     for s in slots {
         admin
@@ -99,8 +105,32 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
         }
     );
 
+    let raw_rate = raw_drain(&admin, args.rows).await?;
+
+    let n_variants = if args.skip_fixed {
+        VARIANTS.len() - 1
+    } else {
+        VARIANTS.len()
+    };
+    for ((name, source, min, max), slot) in VARIANTS[..n_variants].iter().zip(&slots[1..]) {
+        let secs = drain(&pg.url(), &nats.url(), slot, *source, (*min, *max), &args)
+            .await
+            .with_context(|| format!("walcast {name}"))?;
+        let rate = args.rows as f64 / secs;
+        println!(
+            "walcast {name:<31}: {rate:>10.0} changes/s ({secs:.2}s)  ratio to raw = {:.2}",
+            rate / raw_rate
+        );
+    }
+    drop(idle);
+    Ok(())
+}
+
+/// Drain the `raw` slot with one `pg_logical_slot_get_changes` call, counting inserts in
+/// Postgres; returns changes/s.
+async fn raw_drain(admin: &tokio_postgres::Client, rows: usize) -> anyhow::Result<f64> {
     let filter =
-        walcast_cdc::source::table_filter(&walcast_cdc::registry::list(&admin, None).await?);
+        walcast_cdc::source::table_filter(&walcast_cdc::registry::list(admin, None).await?);
     let t = Instant::now();
     let row = admin
         .query_one(
@@ -112,39 +142,28 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
         .await?;
     let raw_secs = t.elapsed().as_secs_f64();
     let raw_n: i64 = row.get(0);
-    anyhow::ensure!(raw_n as usize == args.rows, "raw drain saw {raw_n} inserts");
-    let raw_rate = args.rows as f64 / raw_secs;
+    anyhow::ensure!(
+        raw_n as usize == rows,
+        "raw drain: expected {rows} inserts, saw {raw_n}"
+    );
+    let raw_rate = rows as f64 / raw_secs;
     println!(
         "raw pg_logical_slot_get_changes, one call: {raw_rate:>10.0} changes/s ({raw_secs:.2}s)"
     );
-
-    let n_variants = if args.skip_fixed {
-        variants.len() - 1
-    } else {
-        variants.len()
-    };
-    for ((name, source, min, max), slot) in variants[..n_variants].iter().zip(&slots[1..]) {
-        let secs = drain(&pg.url(), &nats.url(), slot, *source, *min, *max, args.rows).await?;
-        let rate = args.rows as f64 / secs;
-        println!(
-            "walcast {name:<31}: {rate:>10.0} changes/s ({secs:.2}s)  ratio to raw = {:.2}",
-            rate / raw_rate
-        );
-    }
-    drop(idle);
-    Ok(())
+    Ok(raw_rate)
 }
 
-/// Run the poller on `slot` until `expect` changes arrived on a NATS subscriber.
+/// Run the poller on `slot` until `args.rows` changes arrived on a NATS subscriber (or
+/// fail after `args.max_wait` seconds, saying how many did).
 async fn drain(
     db: &str,
     nats: &str,
     slot: &str,
     source: SourceKind,
-    min: usize,
-    max: usize,
-    expect: usize,
+    (min, max): (usize, usize),
+    args: &CdcBench,
 ) -> anyhow::Result<f64> {
+    let expect = args.rows;
     let sub_bus = Bus::nats(nats, "bench-sub").await?;
     let mut sub = sub_bus
         .subscribe(walcast_bus::subject::REALTIME_ALL)
@@ -173,6 +192,7 @@ async fn drain(
         origin: "bench".into(),
         take_over_slot: false,
         rls: walcast_cdc::RlsOptions::default(),
+        max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
         poller: PollerConfig {
             slot: slot.to_string(),
             min_batch: min,
@@ -189,10 +209,16 @@ async fn drain(
         Arc::new(CdcHealth::new(slot)),
         cancel.clone(),
     ));
-    let finished = tokio::time::timeout(Duration::from_secs(600), done_rx)
-        .await
-        .context("timed out waiting for the changes on NATS")??;
+    let finished = tokio::time::timeout(Duration::from_secs(args.max_wait), done_rx).await;
     cancel.cancel();
-    task.await??;
+    let worker = task.await;
+    let Ok(Ok(finished)) = finished else {
+        anyhow::bail!(
+            "expected {expect} changes on NATS, got {} within {} s (worker: {worker:?})",
+            seen.load(Ordering::Relaxed),
+            args.max_wait
+        );
+    };
+    worker??;
     Ok((finished - started).as_secs_f64())
 }

@@ -5,11 +5,13 @@
 //! Each row carries `clock_timestamp()` taken inside its transaction, just before the
 //! commit; the subscriber measures receive time minus that stamp (same machine clock).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use futures_util::StreamExt;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_cdc::{CdcConfig, CdcHealth, PollerConfig, SourceKind};
@@ -22,10 +24,15 @@ pub struct LatencyBench {
     /// Seconds of steady load per scenario.
     #[arg(long, default_value_t = 5)]
     secs: u64,
+    /// Fail when a scenario's changes have not all reached NATS this many seconds after
+    /// its last write.
+    #[arg(long, default_value_t = 60)]
+    max_wait: u64,
 }
 
 struct Outcome {
     sent: usize,
+    /// Distinct rows received.
     received: usize,
     p50_ms: f64,
     p99_ms: f64,
@@ -55,6 +62,14 @@ pub async fn run(args: LatencyBench) -> anyhow::Result<()> {
                 o.max_ms,
                 o.achieved_rate
             );
+            anyhow::ensure!(
+                o.received == o.sent,
+                "{source}, idle txn {idle}: expected {} changes on NATS, got {} within {} s \
+                 of the last write",
+                o.sent,
+                o.received,
+                args.max_wait
+            );
         }
     }
     Ok(())
@@ -67,41 +82,61 @@ fn now_micros() -> i64 {
         .unwrap_or(0)
 }
 
-async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow::Result<Outcome> {
-    let crate::env::BenchEnv { pg, nats, .. } = crate::env::start(
-        "CREATE TABLE lat (id int8 PRIMARY KEY, at timestamptz NOT NULL)",
-        "lat",
-    )
-    .await?;
+/// What the NATS subscriber saw: the latency of each change and the distinct row ids.
+#[derive(Default)]
+struct Received {
+    seen: Mutex<(Vec<f64>, HashSet<i64>)>,
+    changed: Notify,
+}
 
-    let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
-    let sub_bus = Bus::nats(&nats.url(), "lat-sub").await?;
-    let mut sub = sub_bus
-        .subscribe(walcast_bus::subject::REALTIME_ALL)
-        .await?;
-    sub_bus.barrier().await?;
-    let sink = lat.clone();
-    tokio::spawn(async move {
-        while let Some(m) = sub.next().await {
-            let recv = now_micros();
-            let Ok(ev) = serde_json::from_slice::<ChangeEvent>(&m.payload) else {
-                continue;
-            };
-            let Some(rec) = ev.record else { continue };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(rec.get()) else {
-                continue;
-            };
-            let Some(at) = v["at"].as_str() else { continue };
-            if let Ok(t) = walcast_protocol::timestamp::parse_pg_datetime(at) {
-                if let Ok(mut l) = sink.lock() {
-                    l.push((recv - t.unix_micros()) as f64 / 1000.0);
-                }
+impl Received {
+    fn distinct(&self) -> usize {
+        self.seen.lock().map(|s| s.1.len()).unwrap_or(0)
+    }
+
+    /// Wait until `n` distinct rows arrived, or `timeout` passed; returns the distinct count.
+    async fn wait_for(&self, n: usize, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.distinct();
+            if got >= n || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.distinct();
             }
         }
-    });
+    }
 
+    fn record(&self, payload: &[u8], recv: i64) {
+        let Ok(ev) = serde_json::from_slice::<ChangeEvent>(payload) else {
+            return;
+        };
+        let Some(rec) = ev.record else { return };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(rec.get()) else {
+            return;
+        };
+        let (Some(id), Some(at)) = (v["id"].as_i64(), v["at"].as_str()) else {
+            return;
+        };
+        if let Ok(t) = walcast_protocol::timestamp::parse_pg_datetime(at) {
+            if let Ok(mut s) = self.seen.lock() {
+                s.0.push((recv - t.unix_micros()) as f64 / 1000.0);
+                s.1.insert(id);
+            }
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+/// Start the CDC worker on `pg` publishing to `nats`; returns once its pipeline is active.
+async fn start_worker(
+    pg: &walcast_testkit::Postgres,
+    nats: &walcast_testkit::Nats,
+    source: SourceKind,
+    cancel: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<Result<(), walcast_cdc::CdcError>>> {
     let bus = Bus::nats(&nats.url(), "lat-pub").await?;
-    let cancel = CancellationToken::new();
     let health = Arc::new(CdcHealth::new("walcast_cdc_slot"));
     let cfg = CdcConfig {
         database_url: pg.url(),
@@ -111,6 +146,7 @@ async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow
         origin: "bench".into(),
         take_over_slot: false,
         rls: walcast_cdc::RlsOptions::default(),
+        max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
         poller: PollerConfig {
             slot: "walcast_cdc_slot".into(),
             min_batch: 1000,
@@ -126,15 +162,41 @@ async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow
         health.clone(),
         cancel.clone(),
     ));
+    // CdcHealth has no notification: poll it (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);
     while !health.is_active() {
         anyhow::ensure!(
-            Instant::now() < deadline,
-            "pipeline not active: {:?}",
+            Instant::now() < deadline && !worker.is_finished(),
+            "pipeline not active within 60 s: {:?}",
             health.report()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    Ok(worker)
+}
+
+async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow::Result<Outcome> {
+    let crate::env::BenchEnv { pg, nats, .. } = crate::env::start(
+        "CREATE TABLE lat (id int8 PRIMARY KEY, at timestamptz NOT NULL)",
+        "lat",
+    )
+    .await?;
+
+    let received = Arc::new(Received::default());
+    let sub_bus = Bus::nats(&nats.url(), "lat-sub").await?;
+    let mut sub = sub_bus
+        .subscribe(walcast_bus::subject::REALTIME_ALL)
+        .await?;
+    sub_bus.barrier().await?;
+    let sink = received.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            sink.record(&m.payload, now_micros());
+        }
+    });
+
+    let cancel = CancellationToken::new();
+    let worker = start_worker(&pg, &nats, source, &cancel).await?;
     let idle_client = if idle {
         let c = pg.connect().await?;
         c.batch_execute("BEGIN; INSERT INTO lat VALUES (-1, now())")
@@ -162,18 +224,17 @@ async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow
         }
     }
     let achieved_rate = sent as f64 / started.elapsed().as_secs_f64();
-    let wait_until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let n = lat.lock().map(|l| l.len()).unwrap_or(0);
-        if n >= sent || Instant::now() > wait_until {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let distinct = received
+        .wait_for(sent, Duration::from_secs(args.max_wait))
+        .await;
     cancel.cancel();
     let _ = worker.await;
     drop(idle_client);
-    let mut v = lat.lock().map(|l| l.clone()).unwrap_or_default();
+    let mut v = received
+        .seen
+        .lock()
+        .map(|s| s.0.clone())
+        .unwrap_or_default();
     v.sort_by(|a, b| a.total_cmp(b));
     let pct = |p: f64| {
         v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
@@ -182,7 +243,7 @@ async fn scenario(args: &LatencyBench, source: SourceKind, idle: bool) -> anyhow
     };
     Ok(Outcome {
         sent,
-        received: v.len(),
+        received: distinct,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         max_ms: v.last().copied().unwrap_or(f64::NAN),

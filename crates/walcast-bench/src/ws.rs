@@ -77,6 +77,10 @@ pub struct WsBench {
     /// Only walcast, no baseline.
     #[arg(long)]
     skip_baseline: bool,
+    /// Seconds to wait, after each phase's last event, for every client to receive every
+    /// event; a shortfall fails the run.
+    #[arg(long, default_value_t = 60)]
+    max_wait: u64,
 }
 
 pub fn now_micros() -> i64 {
@@ -165,6 +169,17 @@ pub async fn run(args: WsBench) -> anyhow::Result<()> {
             Some(scenario(&args, topics, Target::Baseline).await?)
         };
         report(&args, &w, b.as_ref());
+        for (target, o) in [(Target::Walcast, Some(&w)), (Target::Baseline, b.as_ref())] {
+            if let Some(why) = o.and_then(|o| shortfall(o, args.clients)) {
+                bail!(
+                    "{} clients on {topics} topic(s), {}: not everything was delivered \
+                     within {} s of the last event: {why}",
+                    args.clients,
+                    target.name(),
+                    args.max_wait
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -308,9 +323,12 @@ impl Server {
         let exe = std::env::current_exe().context("current exe")?;
         match target {
             Target::Walcast => {
+                // The clients' tokens carry `role: anon`, and the worker sends a role only
+                // the columns it may SELECT: grant the table as a Supabase project does.
                 let env = crate::env::start(
                     "CREATE TABLE bench (id int8 PRIMARY KEY, ph int4 NOT NULL, \
-                     at int8 NOT NULL, pad text NOT NULL)",
+                     at int8 NOT NULL, pad text NOT NULL);
+                     GRANT SELECT ON bench TO anon, authenticated;",
                     "bench",
                 )
                 .await?;
@@ -652,29 +670,32 @@ async fn client(
     stats.changed.notify_waiters();
 }
 
-/// Wait until `f(stats)` holds, with a bound.
+/// Wait until `f(stats)` = (have, want) has have >= want, with a bound; the error says
+/// how far it got.
 async fn wait_stats(
     stats: &Stats,
     what: &str,
     timeout: Duration,
-    f: impl Fn(&Stats) -> bool,
+    f: impl Fn(&Stats) -> (u64, u64),
 ) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let notified = stats.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if f(stats) {
+        let (have, want) = f(stats);
+        if have >= want {
             return Ok(());
         }
         // Receive counters do not notify (too hot): re-check them every 20 ms.
         let wake = (tokio::time::Instant::now() + Duration::from_millis(20)).min(deadline);
         let _ = tokio::time::timeout_at(wake, notified).await;
         if tokio::time::Instant::now() >= deadline {
-            if f(stats) {
+            let (have, want) = f(stats);
+            if have >= want {
                 return Ok(());
             }
-            bail!("timed out after {timeout:?} waiting for {what}");
+            bail!("timed out after {timeout:?} waiting for {what}: {have} of {want}");
         }
     }
 }
@@ -729,12 +750,33 @@ async fn steady(
     Ok((sent, start_us))
 }
 
+/// A scenario whose clients are connected and joined.
+struct Running {
+    // Dropped in this order: the load source before the server (and its Postgres).
+    src: Source,
+    stats: Arc<Stats>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    server: Server,
+    pid: String,
+    label: &'static str,
+}
+
 async fn scenario(args: &WsBench, topics: usize, target: Target) -> anyhow::Result<Outcome> {
-    let n = args.clients;
     let mut o = Outcome::default();
-    let mut server = Server::start(target, args).await?;
-    let pid = server.pid().to_string();
-    let mut src = match target {
+    let mut run = connect_and_join(args, topics, target, &mut o).await?;
+    let result = deliver(args, &mut run, &mut o).await;
+    run.stop.cancel();
+    for t in std::mem::take(&mut run.tasks) {
+        let _ = t.await;
+    }
+    result?;
+    Ok(o)
+}
+
+/// Rows into Postgres (walcast) or emit commands on the baseline's stdin.
+async fn source(server: &mut Server, target: Target, args: &WsBench) -> anyhow::Result<Source> {
+    Ok(match target {
         Target::Walcast => {
             let pg = server.pg.as_ref().context("postgres")?;
             let client = pg.connect().await?;
@@ -751,63 +793,90 @@ async fn scenario(args: &WsBench, topics: usize, target: Target) -> anyhow::Resu
             }
         }
         Target::Baseline => Source::Baseline(server.stdin.take().context("baseline stdin")?),
-    };
-    // Let the server settle before the first reading.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    o.rss_base_kb = proc_kb(&pid, "VmRSS:");
+    })
+}
 
+/// One client task per connection; client i joins `realtime:room<i mod topics>` once
+/// `join` is cancelled.
+fn spawn_clients(
+    args: &WsBench,
+    topics: usize,
+    port: u16,
+    stats: &Arc<Stats>,
+    join: &CancellationToken,
+    stop: &CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let url: Arc<str> = format!(
-        "ws://127.0.0.1:{}/realtime/v1/websocket?apikey={}&vsn=2.0.0",
-        server.port,
+        "ws://127.0.0.1:{port}/realtime/v1/websocket?apikey={}&vsn=2.0.0",
         jwt()?
     )
     .into();
-    let stats = Arc::new(Stats::new(n));
     let limit = Arc::new(Semaphore::new(args.concurrency.max(1)));
-    let join = CancellationToken::new();
-    let stop = CancellationToken::new();
+    Ok((0..args.clients)
+        .map(|i| {
+            tokio::spawn(client(
+                i,
+                url.clone(),
+                format!("realtime:room{}", i % topics),
+                stats.clone(),
+                limit.clone(),
+                join.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect())
+}
+
+/// Start the server, connect and join every client; memory readings along the way.
+async fn connect_and_join(
+    args: &WsBench,
+    topics: usize,
+    target: Target,
+    o: &mut Outcome,
+) -> anyhow::Result<Running> {
+    let (n, label) = (args.clients, target.name());
+    let mut server = Server::start(target, args).await?;
+    let pid = server.pid().to_string();
+    let src = source(&mut server, target, args).await?;
+    // Let the server settle before the first reading (memory: nothing to await).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    o.rss_base_kb = proc_kb(&pid, "VmRSS:");
+    let stats = Arc::new(Stats::new(n));
+    let (join, stop) = (CancellationToken::new(), CancellationToken::new());
     let t = Instant::now();
-    let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        tasks.push(tokio::spawn(client(
-            i,
-            url.clone(),
-            format!("realtime:room{}", i % topics),
-            stats.clone(),
-            limit.clone(),
-            join.clone(),
-            stop.clone(),
-        )));
-    }
-    let label = target.name();
-    wait_stats(
-        &stats,
-        "all clients connected",
-        Duration::from_secs(300),
-        |s| {
-            s.connected.load(Ordering::Relaxed) + s.disconnects.load(Ordering::Relaxed) as usize
-                >= n
-        },
-    )
+    let tasks = spawn_clients(args, topics, server.port, &stats, &join, &stop)?;
+    let run = Running {
+        src,
+        stats: stats.clone(),
+        stop,
+        tasks,
+        server,
+        pid,
+        label,
+    };
+    let all = Duration::from_secs(300);
+    wait_stats(&stats, "all clients connected", all, |s| {
+        let c = s.connected.load(Ordering::Relaxed) as u64;
+        (c + s.disconnects.load(Ordering::Relaxed), n as u64)
+    })
     .await?;
     let connected = stats.connected.load(Ordering::Relaxed);
     if connected < n {
         bail!("{label}: only {connected} of {n} clients connected");
     }
+    let server = &run.server;
     server
         .wait_front("all connections accepted", |f| f["connections"] == n)
         .await?;
     o.connect_secs = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_connected = proc_kb(&pid, "VmRSS:");
+    let rss_connected = proc_kb(&run.pid, "VmRSS:");
     let t = Instant::now();
     join.cancel();
-    wait_stats(
-        &stats,
-        "all joins answered",
-        Duration::from_secs(300),
-        |s| s.joined.load(Ordering::Relaxed) + s.join_errors.load(Ordering::Relaxed) >= n,
-    )
+    wait_stats(&stats, "all joins answered", all, |s| {
+        let j = s.joined.load(Ordering::Relaxed) + s.join_errors.load(Ordering::Relaxed);
+        (j as u64, n as u64)
+    })
     .await?;
     let joined = stats.joined.load(Ordering::Relaxed);
     if joined < n {
@@ -818,46 +887,68 @@ async fn scenario(args: &WsBench, topics: usize, target: Target) -> anyhow::Resu
         .await?;
     o.join_secs = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_joined = proc_kb(&pid, "VmRSS:");
-    o.per_conn_connected_b =
-        (rss_connected.saturating_sub(o.rss_base_kb) as f64 * 1024.0) / n as f64;
-    o.per_conn_joined_b = (rss_joined.saturating_sub(o.rss_base_kb) as f64 * 1024.0) / n as f64;
+    let rss_joined = proc_kb(&run.pid, "VmRSS:");
+    let per_conn = |kb: u64| (kb.saturating_sub(o.rss_base_kb) as f64 * 1024.0) / n as f64;
+    (o.per_conn_connected_b, o.per_conn_joined_b) = (per_conn(rss_connected), per_conn(rss_joined));
     eprintln!(
         "[{label}] {n} clients connected in {:.1} s, joined in {:.1} s; RSS {} -> {} -> {} kB",
         o.connect_secs, o.join_secs, o.rss_base_kb, rss_connected, rss_joined
     );
+    Ok(run)
+}
 
-    let mut next_id = 1i64;
-    // Warm-up: a few events, every client gets each.
-    let (warm, _) = steady(&mut src, &mut next_id, WARMUP, 5.0, 1).await?;
-    wait_stats(&stats, "warm-up deliveries", Duration::from_secs(60), |s| {
-        s.received[WARMUP].load(Ordering::Relaxed) >= warm * n as u64
+/// Send one phase's events at `rate` for `secs` and wait (bounded) until every client got
+/// them (or disconnected); returns (sent, start µs). A timeout is reported, not returned:
+/// the shortfall shows in the outcome.
+async fn phase(
+    args: &WsBench,
+    run: &mut Running,
+    next_id: &mut i64,
+    (ph, what): (usize, &str),
+    (rate, secs): (f64, u64),
+) -> anyhow::Result<(u64, i64)> {
+    let (sent, start_us) = steady(&mut run.src, next_id, ph, rate, secs).await?;
+    let want = sent * args.clients as u64;
+    let wait = Duration::from_secs(args.max_wait);
+    if let Err(e) = wait_stats(&run.stats, what, wait, |s| {
+        let got = s.received[ph].load(Ordering::Relaxed);
+        (got + s.disconnects.load(Ordering::Relaxed) * sent, want)
     })
-    .await?;
+    .await
+    {
+        eprintln!("[{}] {e:#}", run.label);
+    }
+    Ok((sent, start_us))
+}
 
-    // Throughput.
-    let cpu_server0 = cpu_secs(&pid);
-    let cpu_self0 = cpu_secs("self");
+/// Warm-up (must be complete), throughput and latency phases.
+async fn deliver(args: &WsBench, run: &mut Running, o: &mut Outcome) -> anyhow::Result<()> {
+    let n = args.clients as u64;
+    let stats = run.stats.clone();
+    let mut next_id = 1i64;
+    let (warm, _) = steady(&mut run.src, &mut next_id, WARMUP, 5.0, 1).await?;
+    let wait = Duration::from_secs(args.max_wait);
+    wait_stats(&stats, "warm-up deliveries", wait, |s| {
+        (s.received[WARMUP].load(Ordering::Relaxed), warm * n)
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "{}: not every client received the {warm} warm-up events",
+            run.label
+        )
+    })?;
+
+    let pid = run.pid.clone();
+    let (cpu_server0, cpu_self0) = (cpu_secs(&pid), cpu_secs("self"));
     let wall0 = Instant::now();
     let rate = f64::from(args.events_per_sec.max(1));
-    let (sent, start_us) = steady(&mut src, &mut next_id, THROUGHPUT, rate, args.secs).await?;
-    let want = sent * n as u64;
-    let _ = wait_stats(
-        &stats,
-        "throughput deliveries",
-        Duration::from_secs(60),
-        |s| {
-            s.received[THROUGHPUT].load(Ordering::Relaxed)
-                + s.disconnects.load(Ordering::Relaxed) * sent
-                >= want
-        },
-    )
-    .await;
+    let tput = (THROUGHPUT, "throughput deliveries");
+    let (sent, start_us) = phase(args, run, &mut next_id, tput, (rate, args.secs)).await?;
     let wall = wall0.elapsed().as_secs_f64();
     o.tput_server_cpu = (cpu_secs(&pid) - cpu_server0) / wall;
     o.tput_loadgen_cpu = (cpu_secs("self") - cpu_self0) / wall;
-    o.tput_sent = sent;
-    o.tput_offered = rate;
+    (o.tput_sent, o.tput_offered) = (sent, rate);
     o.tput_received = stats.received[THROUGHPUT].load(Ordering::Relaxed);
     let last = stats.last_recv[THROUGHPUT].load(Ordering::Relaxed);
     o.tput_deliveries_per_s = o.tput_received as f64 / ((last - start_us).max(1) as f64 / 1e6);
@@ -865,15 +956,9 @@ async fn scenario(args: &WsBench, topics: usize, target: Target) -> anyhow::Resu
 
     // Latency at a tenth of the target rate.
     let lrate = (args.latency_deliveries as f64 / n as f64).max(0.1);
-    let (lsent, _) = steady(&mut src, &mut next_id, LATENCY, lrate, args.secs).await?;
-    let lwant = lsent * n as u64;
-    let _ = wait_stats(&stats, "latency deliveries", Duration::from_secs(60), |s| {
-        s.received[LATENCY].load(Ordering::Relaxed) + s.disconnects.load(Ordering::Relaxed) * lsent
-            >= lwant
-    })
-    .await;
-    o.lat_rate = lrate;
-    o.lat_sent = lsent;
+    let lat = (LATENCY, "latency deliveries");
+    let (lsent, _) = phase(args, run, &mut next_id, lat, (lrate, args.secs)).await?;
+    (o.lat_rate, o.lat_sent) = (lrate, lsent);
     o.lat_received = stats.received[LATENCY].load(Ordering::Relaxed);
     (o.lat_p50, o.lat_p99, o.lat_max) = stats.percentiles(LATENCY);
     o.incomplete_clients = stats
@@ -886,21 +971,36 @@ async fn scenario(args: &WsBench, topics: usize, target: Target) -> anyhow::Resu
         .count();
     o.disconnects = stats.disconnects.load(Ordering::Relaxed);
     o.peak_rss_kb = proc_kb(&pid, "VmHWM:");
-    if target == Target::Walcast {
-        if let Some(m) = http_get(server.port, "/metrics").await {
+    if run.server.pg.is_some() {
+        if let Some(m) = http_get(run.server.port, "/metrics").await {
             for l in m.lines().filter(|l| {
                 l.starts_with("walcast_front_slow_consumer_disconnects_total")
                     || l.starts_with("walcast_front_deliveries_total")
             }) {
-                eprintln!("[{label}] {l}");
+                eprintln!("[{}] {l}", run.label);
             }
         }
     }
-    stop.cancel();
-    for t in tasks {
-        let _ = t.await;
-    }
-    drop(src);
-    drop(server);
-    Ok(o)
+    Ok(())
+}
+
+/// What `o` misses of a complete run (every client got every event, none disconnected).
+fn shortfall(o: &Outcome, clients: usize) -> Option<String> {
+    let n = clients as u64;
+    let complete = o.tput_received >= o.tput_sent * n
+        && o.lat_received >= o.lat_sent * n
+        && o.incomplete_clients == 0
+        && o.disconnects == 0;
+    (!complete).then(|| {
+        format!(
+            "throughput: {} of {} deliveries, latency run: {} of {}; {} clients missing \
+             deliveries, {} disconnected",
+            o.tput_received,
+            o.tput_sent * n,
+            o.lat_received,
+            o.lat_sent * n,
+            o.incomplete_clients,
+            o.disconnects
+        )
+    })
 }
