@@ -97,6 +97,16 @@ pub fn change_subject(project: &str, schema: &str, table: &str) -> String {
     )
 }
 
+/// Prefix of the per-front delivery subjects.
+pub const DELIVER_PREFIX: &str = "walcast.deliver";
+
+/// The subject on which the cdc-worker sends one front the changes its subscriptions
+/// matched, with their audience (see [`crate::event::ChangeEvent::subs`]). Only that
+/// front listens: no front parses what another's subscribers may see.
+pub fn delivery_subject(front: &str) -> String {
+    format!("{DELIVER_PREFIX}.{}", encode_token(front))
+}
+
 /// The subscription pattern for every change of one project.
 pub fn project_pattern(project: &str) -> String {
     format!("{REALTIME_PREFIX}.{}.>", encode_token(project))

@@ -94,6 +94,41 @@ pub struct SubscriptionSpec {
     pub from: Option<Lsn>,
 }
 
+/// The class of a subscription: subscriptions with the same project, schema, table,
+/// event, filter and role see the same changes of tables they can read without row-level
+/// security, so the worker matches and names them once per class (`c` and 16 hex digits;
+/// a subscription id always has a `:`). Fronts and worker compute it the same way.
+pub fn class_key(spec: &SubscriptionSpec) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let role = spec
+        .claims
+        .get("role")
+        .and_then(|r| r.as_str())
+        .unwrap_or_default();
+    let filter = spec.filter.as_deref().map(str::trim).unwrap_or_default();
+    let table = spec.table.as_deref().unwrap_or("\u{1}*");
+    let event = spec.event.to_ascii_uppercase();
+    for part in [
+        spec.project.as_str(),
+        spec.schema.as_str(),
+        table,
+        event.as_str(),
+        filter,
+        role,
+    ] {
+        for b in part.as_bytes().iter().chain([&0u8]) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("c{h:016x}")
+}
+
+/// True for a [`class_key`] (as opposed to a subscription id).
+pub fn is_class_key(s: &str) -> bool {
+    s.len() == 17 && s.starts_with('c') && !s.contains(':')
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct RegisterRequest {
     pub subs: Vec<SubscriptionSpec>,
@@ -379,6 +414,57 @@ mod tests {
         })
         .unwrap();
         let back: RegisterRequest = serde_json::from_str(&text).unwrap();
-        assert_eq!(back.subs, vec![spec]);
+        assert_eq!(back.subs, vec![spec.clone()]);
+    }
+
+    #[test]
+    fn class_keys_ignore_ids_fronts_and_claims_but_the_role() {
+        let spec = SubscriptionSpec {
+            id: "f1:7".into(),
+            front: "f1".into(),
+            project: "default".into(),
+            schema: "public".into(),
+            table: Some("todos".into()),
+            event: "*".into(),
+            filter: Some("id=eq.1".into()),
+            select: None,
+            claims: serde_json::json!({"role": "authenticated", "sub": "u1"}),
+            from: None,
+        };
+        let k = class_key(&spec);
+        assert!(is_class_key(&k), "{k}");
+        assert!(!is_class_key("f1:7"));
+        let same = SubscriptionSpec {
+            id: "f2:9".into(),
+            front: "f2".into(),
+            claims: serde_json::json!({"role": "authenticated", "sub": "u2"}),
+            filter: Some(" id=eq.1 ".into()),
+            ..spec.clone()
+        };
+        assert_eq!(class_key(&same), k);
+        for other in [
+            SubscriptionSpec {
+                claims: serde_json::json!({"role": "anon"}),
+                ..spec.clone()
+            },
+            SubscriptionSpec {
+                filter: None,
+                ..spec.clone()
+            },
+            SubscriptionSpec {
+                table: None,
+                ..spec.clone()
+            },
+            SubscriptionSpec {
+                event: "INSERT".into(),
+                ..spec.clone()
+            },
+            SubscriptionSpec {
+                project: "p2".into(),
+                ..spec.clone()
+            },
+        ] {
+            assert_ne!(class_key(&other), k, "{other:?}");
+        }
     }
 }

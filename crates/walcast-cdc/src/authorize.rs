@@ -12,19 +12,31 @@ use std::sync::Arc;
 
 use walcast_bus::{ChangeEvent, ChangeKind};
 
-use crate::matcher::Sub;
+use crate::matcher::{MatchedClass, Sub};
 use crate::rls::RlsChecker;
 use crate::rls_check::{CheckOptions, GroupCheck, TableCheck};
 use crate::CdcError;
 
-/// Subscribers grouped by the columns they may see: `None` = every column of the event.
-pub type Audience = Vec<(Option<BTreeSet<String>>, Vec<String>)>;
+/// Who may see a change on one front, grouped by the columns they may see (`None` =
+/// every column of the event). An id is a class key (every subscription of the front in
+/// that class) or a subscription id (judged one by one under row-level security).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FrontAudience {
+    pub front: String,
+    pub groups: Vec<(Option<BTreeSet<String>>, Vec<String>)>,
+}
+
+/// A change's audience, per front (sorted by front).
+pub type Audience = Vec<FrontAudience>;
+
+/// One allowed entry: front, columns, class key or subscription id.
+type Allowed = (String, BTreeSet<String>, String);
 
 /// A decoded change waiting for its batch to be authorized and published.
 #[derive(Debug)]
 pub struct PendingChange {
     pub event: ChangeEvent,
-    pub matched: Vec<Arc<Sub>>,
+    pub matched: Vec<MatchedClass>,
     /// The new row's columns as Postgres text (INSERT and UPDATE; empty for DELETE),
     /// with unchanged TOASTed values taken from the old row.
     pub row: Vec<(String, Option<String>)>,
@@ -76,7 +88,7 @@ pub async fn authorize_batch(
     mode: RlsMode,
     timeout_ms: u64,
 ) -> Result<Vec<Audience>, CdcError> {
-    let mut allowed: Vec<Vec<(BTreeSet<String>, String)>> = vec![Vec::new(); batch.len()];
+    let mut allowed: Vec<Vec<Allowed>> = vec![Vec::new(); batch.len()];
     let mut tables: BTreeMap<(String, String), Gather> = BTreeMap::new();
     let mut xids: Vec<u32> = Vec::new();
     // Table facts, read once per batch (the checker caches them across batches).
@@ -99,11 +111,12 @@ pub async fn authorize_batch(
         // this spares a lookup per subscriber).
         let mut access_memo: HashMap<&str, Result<Option<crate::rls::Access>, CdcError>> =
             HashMap::new();
-        for sub in &change.matched {
-            let Some(role) = sub.spec.claims.get("role").and_then(|r| r.as_str()) else {
-                deny(sub, "no role claim");
+        for m in &change.matched {
+            let role = m.class.role.as_str();
+            if role.is_empty() {
+                m.subs().for_each(|sub| deny(sub, "no role claim"));
                 continue;
-            };
+            }
             if !access_memo.contains_key(role) {
                 let a = rls.access(role, &event.schema, &event.table).await;
                 access_memo.insert(role, a);
@@ -111,12 +124,13 @@ pub async fn authorize_batch(
             let access = match access_memo.get(role) {
                 Some(Ok(Some(a))) => a,
                 None | Some(Ok(None)) => {
-                    deny(sub, "role may not read the table");
+                    m.subs()
+                        .for_each(|sub| deny(sub, "role may not read the table"));
                     continue;
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, role, "privilege check failed; denying");
-                    deny(sub, "privilege check failed");
+                    m.subs().for_each(|sub| deny(sub, "privilege check failed"));
                     continue;
                 }
             };
@@ -125,17 +139,23 @@ pub async fn authorize_batch(
                 .filter(|c| access.columns.contains(**c))
                 .map(|c| c.to_string())
                 .collect();
-            if !info.rls || access.bypass_rls {
-                allowed[i].push((cols, sub.spec.id.clone()));
-            } else if event.kind == ChangeKind::Delete {
-                // RLS cannot be checked on a row that is gone: send only its key.
-                cols.retain(|c| info.pk.iter().any(|(k, _)| k == c));
-                allowed[i].push((cols, sub.spec.id.clone()));
-            } else {
-                let gather = tables
-                    .entry((event.schema.clone(), event.table.clone()))
-                    .or_default();
-                gather.row_of(i);
+            let judged = info.rls && !access.bypass_rls && event.kind != ChangeKind::Delete;
+            if !judged {
+                if info.rls && !access.bypass_rls {
+                    // RLS cannot be checked on a row that is gone: send only its key.
+                    cols.retain(|c| info.pk.iter().any(|(k, _)| k == c));
+                }
+                // The whole class sees it: name the class once per front.
+                for (front, _) in &m.fronts {
+                    allowed[i].push((front.clone(), cols.clone(), m.class.key.clone()));
+                }
+                continue;
+            }
+            let gather = tables
+                .entry((event.schema.clone(), event.table.clone()))
+                .or_default();
+            gather.row_of(i);
+            for sub in m.subs() {
                 let claims = match mode {
                     RlsMode::Batched => sub.claims_json.clone(),
                     // Naive: a check per subscriber, even with claims shared.
@@ -145,9 +165,9 @@ pub async fn authorize_batch(
                     .groups
                     .entry((role.to_string(), claims))
                     .or_default()
-                    .push((i, sub.clone(), cols));
-                xids.extend(event.xid);
+                    .push((i, sub.clone(), cols.clone()));
             }
+            xids.extend(event.xid);
         }
     }
     if !tables.is_empty() {
@@ -251,7 +271,7 @@ pub async fn authorize_batch(
                         metrics::counter!("walcast_cdc_rls_superseded_total").increment(1);
                         deny(&sub, "row changed again before it could be checked");
                     } else if let Some(a) = allowed.get_mut(i) {
-                        a.push((cols, sub.spec.id.clone()));
+                        a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
                     }
                 }
             }
@@ -264,18 +284,25 @@ pub async fn authorize_batch(
         .collect())
 }
 
-fn audience(event: &ChangeEvent, allowed: Vec<(BTreeSet<String>, String)>) -> Audience {
+fn audience(event: &ChangeEvent, allowed: Vec<Allowed>) -> Audience {
     let event_cols: BTreeSet<String> = event.columns.iter().map(|c| c.name.clone()).collect();
-    let mut groups: HashMap<BTreeSet<String>, Vec<String>> = HashMap::new();
-    for (cols, id) in allowed {
+    let mut fronts: BTreeMap<String, BTreeMap<BTreeSet<String>, Vec<String>>> = BTreeMap::new();
+    for (front, cols, id) in allowed {
         if !cols.is_empty() {
-            groups.entry(cols).or_default().push(id);
+            let ids = fronts.entry(front).or_default().entry(cols).or_default();
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
         }
     }
-    let mut out: Audience = groups
+    fronts
         .into_iter()
-        .map(|(cols, ids)| ((cols != event_cols).then_some(cols), ids))
-        .collect();
-    out.sort_by(|a, b| a.1.cmp(&b.1));
-    out
+        .map(|(front, groups)| FrontAudience {
+            front,
+            groups: groups
+                .into_iter()
+                .map(|(cols, ids)| ((cols != event_cols).then_some(cols), ids))
+                .collect(),
+        })
+        .collect()
 }

@@ -4,12 +4,17 @@
 //! subscriptions does this change match?) share one index. A subscription registered at
 //! WAL position P matches every change whose commit LSN is after P: since it is in the
 //! index before P is read, any such transaction is decoded after it was added.
+//!
+//! Subscriptions are grouped in classes ([`walcast_bus::subs::class_key`]: same table,
+//! event, filter and role): a change is matched once per class, whatever the number of
+//! subscribers, and each class keeps its subscriptions per front (copied on write, so a
+//! match hands them out without copying them).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use walcast_bus::subs::{SubscriptionSpec, FRONT_EXPIRY};
+use walcast_bus::subs::{class_key, SubscriptionSpec, FRONT_EXPIRY};
 use walcast_bus::ChangeKind;
 use walcast_protocol::filter::{ColumnText, Filter, RecordView};
 use walcast_wal2json::{Column, Lsn};
@@ -25,23 +30,49 @@ pub struct Sub {
     /// The claims as JSON text, as bound for `request.jwt.claims` (subscribers with the
     /// same text share RLS checks).
     pub claims_json: String,
-    kinds: [bool; 3],
+    /// Its [`class_key`].
+    pub class: String,
 }
 
 impl Sub {
     pub fn new(spec: SubscriptionSpec, filter: Option<Filter>, effective_from: Lsn) -> Sub {
-        let e = spec.event.to_ascii_uppercase();
-        let all = e == "*";
         Sub {
             claims_json: serde_json::to_string(&spec.claims).unwrap_or_default(),
+            class: class_key(&spec),
+            spec,
+            filter,
+            effective_from,
+        }
+    }
+
+    pub fn role(&self) -> Option<&str> {
+        self.spec.claims.get("role").and_then(|r| r.as_str())
+    }
+}
+
+/// What the subscriptions of one class have in common.
+#[derive(Debug)]
+pub struct Class {
+    pub key: String,
+    /// The JWT `role` claim (empty when there is none).
+    pub role: String,
+    filter: Option<Filter>,
+    kinds: [bool; 3],
+}
+
+impl Class {
+    fn of(sub: &Sub) -> Class {
+        let e = sub.spec.event.to_ascii_uppercase();
+        let all = e == "*";
+        Class {
+            key: sub.class.clone(),
+            role: sub.role().unwrap_or_default().to_string(),
+            filter: sub.filter.clone(),
             kinds: [
                 all || e == "INSERT",
                 all || e == "UPDATE",
                 all || e == "DELETE",
             ],
-            spec,
-            filter,
-            effective_from,
         }
     }
 
@@ -55,12 +86,41 @@ impl Sub {
     }
 }
 
+/// The subscriptions of one class on one front.
+pub type Bucket = Arc<Vec<Arc<Sub>>>;
+
+/// A class a change matched, with the fronts that have a subscription effective at it.
+#[derive(Debug, Clone)]
+pub struct MatchedClass {
+    pub class: Arc<Class>,
+    pub fronts: Vec<(String, Bucket)>,
+    /// The change's commit LSN.
+    pub at: Lsn,
+}
+
+impl MatchedClass {
+    /// The subscriptions in effect for the change.
+    pub fn subs(&self) -> impl Iterator<Item = &Arc<Sub>> {
+        let at = self.at;
+        self.fronts
+            .iter()
+            .flat_map(|(_, b)| b.iter())
+            .filter(move |s| at > s.effective_from)
+    }
+}
+
 /// Index key: (project, schema or "*", table or "").
 type Key = (String, String, String);
 
+struct ClassEntry {
+    class: Arc<Class>,
+    fronts: BTreeMap<String, Bucket>,
+}
+
 #[derive(Default)]
 struct State {
-    by_key: HashMap<Key, Vec<Arc<Sub>>>,
+    by_key: HashMap<Key, Vec<String>>,
+    classes: HashMap<String, ClassEntry>,
     by_id: HashMap<String, Arc<Sub>>,
     fronts: HashMap<String, Instant>,
 }
@@ -71,6 +131,83 @@ fn key_of(spec: &SubscriptionSpec) -> Key {
         spec.schema.clone(),
         spec.table.clone().unwrap_or_default(),
     )
+}
+
+impl State {
+    /// Remove `gone` and add `new` (replacing subscriptions of the same id), rebuilding
+    /// each touched bucket once.
+    fn apply(&mut self, gone: &[String], new: Vec<Sub>) {
+        let mut removed: HashMap<(String, String), HashSet<*const Sub>> = HashMap::new();
+        let mut added: HashMap<(String, String), Vec<Arc<Sub>>> = HashMap::new();
+        let new: Vec<Arc<Sub>> = new.into_iter().map(Arc::new).collect();
+        let replaced = new.iter().map(|s| &s.spec.id);
+        for id in gone.iter().chain(replaced) {
+            if let Some(old) = self.by_id.remove(id) {
+                removed
+                    .entry((old.class.clone(), old.spec.front.clone()))
+                    .or_default()
+                    .insert(Arc::as_ptr(&old));
+            }
+        }
+        for sub in new {
+            self.fronts.insert(sub.spec.front.clone(), Instant::now());
+            self.by_id.insert(sub.spec.id.clone(), sub.clone());
+            if !self.classes.contains_key(&sub.class) {
+                let entry = ClassEntry {
+                    class: Arc::new(Class::of(&sub)),
+                    fronts: BTreeMap::new(),
+                };
+                self.classes.insert(sub.class.clone(), entry);
+                self.by_key
+                    .entry(key_of(&sub.spec))
+                    .or_default()
+                    .push(sub.class.clone());
+            }
+            added
+                .entry((sub.class.clone(), sub.spec.front.clone()))
+                .or_default()
+                .push(sub);
+        }
+        let touched: HashSet<(String, String)> =
+            removed.keys().chain(added.keys()).cloned().collect();
+        for (class, front) in touched {
+            let gone = removed.remove(&(class.clone(), front.clone()));
+            let new = added.remove(&(class.clone(), front.clone()));
+            self.rebuild(
+                &class,
+                &front,
+                gone.unwrap_or_default(),
+                new.unwrap_or_default(),
+            );
+        }
+        metrics::gauge!("walcast_cdc_subscriptions").set(self.by_id.len() as f64);
+    }
+
+    fn rebuild(&mut self, class: &str, front: &str, gone: HashSet<*const Sub>, new: Vec<Arc<Sub>>) {
+        let Some(entry) = self.classes.get_mut(class) else {
+            return;
+        };
+        let old = entry.fronts.remove(front).unwrap_or_default();
+        let bucket: Vec<Arc<Sub>> = old
+            .iter()
+            .filter(|s| !gone.contains(&Arc::as_ptr(s)))
+            .cloned()
+            .chain(new)
+            .collect();
+        if !bucket.is_empty() {
+            entry.fronts.insert(front.to_string(), Arc::new(bucket));
+        } else if entry.fronts.is_empty() {
+            // The class's last subscription went away.
+            let Some(entry) = self.classes.remove(class) else {
+                return;
+            };
+            let _ = entry;
+            for keys in self.by_key.values_mut() {
+                keys.retain(|k| k != class);
+            }
+            self.by_key.retain(|_, v| !v.is_empty());
+        }
+    }
 }
 
 /// A row as the filter evaluator sees it: column name, typname, Postgres text value.
@@ -126,38 +263,34 @@ impl Matcher {
 
     /// Add (or replace, by id) a subscription.
     pub fn insert(&self, sub: Sub) {
-        let sub = Arc::new(sub);
-        let mut st = self.write();
-        st.fronts.insert(sub.spec.front.clone(), Instant::now());
-        if let Some(old) = st.by_id.insert(sub.spec.id.clone(), sub.clone()) {
-            remove_from_key(&mut st, &old);
-        }
-        st.by_key.entry(key_of(&sub.spec)).or_default().push(sub);
-        metrics::gauge!("walcast_cdc_subscriptions").set(st.by_id.len() as f64);
+        self.insert_all(vec![sub]);
+    }
+
+    /// Add (or replace, by id) subscriptions, as one edit.
+    pub fn insert_all(&self, subs: Vec<Sub>) {
+        self.write().apply(&[], subs);
     }
 
     pub fn remove(&self, ids: &[String]) {
-        let mut st = self.write();
-        for id in ids {
-            if let Some(old) = st.by_id.remove(id) {
-                remove_from_key(&mut st, &old);
-            }
-        }
-        metrics::gauge!("walcast_cdc_subscriptions").set(st.by_id.len() as f64);
+        self.write().apply(ids, Vec::new());
     }
 
     /// A front's full list: drop its subscriptions missing from it; note it is alive.
     pub fn sync(&self, front: &str, ids: &[String]) {
-        let keep: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
-        let stale: Vec<String> = {
-            let st = self.read();
-            st.by_id
-                .values()
-                .filter(|s| s.spec.front == front && !keep.contains(s.spec.id.as_str()))
-                .map(|s| s.spec.id.clone())
-                .collect()
-        };
-        self.remove(&stale);
+        let keep: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut st = self.write();
+        let stale: Vec<String> = st
+            .by_id
+            .values()
+            .filter(|s| s.spec.front == front && !keep.contains(s.spec.id.as_str()))
+            .map(|s| s.spec.id.clone())
+            .collect();
+        st.apply(&stale, Vec::new());
+        st.fronts.insert(front.to_string(), Instant::now());
+    }
+
+    /// Note that a front is alive (it sent part of a sync).
+    pub fn touch(&self, front: &str) {
         self.write()
             .fronts
             .insert(front.to_string(), Instant::now());
@@ -165,27 +298,23 @@ impl Matcher {
 
     /// Drop every subscription of fronts not heard from within `expiry`.
     pub fn expire_fronts(&self, expiry: Duration) -> usize {
-        let dead: Vec<String> = {
-            let st = self.read();
-            st.fronts
-                .iter()
-                .filter(|(_, t)| t.elapsed() > expiry)
-                .map(|(f, _)| f.clone())
-                .collect()
-        };
+        let mut st = self.write();
+        let dead: Vec<String> = st
+            .fronts
+            .iter()
+            .filter(|(_, t)| t.elapsed() > expiry)
+            .map(|(f, _)| f.clone())
+            .collect();
         if dead.is_empty() {
             return 0;
         }
-        let ids: Vec<String> = {
-            let st = self.read();
-            st.by_id
-                .values()
-                .filter(|s| dead.contains(&s.spec.front))
-                .map(|s| s.spec.id.clone())
-                .collect()
-        };
-        self.remove(&ids);
-        let mut st = self.write();
+        let ids: Vec<String> = st
+            .by_id
+            .values()
+            .filter(|s| dead.contains(&s.spec.front))
+            .map(|s| s.spec.id.clone())
+            .collect();
+        st.apply(&ids, Vec::new());
         for f in &dead {
             st.fronts.remove(f);
         }
@@ -205,9 +334,10 @@ impl Matcher {
         self.len() == 0
     }
 
-    /// Ids of the subscriptions a change matches. `row` is the new row for INSERT and
-    /// UPDATE, the old row (replica identity) for DELETE. A filter that cannot be
-    /// evaluated on this row denies that subscription only.
+    /// The classes a change matches, each with the fronts that have a subscription in
+    /// effect at `commit_lsn`. `row` is the new row for INSERT and UPDATE, the old row
+    /// (replica identity) for DELETE. A filter that cannot be evaluated on this row
+    /// denies that class only. The work is per class, not per subscription.
     pub fn matches(
         &self,
         project: &str,
@@ -216,7 +346,7 @@ impl Matcher {
         kind: ChangeKind,
         commit_lsn: Lsn,
         row: &impl RecordView,
-    ) -> Vec<Arc<Sub>> {
+    ) -> Vec<MatchedClass> {
         let st = self.read();
         if st.by_id.is_empty() {
             return Vec::new();
@@ -229,29 +359,29 @@ impl Matcher {
         ];
         let mut out = Vec::new();
         for (p, s, t) in keys {
-            let Some(subs) = st
+            let Some(classes) = st
                 .by_key
                 .get(&(p.to_string(), s.to_string(), t.to_string()))
             else {
                 continue;
             };
-            for sub in subs {
-                if commit_lsn <= sub.effective_from || !sub.wants(kind) {
+            for entry in classes.iter().filter_map(|k| st.classes.get(k)) {
+                let class = &entry.class;
+                if !class.wants(kind) || !passes(class, row) {
                     continue;
                 }
-                let pass = match &sub.filter {
-                    None => true,
-                    Some(f) => match f.matches(row) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            metrics::counter!("walcast_cdc_filter_errors_total").increment(1);
-                            tracing::debug!(sub = %sub.spec.id, error = %e, "filter could not be evaluated; not delivered");
-                            false
-                        }
-                    },
-                };
-                if pass {
-                    out.push(sub.clone());
+                let fronts: Vec<(String, Bucket)> = entry
+                    .fronts
+                    .iter()
+                    .filter(|(_, b)| b.iter().any(|s| commit_lsn > s.effective_from))
+                    .map(|(f, b)| (f.clone(), b.clone()))
+                    .collect();
+                if !fronts.is_empty() {
+                    out.push(MatchedClass {
+                        class: class.clone(),
+                        fronts,
+                        at: commit_lsn,
+                    });
                 }
             }
         }
@@ -259,13 +389,17 @@ impl Matcher {
     }
 }
 
-fn remove_from_key(st: &mut State, old: &Arc<Sub>) {
-    let key = key_of(&old.spec);
-    if let Some(v) = st.by_key.get_mut(&key) {
-        v.retain(|s| !Arc::ptr_eq(s, old));
-        if v.is_empty() {
-            st.by_key.remove(&key);
-        }
+fn passes(class: &Class, row: &impl RecordView) -> bool {
+    match &class.filter {
+        None => true,
+        Some(f) => match f.matches(row) {
+            Ok(b) => b,
+            Err(e) => {
+                metrics::counter!("walcast_cdc_filter_errors_total").increment(1);
+                tracing::debug!(class = %class.key, error = %e, "filter could not be evaluated; not delivered");
+                false
+            }
+        },
     }
 }
 
@@ -274,8 +408,10 @@ mod tests {
     use super::*;
     use walcast_protocol::filter::SliceRecord;
 
-    fn ids(v: Vec<Arc<Sub>>) -> Vec<String> {
-        v.iter().map(|s| s.spec.id.clone()).collect()
+    fn ids(v: Vec<MatchedClass>) -> Vec<String> {
+        v.iter()
+            .flat_map(|m| m.subs().map(|s| s.spec.id.clone()))
+            .collect()
     }
 
     fn spec(id: &str, table: Option<&str>, event: &str, filter: Option<&str>) -> SubscriptionSpec {

@@ -9,12 +9,12 @@ use bytes::Bytes;
 use tokio_postgres::Client;
 use walcast_bus::event::Shrink;
 use walcast_bus::{
-    subject::change_subject, Bus, BusError, ChangeEvent, ChangeKind, Restriction, HEADER_LSN,
-    HEADER_ORIGIN, HEADER_SEQ,
+    subject::{change_subject, delivery_subject},
+    Bus, BusError, ChangeEvent, ChangeKind, Restriction, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
 };
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
-use crate::authorize::{authorize_batch, PendingChange, RlsMode};
+use crate::authorize::{authorize_batch, Audience, PendingChange, RlsMode};
 use crate::event::{build_event, TxnContext};
 use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
@@ -394,16 +394,7 @@ impl Pipeline {
                 .and_then(|a| a.get(j))
                 .cloned()
                 .unwrap_or_default();
-            for (columns, ids) in audience {
-                if let Some(cols) = columns {
-                    change.event.restricted.push(Restriction {
-                        columns: cols.into_iter().collect(),
-                        subs: ids.clone(),
-                    });
-                }
-                change.event.subs.extend(ids);
-            }
-            self.publish(&mut change.event).await?;
+            self.publish(&mut change.event, &audience).await?;
         }
         Ok(())
     }
@@ -480,19 +471,19 @@ impl Pipeline {
         );
     }
 
-    /// Publish a change: one message, or several parts when its audience does not fit
-    /// one. A change the server refuses as too large (its `max_payload` can shrink on a
-    /// reconnect) is fitted again to the new size once; if that fails too it is skipped.
-    async fn publish(&self, event: &mut ChangeEvent) -> Result<(), CdcError> {
+    /// Publish a change: once, without its audience, on its table's subject (for `walcast
+    /// tail` and other services), and to each front with subscribers that may see it, on
+    /// that front's delivery subject, naming them (in several parts when they do not fit
+    /// one message). A change the server refuses as too large (its `max_payload` can
+    /// shrink on a reconnect) is fitted again to the new size once; if that fails too it
+    /// is skipped.
+    async fn publish(&self, event: &mut ChangeEvent, audience: &Audience) -> Result<(), CdcError> {
+        let table = format!("{}.{}", event.schema, event.table);
         for attempt in 0..2 {
             if attempt > 0 && !self.fit_record(event)? {
                 return Ok(());
             }
-            let Some(messages) = event
-                .split(self.message_budget())
-                .map_err(crate::event::EventError::Json)?
-            else {
-                let table = format!("{}.{}", event.schema, event.table);
+            let Some(messages) = self.messages(event, audience)? else {
                 self.skip(
                     &table,
                     Some(event.commit_lsn),
@@ -501,15 +492,11 @@ impl Pipeline {
                 );
                 return Ok(());
             };
-            if messages.len() > 1 {
-                metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
-            }
             match self.send(event, messages).await {
                 Err(CdcError::Bus(BusError::PayloadTooLarge { .. })) => continue,
                 other => return other,
             }
         }
-        let table = format!("{}.{}", event.schema, event.table);
         self.skip(
             &table,
             Some(event.commit_lsn),
@@ -519,14 +506,56 @@ impl Pipeline {
         Ok(())
     }
 
-    async fn send(&self, event: &ChangeEvent, messages: Vec<Vec<u8>>) -> Result<(), CdcError> {
+    /// (subject, payload) of every message of a change; `None` if one cannot fit.
+    fn messages(
+        &self,
+        event: &ChangeEvent,
+        audience: &Audience,
+    ) -> Result<Option<Vec<(String, Vec<u8>)>>, CdcError> {
+        let budget = self.message_budget();
+        let json = |e: serde_json::Error| CdcError::Event(crate::event::EventError::Json(e));
+        let mut out = Vec::with_capacity(1 + audience.len());
+        for front in audience {
+            let mut e = event.clone();
+            for (columns, ids) in &front.groups {
+                if let Some(cols) = columns {
+                    e.restricted.push(Restriction {
+                        columns: cols.iter().cloned().collect(),
+                        subs: ids.clone(),
+                    });
+                }
+                e.subs.extend(ids.iter().cloned());
+            }
+            let Some(parts) = e.split(budget).map_err(json)? else {
+                return Ok(None);
+            };
+            if parts.len() > 1 {
+                metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
+            }
+            let subject = delivery_subject(&front.front);
+            out.extend(parts.into_iter().map(|m| (subject.clone(), m)));
+        }
+        // The audience-free copy last: a consumer of both knows a change's deliveries
+        // are complete when it arrives.
         let subject = change_subject(&event.project, &event.schema, &event.table);
+        let Some(bare) = event.split(budget).map_err(json)? else {
+            return Ok(None);
+        };
+        out.extend(bare.into_iter().map(|m| (subject.clone(), m)));
+        Ok(Some(out))
+    }
+
+    async fn send(
+        &self,
+        event: &ChangeEvent,
+        messages: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), CdcError> {
         let lsn = event.commit_lsn.to_string();
         let seq = event.seq.to_string();
-        for payload in messages {
+        for (subject, payload) in messages {
             self.bus
                 .publish(
-                    subject.clone(),
+                    subject,
                     &[
                         (HEADER_ORIGIN, &self.origin),
                         (HEADER_LSN, &lsn),

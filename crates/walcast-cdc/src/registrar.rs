@@ -107,22 +107,28 @@ impl Registrar {
         // that position is decoded after the subscription was there.
         let placeholder = Lsn(u64::MAX);
         let ids: Vec<String> = accepted.iter().map(|(s, _)| s.id.clone()).collect();
-        for (spec, filter) in &accepted {
-            self.inner
-                .matcher
-                .insert(Sub::new(spec.clone(), filter.clone(), placeholder));
-        }
+        self.inner.matcher.insert_all(
+            accepted
+                .iter()
+                .map(|(spec, filter)| Sub::new(spec.clone(), filter.clone(), placeholder))
+                .collect(),
+        );
         let at: String = client
             .query_one("SELECT pg_current_wal_lsn()::text", &[])
             .await?
             .get(0);
         let at: Lsn = at.parse().unwrap_or_default();
-        for (spec, filter) in accepted {
-            // Registered before (a resync, a token refresh): keep its position, so a
-            // replayed backlog is matched as it was the first time.
-            let from = spec.from.map_or(at, |f| f.min(at));
-            self.inner.matcher.insert(Sub::new(spec, filter, from));
-        }
+        // Registered before (a resync, a token refresh): keep its position, so a replayed
+        // backlog is matched as it was the first time.
+        self.inner.matcher.insert_all(
+            accepted
+                .into_iter()
+                .map(|(spec, filter)| {
+                    let from = spec.from.map_or(at, |f| f.min(at));
+                    Sub::new(spec, filter, from)
+                })
+                .collect(),
+        );
         metrics::counter!("walcast_cdc_subscriptions_registered_total").increment(ids.len() as u64);
         Ok(RegisterReply {
             results,

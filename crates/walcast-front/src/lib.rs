@@ -56,7 +56,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use walcast_bus::subject::REALTIME_ALL;
+use walcast_bus::subject::delivery_subject;
 use walcast_bus::subs::{SubsClient, SUBJECT_RESYNC};
 use walcast_bus::{Bus, BusError};
 
@@ -135,7 +135,8 @@ impl Front {
             .front_id
             .clone()
             .unwrap_or_else(|| format!("front-{:08x}", rand::random::<u32>()));
-        let changes = bus.subscribe(REALTIME_ALL).await?;
+        // Only what the worker sends this front: its subscribers' changes.
+        let changes = bus.subscribe(&delivery_subject(&front_id)).await?;
         let broadcasts = bus.subscribe(BROADCAST_ALL).await?;
         let resync = bus.subscribe(SUBJECT_RESYNC).await?;
         let tracker = TaskTracker::new();

@@ -13,8 +13,8 @@ use std::sync::{Arc, RwLock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{
-    RegisterRequest, ResyncProgress, SubsClient, SubscriptionSpec, SyncMessage, UnregisterRequest,
-    SYNC_INTERVAL,
+    class_key, is_class_key, RegisterRequest, ResyncProgress, SubsClient, SubscriptionSpec,
+    SyncMessage, UnregisterRequest, SYNC_INTERVAL,
 };
 use walcast_bus::Subscription;
 use walcast_protocol::PgChangeBinding;
@@ -47,10 +47,42 @@ pub(crate) struct Target {
     pub spec: SubscriptionSpec,
 }
 
+/// Targets by number, and the numbers of each class (see [`class_key`]).
+#[derive(Default)]
+struct Map {
+    targets: HashMap<u64, Target>,
+    classes: HashMap<String, Vec<u64>>,
+}
+
+impl Map {
+    fn insert(&mut self, n: u64, t: Target) {
+        let class = class_key(&t.spec);
+        if let Some(old) = self.targets.insert(n, t) {
+            self.unclass(n, &class_key(&old.spec));
+        }
+        self.classes.entry(class).or_default().push(n);
+    }
+
+    fn remove(&mut self, n: u64) -> Option<Target> {
+        let t = self.targets.remove(&n)?;
+        self.unclass(n, &class_key(&t.spec));
+        Some(t)
+    }
+
+    fn unclass(&mut self, n: u64, class: &str) {
+        if let Some(v) = self.classes.get_mut(class) {
+            v.retain(|m| *m != n);
+            if v.is_empty() {
+                self.classes.remove(class);
+            }
+        }
+    }
+}
+
 pub(crate) struct Registry {
     prefix: String,
     next: AtomicU64,
-    map: RwLock<HashMap<u64, Target>>,
+    map: RwLock<Map>,
 }
 
 impl Registry {
@@ -58,7 +90,7 @@ impl Registry {
         Registry {
             prefix: format!("{front_id}:"),
             next: AtomicU64::new(1),
-            map: RwLock::new(HashMap::new()),
+            map: RwLock::new(Map::default()),
         }
     }
 
@@ -81,33 +113,54 @@ impl Registry {
     pub(crate) fn remove(&self, ns: &[u64]) -> Vec<String> {
         let mut g = self.write();
         ns.iter()
-            .filter_map(|n| g.remove(n).map(|t| t.spec.id))
+            .filter_map(|n| g.remove(*n).map(|t| t.spec.id))
             .collect()
     }
 
-    /// Replace the claims of these subscriptions; returns their updated specs.
+    /// Replace the claims of these subscriptions (their role, hence class, can change);
+    /// returns their updated specs.
     pub(crate) fn set_claims(&self, ns: &[u64], claims: &Value) -> Vec<SubscriptionSpec> {
         let mut g = self.write();
         ns.iter()
             .filter_map(|n| {
-                g.get_mut(n).map(|t| {
-                    t.spec.claims = claims.clone();
-                    t.spec.clone()
-                })
+                let mut t = g.remove(*n)?;
+                t.spec.claims = claims.clone();
+                let spec = t.spec.clone();
+                g.insert(*n, t);
+                Some(spec)
             })
             .collect()
     }
 
-    /// Group the targets of `ids` by sink: `(sink, binding ids deduplicated)`. Targets of
+    /// Group the targets of `ids` by sink: `(sink, binding ids deduplicated)`. An id is a
+    /// subscription id of ours or a class key (every subscription of ours in that class
+    /// that was in effect at `at`: registered, and from a position before it). Targets of
     /// another project are skipped (tenant isolation does not rest on the worker alone).
-    pub(crate) fn groups(&self, project: &str, ids: &[String]) -> Vec<(Sink, Vec<u32>)> {
+    pub(crate) fn groups(
+        &self,
+        project: &str,
+        ids: &[String],
+        at: walcast_wal2json::Lsn,
+    ) -> Vec<(Sink, Vec<u32>)> {
         let g = self.read();
         let mut index: HashMap<u64, usize> = HashMap::new();
         let mut out: Vec<(Sink, Vec<u32>)> = Vec::new();
-        for id in ids {
-            let Some(t) = self.own(id).and_then(|n| g.get(&n)) else {
-                continue;
-            };
+        let targets = ids
+            .iter()
+            .flat_map(|id| -> Box<dyn Iterator<Item = &Target>> {
+                if is_class_key(id) {
+                    let members = g.classes.get(id).map(Vec::as_slice).unwrap_or_default();
+                    Box::new(
+                        members
+                            .iter()
+                            .filter_map(|n| g.targets.get(n))
+                            .filter(move |t| t.spec.from.is_some_and(|from| at > from)),
+                    )
+                } else {
+                    Box::new(self.own(id).and_then(|n| g.targets.get(&n)).into_iter())
+                }
+            });
+        for t in targets {
             if t.spec.project != project {
                 telemetry::error("cross_project_event");
                 continue;
@@ -128,7 +181,7 @@ impl Registry {
     pub(crate) fn set_from(&self, ids: &[String], at: walcast_wal2json::Lsn) {
         let mut g = self.write();
         for n in ids.iter().filter_map(|id| self.own(id)) {
-            if let Some(t) = g.get_mut(&n) {
+            if let Some(t) = g.targets.get_mut(&n) {
                 t.spec.from.get_or_insert(at);
             }
         }
@@ -137,27 +190,35 @@ impl Registry {
     pub(crate) fn specs_of(&self, ns: &[u64]) -> Vec<SubscriptionSpec> {
         let g = self.read();
         ns.iter()
-            .filter_map(|n| g.get(n).map(|t| t.spec.clone()))
+            .filter_map(|n| g.targets.get(n).map(|t| t.spec.clone()))
             .collect()
     }
 
     pub(crate) fn all_ids(&self) -> Vec<String> {
-        self.read().values().map(|t| t.spec.id.clone()).collect()
+        self.read()
+            .targets
+            .values()
+            .map(|t| t.spec.id.clone())
+            .collect()
     }
 
     pub(crate) fn all_specs(&self) -> Vec<SubscriptionSpec> {
-        self.read().values().map(|t| t.spec.clone()).collect()
+        self.read()
+            .targets
+            .values()
+            .map(|t| t.spec.clone())
+            .collect()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.read().len()
+        self.read().targets.len()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, Target>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Map> {
         self.map.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<u64, Target>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Map> {
         self.map.write().unwrap_or_else(|p| p.into_inner())
     }
 }

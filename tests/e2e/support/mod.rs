@@ -336,11 +336,88 @@ pub fn http_request(
         .map(|(_, b)| (status, b.to_string()))
 }
 
-/// Collects every change event published on NATS, in arrival order.
+/// Collects every change event published on NATS, in arrival order, each with the
+/// audience the worker sent the fronts (its `subs` and `restricted`, with class keys
+/// expanded into the ids of the subscriptions registered with that class, sorted).
 #[derive(Clone)]
 pub struct Collector {
     pub events: Arc<Mutex<Vec<(String, ChangeEvent)>>>,
     notify: Arc<tokio::sync::Notify>,
+}
+
+/// Audiences seen on the fronts' delivery subjects, waiting for their change.
+#[derive(Default)]
+struct Audiences {
+    /// (front, class key) → subscription ids, from the registrations seen.
+    classes: std::collections::HashMap<(String, String), Vec<String>>,
+    pending: std::collections::HashMap<(walcast_wal2json::Lsn, u32), ChangeEvent>,
+}
+
+impl Audiences {
+    fn register(&mut self, payload: &[u8]) {
+        let Ok(req) = serde_json::from_slice::<walcast_bus::subs::RegisterRequest>(payload) else {
+            return;
+        };
+        for spec in req.subs {
+            let ids = self
+                .classes
+                .entry((spec.front.clone(), walcast_bus::subs::class_key(&spec)))
+                .or_default();
+            if !ids.contains(&spec.id) {
+                ids.push(spec.id);
+            }
+        }
+    }
+
+    fn expand(&self, front: &str, ids: &[String]) -> Vec<String> {
+        ids.iter()
+            .flat_map(
+                |id| match self.classes.get(&(front.to_string(), id.clone())) {
+                    Some(members) if walcast_bus::subs::is_class_key(id) => members.clone(),
+                    _ => vec![id.clone()],
+                },
+            )
+            .collect()
+    }
+
+    /// A front's share of a change (sent before the change itself).
+    fn delivery(&mut self, front: &str, ev: ChangeEvent) {
+        let subs = self.expand(front, &ev.subs);
+        let restricted: Vec<walcast_bus::Restriction> = ev
+            .restricted
+            .iter()
+            .map(|r| walcast_bus::Restriction {
+                columns: r.columns.clone(),
+                subs: self.expand(front, &r.subs),
+            })
+            .collect();
+        let entry = self.pending.entry(ev.position()).or_insert_with(|| {
+            let mut bare = ev.clone();
+            bare.subs.clear();
+            bare.restricted.clear();
+            bare
+        });
+        entry.subs.extend(subs);
+        for r in restricted {
+            match entry.restricted.iter_mut().find(|x| x.columns == r.columns) {
+                Some(x) => x.subs.extend(r.subs),
+                None => entry.restricted.push(r),
+            }
+        }
+    }
+
+    /// The change itself: its audience is complete.
+    fn complete(&mut self, mut ev: ChangeEvent) -> ChangeEvent {
+        if let Some(seen) = self.pending.remove(&ev.position()) {
+            ev.subs = seen.subs;
+            ev.restricted = seen.restricted;
+        }
+        ev.subs.sort();
+        for r in &mut ev.restricted {
+            r.subs.sort();
+        }
+        ev
+    }
 }
 
 impl Collector {
@@ -348,10 +425,8 @@ impl Collector {
         let bus = Bus::nats(nats_url, "e2e-collector")
             .await
             .expect("connect collector");
-        let mut sub = bus
-            .subscribe(walcast_bus::subject::REALTIME_ALL)
-            .await
-            .expect("subscribe");
+        // One subscription, so registrations, deliveries and changes keep their order.
+        let mut sub = bus.subscribe("walcast.>").await.expect("subscribe");
         // A round trip makes sure the subscription is registered before we return.
         bus.barrier().await.expect("barrier");
         let c = Collector {
@@ -361,7 +436,22 @@ impl Collector {
         let c2 = c.clone();
         tokio::spawn(async move {
             let _keep = bus;
+            let mut audiences = Audiences::default();
+            let deliver = format!("{}.", walcast_bus::subject::DELIVER_PREFIX);
             while let Some(msg) = sub.next().await {
+                if msg.subject == walcast_bus::subs::SUBJECT_REGISTER {
+                    audiences.register(&msg.payload);
+                    continue;
+                }
+                let front = msg
+                    .subject
+                    .strip_prefix(&deliver)
+                    .map(|t| walcast_bus::subject::decode_token(t).expect("front token"));
+                if front.is_none()
+                    && walcast_bus::subject::parse_change_subject(&msg.subject).is_err()
+                {
+                    continue;
+                }
                 let ev: ChangeEvent = serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
                     panic!(
                         "bad event JSON {e}: {}",
@@ -370,6 +460,12 @@ impl Collector {
                 });
                 let lsn = msg.header(walcast_bus::HEADER_LSN).map(str::to_string);
                 assert_eq!(lsn, Some(ev.commit_lsn.to_string()), "Walcast-Lsn header");
+                if let Some(front) = front {
+                    audiences.delivery(&front, ev);
+                    continue;
+                }
+                assert!(ev.subs.is_empty(), "a change subject carries no audience");
+                let ev = audiences.complete(ev);
                 c2.events.lock().unwrap().push((msg.subject, ev));
                 c2.notify.notify_waiters();
             }

@@ -235,9 +235,13 @@ impl Server {
         Client::connect(&self.ws_url(vsn, &anon()), vsn).await
     }
 
-    /// Publish a change the way the worker does, matched to `subs`.
+    /// Publish a change the way the worker does, matched to `subs`, at a position after
+    /// every earlier `change` (fronts drop what is not after the last they saw).
     pub async fn change(&self, table: &str, kind: &str, record: Value, subs: &[String]) {
-        self.change_at(table, kind, record, subs, 0x1000, 0).await
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.change_at(table, kind, record, subs, 0x10_0000, seq)
+            .await
     }
 
     pub async fn change_at(
@@ -279,9 +283,17 @@ impl Server {
             }
             _ => ev["record"] = record,
         }
+        // To the front that owns the subscriptions, as the worker does.
+        let Some(front) = subs
+            .first()
+            .and_then(|id| id.split_once(':'))
+            .map(|(f, _)| f)
+        else {
+            return;
+        };
         self.bus
             .publish(
-                walcast_bus::subject::change_subject("default", "public", table),
+                walcast_bus::subject::delivery_subject(front),
                 &[],
                 Bytes::from(serde_json::to_vec(&ev).unwrap()),
             )
