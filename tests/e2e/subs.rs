@@ -120,12 +120,9 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     })
     .await
     .unwrap();
-    subs.sync(SyncMessage {
-        front: "front1".into(),
-        ids: vec!["front1:1".into()],
-    })
-    .await
-    .unwrap();
+    subs.sync(SyncMessage::whole("front1".into(), vec!["front1:1".into()]))
+        .await
+        .unwrap();
     bus.barrier().await.unwrap();
     // The worker handles registry messages in order: a round trip through it proves the
     // two above were applied.
@@ -134,6 +131,22 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
         .unwrap();
     stack.sql("INSERT INTO t VALUES (3, 'ann', 99)");
     collector.wait_count(6, Duration::from_secs(60)).await;
+    let last = collector.snapshot().pop().unwrap();
+    assert_eq!(last.subs, ["front1:1"]);
+
+    // A list longer than one NATS message (100,000 ids, ~1.7 MB) goes in parts, and the
+    // worker applies it whole: the listed subscription stays.
+    let mut many: Vec<String> = (0..100_000).map(|i| format!("front1:x{i}")).collect();
+    many.push("front1:1".into());
+    subs.sync(SyncMessage::whole("front1".into(), many))
+        .await
+        .unwrap();
+    bus.barrier().await.unwrap();
+    subs.register(RegisterRequest::default(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    stack.sql("INSERT INTO t VALUES (4, 'ann', 100)");
+    collector.wait_count(7, Duration::from_secs(60)).await;
     let last = collector.snapshot().pop().unwrap();
     assert_eq!(last.subs, ["front1:1"]);
 }

@@ -155,11 +155,38 @@ pub struct UnregisterRequest {
     pub ids: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+/// A front's full list of subscription ids, possibly in several parts.
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct SyncMessage {
     pub front: String,
     pub ids: Vec<String>,
+    /// Parts of one list share a round (any number, fresh for each list).
+    #[serde(default)]
+    pub round: u64,
+    /// The list's last part: the worker applies the list once it has it.
+    #[serde(default = "yes")]
+    pub last: bool,
 }
+
+fn yes() -> bool {
+    true
+}
+
+impl SyncMessage {
+    /// A whole list in one message.
+    pub fn whole(front: String, ids: Vec<String>) -> SyncMessage {
+        SyncMessage {
+            front,
+            ids,
+            round: 0,
+            last: true,
+        }
+    }
+}
+
+/// The largest message a front sends the worker (registrations, unregistrations and syncs
+/// are split to stay under it): well within nats-server's smallest usual `max_payload`.
+pub const MESSAGE_BUDGET: usize = 48 * 1024;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -189,6 +216,9 @@ impl SubsClient {
         }
     }
 
+    /// Register subscriptions. Over NATS a large request goes as several requests of at
+    /// most [`MESSAGE_BUDGET`] bytes, one after another; the replies are merged (the
+    /// latest `effective_from` stands for all).
     pub async fn register(
         &self,
         req: RegisterRequest,
@@ -199,23 +229,19 @@ impl SubsClient {
                 .await
                 .map_err(|_| BusError::Publish("subscription registration timed out".into())),
             SubsClient::Nats(c) => {
-                let body =
-                    serde_json::to_vec(&req).map_err(|e| BusError::Publish(e.to_string()))?;
-                let msg =
-                    tokio::time::timeout(timeout, c.request(SUBJECT_REGISTER, Bytes::from(body)))
-                        .await
-                        .map_err(|_| {
-                            BusError::Publish(
-                                "no cdc-worker answered the subscription request in time".into(),
-                            )
-                        })?
-                        .map_err(|e| {
-                            BusError::Publish(format!(
-                                "no cdc-worker answered the subscription request: {e}"
-                            ))
-                        })?;
-                serde_json::from_slice(&msg.payload)
-                    .map_err(|e| BusError::Publish(format!("bad registration reply: {e}")))
+                let mut merged = RegisterReply::default();
+                let mut chunks = chunks_by_size(req.subs, MESSAGE_BUDGET);
+                if chunks.is_empty() {
+                    // Still one round trip: callers use it to know earlier messages were
+                    // handled (the worker serves them in order).
+                    chunks.push(Vec::new());
+                }
+                for subs in chunks {
+                    let reply = register_once(c, &RegisterRequest { subs }, timeout).await?;
+                    merged.results.extend(reply.results);
+                    merged.effective_from = merged.effective_from.max(reply.effective_from);
+                }
+                Ok(merged)
             }
         }
     }
@@ -226,7 +252,12 @@ impl SubsClient {
                 h.unregister(req);
                 Ok(())
             }
-            SubsClient::Nats(c) => publish_json(c, SUBJECT_UNREGISTER, &req).await,
+            SubsClient::Nats(c) => {
+                for ids in chunks_by_size(req.ids, MESSAGE_BUDGET) {
+                    publish_json(c, SUBJECT_UNREGISTER, &UnregisterRequest { ids }).await?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -243,15 +274,72 @@ impl SubsClient {
         }
     }
 
+    /// A front's full list. Over NATS a long list goes as several messages of at most
+    /// [`MESSAGE_BUDGET`] bytes, numbered by a fresh `round`; the worker applies a round
+    /// only once its `last` part arrived.
     pub async fn sync(&self, msg: SyncMessage) -> Result<(), BusError> {
         match self {
             SubsClient::Local(h) => {
                 h.sync(msg);
                 Ok(())
             }
-            SubsClient::Nats(c) => publish_json(c, SUBJECT_SYNC, &msg).await,
+            SubsClient::Nats(c) => {
+                let round = rand::random::<u64>();
+                let parts = chunks_by_size(msg.ids, MESSAGE_BUDGET);
+                let n = parts.len().max(1);
+                let mut parts = parts.into_iter();
+                for i in 0..n {
+                    let part = SyncMessage {
+                        front: msg.front.clone(),
+                        ids: parts.next().unwrap_or_default(),
+                        round,
+                        last: i + 1 == n,
+                    };
+                    publish_json(c, SUBJECT_SYNC, &part).await?;
+                }
+                Ok(())
+            }
         }
     }
+}
+
+async fn register_once(
+    c: &async_nats::Client,
+    req: &RegisterRequest,
+    timeout: Duration,
+) -> Result<RegisterReply, BusError> {
+    let body = serde_json::to_vec(req).map_err(|e| BusError::Publish(e.to_string()))?;
+    let msg = tokio::time::timeout(timeout, c.request(SUBJECT_REGISTER, Bytes::from(body)))
+        .await
+        .map_err(|_| {
+            BusError::Publish("no cdc-worker answered the subscription request in time".into())
+        })?
+        .map_err(|e| {
+            BusError::Publish(format!(
+                "no cdc-worker answered the subscription request: {e}"
+            ))
+        })?;
+    serde_json::from_slice(&msg.payload)
+        .map_err(|e| BusError::Publish(format!("bad registration reply: {e}")))
+}
+
+/// Split `items` into runs whose JSON array stays under `budget` bytes (an item larger
+/// than that goes alone).
+pub fn chunks_by_size<T: Serialize>(items: Vec<T>, budget: usize) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    let mut size = 0;
+    for item in items {
+        let n = serde_json::to_vec(&item).map_or(0, |v| v.len()) + 1;
+        match out.last_mut() {
+            Some(run) if size + n <= budget => run.push(item),
+            _ => {
+                out.push(vec![item]);
+                size = 0;
+            }
+        }
+        size += n;
+    }
+    out
 }
 
 async fn publish_json<T: Serialize>(
@@ -415,6 +503,20 @@ mod tests {
         .unwrap();
         let back: RegisterRequest = serde_json::from_str(&text).unwrap();
         assert_eq!(back.subs, vec![spec.clone()]);
+    }
+
+    #[test]
+    fn long_lists_are_cut_into_bounded_parts() {
+        let ids: Vec<String> = (0..20_000).map(|i| format!("front-0123abcd:{i}")).collect();
+        let parts = chunks_by_size(ids.clone(), MESSAGE_BUDGET);
+        assert!(parts.len() > 1);
+        for p in &parts {
+            assert!(serde_json::to_vec(p).unwrap().len() <= MESSAGE_BUDGET);
+        }
+        assert_eq!(parts.concat(), ids);
+        assert!(chunks_by_size(Vec::<String>::new(), 10).is_empty());
+        let old: SyncMessage = serde_json::from_str(r#"{"front":"f","ids":["f:1"]}"#).unwrap();
+        assert!(old.last, "a message without parts is whole");
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Registrar {
 
 struct Inner {
     matcher: Arc<Matcher>,
+    /// Sync lists arriving in parts: front → (round, ids so far).
+    partial: std::sync::Mutex<HashMap<String, (u64, Vec<String>)>>,
     database_url: String,
     client: Mutex<Option<Client>>,
 }
@@ -32,6 +34,7 @@ impl Registrar {
         Registrar {
             inner: Arc::new(Inner {
                 matcher,
+                partial: Default::default(),
                 database_url,
                 client: Mutex::new(None),
             }),
@@ -252,6 +255,27 @@ impl SubsHandler for Registrar {
     }
 
     fn sync(&self, msg: SyncMessage) {
-        self.inner.matcher.sync(&msg.front, &msg.ids);
+        let matcher = &self.inner.matcher;
+        if msg.last && msg.round == 0 {
+            matcher.sync(&msg.front, &msg.ids);
+            return;
+        }
+        // A list in parts: gather a round, apply it when its last part came (a round cut
+        // short by a lost part is replaced by the next one, dropping nothing meanwhile).
+        matcher.touch(&msg.front);
+        let mut partial = self.inner.partial.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = partial
+            .entry(msg.front.clone())
+            .or_insert_with(|| (msg.round, Vec::new()));
+        if entry.0 != msg.round {
+            *entry = (msg.round, Vec::new());
+        }
+        entry.1.extend(msg.ids);
+        if msg.last {
+            if let Some((_, ids)) = partial.remove(&msg.front) {
+                drop(partial);
+                matcher.sync(&msg.front, &ids);
+            }
+        }
     }
 }

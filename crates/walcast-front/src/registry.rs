@@ -310,10 +310,7 @@ pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let msg = SyncMessage {
-            front: shared.front_id.clone(),
-            ids: shared.registry.all_ids(),
-        };
+        let msg = SyncMessage::whole(shared.front_id.clone(), shared.registry.all_ids());
         if let Err(e) = shared.subs.sync(msg).await {
             telemetry::error("sync");
             tracing::warn!(error = %e, "subscription sync failed");
@@ -347,6 +344,7 @@ pub(crate) async fn resync_loop(
             count = specs.len(),
             "resync requested: registering all subscriptions again"
         );
+        // In batches, so joins are not held behind one huge registration.
         for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
             match register(&shared, chunk.to_vec()).await {
                 Ok(refused) => {
