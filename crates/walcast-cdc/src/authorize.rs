@@ -287,12 +287,15 @@ pub async fn authorize_batch(
 fn audience(event: &ChangeEvent, allowed: Vec<Allowed>) -> Audience {
     let event_cols: BTreeSet<String> = event.columns.iter().map(|c| c.name.clone()).collect();
     let mut fronts: BTreeMap<String, BTreeMap<BTreeSet<String>, Vec<String>>> = BTreeMap::new();
+    let mut seen: HashSet<(String, String)> = HashSet::new();
     for (front, cols, id) in allowed {
-        if !cols.is_empty() {
-            let ids = fronts.entry(front).or_default().entry(cols).or_default();
-            if !ids.contains(&id) {
-                ids.push(id);
-            }
+        if !cols.is_empty() && seen.insert((front.clone(), id.clone())) {
+            fronts
+                .entry(front)
+                .or_default()
+                .entry(cols)
+                .or_default()
+                .push(id);
         }
     }
     fronts

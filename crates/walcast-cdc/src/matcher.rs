@@ -32,7 +32,14 @@ pub struct Sub {
     pub claims_json: String,
     /// Its [`class_key`].
     pub class: String,
+    /// When the worker registered it (a sync list older than that may lack it).
+    registered: Instant,
 }
+
+/// A sync list leaves alone subscriptions registered less than this long ago: the list
+/// was taken before their registration reached us (a front sends both on one connection,
+/// but takes the list earlier). A missing one that is older is gone from its front.
+pub const SYNC_GRACE: Duration = walcast_bus::subs::SYNC_INTERVAL;
 
 impl Sub {
     pub fn new(spec: SubscriptionSpec, filter: Option<Filter>, effective_from: Lsn) -> Sub {
@@ -42,6 +49,7 @@ impl Sub {
             spec,
             filter,
             effective_from,
+            registered: Instant::now(),
         }
     }
 
@@ -275,14 +283,16 @@ impl Matcher {
         self.write().apply(ids, Vec::new());
     }
 
-    /// A front's full list: drop its subscriptions missing from it; note it is alive.
-    pub fn sync(&self, front: &str, ids: &[String]) {
+    /// A front's full list: drop its subscriptions missing from it (unless registered
+    /// within `grace`, i.e. after the list may have been taken); note it is alive.
+    pub fn sync(&self, front: &str, ids: &[String], grace: Duration) {
         let keep: HashSet<&str> = ids.iter().map(String::as_str).collect();
         let mut st = self.write();
         let stale: Vec<String> = st
             .by_id
             .values()
             .filter(|s| s.spec.front == front && !keep.contains(s.spec.id.as_str()))
+            .filter(|s| s.registered.elapsed() >= grace)
             .map(|s| s.spec.id.clone())
             .collect();
         st.apply(&stale, Vec::new());
@@ -512,7 +522,10 @@ mod tests {
         let m = Matcher::default();
         add(&m, "f:1", Some("t"), "*", None, 0);
         add(&m, "f:2", Some("t"), "*", None, 0);
-        m.sync("f", &["f:2".to_string()]);
+        // Registered just now: a list that lacks it may predate it.
+        m.sync("f", &["f:2".to_string()], SYNC_GRACE);
+        assert_eq!(m.len(), 2);
+        m.sync("f", &["f:2".to_string()], Duration::ZERO);
         assert_eq!(m.len(), 1);
         assert_eq!(m.expire_fronts(Duration::from_secs(60)), 0);
         assert_eq!(m.expire_fronts(Duration::ZERO), 1);

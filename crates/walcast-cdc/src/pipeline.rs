@@ -102,6 +102,8 @@ pub struct Pipeline {
     origin: String,
     max_record_bytes: usize,
     health: Arc<CdcHealth>,
+    /// The largest message published so far (for the gauge).
+    largest: std::sync::atomic::AtomicUsize,
     catalog: Client,
     types: TypeCache,
     routes: HashMap<(String, String), String>,
@@ -130,6 +132,7 @@ impl Pipeline {
             origin: opts.origin,
             max_record_bytes: opts.max_record_bytes,
             health: opts.health,
+            largest: std::sync::atomic::AtomicUsize::new(0),
             catalog,
             types,
             routes: HashMap::new(),
@@ -553,6 +556,15 @@ impl Pipeline {
         let lsn = event.commit_lsn.to_string();
         let seq = event.seq.to_string();
         for (subject, payload) in messages {
+            metrics::counter!(telemetry::PUBLISHED_BYTES).increment(payload.len() as u64);
+            metrics::counter!(telemetry::PUBLISHED_MESSAGES).increment(1);
+            let size = payload.len();
+            let before = self
+                .largest
+                .fetch_max(size, std::sync::atomic::Ordering::Relaxed);
+            if size > before {
+                metrics::gauge!(telemetry::LARGEST_MESSAGE).set(size as f64);
+            }
             self.bus
                 .publish(
                     subject,

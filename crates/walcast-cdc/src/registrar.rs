@@ -257,7 +257,7 @@ impl SubsHandler for Registrar {
     fn sync(&self, msg: SyncMessage) {
         let matcher = &self.inner.matcher;
         if msg.last && msg.round == 0 {
-            matcher.sync(&msg.front, &msg.ids);
+            matcher.sync(&msg.front, &msg.ids, crate::matcher::SYNC_GRACE);
             return;
         }
         // A list in parts: gather a round, apply it when its last part came (a round cut
@@ -274,7 +274,7 @@ impl SubsHandler for Registrar {
         if msg.last {
             if let Some((_, ids)) = partial.remove(&msg.front) {
                 drop(partial);
-                matcher.sync(&msg.front, &ids);
+                matcher.sync(&msg.front, &ids, crate::matcher::SYNC_GRACE);
             }
         }
     }
