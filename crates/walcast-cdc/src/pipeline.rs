@@ -89,6 +89,9 @@ pub struct PipelineOptions {
     pub health: Arc<CdcHealth>,
 }
 
+/// A message to publish: subject and payload.
+type Message = (String, Vec<u8>);
+
 /// Room left in a bus message for the subject, headers and framing.
 const MESSAGE_OVERHEAD: usize = 1024;
 
@@ -514,7 +517,7 @@ impl Pipeline {
         &self,
         event: &ChangeEvent,
         audience: &Audience,
-    ) -> Result<Option<Vec<(String, Vec<u8>)>>, CdcError> {
+    ) -> Result<Option<Vec<Message>>, CdcError> {
         let budget = self.message_budget();
         let json = |e: serde_json::Error| CdcError::Event(crate::event::EventError::Json(e));
         let mut out = Vec::with_capacity(1 + audience.len());
@@ -548,11 +551,7 @@ impl Pipeline {
         Ok(Some(out))
     }
 
-    async fn send(
-        &self,
-        event: &ChangeEvent,
-        messages: Vec<(String, Vec<u8>)>,
-    ) -> Result<(), CdcError> {
+    async fn send(&self, event: &ChangeEvent, messages: Vec<Message>) -> Result<(), CdcError> {
         let lsn = event.commit_lsn.to_string();
         let seq = event.seq.to_string();
         for (subject, payload) in messages {
