@@ -70,9 +70,10 @@ pub struct ChangeEvent {
     /// They were filled from `old_record` when the table has `REPLICA IDENTITY FULL`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unchanged_toast: Vec<String>,
-    /// Ids of the registered subscriptions (see [`crate::subs`]) this change matched
-    /// (event, filter, and later row-level security). A front delivers the change to
-    /// exactly these.
+    /// On a front's delivery subject: who on that front gets the change. Each entry is a
+    /// class key ([`crate::subs::class_key`]: every subscription of the front in that
+    /// class that was in effect at the change) or a subscription id (`<front>:<n>`,
+    /// judged one by one under row-level security). Empty on the table subject.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subs: Vec<String>,
     /// Subscribers of `subs` that may see only some columns (column privileges, or only

@@ -1,7 +1,12 @@
 //! The bus between the cdc-worker and the fronts.
 //!
 //! * [`subject`]: the NATS subject of a change. Every identifier (project, schema, table),
-//!   whatever it contains, maps to a valid subject token and back.
+//!   whatever it contains, maps to a valid subject token and back. The worker sends each
+//!   front the changes for its subscribers on [`subject::delivery_subject`] (with the
+//!   audience: class keys and subscription ids, see [`ChangeEvent::subs`]), and every
+//!   change without an audience on [`subject::change_subject`]. Messages are bounded:
+//!   a large audience is split into parts ([`ChangeEvent::split`]), a large row loses its
+//!   large values with Supabase's `Error 413` ([`ChangeEvent::shrink_to`]).
 //! * [`event`]: the JSON change event published for every row change.
 //! * [`Bus`]: publish, barrier and subscribe over core NATS or in process.
 //! * [`subs`] and [`admin`]: request/reply between the fronts and the cdc-worker.
