@@ -79,6 +79,8 @@ impl Registrar {
             return Ok(RegisterReply::default());
         };
         let mut enabled: HashMap<String, Vec<registry::TableRef>> = HashMap::new();
+        // A join's bindings mostly share table and role: read their columns once.
+        let mut columns: ColumnCache = HashMap::new();
         let mut results = Vec::with_capacity(req.subs.len());
         let mut accepted = Vec::new();
         for spec in &req.subs {
@@ -90,7 +92,7 @@ impl Registrar {
                 .get(&spec.project)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            match validate(client, spec, tables).await? {
+            match validate(client, spec, tables, &mut columns).await? {
                 Ok(filter) => {
                     accepted.push((spec.clone(), filter));
                     results.push(RegisterResult {
@@ -150,11 +152,15 @@ fn describe(spec: &SubscriptionSpec) -> String {
     )
 }
 
+/// (schema, table, role) → the table's columns: name, typname, readable by the role.
+type ColumnCache = HashMap<(String, String, String), Vec<(String, String, bool)>>;
+
 /// Check a spec; `Ok(Err(message))` is a refusal to send to the client.
 async fn validate(
     client: &Client,
     spec: &SubscriptionSpec,
     enabled: &[registry::TableRef],
+    columns: &mut ColumnCache,
 ) -> Result<Result<Option<Filter>, String>, tokio_postgres::Error> {
     let unable = || {
         format!(
@@ -201,21 +207,27 @@ async fn validate(
             })
             .collect();
         for t in tables {
-            let rows = client
-                .query(
-                    "SELECT a.attname::text, t.typname::text,
-                            coalesce((SELECT has_column_privilege(r.oid, a.attrelid, a.attnum, 'SELECT')
-                                        FROM pg_roles r WHERE r.rolname = $3), false)
-                       FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-                      WHERE a.attrelid = format('%I.%I', $1::text, $2::text)::regclass
-                        AND a.attnum > 0 AND NOT a.attisdropped",
-                    &[&t.schema, &t.table, &role],
-                )
-                .await?;
-            let cols: Vec<(String, String, bool)> = rows
-                .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect();
+            let key = (t.schema.clone(), t.table.clone(), role.to_string());
+            if !columns.contains_key(&key) {
+                let rows = client
+                    .query(
+                        "SELECT a.attname::text, t.typname::text,
+                                coalesce((SELECT has_column_privilege(r.oid, a.attrelid, a.attnum, 'SELECT')
+                                            FROM pg_roles r WHERE r.rolname = $3), false)
+                           FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                          WHERE a.attrelid = format('%I.%I', $1::text, $2::text)::regclass
+                            AND a.attnum > 0 AND NOT a.attisdropped",
+                        &[&t.schema, &t.table, &role],
+                    )
+                    .await?;
+                let read = rows
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1), r.get(2)))
+                    .collect();
+                columns.insert(key.clone(), read);
+            }
+            let cols: &[(String, String, bool)] =
+                columns.get(&key).map(Vec::as_slice).unwrap_or_default();
             for c in &f.conditions {
                 if cols
                     .iter()
