@@ -249,19 +249,7 @@ impl Pipeline {
         row: &RowChange<'_>,
     ) -> Result<LineOutcome, CdcError> {
         if row.schema == REGISTRY_SCHEMA && row.table == REGISTRY_TABLE {
-            // Apply the registry edit as of this WAL position: the filter for what follows
-            // is then exact, whatever the registry holds by the time we read it.
-            if kind != ChangeKind::Insert {
-                if let Some(t) = registry_row(&row.identity) {
-                    self.routes.remove(&(t.schema, t.table));
-                }
-            }
-            if kind != ChangeKind::Delete {
-                if let Some(t) = registry_row(&row.columns) {
-                    self.routes.insert((t.schema, t.table), t.project);
-                }
-            }
-            self.registry_changed = true;
+            self.registry_edit(kind, row);
             return Ok(LineOutcome::Continue);
         }
         metrics::counter!("walcast_cdc_changes_decoded_total").increment(1);
@@ -319,17 +307,7 @@ impl Pipeline {
         let row_text = if matched.is_empty() || kind == ChangeKind::Delete {
             Vec::new()
         } else {
-            let mut cols: Vec<(String, Option<String>)> = row
-                .columns
-                .iter()
-                .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
-                .collect();
-            for old in &row.identity {
-                if !cols.iter().any(|(n, _)| n == old.name.as_ref()) {
-                    cols.push((old.name.to_string(), old.text().map(|t| t.into_owned())));
-                }
-            }
-            cols
+            new_row_text(row)
         };
         self.seq += 1;
         self.pending.push(PendingChange {
@@ -345,6 +323,22 @@ impl Pipeline {
             self.flush().await?;
         }
         Ok(LineOutcome::Continue)
+    }
+
+    /// Apply a realtime registry edit as of its WAL position: the filter for what follows
+    /// is then exact, whatever the registry holds by the time we read it.
+    fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
+        if kind != ChangeKind::Insert {
+            if let Some(t) = registry_row(&row.identity) {
+                self.routes.remove(&(t.schema, t.table));
+            }
+        }
+        if kind != ChangeKind::Delete {
+            if let Some(t) = registry_row(&row.columns) {
+                self.routes.insert((t.schema, t.table), t.project);
+            }
+        }
+        self.registry_changed = true;
     }
 
     /// Changes are waiting to be authorized and published.
@@ -585,6 +579,22 @@ impl Pipeline {
         self.flush().await?;
         Ok(self.bus.barrier().await?)
     }
+}
+
+/// The new row's columns as Postgres text, with unchanged TOASTed values taken from the
+/// old row (what RLS checks compare a row's current state with).
+fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
+    let mut cols: Vec<(String, Option<String>)> = row
+        .columns
+        .iter()
+        .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
+        .collect();
+    for old in &row.identity {
+        if !cols.iter().any(|(n, _)| n == old.name.as_ref()) {
+            cols.push((old.name.to_string(), old.text().map(|t| t.into_owned())));
+        }
+    }
+    cols
 }
 
 /// A registry row (`project_id`, `schema_name`, `table_name`) from decoded columns.
