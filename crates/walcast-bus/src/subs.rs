@@ -184,6 +184,9 @@ impl SyncMessage {
     }
 }
 
+/// Registrations a worker handles at once over NATS (the rest wait in NATS).
+pub const MAX_REGISTRATIONS_IN_FLIGHT: usize = 1024;
+
 /// The largest message a front sends the worker (registrations, unregistrations and syncs
 /// are split to stay under it): well within nats-server's smallest usual `max_payload`.
 pub const MESSAGE_BUDGET: usize = 48 * 1024;
@@ -355,8 +358,11 @@ async fn publish_json<T: Serialize>(
 
 /// Worker side over NATS: answer registrations and apply unregister and sync messages
 /// until `shutdown` completes. Asks every front to register again first (a new leader
-/// learns all current subscriptions). Requests are handled one at a time, in arrival
-/// order, so an unregister never overtakes the register it undoes.
+/// learns all current subscriptions). Registrations are answered concurrently (the
+/// handler batches them); unregister and sync messages in arrival order. An unregister
+/// that overtakes the registration it undoes leaves that subscription behind until the
+/// front's next sync list drops it (its front no longer knows the id, so nothing is
+/// delivered for it meanwhile).
 pub async fn serve_nats(
     bus: &Bus,
     handler: Arc<dyn SubsHandler>,
@@ -391,27 +397,36 @@ pub async fn serve_nats(
         let summary = request_resync(&asker, inbox, progress, RESYNC_GRACE, RESYNC_MAX_WAIT).await;
         let _ = resynced.send(summary);
     });
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_REGISTRATIONS_IN_FLIGHT));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
             Some(msg) = register.next() => {
                 let Some(reply_to) = msg.reply else { continue };
-                let reply = match serde_json::from_slice::<RegisterRequest>(&msg.payload) {
-                    Ok(req) => handler.register(req).await,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "malformed subscription registration");
-                        RegisterReply::default()
-                    }
-                };
-                match serde_json::to_vec(&reply) {
-                    Ok(body) => {
-                        if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
-                            tracing::warn!(error = %e, "cannot answer a subscription registration");
+                // Answered beside this loop, so registrations arriving together are
+                // handled together (the handler batches them); at most
+                // MAX_REGISTRATIONS_IN_FLIGHT at once.
+                let Ok(permit) = in_flight.clone().acquire_owned().await else { continue };
+                let (handler, client) = (handler.clone(), client.clone());
+                tokio::spawn(async move {
+                    let reply = match serde_json::from_slice::<RegisterRequest>(&msg.payload) {
+                        Ok(req) => handler.register(req).await,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "malformed subscription registration");
+                            RegisterReply::default()
                         }
+                    };
+                    drop(permit);
+                    match serde_json::to_vec(&reply) {
+                        Ok(body) => {
+                            if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
+                                tracing::warn!(error = %e, "cannot answer a subscription registration");
+                            }
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot encode a registration reply"),
                     }
-                    Err(e) => tracing::error!(error = %e, "cannot encode a registration reply"),
-                }
+                });
             }
             Some(msg) = unregister.next() => match serde_json::from_slice::<UnregisterRequest>(&msg.payload) {
                 Ok(req) => handler.unregister(req),

@@ -21,8 +21,16 @@ pub struct Registrar {
     inner: Arc<Inner>,
 }
 
+/// A registration waiting for the connection, and where its reply goes.
+type Queued = (RegisterRequest, tokio::sync::oneshot::Sender<RegisterReply>);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Inner {
     matcher: Arc<Matcher>,
+    queue: std::sync::Mutex<Vec<Queued>>,
     /// Sync lists arriving in parts: front → (round, ids so far).
     partial: std::sync::Mutex<HashMap<String, (u64, Vec<String>)>>,
     database_url: String,
@@ -34,6 +42,7 @@ impl Registrar {
         Registrar {
             inner: Arc::new(Inner {
                 matcher,
+                queue: Default::default(),
                 partial: Default::default(),
                 database_url,
                 client: Mutex::new(None),
@@ -45,15 +54,37 @@ impl Registrar {
         &self.inner.matcher
     }
 
+    /// Registrations arriving while one is being handled wait for the connection and are
+    /// then handled together (one catalog read per table and role, one WAL position for
+    /// all): a burst of joins costs a few round trips, not two per join.
     async fn register_all(&self, req: RegisterRequest) -> RegisterReply {
-        match self.try_register_all(&req).await {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        lock(&self.inner.queue).push((req, tx));
+        let mut client = self.inner.client.lock().await;
+        let batch = std::mem::take(&mut *lock(&self.inner.queue));
+        if !batch.is_empty() {
+            self.register_batch(&mut client, batch).await;
+        }
+        drop(client);
+        rx.await.unwrap_or_default()
+    }
+
+    async fn register_batch(&self, client: &mut Option<Client>, batch: Vec<Queued>) {
+        let sizes: Vec<usize> = batch.iter().map(|(r, _)| r.subs.len()).collect();
+        let (reqs, replies): (Vec<RegisterRequest>, Vec<_>) = batch.into_iter().unzip();
+        let all = RegisterRequest {
+            subs: reqs.into_iter().flat_map(|r| r.subs).collect(),
+        };
+        metrics::histogram!("walcast_cdc_registration_batch_subscriptions")
+            .record(all.subs.len() as f64);
+        let reply = match self.try_register_all(client, &all).await {
             Ok(reply) => reply,
             Err(e) => {
                 // The connection is suspect: reconnect next time.
-                *self.inner.client.lock().await = None;
+                *client = None;
                 tracing::error!(error = %e, "subscription registration failed");
                 RegisterReply {
-                    results: req
+                    results: all
                         .subs
                         .iter()
                         .map(|s| RegisterResult {
@@ -67,11 +98,21 @@ impl Registrar {
                     effective_from: None,
                 }
             }
+        };
+        let mut results = reply.results.into_iter();
+        for (n, tx) in sizes.into_iter().zip(replies) {
+            let _ = tx.send(RegisterReply {
+                results: results.by_ref().take(n).collect(),
+                effective_from: reply.effective_from,
+            });
         }
     }
 
-    async fn try_register_all(&self, req: &RegisterRequest) -> Result<RegisterReply, CdcError> {
-        let mut guard = self.inner.client.lock().await;
+    async fn try_register_all(
+        &self,
+        guard: &mut Option<Client>,
+        req: &RegisterRequest,
+    ) -> Result<RegisterReply, CdcError> {
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             *guard = Some(crate::connect(&self.inner.database_url).await?);
         }
