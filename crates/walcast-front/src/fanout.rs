@@ -79,7 +79,7 @@ fn deliver(shared: &Shared, msg: &BusMessage, replays: &mut ReplayGuard) {
 }
 
 fn deliver_event(shared: &Shared, ev: &ChangeEvent) {
-    let groups = shared.registry.groups(&ev.project, &ev.subs, ev.commit_lsn);
+    let groups = shared.registry.groups(ev);
     if groups.is_empty() {
         return;
     }

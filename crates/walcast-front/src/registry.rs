@@ -132,16 +132,13 @@ impl Registry {
             .collect()
     }
 
-    /// Group the targets of `ids` by sink: `(sink, binding ids deduplicated)`. An id is a
-    /// subscription id of ours or a class key (every subscription of ours in that class
-    /// that was in effect at `at`: registered, and from a position before it). Targets of
-    /// another project are skipped (tenant isolation does not rest on the worker alone).
-    pub(crate) fn groups(
-        &self,
-        project: &str,
-        ids: &[String],
-        at: walcast_wal2json::Lsn,
-    ) -> Vec<(Sink, Vec<u32>)> {
+    /// Group the targets of a change's `subs` by sink: `(sink, binding ids deduplicated)`.
+    /// An id is a subscription id of ours or a class key (every subscription of ours in
+    /// that class that was in effect at the change: registered, and from a position
+    /// before it). Targets of another project, table or event are skipped (tenant
+    /// isolation does not rest on the worker alone).
+    pub(crate) fn groups(&self, ev: &walcast_bus::ChangeEvent) -> Vec<(Sink, Vec<u32>)> {
+        let (project, ids, at) = (ev.project.as_str(), &ev.subs, ev.commit_lsn);
         let g = self.read();
         let mut index: HashMap<u64, usize> = HashMap::new();
         let mut out: Vec<(Sink, Vec<u32>)> = Vec::new();
@@ -163,6 +160,12 @@ impl Registry {
         for t in targets {
             if t.spec.project != project {
                 telemetry::error("cross_project_event");
+                continue;
+            }
+            if !covers(&t.spec, ev) {
+                // Only a class key collision (64-bit hash) could name it: never deliver a
+                // change of another table or event.
+                telemetry::error("class_mismatch");
                 continue;
             }
             let slot = *index.entry(t.sink.id()).or_insert_with(|| {
@@ -221,6 +224,13 @@ impl Registry {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Map> {
         self.map.write().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Whether a subscription asks for this change's table and event.
+fn covers(spec: &SubscriptionSpec, ev: &walcast_bus::ChangeEvent) -> bool {
+    (spec.schema == "*" || spec.schema == ev.schema)
+        && spec.table.as_deref().is_none_or(|t| t == ev.table)
+        && (spec.event == "*" || spec.event.eq_ignore_ascii_case(ev.kind.as_str()))
 }
 
 /// The spec registered for one binding.
@@ -360,5 +370,43 @@ pub(crate) async fn resync_loop(
                 tracing::warn!(error = %e, "cannot report a finished resync");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscription_covers_only_its_table_and_event() {
+        let spec = SubscriptionSpec {
+            id: "f:1".into(),
+            front: "f".into(),
+            project: "default".into(),
+            schema: "public".into(),
+            table: Some("todos".into()),
+            event: "INSERT".into(),
+            filter: None,
+            select: None,
+            claims: serde_json::json!({"role": "anon"}),
+            from: None,
+        };
+        let ev = |table: &str, kind: &str| -> walcast_bus::ChangeEvent {
+            serde_json::from_value(serde_json::json!({
+                "project": "default", "schema": "public", "table": table, "type": kind,
+                "commit_timestamp": "x", "commit_lsn": "0/1", "seq": 0, "columns": []
+            }))
+            .unwrap()
+        };
+        assert!(covers(&spec, &ev("todos", "INSERT")));
+        assert!(!covers(&spec, &ev("todos", "DELETE")));
+        assert!(!covers(&spec, &ev("secrets", "INSERT")));
+        let all = SubscriptionSpec {
+            schema: "*".into(),
+            table: None,
+            event: "*".into(),
+            ..spec
+        };
+        assert!(covers(&all, &ev("secrets", "DELETE")));
     }
 }
