@@ -498,9 +498,8 @@ async fn request_resync(
 mod tests {
     use super::*;
 
-    #[test]
-    fn specs_round_trip() {
-        let spec = SubscriptionSpec {
+    fn todos_spec() -> SubscriptionSpec {
+        SubscriptionSpec {
             id: "f1:7".into(),
             front: "f1".into(),
             project: "default".into(),
@@ -511,7 +510,12 @@ mod tests {
             select: None,
             claims: serde_json::json!({"role": "authenticated", "sub": "u1"}),
             from: None,
-        };
+        }
+    }
+
+    #[test]
+    fn specs_round_trip() {
+        let spec = todos_spec();
         let text = serde_json::to_string(&RegisterRequest {
             subs: vec![spec.clone()],
         })
@@ -536,18 +540,7 @@ mod tests {
 
     #[test]
     fn class_keys_ignore_ids_fronts_and_claims_but_the_role() {
-        let spec = SubscriptionSpec {
-            id: "f1:7".into(),
-            front: "f1".into(),
-            project: "default".into(),
-            schema: "public".into(),
-            table: Some("todos".into()),
-            event: "*".into(),
-            filter: Some("id=eq.1".into()),
-            select: None,
-            claims: serde_json::json!({"role": "authenticated", "sub": "u1"}),
-            from: None,
-        };
+        let spec = todos_spec();
         let k = class_key(&spec);
         assert!(is_class_key(&k), "{k}");
         assert!(!is_class_key("f1:7"));
