@@ -125,16 +125,8 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     subs.sync(SyncMessage::whole("front1".into(), vec!["front1:1".into()]))
         .await
         .unwrap();
-    bus.barrier().await.unwrap();
-    // The worker handles registry messages in order: a round trip through it proves the
-    // two above were applied.
-    subs.register(RegisterRequest::default(), Duration::from_secs(10))
-        .await
-        .unwrap();
-    stack.sql("INSERT INTO t VALUES (3, 'ann', 99)");
-    collector.wait_count(6, Duration::from_secs(60)).await;
-    let last = collector.snapshot().pop().unwrap();
-    assert_eq!(last.subs, ["front1:1"]);
+    let last = insert_after_edits(&stack, &bus, &subs, &collector, "(3, 'ann', 99)", 6).await;
+    assert_eq!(last, ["front1:1"]);
 
     // A list longer than one NATS message (100,000 ids, ~1.7 MB) goes in parts, and the
     // worker applies it whole: the listed subscription stays.
@@ -143,12 +135,26 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     subs.sync(SyncMessage::whole("front1".into(), many))
         .await
         .unwrap();
+    let last = insert_after_edits(&stack, &bus, &subs, &collector, "(4, 'ann', 100)", 7).await;
+    assert_eq!(last, ["front1:1"]);
+}
+
+/// Once the worker applied the registry messages sent so far (it handles them in order:
+/// a round trip through it proves it), insert `row` and return the audience of the
+/// `n`th event.
+async fn insert_after_edits(
+    stack: &Stack,
+    bus: &Bus,
+    subs: &SubsClient,
+    collector: &Collector,
+    row: &str,
+    n: usize,
+) -> Vec<String> {
     bus.barrier().await.unwrap();
     subs.register(RegisterRequest::default(), Duration::from_secs(10))
         .await
         .unwrap();
-    stack.sql("INSERT INTO t VALUES (4, 'ann', 100)");
-    collector.wait_count(7, Duration::from_secs(60)).await;
-    let last = collector.snapshot().pop().unwrap();
-    assert_eq!(last.subs, ["front1:1"]);
+    stack.sql(&format!("INSERT INTO t VALUES {row}"));
+    collector.wait_count(n, Duration::from_secs(60)).await;
+    collector.snapshot().pop().unwrap().subs
 }
