@@ -31,7 +31,9 @@ fn spec(id: &str, table: &str, event: &str, filter: Option<&str>) -> Subscriptio
 async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static str) {
     let stack = Stack::start(source);
     stack.sql("CREATE TABLE t (id int PRIMARY KEY, owner text, n int); CREATE TABLE off (id int PRIMARY KEY)");
+    stack.sql("CREATE TABLE p (id int PRIMARY KEY); ALTER TABLE p ENABLE ROW LEVEL SECURITY");
     stack.enable("t");
+    stack.enable("p");
     let collector = Collector::start(&stack.nats.url()).await;
     let mut worker = stack.worker(&[]);
     worker.wait_active(Duration::from_secs(60));
@@ -82,6 +84,23 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
         .unwrap()
         .starts_with("Error parsing `filter` params"));
     assert!(reply.effective_from.is_some());
+    // Which are delivered by class (so a front may join more of their class at once):
+    // those of a table without RLS, and DELETEs only of a table with it.
+    assert!(reply.results[..3].iter().all(|r| r.by_class));
+    let rls = subs
+        .register(
+            RegisterRequest {
+                subs: vec![
+                    spec("front1:8", "p", "*", None),
+                    spec("front1:9", "p", "DELETE", None),
+                ],
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("worker answers");
+    let by_class: Vec<(bool, bool)> = rls.results.iter().map(|r| (r.ok, r.by_class)).collect();
+    assert_eq!(by_class, [(true, false), (true, true)], "{:?}", rls.results);
 
     // Right after the reply: every change committed now must be matched.
     stack.sql("INSERT INTO t VALUES (1, 'ann', 5)");

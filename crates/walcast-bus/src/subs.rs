@@ -140,6 +140,12 @@ pub struct RegisterResult {
     pub ok: bool,
     /// Why the worker refused it (sent to the client in a `system` error).
     pub error: Option<String>,
+    /// Every change it matches is named by its [`class_key`], never by its id: its table
+    /// has no row-level security for its role (or it asks for DELETEs only, which are
+    /// never row-checked). A front may then let a new subscription of the same class
+    /// join without asking the worker first (see the front's registry).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_class: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]

@@ -93,6 +93,7 @@ impl Registrar {
                             error: Some(format!(
                                 "Unable to subscribe to changes: database error: {e}"
                             )),
+                            by_class: false,
                         })
                         .collect(),
                     effective_from: None,
@@ -122,6 +123,7 @@ impl Registrar {
         let mut enabled: HashMap<String, Vec<registry::TableRef>> = HashMap::new();
         // A join's bindings mostly share table and role: read their columns once.
         let mut columns: ColumnCache = HashMap::new();
+        let mut unchecked: RowCheckCache = HashMap::new();
         let mut results = Vec::with_capacity(req.subs.len());
         let mut accepted = Vec::new();
         for spec in &req.subs {
@@ -140,12 +142,14 @@ impl Registrar {
                         id: spec.id.clone(),
                         ok: true,
                         error: None,
+                        by_class: by_class(client, spec, &mut unchecked).await?,
                     });
                 }
                 Err(message) => results.push(RegisterResult {
                     id: spec.id.clone(),
                     ok: false,
                     error: Some(message),
+                    by_class: false,
                 }),
             }
         }
@@ -195,6 +199,45 @@ fn describe(spec: &SubscriptionSpec) -> String {
 
 /// (schema, table, role) → the table's columns: name, typname, readable by the role.
 type ColumnCache = HashMap<(String, String, String), Vec<(String, String, bool)>>;
+
+/// (schema, table, role) → its changes are never row-checked for that role.
+type RowCheckCache = HashMap<(String, String, String), bool>;
+
+/// Whether every change a spec matches is delivered by class (see
+/// [`RegisterResult::by_class`]): DELETEs only, or one table without row-level security
+/// for the role — the same rule the pipeline applies per change (`authorize`).
+async fn by_class(
+    client: &Client,
+    spec: &SubscriptionSpec,
+    memo: &mut RowCheckCache,
+) -> Result<bool, tokio_postgres::Error> {
+    if spec.event == "DELETE" {
+        return Ok(true);
+    }
+    let Some(table) = spec.table.as_deref().filter(|_| spec.schema != "*") else {
+        return Ok(false);
+    };
+    let role = spec
+        .claims
+        .get("role")
+        .and_then(|r| r.as_str())
+        .unwrap_or_default();
+    let key = (spec.schema.clone(), table.to_string(), role.to_string());
+    if let Some(known) = memo.get(&key) {
+        return Ok(*known);
+    }
+    let unchecked = client
+        .query_opt(
+            "SELECT NOT c.relrowsecurity OR coalesce(r.rolbypassrls, false)
+               FROM pg_class c LEFT JOIN pg_roles r ON r.rolname = $2
+              WHERE c.oid = to_regclass($1)",
+            &[&crate::sql::qualified(&spec.schema, table), &role],
+        )
+        .await?
+        .is_some_and(|r| r.get::<_, bool>(0));
+    memo.insert(key, unchecked);
+    Ok(unchecked)
+}
 
 /// Check a spec; `Ok(Err(message))` is a refusal to send to the client.
 async fn validate(

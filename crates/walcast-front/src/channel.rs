@@ -15,6 +15,7 @@ use walcast_protocol::{
 use crate::auth::{now_secs, AuthError, Verified};
 use crate::conn::Conn;
 use crate::outbound::{ChanOut, Out};
+use crate::registration;
 use crate::registry::{self, Sink, Target};
 use crate::telemetry;
 use crate::topics::TopicKey;
@@ -221,14 +222,14 @@ impl Conn {
             subs.push(n);
         }
         shared.topics.add(&key, out.clone());
-        let refused = match registry::register(&shared, specs.clone()).await {
+        let refused = match registration::register_join(&shared, &subs, specs.clone()).await {
             Ok(r) => r,
             Err(e) => {
                 out.close(Vec::new());
                 shared.topics.remove(&key, id);
                 // The worker may still register them late: drop them there too.
-                let ids = shared.registry.remove(&subs);
-                registry::unregister(&shared.subs, ids).await;
+                let removed = shared.registry.remove(&subs);
+                registration::unregister(&shared, removed).await;
                 return self.join_error(f, "UnableToSubscribe", &e);
             }
         };
@@ -314,8 +315,8 @@ impl Conn {
         ch.out.close(last);
         let shared = self.shared.clone();
         shared.topics.remove(&ch.key, ch.id);
-        let ids = shared.registry.remove(&ch.subs);
-        registry::unregister(&shared.subs, ids).await;
+        let removed = shared.registry.remove(&ch.subs);
+        registration::unregister(&shared, removed).await;
         if ch.tracked {
             let owner = format!("{}:{}", shared.front_id, ch.id);
             if let Some(d) = shared.presence.untrack(ch.key.clone(), owner).await {
@@ -388,7 +389,7 @@ impl Conn {
         let specs = shared.registry.set_claims(&ch.subs, &claims);
         let jr = ch.join_ref.clone();
         let out = ch.out.clone();
-        let msg = match registry::register(&shared, specs).await {
+        let msg = match registration::register(&shared, specs).await {
             Ok(refused) => subscribed_message(jr.as_deref(), topic, &refused),
             Err(e) => server::system(
                 jr.as_deref(),

@@ -61,6 +61,7 @@ fn deliver(shared: &Shared, msg: &BusMessage, replays: &mut ReplayGuard) {
             return;
         }
     };
+    shared.registry.saw(ev.commit_lsn);
     if !replays.admit(&ev) {
         return;
     }

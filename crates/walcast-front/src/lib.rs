@@ -44,6 +44,7 @@ mod outbound;
 pub mod presence;
 pub mod projects;
 mod realtime_api;
+mod registration;
 mod registry;
 mod sse;
 mod state;
@@ -157,8 +158,8 @@ impl Front {
             broadcasts,
             cancel.clone(),
         ));
-        tracker.spawn(registry::sync_loop(shared.clone(), cancel.clone()));
-        tracker.spawn(registry::resync_loop(
+        tracker.spawn(registration::sync_loop(shared.clone(), cancel.clone()));
+        tracker.spawn(registration::resync_loop(
             shared.clone(),
             resync,
             cancel.clone(),

@@ -1,28 +1,32 @@
-//! The front's side of the subscription registry.
+//! The front's side of the subscription registry: its subscriptions by number and by
+//! class.
 //!
 //! Every `postgres_changes` binding of a joined channel (or SSE stream) gets a
-//! subscription id `<front id>:<n>`, registered with the cdc-worker, which puts the ids a
-//! change matched into the event's `subs`. This map turns those ids back into the channel
-//! to deliver to and the binding id the client knows. It also drives `sync` (every
-//! [`SYNC_INTERVAL`]) and answers `resync` by registering everything again.
+//! subscription id `<front id>:<n>`, registered with the cdc-worker (see
+//! [`crate::registration`]), which names in each change's `subs` the ids or the classes
+//! ([`class_key`]) it matched. This map turns those back into the channels to deliver to
+//! and the binding ids the client knows. It also remembers which classes the worker
+//! delivers by class ("ready"), so a join of one more subscription of such a class needs
+//! no round trip to the worker.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
-use walcast_bus::subs::{
-    class_key, is_class_key, RegisterRequest, ResyncProgress, SubsClient, SubscriptionSpec,
-    SyncMessage, UnregisterRequest, SYNC_INTERVAL,
-};
-use walcast_bus::Subscription;
+use walcast_bus::subs::{class_key, is_class_key, SubscriptionSpec, SYNC_INTERVAL};
 use walcast_protocol::PgChangeBinding;
+use walcast_wal2json::Lsn;
 
 use crate::outbound::ChanOut;
 use crate::sse::SseChannel;
-use crate::state::Shared;
 use crate::telemetry;
+
+/// How long the worker's word that a class is delivered by class is trusted without
+/// being heard again (every registration of the class repeats it): a table that turned
+/// on row-level security since is noticed within this time.
+pub(crate) const READY_TTL: Duration = SYNC_INTERVAL;
 
 /// Where a subscription's changes go.
 #[derive(Clone)]
@@ -47,11 +51,38 @@ pub(crate) struct Target {
     pub spec: SubscriptionSpec,
 }
 
-/// Targets by number, and the numbers of each class (see [`class_key`]).
+/// A class the worker delivers by class key, and has registered subscriptions of.
+#[derive(Clone, Copy)]
+struct Ready {
+    /// Where its first subscription became effective.
+    from: Lsn,
+    /// When the worker last said so.
+    confirmed: Instant,
+    /// Its subscriptions the worker has registered (while there is one, the worker
+    /// names the class in every change it matches, for this front).
+    registered: usize,
+}
+
+/// Targets by number, the numbers of each class (see [`class_key`]), which classes are
+/// ready, and how many registrations of each class are still on their way to the worker.
 #[derive(Default)]
 struct Map {
     targets: HashMap<u64, Target>,
     classes: HashMap<String, Vec<u64>>,
+    ready: HashMap<String, Ready>,
+    /// Subscriptions the worker has registered as delivered by class.
+    registered: std::collections::HashSet<u64>,
+    pending: HashMap<String, usize>,
+}
+
+/// What [`Registry::remove`] took out: ids to unregister, and their classes.
+#[derive(Default)]
+pub(crate) struct Removed {
+    pub ids: Vec<String>,
+    pub classes: Vec<String>,
+    /// A registration of one of these classes is on its way to the worker: unregister
+    /// only once it arrived (see [`crate::registration::unregister`]).
+    pub wait: bool,
 }
 
 impl Map {
@@ -65,7 +96,16 @@ impl Map {
 
     fn remove(&mut self, n: u64) -> Option<Target> {
         let t = self.targets.remove(&n)?;
-        self.unclass(n, &class_key(&t.spec));
+        let class = class_key(&t.spec);
+        if self.registered.remove(&n) {
+            if let Some(r) = self.ready.get_mut(&class) {
+                r.registered = r.registered.saturating_sub(1);
+                if r.registered == 0 {
+                    self.ready.remove(&class);
+                }
+            }
+        }
+        self.unclass(n, &class);
         Some(t)
     }
 
@@ -74,6 +114,7 @@ impl Map {
             v.retain(|m| *m != n);
             if v.is_empty() {
                 self.classes.remove(class);
+                self.ready.remove(class);
             }
         }
     }
@@ -83,6 +124,10 @@ pub(crate) struct Registry {
     prefix: String,
     next: AtomicU64,
     map: RwLock<Map>,
+    /// The newest commit position of any change delivered to this front.
+    seen: AtomicU64,
+    /// Woken whenever a registration on its way to the worker arrived (or gave up).
+    settled: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -91,6 +136,8 @@ impl Registry {
             prefix: format!("{front_id}:"),
             next: AtomicU64::new(1),
             map: RwLock::new(Map::default()),
+            seen: AtomicU64::new(0),
+            settled: tokio::sync::Notify::new(),
         }
     }
 
@@ -109,12 +156,107 @@ impl Registry {
         self.write().insert(n, t);
     }
 
-    /// Remove subscriptions; returns their ids.
-    pub(crate) fn remove(&self, ns: &[u64]) -> Vec<String> {
+    /// Remove subscriptions; returns their ids and classes.
+    pub(crate) fn remove(&self, ns: &[u64]) -> Removed {
         let mut g = self.write();
-        ns.iter()
-            .filter_map(|n| g.remove(*n).map(|t| t.spec.id))
-            .collect()
+        let mut out = Removed::default();
+        for t in ns.iter().filter_map(|n| g.remove(*n)) {
+            out.classes.push(class_key(&t.spec));
+            out.ids.push(t.spec.id);
+        }
+        out.classes.sort_unstable();
+        out.classes.dedup();
+        out.wait = out.classes.iter().any(|c| g.pending.contains_key(c));
+        out
+    }
+
+    /// A change for this front arrived (whatever it is delivered to).
+    pub(crate) fn saw(&self, at: Lsn) {
+        self.seen.fetch_max(at.0, Ordering::Relaxed);
+    }
+
+    /// Join one more subscription of this class without asking the worker, if the class
+    /// is ready: the worker has registered a subscription of it that it delivers by class
+    /// (so it names the class in every change it matches, for this front), as it said
+    /// within [`READY_TTL`]. Returns the position the new subscription is effective from:
+    /// every change committed after this call is newer than every change seen so far, so
+    /// it is delivered (older ones still in flight may be too). The claim counts as a
+    /// registration on its way until [`Registry::end_pending`].
+    pub(crate) fn claim_ready(&self, class: &str) -> Option<Lsn> {
+        let mut g = self.write();
+        let r = *g.ready.get(class)?;
+        if r.registered == 0 || r.confirmed.elapsed() >= READY_TTL {
+            return None;
+        }
+        *g.pending.entry(class.to_string()).or_default() += 1;
+        Some(r.from.max(Lsn(self.seen.load(Ordering::Relaxed))))
+    }
+
+    /// The worker accepted one of our subscriptions: note whether it delivers it by class
+    /// (`from`: where it became effective).
+    pub(crate) fn confirm(&self, id: &str, by_class: bool, from: Lsn) {
+        let Some(n) = self.own(id) else {
+            return;
+        };
+        let mut g = self.write();
+        let Some(class) = g.targets.get(&n).map(|t| class_key(&t.spec)) else {
+            return;
+        };
+        if !by_class {
+            g.ready.remove(&class);
+            g.registered.remove(&n);
+            return;
+        }
+        let now = Instant::now();
+        let fresh = g.registered.insert(n);
+        let r = g.ready.entry(class).or_insert(Ready {
+            from,
+            confirmed: now,
+            registered: 0,
+        });
+        r.confirmed = now;
+        r.registered += usize::from(fresh);
+    }
+
+    /// … and arrived (or gave up).
+    pub(crate) fn end_pending(&self, classes: &[String]) {
+        let mut g = self.write();
+        for c in classes {
+            if let Some(n) = g.pending.get_mut(c) {
+                *n -= 1;
+                if *n == 0 {
+                    g.pending.remove(c);
+                }
+            }
+        }
+        drop(g);
+        self.settled.notify_waiters();
+    }
+
+    /// Whether a registration of one of these classes is on its way to the worker.
+    pub(crate) fn any_pending(&self, classes: &[String]) -> bool {
+        let g = self.read();
+        classes.iter().any(|c| g.pending.contains_key(c))
+    }
+
+    /// Wait (at most `limit`) until no registration of these classes is on its way.
+    pub(crate) async fn settle(&self, classes: &[String], limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let woken = self.settled.notified();
+            if !self.any_pending(classes) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The target a subscription number points to, if still there.
+    pub(crate) fn sink_of(&self, n: u64) -> Option<(Sink, SubscriptionSpec)> {
+        let g = self.read();
+        g.targets.get(&n).map(|t| (t.sink.clone(), t.spec.clone()))
     }
 
     /// Replace the claims of these subscriptions (their role, hence class, can change);
@@ -181,7 +323,7 @@ impl Registry {
     }
 
     /// Note where these subscriptions became effective, unless they already were.
-    pub(crate) fn set_from(&self, ids: &[String], at: walcast_wal2json::Lsn) {
+    pub(crate) fn set_from(&self, ids: &[String], at: Lsn) {
         let mut g = self.write();
         for n in ids.iter().filter_map(|id| self.own(id)) {
             if let Some(t) = g.targets.get_mut(&n) {
@@ -255,132 +397,14 @@ pub(crate) fn spec_for(
     }
 }
 
-/// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
-/// `Err` is a readable reason the whole request failed (no answer in time …). An
-/// accepted subscription keeps the position it first became effective from.
-pub(crate) async fn register(
-    shared: &Shared,
-    specs: Vec<SubscriptionSpec>,
-) -> Result<HashMap<String, String>, String> {
-    if specs.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
-    let reply = shared
-        .subs
-        .register(RegisterRequest { subs: specs }, shared.cfg.register_timeout)
-        .await
-        .map_err(|e| {
-            telemetry::error("register");
-            e.to_string()
-        })?;
-    let mut refused = HashMap::new();
-    let mut accepted = Vec::with_capacity(ids.len());
-    for id in ids {
-        match reply.results.iter().find(|r| r.id == id) {
-            Some(r) if r.ok => accepted.push(id),
-            Some(r) => {
-                let why = r
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "subscription refused by the cdc-worker".into());
-                refused.insert(id, why);
-            }
-            None => {
-                refused.insert(
-                    id,
-                    "the cdc-worker did not answer for this subscription".into(),
-                );
-            }
-        }
-    }
-    if let Some(at) = reply.effective_from {
-        shared.registry.set_from(&accepted, at);
-    }
-    Ok(refused)
-}
-
-/// Tell the worker these subscriptions are gone (errors are logged: `sync` repairs them).
-pub(crate) async fn unregister(subs: &SubsClient, ids: Vec<String>) {
-    if ids.is_empty() {
-        return;
-    }
-    if let Err(e) = subs.unregister(UnregisterRequest { ids }).await {
-        telemetry::error("unregister");
-        tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
-    }
-}
-
-/// Every [`SYNC_INTERVAL`]: send the full list of this front's subscription ids.
-pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(SYNC_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let msg = SyncMessage::whole(shared.front_id.clone(), shared.registry.all_ids());
-        if let Err(e) = shared.subs.sync(msg).await {
-            telemetry::error("sync");
-            tracing::warn!(error = %e, "subscription sync failed");
-        }
-    }
-}
-
-/// On every resync request (a new worker leader), register everything again.
-pub(crate) async fn resync_loop(
-    shared: Arc<Shared>,
-    mut sub: Subscription,
-    cancel: CancellationToken,
-) {
-    while let Some(request) = crate::next_message(&mut sub, &cancel, "resync").await {
-        // The request's payload is where the new leader waits for our progress.
-        let reply_to = std::str::from_utf8(&request.payload)
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(str::to_string);
-        let progress = |done: bool| ResyncProgress {
-            front: shared.front_id.clone(),
-            done,
-        };
-        if let Some(to) = &reply_to {
-            if let Err(e) = shared.subs.resync_progress(to, &progress(false)).await {
-                tracing::warn!(error = %e, "cannot answer a resync request");
-            }
-        }
-        let specs = shared.registry.all_specs();
-        tracing::info!(
-            count = specs.len(),
-            "resync requested: registering all subscriptions again"
-        );
-        // In batches, so joins are not held behind one huge registration.
-        for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
-            match register(&shared, chunk.to_vec()).await {
-                Ok(refused) => {
-                    for (id, why) in refused {
-                        tracing::warn!(%id, reason = %why, "subscription refused on resync");
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "resync registration failed"),
-            }
-        }
-        if let Some(to) = &reply_to {
-            if let Err(e) = shared.subs.resync_progress(to, &progress(true)).await {
-                tracing::warn!(error = %e, "cannot report a finished resync");
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound::ConnHandle;
 
-    #[test]
-    fn a_subscription_covers_only_its_table_and_event() {
-        let spec = SubscriptionSpec {
-            id: "f:1".into(),
+    fn todos_insert(id: &str) -> SubscriptionSpec {
+        SubscriptionSpec {
+            id: id.into(),
             front: "f".into(),
             project: "default".into(),
             schema: "public".into(),
@@ -390,7 +414,99 @@ mod tests {
             select: None,
             claims: serde_json::json!({"role": "anon"}),
             from: None,
-        };
+        }
+    }
+
+    /// A registry with subscriptions 1..=n of one class (`f:1` …).
+    fn registry_of(n: u64) -> (Registry, String) {
+        let r = Registry::new("f");
+        let (conn, _rx) = ConnHandle::new(1, 8);
+        let out = Arc::new(ChanOut::new(
+            1,
+            conn,
+            "t",
+            walcast_protocol::Vsn::V2,
+            false,
+            false,
+            8,
+        ));
+        for _ in 0..n {
+            let (k, id) = r.alloc();
+            let spec = todos_insert(&id);
+            r.insert(
+                k,
+                Target {
+                    sink: Sink::Ws(out.clone()),
+                    binding: 1,
+                    spec,
+                },
+            );
+        }
+        (r, class_key(&todos_insert("x")))
+    }
+
+    #[test]
+    fn a_class_is_ready_only_while_the_worker_has_one_of_its_subscriptions_by_class() {
+        let (r, class) = registry_of(3);
+        assert_eq!(r.claim_ready(&class), None, "nothing confirmed yet");
+        r.confirm("f:1", false, Lsn(10));
+        assert_eq!(r.claim_ready(&class), None, "row-checked: never ready");
+        r.confirm("f:1", true, Lsn(10));
+        r.saw(Lsn(7));
+        assert_eq!(
+            r.claim_ready(&class),
+            Some(Lsn(10)),
+            "from the class's own position"
+        );
+        r.saw(Lsn(20));
+        assert_eq!(
+            r.claim_ready(&class),
+            Some(Lsn(20)),
+            "from the newest change seen"
+        );
+        r.end_pending(&[class.clone(), class.clone()]);
+        // The only registered member leaves: the class is no longer ready.
+        let removed = r.remove(&[1]);
+        assert_eq!(removed.ids, vec!["f:1".to_string()]);
+        assert!(!removed.wait);
+        assert_eq!(r.claim_ready(&class), None);
+    }
+
+    #[test]
+    fn removing_waits_while_a_claimed_join_is_on_its_way() {
+        let (r, class) = registry_of(2);
+        r.confirm("f:1", true, Lsn(5));
+        assert!(r.claim_ready(&class).is_some());
+        assert!(
+            r.remove(&[1]).wait,
+            "f:2 is not registered yet: f:1's unregister must wait"
+        );
+        r.end_pending(std::slice::from_ref(&class));
+        assert!(!r.any_pending(std::slice::from_ref(&class)));
+        assert!(!r.remove(&[2]).wait);
+    }
+
+    #[tokio::test]
+    async fn settle_returns_when_the_registration_arrived() {
+        let (r, class) = registry_of(1);
+        r.confirm("f:1", true, Lsn(5));
+        assert!(r.claim_ready(&class).is_some());
+        let r = Arc::new(r);
+        let r2 = r.clone();
+        let c2 = class.clone();
+        let ender = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            r2.end_pending(&[c2]);
+        });
+        let started = std::time::Instant::now();
+        r.settle(&[class], Duration::from_secs(10)).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        ender.await.unwrap();
+    }
+
+    #[test]
+    fn a_subscription_covers_only_its_table_and_event() {
+        let spec = todos_insert("f:1");
         let ev = |table: &str, kind: &str| -> walcast_bus::ChangeEvent {
             serde_json::from_value(serde_json::json!({
                 "project": "default", "schema": "public", "table": table, "type": kind,

@@ -62,6 +62,7 @@ use walcast_wal2json::Lsn;
 
 use crate::auth::now_secs;
 use crate::http::error_response;
+use crate::registration;
 use crate::registry::{self, Sink, Target};
 use crate::state::Shared;
 use crate::telemetry;
@@ -304,7 +305,7 @@ pub(crate) async fn handler(
         .ready
         .get_or_init(|| async {
             let specs = shared.registry.specs_of(&[chan.sub]);
-            match registry::register(&shared, specs).await {
+            match registration::register(&shared, specs).await {
                 Ok(refused) => match refused.into_values().next() {
                     None => Ok(()),
                     Some(why) => Err((StatusCode::BAD_REQUEST, why)),
@@ -453,10 +454,10 @@ impl Drop for Reader {
 }
 
 /// Drop a channel and its subscription.
-async fn discard(shared: &Shared, chan: &Arc<SseChannel>) {
+async fn discard(shared: &Arc<Shared>, chan: &Arc<SseChannel>) {
     if shared.sse.remove_if(chan) {
-        let ids = shared.registry.remove(&[chan.sub]);
-        registry::unregister(&shared.subs, ids).await;
+        let removed = shared.registry.remove(&[chan.sub]);
+        registration::unregister(shared, removed).await;
     }
 }
 
@@ -483,8 +484,8 @@ pub(crate) async fn reaper(shared: Arc<Shared>, cancel: CancellationToken) {
             keys.iter().filter_map(|k| hub.remove(k)).collect()
         };
         for c in idle {
-            let ids = shared.registry.remove(&[c.sub]);
-            registry::unregister(&shared.subs, ids).await;
+            let removed = shared.registry.remove(&[c.sub]);
+            registration::unregister(&shared, removed).await;
         }
     }
 }

@@ -27,6 +27,11 @@ pub const BROADCASTS: &str = "walcast_front_broadcasts_total";
 /// replay after a leader change or a worker restart).
 pub const REPLAYS_DROPPED: &str = "walcast_front_replays_dropped_total";
 
+/// Counter: subscriptions registered, by `path`: `worker` (the join waited for the
+/// worker's answer) or `ready_class` (joined at once: its class was already delivered by
+/// class to this front; registered with the worker in the background).
+pub const REGISTRATIONS: &str = "walcast_front_registrations_total";
+
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
 }

@@ -120,6 +120,7 @@ impl SubsHandler for TestWorker {
                         } else {
                             None
                         },
+                        by_class: false,
                     }
                 })
                 .collect();

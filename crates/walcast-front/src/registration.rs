@@ -1,0 +1,249 @@
+//! Talking to the cdc-worker about this front's subscriptions: register (on join, token
+//! refresh and resync), unregister, the periodic sync, and answering a new leader's
+//! resync request. The map they keep is [`crate::registry`].
+//!
+//! A join of a subscription whose class the worker already delivers by class to this
+//! front (see [`Registry::claim_ready`](crate::registry::Registry::claim_ready)) needs no
+//! round trip: it is in effect as soon as it is in the map, and is registered with the
+//! worker in the background (so the worker knows it for a resync, a sync, and in case
+//! the table turns on row-level security). Until that registration arrived, removing
+//! other subscriptions of the class waits, so the worker never forgets the class while
+//! a member it has not heard of depends on it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use walcast_bus::subs::{
+    class_key, RegisterRequest, ResyncProgress, SubscriptionSpec, SyncMessage, UnregisterRequest,
+    SYNC_INTERVAL,
+};
+use walcast_bus::Subscription;
+use walcast_protocol::server::{self, SystemStatus};
+
+use crate::outbound::Out;
+use crate::registry::{Removed, Sink};
+use crate::state::Shared;
+use crate::telemetry;
+
+/// Attempts of a background registration before the client is told it failed.
+const BACKGROUND_ATTEMPTS: usize = 3;
+
+/// Refused ids → the worker's reason.
+pub(crate) type Refused = HashMap<String, String>;
+
+/// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
+/// `Err` is a readable reason the whole request failed (no answer in time …). An
+/// accepted subscription keeps the position it first became effective from.
+pub(crate) async fn register(
+    shared: &Shared,
+    specs: Vec<SubscriptionSpec>,
+) -> Result<Refused, String> {
+    if specs.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
+    let reply = shared
+        .subs
+        .register(RegisterRequest { subs: specs }, shared.cfg.register_timeout)
+        .await
+        .map_err(|e| {
+            telemetry::error("register");
+            e.to_string()
+        })?;
+    metrics::counter!(telemetry::REGISTRATIONS, "path" => "worker").increment(ids.len() as u64);
+    let results: HashMap<&str, &walcast_bus::subs::RegisterResult> =
+        reply.results.iter().map(|r| (r.id.as_str(), r)).collect();
+    let mut refused = HashMap::new();
+    let mut accepted = Vec::with_capacity(ids.len());
+    for id in ids {
+        match results.get(id.as_str()) {
+            Some(r) if r.ok => {
+                if let Some(at) = reply.effective_from {
+                    shared.registry.confirm(&id, r.by_class, at);
+                }
+                accepted.push(id);
+            }
+            Some(r) => {
+                let why = r
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "subscription refused by the cdc-worker".into());
+                refused.insert(id, why);
+            }
+            None => {
+                refused.insert(
+                    id,
+                    "the cdc-worker did not answer for this subscription".into(),
+                );
+            }
+        }
+    }
+    if let Some(at) = reply.effective_from {
+        shared.registry.set_from(&accepted, at);
+    }
+    Ok(refused)
+}
+
+/// Register the subscriptions of a join: those of a ready class at once (registered with
+/// the worker in the background), the others with the worker, waited for.
+pub(crate) async fn register_join(
+    shared: &Arc<Shared>,
+    subs: &[u64],
+    specs: Vec<SubscriptionSpec>,
+) -> Result<Refused, String> {
+    let mut fast = Vec::new();
+    let mut slow = Vec::new();
+    for (n, mut spec) in subs.iter().zip(specs) {
+        match shared.registry.claim_ready(&class_key(&spec)) {
+            Some(from) => {
+                shared
+                    .registry
+                    .set_from(std::slice::from_ref(&spec.id), from);
+                spec.from = Some(from);
+                fast.push((*n, spec));
+            }
+            None => slow.push(spec),
+        }
+    }
+    if !fast.is_empty() {
+        metrics::counter!(telemetry::REGISTRATIONS, "path" => "ready_class")
+            .increment(fast.len() as u64);
+        let classes: Vec<String> = fast.iter().map(|(_, s)| class_key(s)).collect();
+        let shared2 = shared.clone();
+        shared.tracker.spawn(async move {
+            register_in_background(&shared2, fast).await;
+            shared2.registry.end_pending(&classes);
+        });
+    }
+    register(shared, slow).await
+}
+
+/// The worker's registration of subscriptions already in effect; one it refuses (the
+/// table left realtime, a privilege was revoked in between) is removed and its channel
+/// told, as a refused join would have been.
+async fn register_in_background(shared: &Arc<Shared>, subs: Vec<(u64, SubscriptionSpec)>) {
+    let specs: Vec<SubscriptionSpec> = subs.iter().map(|(_, s)| s.clone()).collect();
+    let mut outcome = Err(String::new());
+    for attempt in 1..=BACKGROUND_ATTEMPTS {
+        outcome = register(shared, specs.clone()).await;
+        match &outcome {
+            Ok(_) => break,
+            Err(e) => tracing::warn!(attempt, error = %e, "background registration failed"),
+        }
+    }
+    let refused: Refused = match outcome {
+        Ok(refused) => refused,
+        Err(e) => specs
+            .iter()
+            .map(|s| (s.id.clone(), format!("Unable to subscribe to changes: {e}")))
+            .collect(),
+    };
+    for (n, spec) in subs.iter().filter(|(_, s)| refused.contains_key(&s.id)) {
+        let why = &refused[&spec.id];
+        tracing::warn!(id = %spec.id, reason = %why, "subscription refused after its join");
+        telemetry::error("refused_after_join");
+        if let Some((Sink::Ws(chan), _)) = shared.registry.sink_of(*n) {
+            let f = server::system(
+                None,
+                &chan.topic,
+                "postgres_changes",
+                SystemStatus::Error,
+                why,
+            );
+            if let Some(out) = Out::frame(&f, chan.vsn) {
+                chan.deliver(out);
+            }
+        }
+        let removed = shared.registry.remove(&[*n]);
+        unregister(shared, removed).await;
+    }
+}
+
+/// Tell the worker these subscriptions are gone (errors are logged: `sync` repairs them).
+/// While a registration of one of their classes is on its way, this is sent only once it
+/// arrived (in the background), so the worker keeps the class for the subscription that
+/// depends on it.
+pub(crate) async fn unregister(shared: &Arc<Shared>, removed: Removed) {
+    if removed.ids.is_empty() {
+        return;
+    }
+    if !removed.wait {
+        return send_unregister(shared, removed.ids).await;
+    }
+    let shared2 = shared.clone();
+    shared.tracker.spawn(async move {
+        let limit = shared2.cfg.register_timeout * BACKGROUND_ATTEMPTS as u32;
+        shared2.registry.settle(&removed.classes, limit).await;
+        send_unregister(&shared2, removed.ids).await;
+    });
+}
+
+async fn send_unregister(shared: &Shared, ids: Vec<String>) {
+    if let Err(e) = shared.subs.unregister(UnregisterRequest { ids }).await {
+        telemetry::error("unregister");
+        tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
+    }
+}
+
+/// Every [`SYNC_INTERVAL`]: send the full list of this front's subscription ids.
+pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(SYNC_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let msg = SyncMessage::whole(shared.front_id.clone(), shared.registry.all_ids());
+        if let Err(e) = shared.subs.sync(msg).await {
+            telemetry::error("sync");
+            tracing::warn!(error = %e, "subscription sync failed");
+        }
+    }
+}
+
+/// On every resync request (a new worker leader), register everything again.
+pub(crate) async fn resync_loop(
+    shared: Arc<Shared>,
+    mut sub: Subscription,
+    cancel: CancellationToken,
+) {
+    while let Some(request) = crate::next_message(&mut sub, &cancel, "resync").await {
+        // The request's payload is where the new leader waits for our progress.
+        let reply_to = std::str::from_utf8(&request.payload)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        let progress = |done: bool| ResyncProgress {
+            front: shared.front_id.clone(),
+            done,
+        };
+        if let Some(to) = &reply_to {
+            if let Err(e) = shared.subs.resync_progress(to, &progress(false)).await {
+                tracing::warn!(error = %e, "cannot answer a resync request");
+            }
+        }
+        let specs = shared.registry.all_specs();
+        tracing::info!(
+            count = specs.len(),
+            "resync requested: registering all subscriptions again"
+        );
+        // In batches, so joins are not held behind one huge registration.
+        for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
+            match register(&shared, chunk.to_vec()).await {
+                Ok(refused) => {
+                    for (id, why) in refused {
+                        tracing::warn!(%id, reason = %why, "subscription refused on resync");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "resync registration failed"),
+            }
+        }
+        if let Some(to) = &reply_to {
+            if let Err(e) = shared.subs.resync_progress(to, &progress(true)).await {
+                tracing::warn!(error = %e, "cannot report a finished resync");
+            }
+        }
+    }
+}
