@@ -6,6 +6,7 @@ mod cdc;
 mod env;
 mod latency;
 mod rls;
+mod scale;
 mod ws;
 mod ws_server;
 
@@ -32,12 +33,21 @@ enum Bench {
     /// Row-level security: N subscribers with distinct claims on one RLS table, batched
     /// checks vs one check per subscriber per change: deliveries/s and p99 latency.
     Rls(rls::RlsBench),
+    /// Scale: one cdc-worker and K ws-front processes over NATS, clients growing in steps:
+    /// the leader's CPU and published bytes per change, against the smallest step.
+    Scale(scale::ScaleBench),
     /// (internal) `walcast serve` with the in-process bus, run as the `ws` child.
     #[command(hide = true)]
     WsServer(Box<ws_server::ServerArgs>),
     /// (internal) the `ws` baseline server.
     #[command(hide = true)]
     WsBaselineServer(ws_server::BaselineArgs),
+    /// (internal) the `cdc-worker` entry point, run as the `scale` leader.
+    #[command(hide = true)]
+    ScaleWorker(Box<walcast::cdc_worker::CdcWorkerConfig>),
+    /// (internal) the `ws-front` entry point, run as a `scale` front.
+    #[command(hide = true)]
+    ScaleFront(Box<walcast::ws_front::WsFrontConfig>),
 }
 
 #[tokio::main]
@@ -49,5 +59,8 @@ async fn main() -> anyhow::Result<()> {
         Bench::Rls(args) => rls::run(args).await,
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
+        Bench::Scale(args) => scale::run(args).await,
+        Bench::ScaleWorker(cfg) => walcast::cdc_worker::main(*cfg).await,
+        Bench::ScaleFront(cfg) => walcast::ws_front::main(*cfg).await,
     }
 }

@@ -37,7 +37,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 use walcast_testkit::Postgres;
 
-const SECRET: &str = "walcast-bench-secret-0123456789abcdef";
+pub(crate) const SECRET: &str = "walcast-bench-secret-0123456789abcdef";
 /// Phases, tagged in each row's `ph` column.
 const WARMUP: usize = 0;
 const THROUGHPUT: usize = 1;
@@ -442,7 +442,7 @@ fn proc_kb(pid: &str, field: &str) -> u64 {
 }
 
 /// User + system CPU seconds of a process.
-fn cpu_secs(pid: &str) -> f64 {
+pub(crate) fn cpu_secs(pid: &str) -> f64 {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
@@ -459,7 +459,7 @@ fn cpu_secs(pid: &str) -> f64 {
     (t(14) + t(15)) / 100.0
 }
 
-fn fd_limit() -> Option<u64> {
+pub(crate) fn fd_limit() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/limits").ok()?;
     let l = s.lines().find(|l| l.starts_with("Max open files"))?;
     l.split_whitespace().nth(3)?.parse().ok()
@@ -552,7 +552,7 @@ pub(crate) fn record_int(text: &str, key: &str) -> Option<i64> {
     digits[..end].parse().ok()
 }
 
-fn jwt() -> anyhow::Result<String> {
+pub(crate) fn jwt() -> anyhow::Result<String> {
     let exp = now_micros() / 1_000_000 + 24 * 3600;
     Ok(jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
