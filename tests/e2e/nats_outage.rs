@@ -1,6 +1,6 @@
 //! NATS restarted under load: `walcast serve` on NATS keeps its WebSocket clients
-//! connected, reports the outage on /health, and delivers changes committed after NATS is
-//! back.
+//! connected, reports the outage on /health and /readyz (503), and delivers changes
+//! committed after NATS is back.
 
 mod support;
 
@@ -53,6 +53,10 @@ async fn clients_survive_a_nats_restart_and_receive_what_follows() {
             .ok();
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (status, why) = server.status("/readyz");
+    assert_eq!(status, 503, "/readyz while NATS is down: {why}");
+    assert!(why.contains("NATS"), "{why}");
+    assert_eq!(server.status("/livez").0, 200);
     for i in 200..400 {
         writer.execute(&stmt, &[&i, &"during"]).await.unwrap();
     }
@@ -63,6 +67,15 @@ async fn clients_survive_a_nats_restart_and_receive_what_follows() {
             Instant::now() < deadline,
             "NATS not reconnected: {:?}",
             server.health()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.status("/readyz").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz: {:?}",
+            server.status("/readyz")
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -37,7 +37,13 @@ pub struct FrontConfig {
     pub sse_keepalive: Duration,
     /// Subscriptions per `register` request when re-registering everything (resync).
     pub resync_batch: usize,
+    /// On shutdown, the window over which the sockets are closed (see
+    /// [`crate::Front::drain`]).
+    pub drain_window: Duration,
 }
+
+/// Default of [`FrontConfig::drain_window`], in seconds.
+pub const DEFAULT_DRAIN_SECS: u64 = 10;
 
 impl Default for FrontConfig {
     fn default() -> Self {
@@ -57,6 +63,7 @@ impl Default for FrontConfig {
             sse_linger: Duration::from_secs(60),
             sse_keepalive: Duration::from_secs(15),
             resync_batch: 500,
+            drain_window: Duration::from_secs(DEFAULT_DRAIN_SECS),
         }
     }
 }

@@ -52,6 +52,7 @@ pub(crate) async fn run(
     let (sink, mut stream) = socket.split();
     let (handle, rx) = ConnHandle::new(shared.next_id(), shared.cfg.outbound_queue);
     let writer = tokio::spawn(write_loop(sink, rx, handle.clone()));
+    shared.conns().insert(handle.id, handle.clone());
     let mut conn = Conn {
         joins: TokenBucket::new(shared.cfg.join_burst, shared.cfg.joins_per_second),
         shared: shared.clone(),
@@ -100,6 +101,7 @@ pub(crate) async fn run(
     // Stop the writer (it sends the close frame), then drop every channel.
     handle.kill.cancel();
     conn.teardown().await;
+    shared.conns().remove(&handle.id);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     drop(slot);
 }

@@ -54,12 +54,23 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// 503 while the front shuts down: the client reconnects (to another replica).
+pub(crate) fn draining_response() -> Response {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "this server is shutting down: reconnect",
+    )
+}
+
 /// `GET /realtime/v1/websocket?apikey=<jwt>&vsn=<1.0.0|2.0.0>`.
 async fn websocket(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<HashMap<String, String>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    if shared.is_draining() {
+        return draining_response();
+    }
     let vsn = match Vsn::from_query(q.get("vsn").map(String::as_str)) {
         Ok(v) => v,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string()),

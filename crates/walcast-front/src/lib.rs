@@ -98,6 +98,8 @@ pub struct Health {
     pub bus: &'static str,
     /// Whether the bus is connected.
     pub bus_connected: bool,
+    /// Shutting down (see [`Front::drain`]): not ready for new clients.
+    pub draining: bool,
 }
 
 impl Front {
@@ -191,6 +193,31 @@ impl Front {
             subscriptions: s.registry.len(),
             bus: s.bus.kind(),
             bus_connected: s.bus.is_connected(),
+            draining: s.is_draining(),
+        }
+    }
+
+    /// Shut down gently: refuse new sockets and SSE streams (503, and `/readyz` says so),
+    /// then close the open sockets one by one (1001, "server draining"), spread evenly over
+    /// the first four fifths of the drain window ([`FrontConfig::drain_window`]), so their
+    /// clients reconnect to other replicas a few at a time rather than all in the same
+    /// second. Returns when the last is closed; cancel the front then.
+    pub async fn drain(&self) {
+        let s = &self.shared;
+        let window = s.cfg.drain_window;
+        s.draining.store(true, Ordering::Relaxed);
+        let conns: Vec<Arc<outbound::ConnHandle>> = s.conns().values().cloned().collect();
+        tracing::info!(
+            connections = conns.len(),
+            window_secs = window.as_secs_f64(),
+            "draining: closing sockets over the window"
+        );
+        let spread = window.mul_f64(0.8);
+        let start = tokio::time::Instant::now();
+        let n = conns.len().max(1) as f64;
+        for (i, c) in conns.iter().enumerate() {
+            tokio::time::sleep_until(start + spread.mul_f64(i as f64 / n)).await;
+            c.close_with(CLOSE_GOING_AWAY, "server draining");
         }
     }
 

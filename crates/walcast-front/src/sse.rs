@@ -213,6 +213,9 @@ pub(crate) async fn handler(
     Query(p): Query<SseParams>,
     headers: HeaderMap,
 ) -> Response {
+    if shared.is_draining() {
+        return crate::http::draining_response();
+    }
     let header_key = headers
         .get("apikey")
         .and_then(|v| v.to_str().ok())

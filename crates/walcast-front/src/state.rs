@@ -1,7 +1,8 @@
 //! State shared by every connection and task of a front.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
@@ -10,6 +11,7 @@ use walcast_bus::subs::SubsClient;
 use walcast_bus::Bus;
 
 use crate::config::FrontConfig;
+use crate::outbound::ConnHandle;
 use crate::presence::PresenceStore;
 use crate::projects::Projects;
 use crate::registry::Registry;
@@ -31,6 +33,10 @@ pub(crate) struct Shared {
     pub connections: AtomicUsize,
     pub channels: AtomicUsize,
     pub sse_streams: AtomicUsize,
+    /// Shutting down: new sockets and streams are refused, open ones are being closed.
+    pub draining: AtomicBool,
+    /// Open WebSocket connections, to close them one by one when draining.
+    pub conns: Mutex<HashMap<u64, Arc<ConnHandle>>>,
     next_id: AtomicU64,
 }
 
@@ -61,8 +67,18 @@ impl Shared {
             connections: AtomicUsize::new(0),
             channels: AtomicUsize::new(0),
             sse_streams: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            conns: Mutex::default(),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnHandle>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A front-unique id for a connection or channel.

@@ -44,6 +44,10 @@ pub struct FrontArgs {
     /// another replica's presence lasts without a refresh (its replica died), in seconds.
     #[arg(long, env = "PRESENCE_TTL_SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..))]
     pub presence_ttl_secs: u64,
+    /// On SIGTERM: refuse new clients (`/readyz` 503) and close the open sockets spread
+    /// over this many seconds, so they reconnect to other replicas gradually; then exit.
+    #[arg(long, env = "DRAIN_SECS", default_value_t = walcast_front::config::DEFAULT_DRAIN_SECS)]
+    pub drain_secs: u64,
 }
 
 impl FrontArgs {
@@ -59,6 +63,7 @@ impl FrontArgs {
             joins_per_second: self.joins_per_second,
             join_burst: self.joins_per_second.saturating_mul(2),
             register_timeout: Duration::from_millis(self.register_timeout_ms),
+            drain_window: Duration::from_secs(self.drain_secs),
             ..FrontConfig::default()
         }
     }
@@ -99,6 +104,7 @@ impl FrontArgs {
             "joins_per_second": self.joins_per_second,
             "register_timeout_ms": self.register_timeout_ms,
             "presence_ttl_secs": self.presence_ttl_secs,
+            "drain_secs": self.drain_secs,
         })
     }
 }

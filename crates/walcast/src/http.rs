@@ -1,10 +1,11 @@
-//! The operational HTTP surface: `/health` and `/metrics`.
+//! The operational HTTP surface: `/health` (JSON), `/livez` and `/readyz` (probes) and
+//! `/metrics`.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -48,6 +49,45 @@ async fn health(State(s): State<OpsState>) -> impl IntoResponse {
     })
 }
 
+/// `/livez`: the process runs and its HTTP server answers.
+async fn livez() -> &'static str {
+    "ok"
+}
+
+/// `/readyz`: 200 `ready`, or 503 with the reason (see [`readiness`]).
+async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
+    let front = s.front.as_ref().map(Front::health);
+    let cdc = s.cdc.as_ref().map(|c| c.report());
+    match readiness(s.bus.is_connected(), front.as_ref(), cdc.as_ref()) {
+        Ok(()) => (StatusCode::OK, "ready".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+/// Whether a process should receive traffic (a front) or count as a healthy member of the
+/// worker set (a leader that reads the slot, or a standby ready to take over): the bus is
+/// connected, a front is not draining, a leader's pipeline is active. A standby is ready:
+/// it cannot read the slot before it leads.
+pub fn readiness(
+    bus_connected: bool,
+    front: Option<&walcast_front::Health>,
+    cdc: Option<&CdcHealthReport>,
+) -> Result<(), String> {
+    if !bus_connected {
+        return Err("not ready: the bus (NATS) is not connected".into());
+    }
+    if front.is_some_and(|f| f.draining) {
+        return Err("not ready: shutting down (draining sockets)".into());
+    }
+    if let Some(c) = cdc.filter(|c| c.leader && !c.cdc_active) {
+        let why = c.last_error.as_deref().unwrap_or("starting");
+        return Err(format!(
+            "not ready: leader, but the pipeline is not active: {why}"
+        ));
+    }
+    Ok(())
+}
+
 async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -58,6 +98,8 @@ async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
 pub fn ops_router(state: OpsState) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -71,4 +113,48 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn front(draining: bool) -> walcast_front::Health {
+        walcast_front::Health {
+            front_id: "f".into(),
+            connections: 0,
+            channels: 0,
+            sse_streams: 0,
+            subscriptions: 0,
+            bus: "nats",
+            bus_connected: true,
+            draining,
+        }
+    }
+
+    fn cdc(leader: bool, active: bool) -> CdcHealthReport {
+        let h = walcast_cdc::CdcHealth::new("walcast");
+        let mut r = h.report();
+        r.leader = leader;
+        r.cdc_active = active;
+        r.last_error = (!active).then(|| "wal2json is not installed".into());
+        r
+    }
+
+    #[test]
+    fn ready_only_when_connected_not_draining_and_a_leader_reads() {
+        assert_eq!(readiness(true, Some(&front(false)), None), Ok(()));
+        assert!(readiness(false, Some(&front(false)), None)
+            .unwrap_err()
+            .contains("NATS"));
+        assert!(readiness(true, Some(&front(true)), None)
+            .unwrap_err()
+            .contains("draining"));
+        assert_eq!(readiness(true, None, Some(&cdc(true, true))), Ok(()));
+        assert!(readiness(true, None, Some(&cdc(true, false)))
+            .unwrap_err()
+            .contains("wal2json"));
+        // A standby cannot read before it leads: it is a ready member of the set.
+        assert_eq!(readiness(true, None, Some(&cdc(false, false))), Ok(()));
+    }
 }

@@ -19,7 +19,8 @@ use walcast_cdc::registrar::Registrar;
 use crate::config::{CdcArgs, DbArgs};
 use crate::front::FrontArgs;
 
-/// Run until `cancel` fires (or the pipeline hits an error the operator must fix).
+/// Run until `signal` fires and the front has drained (or the pipeline hits an error the
+/// operator must fix).
 pub async fn run(
     db: &DbArgs,
     cdc: &CdcArgs,
@@ -27,8 +28,9 @@ pub async fn run(
     bus: Bus,
     listener: TcpListener,
     metrics: PrometheusHandle,
-    cancel: CancellationToken,
+    signal: CancellationToken,
 ) -> anyhow::Result<()> {
+    let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
     let registrar = Registrar::new(Matcher::new(), db.database_url.clone());
     let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
@@ -49,7 +51,8 @@ pub async fn run(
     )
     .await
     .context("starting the front")?;
-    crate::cdc_worker::run(
+    crate::shutdown::drain_then_stop(signal, front.clone(), cancel.clone());
+    let result = crate::cdc_worker::run(
         db,
         cdc,
         bus,
@@ -59,7 +62,9 @@ pub async fn run(
         origin,
         listener,
         metrics,
-        cancel,
+        cancel.clone(),
     )
-    .await
+    .await;
+    cancel.cancel();
+    result
 }

@@ -2,6 +2,23 @@
 
 use tokio_util::sync::CancellationToken;
 
+/// Once `signal` fires, drain `front` (see [`walcast_front::Front::drain`]), then cancel
+/// `stop`: until then the HTTP server keeps answering (`/readyz` says 503) and the
+/// pipeline keeps delivering to the sockets not closed yet.
+pub fn drain_then_stop(
+    signal: CancellationToken,
+    front: walcast_front::Front,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = signal.cancelled() => front.drain().await,
+            _ = stop.cancelled() => {}
+        }
+        stop.cancel();
+    });
+}
+
 /// A token cancelled on the first SIGINT or SIGTERM.
 pub fn on_signal() -> CancellationToken {
     let token = CancellationToken::new();

@@ -44,7 +44,8 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
-    let cancel = crate::shutdown::on_signal();
+    let signal = crate::shutdown::on_signal();
+    let cancel = tokio_util::sync::CancellationToken::new();
     let presence = cfg.front.presence(&bus, &id, &cancel);
     let front = Front::start_with_presence(
         cfg.front.config(&id),
@@ -56,6 +57,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     )
     .await
     .context("starting the front")?;
+    crate::shutdown::drain_then_stop(signal, front.clone(), cancel.clone());
     let state = OpsState {
         cdc: None,
         front: Some(front.clone()),

@@ -158,6 +158,20 @@ impl Worker {
             .unwrap_or_else(|| panic!("{method} {path}: no HTTP answer"))
     }
 
+    /// GET a path: (status, body); panics if nothing answers.
+    pub fn status(&self, path: &str) -> (u16, String) {
+        self.request("GET", path, &[], None)
+    }
+
+    /// Send a signal (`TERM`, `STOP`, `CONT` …) to the process.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{sig}"), self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {}", self.child.id());
+    }
+
     /// Start `program args` with a clean environment (`base`, then `extra`), a free port
     /// on 127.0.0.1, JSON logs into a file of its own.
     fn launch(
