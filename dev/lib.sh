@@ -14,7 +14,7 @@ pg_bindir() {
 }
 
 # Install what the stack and the tests need, when missing: Postgres 15 with wal2json,
-# nats-server, Node.js (for the realtime-js tests).
+# nats-server, Node.js (for the realtime-js tests), openssl (test certificates).
 ensure_system_packages() {
   local need=() bindir
   bindir=$(pg_bindir)
@@ -31,6 +31,7 @@ ensure_system_packages() {
   command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
   command -v node >/dev/null 2>&1 || need+=(nodejs)
   command -v npm >/dev/null 2>&1 || need+=(npm)
+  command -v openssl >/dev/null 2>&1 || need+=(openssl)
   if [ ${#need[@]} -gt 0 ]; then
     echo "installing missing packages: ${need[*]}"
     as_root apt-get update -qq

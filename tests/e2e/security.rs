@@ -125,3 +125,96 @@ async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
     // Nothing ran: the table is still there with both rows.
     assert_eq!(stack.sql("SELECT count(*) FROM t"), "2");
 }
+
+/// Every connection walcast makes — catalog and registrar, replication (stream source),
+/// the poll source, the lease, row-level security checks — goes over TLS to a Postgres
+/// that refuses TCP without it, verifying the server's certificate and name
+/// (`sslmode=verify-full`); a CA that did not sign the server's certificate is refused
+/// with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
+    use support::ws::{token, Ws};
+    use support::Worker;
+    use walcast_testkit::tls::TestCerts;
+    use walcast_testkit::Postgres;
+
+    let certs = TestCerts::generate().expect("test certificates (needs openssl)");
+    let pg = Postgres::builder()
+        .tls_only(&certs.server_cert, &certs.server_key)
+        .start()
+        .expect("start a TLS-only postgres");
+    let port = pg.port();
+    let stack = Stack::with_pg(pg, "stream");
+    let url = |ca: &std::path::Path| {
+        format!(
+            "postgres://postgres@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={}",
+            ca.display()
+        )
+    };
+    stack.sql("CREATE TABLE s (id int PRIMARY KEY, owner text)");
+    for (n, source) in ["stream", "poll"].into_iter().enumerate() {
+        let mut server = Worker::serve(
+            &url(&certs.ca),
+            &[("CDC_SOURCE", source), ("LEASE_MODE", "postgres")],
+        );
+        server.wait_active(Duration::from_secs(60));
+        if n == 0 {
+            stack.enable("s");
+            stack.sql(
+                "ALTER TABLE s ENABLE ROW LEVEL SECURITY;
+                 CREATE POLICY mine ON s FOR SELECT
+                   USING (owner = current_setting('request.jwt.claims', true)::json->>'sub')",
+            );
+        }
+        let exp = support::ws::now() + 3600;
+        let alice = token(serde_json::json!({"role": "authenticated", "sub": "alice", "exp": exp}));
+        let mut ws = Ws::connect(&server.ws_url(&alice)).await;
+        ws.join_subscribed(
+            "realtime:s",
+            serde_json::json!([{"event": "INSERT", "schema": "public", "table": "s"}]),
+        )
+        .await;
+        let base = n as i32 * 10;
+        stack.sql(&format!(
+            "INSERT INTO s VALUES ({}, 'bob'); INSERT INTO s VALUES ({}, 'alice')",
+            base + 1,
+            base + 2
+        ));
+        let f = loop {
+            let f = ws.recv_frame().await;
+            if f[3] == "postgres_changes" {
+                break f;
+            }
+        };
+        let got = &f[4]["data"]["record"];
+        assert_eq!(
+            got["id"],
+            base + 2,
+            "{source}: alice sees her row only, first: {f}"
+        );
+        let plain = stack.sql(
+            "SELECT count(*) FILTER (WHERE NOT s.ssl) || ' ' || count(*) FILTER (WHERE s.ssl)
+               FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+              WHERE a.client_addr IS NOT NULL AND a.pid <> pg_backend_pid()",
+        );
+        let (without, with) = plain.split_once(' ').unwrap();
+        assert_eq!(without, "0", "{source}: TCP connections without TLS");
+        let with: u32 = with.parse().unwrap();
+        assert!(
+            with >= 4,
+            "{source}: only {with} TLS connections (catalog, lease, RLS, source)"
+        );
+    }
+
+    // The wrong CA: refused, saying why.
+    let mut wrong = Worker::serve(&url(&certs.other_ca), &[]);
+    let (ok, log) = wrong.wait_exit(Duration::from_secs(60));
+    assert!(
+        !ok,
+        "must fail with an untrusted server certificate:\n{log}"
+    );
+    assert!(
+        log.contains("invalid peer certificate: UnknownIssuer"),
+        "{log}"
+    );
+}

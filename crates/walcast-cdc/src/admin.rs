@@ -16,6 +16,7 @@ use walcast_bus::subs::BoxFuture;
 
 use crate::projects::{self, ProjectError};
 use crate::registry::{self, RegistryError};
+use crate::CdcError;
 
 /// Statements of an admin request wait this long for a table lock.
 const LOCK_TIMEOUT: &str = "SET lock_timeout = '3s'";
@@ -47,13 +48,17 @@ impl Admin {
             // A busy table must not hold every admin request (and the fronts' project
             // refreshes) behind `ALTER TABLE … REPLICA IDENTITY FULL`.
             let connected = match crate::connect(&self.inner.database_url).await {
-                Ok(c) => c.batch_execute(LOCK_TIMEOUT).await.map(|_| c),
+                Ok(c) => c
+                    .batch_execute(LOCK_TIMEOUT)
+                    .await
+                    .map(|_| c)
+                    .map_err(CdcError::from),
                 Err(e) => Err(e),
             };
             match connected {
                 Ok(c) => *guard = Some(c),
                 Err(e) => {
-                    let message = format!("database: {}", crate::db_message(&e));
+                    let message = e.to_string();
                     tracing::error!(error = %message, "admin request: cannot connect");
                     return Err(AdminError::new(AdminErrorKind::Unavailable, message));
                 }

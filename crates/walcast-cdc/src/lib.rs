@@ -62,6 +62,8 @@ pub enum CdcError {
     Repl(#[from] walcast_pgrepl::ReplError),
     #[error("the server ended the replication stream")]
     StreamEnded,
+    #[error("postgres TLS: {0}")]
+    Tls(#[from] walcast_pgtls::PgTlsError),
 }
 
 /// A database error with the server's message (tokio-postgres' own display says only
@@ -103,15 +105,13 @@ pub struct CdcConfig {
 /// Default of [`CdcConfig::max_record_bytes`]: 1 MiB, as Supabase's `max_record_bytes`.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
 
-/// Connect, logging (not panicking) when the connection ends.
-pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "postgres connection ended");
-        }
-    });
-    Ok(client)
+/// Connect (TLS as the URL's `sslmode` and `sslrootcert` say, see [`walcast_pgtls`]),
+/// logging (not panicking) when the connection ends.
+pub async fn connect(url: &str) -> Result<Client, CdcError> {
+    walcast_pgtls::connect(url).await.map_err(|e| match e {
+        walcast_pgtls::ConnectError::Tls(e) => CdcError::Tls(e),
+        walcast_pgtls::ConnectError::Postgres(e) => CdcError::Db(e),
+    })
 }
 
 /// Run the pipeline until `cancel` fires. Transient failures (connection loss, a slot

@@ -128,13 +128,9 @@ async fn acquire(
 
 async fn try_once(
     cfg: &PgLeaseConfig,
-) -> Result<Option<tokio_postgres::Client>, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(&cfg.url, tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "leader session ended");
-        }
-    });
+) -> Result<Option<tokio_postgres::Client>, walcast_pgtls::ConnectError> {
+    // TLS as the URL's sslmode says, like every other connection.
+    let client = walcast_pgtls::connect(&cfg.url).await?;
     client
         .simple_query("SET application_name = 'walcast-leader-election'")
         .await?;

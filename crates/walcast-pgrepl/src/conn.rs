@@ -8,6 +8,7 @@ use postgres_protocol::message::backend::{ErrorFields, ErrorResponseBody, Header
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use walcast_pgtls::TlsSettings;
 
 use crate::ReplError;
 
@@ -27,16 +28,21 @@ pub(crate) enum Backend {
 }
 
 pub(crate) struct Conn {
-    sock: TcpStream,
+    /// Plain TCP or TLS, as negotiated.
+    sock: Box<dyn walcast_pgtls::Io>,
     rbuf: BytesMut,
     pub(crate) wbuf: BytesMut,
 }
 
 impl Conn {
+    /// Connect to `host:port` and negotiate TLS as `tls` says (`name`: the host name its
+    /// certificate must be issued for).
     pub(crate) async fn open(
         host: &str,
         port: u16,
         timeout: Option<Duration>,
+        name: &str,
+        tls: &TlsSettings,
     ) -> Result<Conn, ReplError> {
         let connect = TcpStream::connect((host, port));
         let sock = match timeout {
@@ -49,6 +55,7 @@ impl Conn {
             None => connect.await?,
         };
         sock.set_nodelay(true)?;
+        let sock = walcast_pgtls::negotiate(sock, name, tls).await?;
         Ok(Conn {
             sock,
             rbuf: BytesMut::with_capacity(READ_CHUNK),

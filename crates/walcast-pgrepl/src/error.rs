@@ -24,9 +24,13 @@ pub enum ReplError {
     /// server's rejection of a password (SQLSTATE class 28).
     #[error("authentication failed: {0}")]
     Auth(String),
-    /// The connection string is invalid or asks for something unsupported (e.g. TLS).
+    /// The connection string is invalid or asks for something unsupported.
     #[error("connection settings: {0}")]
     Config(String),
+    /// TLS could not be set up as `sslmode` asks (bad root certificate, the server does
+    /// not offer TLS, the certificate is not trusted …).
+    #[error("TLS: {0}")]
+    Tls(#[from] walcast_pgtls::PgTlsError),
     /// The server closed the connection, or the stream was already finished or failed.
     #[error("replication connection closed")]
     Closed,

@@ -31,9 +31,10 @@
 //!
 //! # Scope
 //!
-//! * Plain TCP only: **no TLS**. `sslmode=disable` and `prefer` (the default) connect
-//!   without TLS; `sslmode=require` and `channel_binding=require` are rejected with
-//!   [`ReplError::Config`]. Unix-socket hosts are rejected too.
+//! * TCP, with TLS as libpq's `sslmode` (`disable`, `prefer` — the default —, `require`,
+//!   `verify-ca`, `verify-full`) and `sslrootcert` say, through [`walcast_pgtls`] (rustls).
+//!   `channel_binding=require` is rejected with [`ReplError::Config`]; so are Unix-socket
+//!   hosts.
 //! * Authentication: trust, cleartext `password`, `md5`, and `scram-sha-256` (without
 //!   channel binding). Message framing, MD5 hashing and SCRAM are done by
 //!   `postgres-protocol` from the rust-postgres project.
@@ -50,7 +51,7 @@ mod stream;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tokio_postgres::config::{ChannelBinding, Host, SslMode};
+use tokio_postgres::config::{ChannelBinding, Host};
 use walcast_wal2json::Lsn;
 
 pub use error::ReplError;
@@ -84,35 +85,28 @@ pub struct ReplicationClient {
 impl ReplicationClient {
     /// Connect with `replication=database` and authenticate. `url` is a libpq-style URL
     /// or key/value string, parsed by [`tokio_postgres::Config`].
+    /// TLS as its `sslmode` and `sslrootcert` say (see [`walcast_pgtls`]).
     pub async fn connect(url: &str) -> Result<ReplicationClient, ReplError> {
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| ReplError::Config(format!("invalid connection string: {e}")))?;
-        Self::connect_with(&config).await
+        let (config, tls) = walcast_pgtls::parse(url)?;
+        Self::connect_with(&config, &tls).await
     }
 
     /// Like [`connect`](Self::connect), from an already parsed configuration.
     pub async fn connect_with(
         config: &tokio_postgres::Config,
+        tls: &walcast_pgtls::TlsSettings,
     ) -> Result<ReplicationClient, ReplError> {
-        match config.get_ssl_mode() {
-            SslMode::Disable | SslMode::Prefer => {}
-            other => {
-                return Err(ReplError::Config(format!(
-                    "sslmode={other:?} is not supported: walcast-pgrepl speaks plain TCP \
-                     only (no TLS); use sslmode=disable or prefer"
-                )))
-            }
-        }
         if config.get_channel_binding() == ChannelBinding::Require {
             return Err(ReplError::Config(
-                "channel_binding=require needs TLS, which walcast-pgrepl does not support".into(),
+                "channel_binding=require is not supported by walcast-pgrepl (SCRAM without \
+                 channel binding is; use channel_binding=prefer or disable)"
+                    .into(),
             ));
         }
         let user = config
             .get_user()
             .ok_or_else(|| ReplError::Config("no user in the connection string".into()))?;
-        let mut conn = open_first(config).await?;
+        let mut conn = open_first(config, tls).await?;
 
         let mut params = vec![("user", user), ("replication", "database")];
         if let Some(db) = config.get_dbname() {
@@ -273,7 +267,10 @@ pub fn start_replication_command(
 }
 
 /// Connect to the first reachable host of the configuration.
-async fn open_first(config: &tokio_postgres::Config) -> Result<Conn, ReplError> {
+async fn open_first(
+    config: &tokio_postgres::Config,
+    tls: &walcast_pgtls::TlsSettings,
+) -> Result<Conn, ReplError> {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
     let ports = config.get_ports();
@@ -282,6 +279,12 @@ async fn open_first(config: &tokio_postgres::Config) -> Result<Conn, ReplError> 
     let mut last_error = None;
     for i in 0..count {
         let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        // The name the server's certificate must carry (`verify-full`): the host name,
+        // even when `hostaddr` says where to connect.
+        let name = match hosts.get(i) {
+            Some(Host::Tcp(h)) => Some(h.clone()),
+            _ => None,
+        };
         let host = match (addrs.get(i), hosts.get(i)) {
             (Some(ip), _) => ip.to_string(),
             (None, Some(Host::Tcp(h))) => h.clone(),
@@ -293,7 +296,8 @@ async fn open_first(config: &tokio_postgres::Config) -> Result<Conn, ReplError> 
             }
             (None, None) => "localhost".to_string(),
         };
-        match Conn::open(&host, port, timeout).await {
+        let name = name.unwrap_or_else(|| host.clone());
+        match Conn::open(&host, port, timeout, &name, tls).await {
             Ok(conn) => return Ok(conn),
             Err(e) => {
                 tracing::debug!(%host, port, error = %e, "connect failed");
@@ -344,13 +348,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tls_required_is_rejected() {
-        let err = ReplicationClient::connect("postgres://u@127.0.0.1:1/db?sslmode=require")
+    async fn an_unknown_sslmode_is_a_tls_settings_error() {
+        let err = ReplicationClient::connect("postgres://u@127.0.0.1:1/db?sslmode=always")
             .await
             .err()
             .unwrap();
         assert!(
-            matches!(err, ReplError::Config(ref m) if m.contains("no TLS")),
+            matches!(err, ReplError::Tls(ref e) if e.to_string().contains("unknown sslmode")),
             "{err}"
         );
     }

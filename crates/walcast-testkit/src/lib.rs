@@ -17,6 +17,7 @@ mod nats;
 mod ports;
 mod postgres;
 mod process;
+pub mod tls;
 
 pub use error::KitError;
 pub use nats::Nats;

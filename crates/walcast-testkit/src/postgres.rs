@@ -18,6 +18,8 @@ pub struct PostgresBuilder {
     settings: Vec<(String, String)>,
     require_wal2json: bool,
     password_auth: Option<(String, String)>,
+    /// Server certificate and key: TLS on, and TCP connections without it refused.
+    tls_only: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for PostgresBuilder {
@@ -44,6 +46,7 @@ impl Default for PostgresBuilder {
                 .collect(),
             require_wal2json: true,
             password_auth: None,
+            tls_only: None,
         }
     }
 }
@@ -68,6 +71,14 @@ impl PostgresBuilder {
     /// stay `trust`.
     pub fn password_auth(mut self, method: &str, password: &str) -> Self {
         self.password_auth = Some((method.to_string(), password.to_string()));
+        self
+    }
+
+    /// Serve TLS with this certificate and key (PEM), and refuse TCP connections without
+    /// TLS (`hostnossl … reject`), replication ones included. Unix-socket connections
+    /// (the kit's own `psql`) stay `trust`.
+    pub fn tls_only(mut self, cert: &Path, key: &Path) -> Self {
+        self.tls_only = Some((cert.to_path_buf(), key.to_path_buf()));
         self
     }
 
@@ -132,11 +143,15 @@ impl Postgres {
             let _ = std::fs::remove_file(&pwfile);
         }
         initdb_result?;
+        let mut settings = builder.settings;
+        if let Some((cert, key)) = &builder.tls_only {
+            settings.extend(tls_only(dir.path(), &data, cert, key, run_as)?);
+        }
         let mut pg = Postgres {
             bindir,
             run_as,
             port: 0,
-            settings: builder.settings,
+            settings,
             password: builder.password_auth.map(|(_, password)| password),
             process: None,
             dir,
@@ -362,4 +377,37 @@ fn check_wal2json(bindir: &Path) -> Result<(), KitError> {
         what: format!("the wal2json output plugin ({})", lib.display()),
         install: format!("apt-get update && apt-get install -y postgresql-{major}-wal2json"),
     })
+}
+
+/// Copy the certificate and key where the server may read them (the key private to its
+/// user), allow TCP only over TLS; returns the settings that turn TLS on.
+fn tls_only(
+    dir: &Path,
+    data: &Path,
+    cert: &Path,
+    key: &Path,
+    run_as: Option<RunAs>,
+) -> Result<Vec<(String, String)>, KitError> {
+    use std::os::unix::fs::PermissionsExt;
+    let (c, k) = (dir.join("server.crt"), dir.join("server.key"));
+    std::fs::copy(cert, &c).map_err(|e| KitError::io("copying the server certificate", e))?;
+    std::fs::copy(key, &k).map_err(|e| KitError::io("copying the server key", e))?;
+    std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| KitError::io("chmod the server key", e))?;
+    chown_tree(&c, run_as)?;
+    chown_tree(&k, run_as)?;
+    let hba = "local all all trust\n\
+               local replication all trust\n\
+               hostssl all all 127.0.0.1/32 trust\n\
+               hostssl replication all 127.0.0.1/32 trust\n\
+               hostnossl all all 0.0.0.0/0 reject\n\
+               hostnossl replication all 0.0.0.0/0 reject\n";
+    let hba_path = data.join("pg_hba.conf");
+    std::fs::write(&hba_path, hba).map_err(|e| KitError::io("writing pg_hba.conf", e))?;
+    chown_tree(&hba_path, run_as)?;
+    Ok(vec![
+        ("ssl".into(), "on".into()),
+        ("ssl_cert_file".into(), c.display().to_string()),
+        ("ssl_key_file".into(), k.display().to_string()),
+    ])
 }
