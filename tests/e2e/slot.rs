@@ -199,3 +199,46 @@ async fn a_lost_slot_is_recreated_logged_counted_and_reported(source: &'static s
     assert_eq!(events.len(), 1);
     assert_eq!(rec(&events[0])["id"], 2);
 }
+
+/// Removing walcast cleanly: `walcast slot status` shows the slot and who reads it;
+/// `walcast slot drop` refuses while a worker reads it, ends that session with `--force`,
+/// and the slot is gone (no WAL retained for it any more).
+#[test]
+fn slot_drop_refuses_a_slot_in_use_and_removes_it() {
+    use support::projects::walcast;
+    let stack = Stack::start("stream");
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(EXIT);
+    let out = walcast(&stack, &["slot", "status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["slot"], "walcast_cdc_slot", "{status}");
+    assert_eq!(status["plugin"], "wal2json", "{status}");
+    assert_eq!(status["active"], true, "{status}");
+
+    let refused = walcast(&stack, &["slot", "drop"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a slot in use must not be dropped"
+    );
+    assert!(err.contains("stop every cdc-worker first"), "{err}");
+    let count = || stack.sql("SELECT count(*) FROM pg_replication_slots");
+    assert_eq!(count(), "1");
+
+    worker.kill9();
+    let forced = walcast(&stack, &["slot", "drop", "--force"]);
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    assert_eq!(count(), "0");
+    let again = walcast(&stack, &["slot", "drop"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no replication slot named"));
+}

@@ -6,6 +6,9 @@ use clap::{Args, ValueEnum};
 use walcast_cdc::{CdcConfig, PollerConfig, RlsMode, RlsOptions, SourceKind};
 use walcast_lease::LeaseMode;
 
+/// The logical replication slot's default name.
+pub const DEFAULT_SLOT_NAME: &str = "walcast_cdc_slot";
+
 #[derive(Args, Clone, Debug)]
 pub struct DbArgs {
     /// Postgres connection URL (tables, registry, RLS checks).
@@ -34,7 +37,7 @@ pub struct CdcArgs {
     #[arg(long, env = "CDC_ACK_INTERVAL_MS", default_value_t = 100)]
     pub ack_interval_ms: u64,
     /// Name of the logical replication slot (created with wal2json when missing).
-    #[arg(long, env = "CDC_SLOT_NAME", default_value = "walcast_cdc_slot")]
+    #[arg(long, env = "CDC_SLOT_NAME", default_value = DEFAULT_SLOT_NAME)]
     pub slot_name: String,
     /// Row-level-security checkers, each with its own Postgres connection; a project is
     /// routed to one by hash, so its changes stay in order while projects are checked

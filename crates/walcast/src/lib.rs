@@ -8,5 +8,6 @@ pub mod http;
 pub mod project;
 pub mod serve;
 pub mod shutdown;
+pub mod slot;
 pub mod telemetry;
 pub mod ws_front;

@@ -31,6 +31,8 @@ enum Command {
     Tail(TailArgs),
     /// Print a signed API key / access token (HS256 JWT) for a role.
     Key(walcast::admin::KeyArgs),
+    /// Inspect or drop the logical replication slot (to remove walcast cleanly).
+    Slot(walcast::slot::SlotArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -88,5 +90,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Project(args) => walcast::project::project(args).await,
         Command::Tail(args) => walcast::admin::tail(args).await,
         Command::Key(args) => walcast::admin::key(args),
+        Command::Slot(args) => walcast::slot::slot(args).await,
     }
 }
