@@ -218,3 +218,79 @@ async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
         "{log}"
     );
 }
+
+/// NATS over TLS with nkey authentication: a cdc-worker and a ws-front given the CA
+/// (`NATS_CA_FILE`) and a user's nkey seed (`NATS_NKEY_FILE`) deliver a change to a
+/// client; a front trusting another CA never connects and says so on `/readyz` and
+/// `/health`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_with_an_nkey() {
+    use support::ws::{anon, Ws};
+    use support::Worker;
+    use walcast_testkit::tls::TestCerts;
+    use walcast_testkit::{Nats, Postgres};
+
+    let certs = TestCerts::generate().expect("test certificates (needs openssl)");
+    let user = nkeys::KeyPair::new_user();
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("user.nk");
+    std::fs::write(&seed, user.seed().unwrap()).unwrap();
+    let conf = format!(
+        "tls {{ cert_file: {:?}, key_file: {:?} }}\nauthorization {{ users = [ {{ nkey: {} }} ] }}\n",
+        certs.server_cert.display().to_string(),
+        certs.server_key.display().to_string(),
+        user.public_key()
+    );
+    let nats = Nats::start_with_conf(Some(conf)).expect("nats-server with TLS and nkeys");
+    let url = format!("tls://localhost:{}", nats.port());
+    let pg = Postgres::start().unwrap();
+    let stack = Stack {
+        pg,
+        nats,
+        source: "stream",
+    };
+    stack.sql("CREATE TABLE t (id int PRIMARY KEY)");
+    stack.enable("t");
+    let (ca, nk) = (certs.ca.display().to_string(), seed.display().to_string());
+    let auth = [
+        ("NATS_CA_FILE", ca.as_str()),
+        ("NATS_NKEY_FILE", nk.as_str()),
+    ];
+    let mut worker = Worker::spawn(&stack.pg.url(), &url, &auth);
+    worker.wait_active(Duration::from_secs(60));
+    let mut front = Worker::front(&url, &auth);
+    front.wait_http(Duration::from_secs(60));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while front.status("/readyz").0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            front.status("/readyz")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut ws = Ws::connect(&front.ws_url(&anon())).await;
+    ws.join_subscribed(
+        "realtime:t",
+        serde_json::json!([{"event": "INSERT", "schema": "public", "table": "t"}]),
+    )
+    .await;
+    stack.sql("INSERT INTO t VALUES (7)");
+    let f = loop {
+        let f = ws.recv_frame().await;
+        if f[3] == "postgres_changes" {
+            break f;
+        }
+    };
+    assert_eq!(f[4]["data"]["record"]["id"], 7, "{f}");
+
+    // Trusting another CA: never connected, and /readyz says why it is not ready.
+    let other = certs.other_ca.display().to_string();
+    let mut wrong = Worker::front(&url, &[("NATS_CA_FILE", &other), ("NATS_NKEY_FILE", &nk)]);
+    wrong.wait_http(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(2));
+    let (status, why) = wrong.status("/readyz");
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("NATS"), "{why}");
+    assert_eq!(wrong.health().unwrap()["bus_connected"], false);
+}

@@ -58,7 +58,16 @@ pub enum Bus {
 impl Bus {
     /// Connect to NATS (retrying in the background after the first failure is reported).
     pub async fn nats(url: &str, name: &str) -> Result<Bus, BusError> {
-        NatsBus::connect(url, name).await.map(Bus::Nats)
+        Bus::nats_with(url, name, &crate::nats::NatsAuth::default()).await
+    }
+
+    /// Like [`Bus::nats`], with a CA, credentials or an nkey.
+    pub async fn nats_with(
+        url: &str,
+        name: &str,
+        auth: &crate::nats::NatsAuth,
+    ) -> Result<Bus, BusError> {
+        NatsBus::connect(url, name, auth).await.map(Bus::Nats)
     }
 
     /// An in-process bus; `capacity` bounds each subscriber's queue (older messages are

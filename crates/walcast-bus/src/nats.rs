@@ -27,9 +27,51 @@ struct Barrier {
     sub: Mutex<async_nats::Subscriber>,
 }
 
+/// How to trust and authenticate to the NATS server, beyond its URL (which may carry a
+/// user and password, and `tls://` to require TLS).
+#[derive(Clone, Debug, Default)]
+pub struct NatsAuth {
+    /// PEM file of the CA that signed the server's certificate (TLS is then required).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A `.creds` file (user JWT and nkey seed), as `nsc` writes them.
+    pub creds_file: Option<std::path::PathBuf>,
+    /// A file holding a user nkey seed (`SU…`).
+    pub nkey_file: Option<std::path::PathBuf>,
+}
+
+impl NatsAuth {
+    async fn options(&self, url: &str) -> Result<ConnectOptions, BusError> {
+        let fail = |message: String| BusError::Connect {
+            url: url.to_string(),
+            message,
+        };
+        let mut o = ConnectOptions::new();
+        if let Some(path) = &self.creds_file {
+            o = o
+                .credentials_file(path)
+                .await
+                .map_err(|e| fail(format!("credentials file {}: {e}", path.display())))?;
+        }
+        if let Some(path) = &self.nkey_file {
+            let seed = std::fs::read_to_string(path)
+                .map_err(|e| fail(format!("nkey seed file {}: {e}", path.display())))?;
+            o = o.nkey(seed.trim().to_string());
+        }
+        if let Some(path) = &self.ca_file {
+            if !path.is_file() {
+                return Err(fail(format!("CA file {} does not exist", path.display())));
+            }
+            o = o.add_root_certificates(path.clone()).require_tls(true);
+        }
+        Ok(o)
+    }
+}
+
 impl NatsBus {
-    pub async fn connect(url: &str, name: &str) -> Result<NatsBus, BusError> {
-        let client = ConnectOptions::new()
+    pub async fn connect(url: &str, name: &str, auth: &NatsAuth) -> Result<NatsBus, BusError> {
+        let client = auth
+            .options(url)
+            .await?
             .name(name)
             .retry_on_initial_connect()
             .max_reconnects(None)

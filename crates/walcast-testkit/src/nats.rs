@@ -17,8 +17,8 @@ const INSTALL_NATS: &str = "apt-get update && apt-get install -y nats-server \
 /// A running nats-server with JetStream; stopped and deleted on drop.
 pub struct Nats {
     binary: PathBuf,
-    /// `max_payload` in bytes, when not the server's default (1 MiB).
-    max_payload: Option<usize>,
+    /// A configuration file's text (`max_payload`, `tls`, `authorization` …), if any.
+    conf: Option<String>,
     port: u16,
     process: Option<Supervised>,
     dir: TempDir,
@@ -31,6 +31,13 @@ impl Nats {
 
     /// A server whose `max_payload` (largest message) is `max_payload` bytes.
     pub fn start_with_max_payload(max_payload: Option<usize>) -> Result<Nats, KitError> {
+        Nats::start_with_conf(max_payload.map(|max| format!("max_payload: {max}\n")))
+    }
+
+    /// A server with this configuration file text (the listen address, port and
+    /// JetStream store are set by flags and still apply): e.g. a `tls { … }` block or an
+    /// `authorization { … }` one.
+    pub fn start_with_conf(conf: Option<String>) -> Result<Nats, KitError> {
         let binary = find_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("walcast-nats-")
@@ -38,7 +45,7 @@ impl Nats {
             .map_err(|e| KitError::io("creating temp dir", e))?;
         let mut nats = Nats {
             binary,
-            max_payload,
+            conf,
             port: 0,
             process: None,
             dir,
@@ -66,11 +73,10 @@ impl Nats {
             "-sd".into(),
             self.dir.path().join("store").display().to_string(),
         ];
-        if let Some(max) = self.max_payload {
-            // Only a configuration file sets it; the flags above still apply.
+        if let Some(text) = &self.conf {
+            // Some settings only a configuration file sets; the flags above still apply.
             let conf = self.dir.path().join("nats.conf");
-            std::fs::write(&conf, format!("max_payload: {max}\n"))
-                .map_err(|e| KitError::io("writing nats.conf", e))?;
+            std::fs::write(&conf, text).map_err(|e| KitError::io("writing nats.conf", e))?;
             args.push("-c".into());
             args.push(conf.display().to_string());
         }

@@ -89,6 +89,8 @@ pub struct TailArgs {
     /// NATS server the cdc-worker publishes to.
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
+    #[command(flatten)]
+    pub nats_auth: crate::config::NatsAuthArgs,
     /// Subject pattern to follow.
     #[arg(long, default_value = walcast_bus::subject::REALTIME_ALL)]
     pub subject: String,
@@ -99,7 +101,7 @@ pub struct TailArgs {
 
 /// Print change events as JSON lines.
 pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
-    let bus = Bus::nats(&args.nats_url, "walcast-tail")
+    let bus = Bus::nats_with(&args.nats_url, "walcast-tail", &args.nats_auth.auth())
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.nats_url)))?;
     let mut sub = bus.subscribe(&args.subject).await?;

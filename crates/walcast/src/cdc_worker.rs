@@ -32,6 +32,8 @@ pub struct CdcWorkerConfig {
     #[arg(long, env = "NATS_URL")]
     pub nats_url: String,
     #[command(flatten)]
+    pub nats_auth: crate::config::NatsAuthArgs,
+    #[command(flatten)]
     pub http: HttpArgs,
     #[command(flatten)]
     pub log: LogArgs,
@@ -308,10 +310,13 @@ fn lease_identity() -> String {
 /// Entry point of the `cdc-worker` binary.
 pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
-    tracing::info!(config = %describe(&cfg.db, &cfg.cdc, Some(&cfg.nats_url), &cfg.http), "cdc-worker starting");
+    let mut described = describe(&cfg.db, &cfg.cdc, Some(&cfg.nats_url), &cfg.http);
+    described["nats_auth"] = cfg.nats_auth.describe();
+    tracing::info!(config = %described, "cdc-worker starting");
     let metrics = crate::telemetry::init_metrics()?;
     let origin = instance_id();
-    let bus = Bus::nats(&cfg.nats_url, &format!("walcast-cdc-worker-{origin}"))
+    let name = format!("walcast-cdc-worker-{origin}");
+    let bus = Bus::nats_with(&cfg.nats_url, &name, &cfg.nats_auth.auth())
         .await
         .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))

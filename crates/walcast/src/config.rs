@@ -6,6 +6,40 @@ use clap::{Args, ValueEnum};
 use walcast_cdc::{CdcConfig, PollerConfig, RlsMode, RlsOptions, SourceKind};
 use walcast_lease::LeaseMode;
 
+/// How to trust and authenticate to NATS beyond `NATS_URL` (which may carry a user and
+/// password, and `tls://` to require TLS).
+#[derive(Args, Clone, Debug, Default)]
+pub struct NatsAuthArgs {
+    /// PEM file of the CA that signed the NATS server's certificate (TLS is then required).
+    #[arg(long, env = "NATS_CA_FILE")]
+    pub nats_ca_file: Option<std::path::PathBuf>,
+    /// NATS credentials file (user JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, env = "NATS_CREDS_FILE")]
+    pub nats_creds_file: Option<std::path::PathBuf>,
+    /// File holding a NATS user nkey seed (`SU…`).
+    #[arg(long, env = "NATS_NKEY_FILE")]
+    pub nats_nkey_file: Option<std::path::PathBuf>,
+}
+
+impl NatsAuthArgs {
+    pub fn auth(&self) -> walcast_bus::NatsAuth {
+        walcast_bus::NatsAuth {
+            ca_file: self.nats_ca_file.clone(),
+            creds_file: self.nats_creds_file.clone(),
+            nkey_file: self.nats_nkey_file.clone(),
+        }
+    }
+
+    /// For the effective configuration (file paths, not their contents).
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "nats_ca_file": self.nats_ca_file,
+            "nats_creds_file": self.nats_creds_file,
+            "nats_nkey_file": self.nats_nkey_file,
+        })
+    }
+}
+
 /// The logical replication slot's default name.
 pub const DEFAULT_SLOT_NAME: &str = "walcast_cdc_slot";
 

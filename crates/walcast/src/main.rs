@@ -44,6 +44,8 @@ struct ServeConfig {
     /// NATS server; unset = in-process bus (single process, no scale-out).
     #[arg(long, env = "NATS_URL")]
     nats_url: Option<String>,
+    #[command(flatten)]
+    nats_auth: walcast::config::NatsAuthArgs,
     /// In-process bus queue size per subscriber (when NATS_URL is unset).
     #[arg(long, env = "BUS_CAPACITY", default_value_t = 65_536)]
     bus_capacity: usize,
@@ -60,11 +62,12 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let mut described =
         walcast::cdc_worker::describe(&cfg.db, &cfg.cdc, cfg.nats_url.as_deref(), &cfg.http);
     described["front"] = cfg.front.describe();
+    described["nats_auth"] = cfg.nats_auth.describe();
     tracing::info!(config = %described, "walcast serve starting");
     let metrics = walcast::telemetry::init_metrics()?;
     let origin = walcast::cdc_worker::instance_id();
     let bus = match &cfg.nats_url {
-        Some(url) => Bus::nats(url, &format!("walcast-{origin}"))
+        Some(url) => Bus::nats_with(url, &format!("walcast-{origin}"), &cfg.nats_auth.auth())
             .await
             .with_context(|| {
                 format!("connecting to NATS at {}", walcast::config::redact_url(url))

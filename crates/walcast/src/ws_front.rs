@@ -21,6 +21,8 @@ pub struct WsFrontConfig {
     #[arg(long, env = "NATS_URL")]
     pub nats_url: String,
     #[command(flatten)]
+    pub nats_auth: crate::config::NatsAuthArgs,
+    #[command(flatten)]
     pub front: FrontArgs,
     #[command(flatten)]
     pub http: HttpArgs,
@@ -32,13 +34,18 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
     let mut described = cfg.front.describe();
     described["nats_url"] = redact_url(&cfg.nats_url).into();
+    described["nats_auth"] = cfg.nats_auth.describe();
     described["listen"] = format!("{}:{}", cfg.http.host, cfg.http.port).into();
     tracing::info!(config = %described, "ws-front starting");
     let metrics = crate::telemetry::init_metrics()?;
     let id = format!("front-{}", crate::cdc_worker::instance_id());
-    let bus = Bus::nats(&cfg.nats_url, &format!("walcast-{id}"))
-        .await
-        .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
+    let bus = Bus::nats_with(
+        &cfg.nats_url,
+        &format!("walcast-{id}"),
+        &cfg.nats_auth.auth(),
+    )
+    .await
+    .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
     let subs = SubsClient::new(&bus, None)?;
     let admin = AdminClient::new(&bus, None)?;
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
