@@ -14,7 +14,8 @@ pg_bindir() {
 }
 
 # Install what the stack and the tests need, when missing: Postgres 15 with wal2json,
-# nats-server, Node.js (for the realtime-js tests), openssl (test certificates).
+# nats-server, Node.js (for the realtime-js tests), openssl (test certificates), Python's
+# venv (for the chart check).
 ensure_system_packages() {
   local need=() bindir
   bindir=$(pg_bindir)
@@ -32,6 +33,9 @@ ensure_system_packages() {
   command -v node >/dev/null 2>&1 || need+=(nodejs)
   command -v npm >/dev/null 2>&1 || need+=(npm)
   command -v openssl >/dev/null 2>&1 || need+=(openssl)
+  # dev/check_chart.py keeps its PyPI packages (helm SDK, Kubernetes schemas) in a venv.
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
   if [ ${#need[@]} -gt 0 ]; then
     echo "installing missing packages: ${need[*]}"
     as_root apt-get update -qq
@@ -42,7 +46,7 @@ ensure_system_packages() {
 
 ensure_rust() {
   if ! command -v cargo >/dev/null 2>&1; then
-    echo "error: no Rust toolchain (cargo) found. Install one with rustup (Rust 1.85 or newer)," >&2
+    echo "error: no Rust toolchain (cargo) found. Install one with rustup (Rust 1.89 or newer)," >&2
     echo "       then run this command again." >&2
     exit 1
   fi

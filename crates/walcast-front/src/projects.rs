@@ -520,7 +520,7 @@ mod tests {
             .collect();
         for (i, t) in tasks.into_iter().enumerate() {
             let r = t.await.unwrap();
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 assert_eq!(r, Ok("p1".to_string()));
             } else {
                 assert!(matches!(r, Err(AuthError::UnknownProject(_))), "{r:?}");

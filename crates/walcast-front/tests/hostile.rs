@@ -236,7 +236,7 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
     for n in 0..N {
         s.change("t", "INSERT", json!({"id": n, "n": n, "pad": pad}), &ids)
             .await;
-        if n % 50 == 0 {
+        if n.is_multiple_of(50) {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }

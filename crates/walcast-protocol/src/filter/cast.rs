@@ -133,7 +133,7 @@ fn parse_uuid(t: &str) -> Option<[u8; 16]> {
     let mut prev_dash = true; // no leading dash
     for c in t.chars() {
         if c == '-' {
-            if prev_dash || n % 4 != 0 {
+            if prev_dash || !n.is_multiple_of(4) {
                 return None;
             }
             prev_dash = true;
@@ -141,7 +141,11 @@ fn parse_uuid(t: &str) -> Option<[u8; 16]> {
         }
         let v = c.to_digit(16)? as u8;
         let slot = out.get_mut(n / 2)?;
-        *slot = if n % 2 == 0 { v << 4 } else { *slot | v };
+        *slot = if n.is_multiple_of(2) {
+            v << 4
+        } else {
+            *slot | v
+        };
         n += 1;
         prev_dash = false;
     }
