@@ -241,7 +241,7 @@ pub async fn run(
             let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
                 api_url: None,
                 namespace: cdc.lease.lease_namespace.clone(),
-                name: lease_name(cdc),
+                name: kubernetes_name(&lease_name(cdc)),
                 identity: lease_identity(),
                 duration: Duration::from_secs(cdc.lease.lease_duration_secs.max(3)),
             };
@@ -294,6 +294,24 @@ fn lease_name(cdc: &CdcArgs) -> String {
         .unwrap_or_else(|| cdc.slot_name.clone())
 }
 
+/// A valid Kubernetes object name (RFC 1123 subdomain: lower case, digits, `-`, `.`) for
+/// a lease name: the default, the slot name `walcast_cdc_slot`, becomes
+/// `walcast-cdc-slot` (the Postgres lease keeps the name as it is).
+fn kubernetes_name(name: &str) -> String {
+    let mapped: String = name
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
+            _ => '-',
+        })
+        .collect();
+    let trimmed = mapped.trim_matches(|c: char| c == '-' || c == '.');
+    match trimmed.is_empty() {
+        true => "walcast".to_string(),
+        false => trimmed.chars().take(253).collect(),
+    }
+}
+
 /// This worker's Lease `holderIdentity`: the pod name (`HOSTNAME` in Kubernetes), else
 /// one made up for this process.
 fn lease_identity() -> String {
@@ -332,4 +350,17 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         &cfg.db, &cfg.cdc, bus, registrar, admin, None, origin, listener, metrics, cancel,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lease_names_become_valid_kubernetes_names() {
+        assert_eq!(
+            super::kubernetes_name("walcast_cdc_slot"),
+            "walcast-cdc-slot"
+        );
+        assert_eq!(super::kubernetes_name("My.Lease_1"), "my.lease-1");
+        assert_eq!(super::kubernetes_name("__"), "walcast");
+    }
 }
