@@ -15,17 +15,45 @@ fn failing_worker(pg: Postgres, extra: &[(&str, &str)]) -> (bool, String) {
     worker.wait_exit(EXIT)
 }
 
+/// Without wal2json the worker does not exit: it waits, unready (`/readyz` 503 naming
+/// the package to install, `/livez` 200), and starts by itself once wal2json is there.
 #[test]
-fn missing_wal2json_says_which_package_to_install() {
+fn missing_wal2json_says_which_package_to_install_and_is_waited_for() {
     // Postgres looks the plugin up in dynamic_library_path: an empty directory hides it.
     let empty = tempfile::tempdir().unwrap();
     let pg = Postgres::builder()
         .setting("dynamic_library_path", &empty.path().display().to_string())
         .start()
         .unwrap();
-    let (ok, log) = failing_worker(pg, &[]);
-    assert!(!ok, "must exit non-zero:\n{log}");
-    assert!(log.contains("install postgresql-15-wal2json"), "{log}");
+    let libdir = pg.bindir().join("../lib").canonicalize().unwrap();
+    let stack = Stack::with_pg(pg, "poll");
+    let mut worker = stack.worker(&[]);
+    worker.wait_http(EXIT);
+    let deadline = std::time::Instant::now() + EXIT;
+    let (status, why) = loop {
+        let Some((status, why)) = support::http_request(worker.port, "GET", "/readyz", &[], None)
+        else {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}",
+                worker.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        if why.contains("wal2json") || std::time::Instant::now() > deadline {
+            break (status, why);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("install postgresql-15-wal2json"), "{why}");
+    assert_eq!(worker.status("/livez").0, 200);
+    assert!(worker.log_text().contains("install postgresql-15-wal2json"));
+    // "Install" it: the server finds it at the next attempt.
+    std::fs::copy(libdir.join("wal2json.so"), empty.path().join("wal2json.so")).unwrap();
+    worker.wait_active(EXIT);
+    assert_eq!(worker.status("/readyz"), (200, "ready".to_string()));
 }
 
 #[test]

@@ -28,11 +28,16 @@ pub enum PreflightError {
 }
 
 impl PreflightError {
-    /// Errors that retrying cannot fix: configuration the operator must change.
+    /// Errors that retrying cannot fix: configuration the operator must change. A missing
+    /// wal2json is retried instead (with `/readyz` 503 saying what to install): installing
+    /// the package on the database host needs no restart, so the worker then starts by
+    /// itself.
     pub fn is_fatal(&self) -> bool {
         !matches!(
             self,
-            PreflightError::SlotInUse { .. } | PreflightError::Db(_)
+            PreflightError::SlotInUse { .. }
+                | PreflightError::Db(_)
+                | PreflightError::Wal2jsonMissing { .. }
         )
     }
 }
