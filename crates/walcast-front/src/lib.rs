@@ -144,7 +144,7 @@ impl Front {
         let resync = bus.subscribe(SUBJECT_RESYNC).await?;
         let tracker = TaskTracker::new();
         let remote_diffs = presence.remote_diffs();
-        let shared = Arc::new(Shared::new(
+        let (shared, background) = Shared::new(
             cfg,
             front_id,
             bus,
@@ -153,6 +153,12 @@ impl Front {
             presence,
             cancel.clone(),
             tracker.clone(),
+        );
+        let shared = Arc::new(shared);
+        tracker.spawn(registration::background_loop(
+            shared.clone(),
+            background,
+            cancel.clone(),
         ));
         tracker.spawn(fanout::run(shared.clone(), changes, cancel.clone()));
         tracker.spawn(broadcast::relay_loop(

@@ -28,6 +28,12 @@ use crate::telemetry;
 
 /// Attempts of a background registration before the client is told it failed.
 const BACKGROUND_ATTEMPTS: usize = 3;
+/// Joined subscriptions waiting for their background registration; when full, a join
+/// waits for the worker instead.
+pub(crate) const BACKGROUND_QUEUE: usize = 65_536;
+
+/// A subscription in effect whose registration with the worker is still to be sent.
+pub(crate) type Background = (u64, SubscriptionSpec);
 
 /// Refused ids → the worker's reason.
 pub(crate) type Refused = HashMap<String, String>;
@@ -92,31 +98,48 @@ pub(crate) async fn register_join(
     subs: &[u64],
     specs: Vec<SubscriptionSpec>,
 ) -> Result<Refused, String> {
-    let mut fast = Vec::new();
     let mut slow = Vec::new();
     for (n, mut spec) in subs.iter().zip(specs) {
-        match shared.registry.claim_ready(&class_key(&spec)) {
-            Some(from) => {
-                shared
-                    .registry
-                    .set_from(std::slice::from_ref(&spec.id), from);
-                spec.from = Some(from);
-                fast.push((*n, spec));
-            }
-            None => slow.push(spec),
+        let class = class_key(&spec);
+        let Some(from) = shared.registry.claim_ready(&class) else {
+            slow.push(spec);
+            continue;
+        };
+        let mut queued = spec.clone();
+        queued.from = Some(from);
+        if shared.background.try_send((*n, queued)).is_err() {
+            // The queue is full (or closing): this one waits for the worker.
+            shared.registry.end_pending(std::slice::from_ref(&class));
+            slow.push(spec);
+            continue;
         }
-    }
-    if !fast.is_empty() {
-        metrics::counter!(telemetry::REGISTRATIONS, "path" => "ready_class")
-            .increment(fast.len() as u64);
-        let classes: Vec<String> = fast.iter().map(|(_, s)| class_key(s)).collect();
-        let shared2 = shared.clone();
-        shared.tracker.spawn(async move {
-            register_in_background(&shared2, fast).await;
-            shared2.registry.end_pending(&classes);
-        });
+        shared
+            .registry
+            .set_from(std::slice::from_ref(&spec.id), from);
+        spec.from = Some(from);
+        metrics::counter!(telemetry::REGISTRATIONS, "path" => "ready_class").increment(1);
     }
     register(shared, slow).await
+}
+
+/// Send the background registrations in batches (of up to `resync_batch`), one batch at
+/// a time: a burst of joins costs the worker a few requests, not one per join.
+pub(crate) async fn background_loop(
+    shared: Arc<Shared>,
+    mut queue: tokio::sync::mpsc::Receiver<Background>,
+    cancel: CancellationToken,
+) {
+    let max = shared.cfg.resync_batch.max(1);
+    loop {
+        let mut batch = Vec::with_capacity(max);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            n = queue.recv_many(&mut batch, max) => if n == 0 { return },
+        }
+        let classes: Vec<String> = batch.iter().map(|(_, s)| class_key(s)).collect();
+        register_in_background(&shared, batch).await;
+        shared.registry.end_pending(&classes);
+    }
 }
 
 /// The worker's registration of subscriptions already in effect; one it refuses (the

@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub draining: AtomicBool,
     /// Open WebSocket connections, to close them one by one when draining.
     pub conns: Mutex<HashMap<u64, Arc<ConnHandle>>>,
+    /// Joined subscriptions to register with the worker in the background (see
+    /// [`crate::registration::background_loop`]).
+    pub background: tokio::sync::mpsc::Sender<crate::registration::Background>,
     next_id: AtomicU64,
 }
 
@@ -51,8 +54,13 @@ impl Shared {
         presence: Arc<dyn PresenceStore>,
         cancel: CancellationToken,
         tracker: TaskTracker,
-    ) -> Shared {
-        Shared {
+    ) -> (
+        Shared,
+        tokio::sync::mpsc::Receiver<crate::registration::Background>,
+    ) {
+        let (background, queue) = tokio::sync::mpsc::channel(crate::registration::BACKGROUND_QUEUE);
+        let shared = Shared {
+            background,
             registry: Registry::new(&front_id),
             cfg,
             front_id,
@@ -70,7 +78,8 @@ impl Shared {
             draining: AtomicBool::new(false),
             conns: Mutex::default(),
             next_id: AtomicU64::new(1),
-        }
+        };
+        (shared, queue)
     }
 
     pub(crate) fn is_draining(&self) -> bool {
