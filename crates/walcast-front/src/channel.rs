@@ -146,47 +146,15 @@ impl Conn {
             let close = self.out(&server::phx_close(old.join_ref.as_deref(), topic));
             self.close_channel(old, close.into_iter().collect()).await;
         }
-        let cfg = &self.shared.cfg;
-        if self.channels.len() >= cfg.max_channels_per_socket {
-            telemetry::limit("channels");
-            let text = format!(
-                "Too many channels (max {} per connection)",
-                cfg.max_channels_per_socket
-            );
-            return self.join_error(f, "TooManyChannels", &text);
+        if let Err((code, text)) = self.join_limits(req.config.postgres_changes.len()) {
+            return self.join_error(f, code, &text);
         }
-        let bindings = req.config.postgres_changes;
-        if bindings.len() > cfg.max_bindings_per_channel {
-            telemetry::limit("bindings");
-            let text = format!(
-                "Too many postgres_changes bindings (max {} per channel)",
-                cfg.max_bindings_per_channel
-            );
-            return self.join_error(f, "TooManyBindings", &text);
-        }
-        let token = req
-            .access_token
-            .filter(|t| !t.is_empty() && !t.starts_with("sb_"))
-            .unwrap_or_else(|| self.apikey.clone());
-        let auth = match self.verify(&token).await {
+        let (token, auth) = match self.join_credentials(&req).await {
             Ok(v) => v,
-            Err(e) => {
-                telemetry::error("auth");
-                return self.join_error(f, e.code(), &e.to_string());
-            }
+            Err(e) => return self.join_error(f, e.code(), &e.to_string()),
         };
-        // Tenant isolation: only the project's own schema (the worker also refuses any
-        // table not enabled for this project).
-        if let Some(e) = bindings
-            .iter()
-            .find_map(|b| auth.check_schema(&b.schema).err())
-        {
-            telemetry::error("schema_not_allowed");
-            return self.join_error(f, e.code(), &e.to_string());
-        }
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);
-        let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
         let id = self.shared.next_id();
         let key = TopicKey {
             project: self.project.clone(),
@@ -202,65 +170,17 @@ impl Conn {
             req.config.presence.enabled,
             self.shared.cfg.outbound_queue,
         ));
-        // Subscriptions are routable before the worker confirms them: changes matched
-        // in between wait in the channel's gate until the reply is queued.
-        let shared = self.shared.clone();
-        let mut subs = Vec::with_capacity(bindings.len());
-        let mut specs = Vec::with_capacity(bindings.len());
-        for b in &bindings {
-            let (n, sid) = shared.registry.alloc();
-            let spec = registry::spec_for(sid, &shared.front_id, &self.project, b, &claims);
-            specs.push(spec.clone());
-            shared.registry.insert(
-                n,
-                Target {
-                    sink: Sink::Ws(out.clone()),
-                    binding: b.id,
-                    spec,
-                },
-            );
-            subs.push(n);
-        }
-        shared.topics.add(&key, out.clone());
-        let refused = match registration::register_join(&shared, &subs, specs.clone()).await {
-            Ok(r) => r,
-            Err(e) => {
-                out.close(Vec::new());
-                shared.topics.remove(&key, id);
-                // The worker may still register them late: drop them there too.
-                let removed = shared.registry.remove(&subs);
-                registration::unregister(&shared, removed).await;
-                return self.join_error(f, "UnableToSubscribe", &e);
-            }
+        let bindings = req.config.postgres_changes;
+        let (subs, refused) = match self.subscribe(&out, &key, &bindings, &claims).await {
+            Ok(v) => v,
+            Err(e) => return self.join_error(f, "UnableToSubscribe", &e),
         };
-        // Keep only the accepted subscriptions.
-        let refused_ns: Vec<u64> = subs
-            .iter()
-            .zip(&specs)
-            .filter(|(_, s)| refused.contains_key(&s.id))
-            .map(|(n, _)| *n)
-            .collect();
-        shared.registry.remove(&refused_ns);
-        subs.retain(|n| !refused_ns.contains(n));
-
-        let mut first = Vec::with_capacity(3);
-        first.extend(self.out(&server::join_reply_ok(
-            f.join_ref.as_deref(),
-            f.ref_.as_deref(),
-            topic,
-            &bindings,
-        )));
-        if !bindings.is_empty() {
-            first.extend(self.out(&subscribed_message(join_ref.as_deref(), topic, &refused)));
-        }
-        if req.config.presence.enabled {
-            let metas = shared.presence.list(key.clone()).await;
-            let state = presence::presence_map(&metas);
-            first.extend(self.out(&server::presence_state(join_ref.as_deref(), topic, &state)));
-        }
+        let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
+        let presence = req.config.presence.enabled.then_some(&key);
+        let first = self.first_frames(f, &bindings, &refused, presence).await;
         out.open(first);
         metrics::counter!(telemetry::JOINS, "result" => "ok").increment(1);
-        shared
+        self.shared
             .channels
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::gauge!(telemetry::CHANNELS).increment(1.0);
@@ -269,23 +189,142 @@ impl Conn {
             k => k.to_string(),
         };
         let check_at = self.check_at(exp);
-        self.channels.insert(
-            topic.to_string(),
-            Channel {
-                id,
-                join_ref,
-                key,
-                out,
-                bindings,
-                subs,
-                token,
-                exp,
-                check_at,
-                presence_key,
-                tracked: false,
-                ack: req.config.broadcast.ack,
-            },
+        let channel = Channel {
+            id,
+            join_ref,
+            key,
+            out,
+            bindings,
+            subs,
+            token,
+            exp,
+            check_at,
+            presence_key,
+            tracked: false,
+            ack: req.config.broadcast.ack,
+        };
+        self.channels.insert(topic.to_string(), channel);
+    }
+
+    /// What a joined channel says first: the join reply, the `system` message of its
+    /// bindings (subscribed, or the refusals), and the `presence_state` if presence is on.
+    async fn first_frames(
+        &self,
+        f: &Frame,
+        bindings: &[PgChangeBinding],
+        refused: &registration::Refused,
+        presence: Option<&TopicKey>,
+    ) -> Vec<Out> {
+        let (topic, join_ref) = (
+            f.topic.as_str(),
+            f.join_ref.as_deref().or(f.ref_.as_deref()),
         );
+        let reply =
+            server::join_reply_ok(f.join_ref.as_deref(), f.ref_.as_deref(), topic, bindings);
+        let mut first: Vec<Out> = self.out(&reply).into_iter().collect();
+        if !bindings.is_empty() {
+            first.extend(self.out(&subscribed_message(join_ref, topic, refused)));
+        }
+        if let Some(key) = presence {
+            let metas = self.shared.presence.list(key.clone()).await;
+            let state = presence::presence_map(&metas);
+            first.extend(self.out(&server::presence_state(join_ref, topic, &state)));
+        }
+        first
+    }
+
+    /// The socket's channel limit and the channel's binding limit.
+    fn join_limits(&self, bindings: usize) -> Result<(), (&'static str, String)> {
+        let cfg = &self.shared.cfg;
+        if self.channels.len() >= cfg.max_channels_per_socket {
+            telemetry::limit("channels");
+            let text = format!(
+                "Too many channels (max {} per connection)",
+                cfg.max_channels_per_socket
+            );
+            return Err(("TooManyChannels", text));
+        }
+        if bindings > cfg.max_bindings_per_channel {
+            telemetry::limit("bindings");
+            let text = format!(
+                "Too many postgres_changes bindings (max {} per channel)",
+                cfg.max_bindings_per_channel
+            );
+            return Err(("TooManyBindings", text));
+        }
+        Ok(())
+    }
+
+    /// The join's token (its `access_token`, else the socket's apikey), verified, with the
+    /// bindings' schemas checked: tenant isolation allows only the project's own schema
+    /// (the worker also refuses any table not enabled for this project).
+    async fn join_credentials(&self, req: &JoinRequest) -> Result<(String, Verified), AuthError> {
+        let token = req
+            .access_token
+            .clone()
+            .filter(|t| !t.is_empty() && !t.starts_with("sb_"))
+            .unwrap_or_else(|| self.apikey.clone());
+        let auth = self
+            .verify(&token)
+            .await
+            .inspect_err(|_| telemetry::error("auth"))?;
+        for b in &req.config.postgres_changes {
+            auth.check_schema(&b.schema)
+                .inspect_err(|_| telemetry::error("schema_not_allowed"))?;
+        }
+        Ok((token, auth))
+    }
+
+    /// Make the bindings routable to `out` (changes matched before the join reply wait in
+    /// its gate), register them, and keep the accepted ones: their numbers, and the
+    /// refused ids with the worker's reasons. `Err`: the registration itself failed
+    /// (nothing is left behind).
+    async fn subscribe(
+        &self,
+        out: &Arc<ChanOut>,
+        key: &TopicKey,
+        bindings: &[PgChangeBinding],
+        claims: &Value,
+    ) -> Result<(Vec<u64>, registration::Refused), String> {
+        let shared = &self.shared;
+        let mut subs = Vec::with_capacity(bindings.len());
+        let mut specs = Vec::with_capacity(bindings.len());
+        for b in bindings {
+            let (n, sid) = shared.registry.alloc();
+            let spec = registry::spec_for(sid, &shared.front_id, &self.project, b, claims);
+            specs.push(spec.clone());
+            let sink = Sink::Ws(out.clone());
+            shared.registry.insert(
+                n,
+                Target {
+                    sink,
+                    binding: b.id,
+                    spec,
+                },
+            );
+            subs.push(n);
+        }
+        shared.topics.add(key, out.clone());
+        let refused = match registration::register_join(shared, &subs, specs.clone()).await {
+            Ok(r) => r,
+            Err(e) => {
+                out.close(Vec::new());
+                shared.topics.remove(key, out.id);
+                // The worker may still register them late: drop them there too.
+                let removed = shared.registry.remove(&subs);
+                registration::unregister(shared, removed).await;
+                return Err(e);
+            }
+        };
+        let refused_ns: Vec<u64> = subs
+            .iter()
+            .zip(&specs)
+            .filter(|(_, s)| refused.contains_key(&s.id))
+            .map(|(n, _)| *n)
+            .collect();
+        shared.registry.remove(&refused_ns);
+        subs.retain(|n| !refused_ns.contains(n));
+        Ok((subs, refused))
     }
 
     async fn verify(&self, token: &str) -> Result<Verified, AuthError> {

@@ -60,7 +60,7 @@ use walcast_bus::ChangeEvent;
 use walcast_protocol::{EncodedChange, PgChangeBinding, RawValue};
 use walcast_wal2json::Lsn;
 
-use crate::auth::now_secs;
+use crate::auth::{now_secs, Verified};
 use crate::http::error_response;
 use crate::registration;
 use crate::registry::{self, Sink, Target};
@@ -216,29 +216,9 @@ pub(crate) async fn handler(
     if shared.is_draining() {
         return crate::http::draining_response();
     }
-    let header_key = headers
-        .get("apikey")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| {
-            headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-        });
-    let apikey = p.apikey.as_deref().or(header_key).unwrap_or("");
-    let socket = match shared.projects.verify(apikey).await {
+    let (socket, user) = match credentials(&shared, &p, &headers).await {
         Ok(v) => v,
-        Err(e) => return error_response(crate::http::auth_status(&e), &e.to_string()),
-    };
-    let token = p.access_token.as_deref().unwrap_or(apikey);
-    let user = match shared
-        .projects
-        .verify_for(&socket.project, token)
-        .await
-        .and_then(|v| v.require_role_and_exp().map(|_| v))
-    {
-        Ok(v) => v,
-        Err(e) => return error_response(crate::http::auth_status(&e), &e.to_string()),
+        Err(r) => return r,
     };
     let binding = match binding_from(&p, &socket.schema) {
         Ok(b) => b,
@@ -248,107 +228,25 @@ pub(crate) async fn handler(
         crate::telemetry::error("schema_not_allowed");
         return error_response(StatusCode::FORBIDDEN, &e.to_string());
     }
-    let resume = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .or(p.last_event_id.as_deref())
-        .filter(|s| !s.is_empty());
-    let resume = match resume.map(|s| parse_pos(s).ok_or(s)) {
-        None => None,
-        Some(Ok(pos)) => Some(pos),
-        Some(Err(s)) => return bad(format!("Last-Event-ID {s:?} is not <lsn>:<seq>")),
+    let resume = match resume_from(&p, &headers) {
+        Ok(r) => r,
+        Err(e) => return bad(e),
     };
     let name = p.channel.clone().unwrap_or_else(|| "sse".to_string());
-    let claims = Value::Object(user.claims.clone());
     let key = SseKey {
         project: socket.project.clone(),
         channel: name.clone(),
         binding: binding.raw.get().to_string(),
         identity: identity(&user.claims),
     };
-    // The reader is counted under the hub lock, so the reaper never drops a stream in use.
-    let (chan, guard) = {
-        let mut hub = shared.sse.lock();
-        let chan = hub
-            .entry(key.clone())
-            .or_insert_with(|| {
-                let (sub, sub_id) = shared.registry.alloc();
-                let spec =
-                    registry::spec_for(sub_id, &shared.front_id, &key.project, &binding, &claims);
-                let chan = Arc::new(SseChannel {
-                    id: shared.next_id(),
-                    key: key.clone(),
-                    sub,
-                    binding: binding.clone(),
-                    cap: shared.cfg.history_size.max(1),
-                    ready: OnceCell::new(),
-                    inner: Mutex::new(Inner {
-                        ring: VecDeque::new(),
-                        evicted: None,
-                        readers: 0,
-                        idle_since: Some(Instant::now()),
-                    }),
-                    live: broadcast::channel(shared.cfg.outbound_queue.max(1)).0,
-                });
-                shared.registry.insert(
-                    sub,
-                    Target {
-                        sink: Sink::Sse(chan.clone()),
-                        binding: binding.id,
-                        spec,
-                    },
-                );
-                chan
-            })
-            .clone();
-        let guard = Reader::new(shared.clone(), chan.clone());
-        (chan, guard)
-    };
-    let ready = chan
-        .ready
-        .get_or_init(|| async {
-            let specs = shared.registry.specs_of(&[chan.sub]);
-            match registration::register(&shared, specs).await {
-                Ok(refused) => match refused.into_values().next() {
-                    None => Ok(()),
-                    Some(why) => Err((StatusCode::BAD_REQUEST, why)),
-                },
-                Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e)),
-            }
-        })
-        .await
-        .clone();
-    if let Err((status, why)) = ready {
+    let claims = Value::Object(user.claims.clone());
+    let (chan, guard) = open_channel(&shared, key, &binding, &claims);
+    if let Err((status, why)) = subscribe(&shared, &chan).await {
         drop(guard);
         discard(&shared, &chan).await;
         return error_response(status, &why);
     }
-    let mut first = VecDeque::new();
-    let ready_data = format!(
-        "{{\"channel\":{},\"postgres_changes\":[{}]}}",
-        Value::from(name.as_str()),
-        chan.binding.reply_entry()
-    );
-    first.push_back(Event::default().event("ready").data(ready_data));
-    let (rx, last) = {
-        let g = chan.lock();
-        let rx = chan.live.subscribe();
-        let mut last = resume;
-        if let Some(from) = resume {
-            if g.evicted.is_some_and(|ev| ev > from) {
-                let oldest = g.ring.front().map_or(String::new(), |i| i.id.clone());
-                first.push_back(Event::default().event("gap").data(format!(
-                    "{{\"reason\":\"history exhausted\",\"oldest\":{}}}",
-                    Value::from(oldest)
-                )));
-            }
-            for item in g.ring.iter().filter(|i| i.pos > from) {
-                first.push_back(item_event(item));
-                last = Some(item.pos);
-            }
-        }
-        (rx, last)
-    };
+    let (first, rx, last) = first_events(&chan, &name, resume);
     let exp = user.exp().unwrap_or(i64::MAX);
     let until_exp = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
     let state = StreamState {
@@ -365,6 +263,148 @@ pub(crate) async fn handler(
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(shared.cfg.sse_keepalive))
         .into_response()
+}
+
+/// The project's key (`apikey` parameter, else the `apikey` header, else `Authorization:
+/// Bearer`) and the user's token (`access_token`, else the key), both verified.
+async fn credentials(
+    shared: &Shared,
+    p: &SseParams,
+    headers: &HeaderMap,
+) -> Result<(Verified, Verified), Response> {
+    let header_key = headers
+        .get("apikey")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        });
+    let apikey = p.apikey.as_deref().or(header_key).unwrap_or("");
+    let refuse =
+        |e: crate::auth::AuthError| error_response(crate::http::auth_status(&e), &e.to_string());
+    let socket = shared.projects.verify(apikey).await.map_err(refuse)?;
+    let token = p.access_token.as_deref().unwrap_or(apikey);
+    let user = shared
+        .projects
+        .verify_for(&socket.project, token)
+        .await
+        .and_then(|v| v.require_role_and_exp().map(|_| v))
+        .map_err(refuse)?;
+    Ok((socket, user))
+}
+
+/// Where a reconnecting reader resumes: `Last-Event-ID` (header, else parameter).
+fn resume_from(p: &SseParams, headers: &HeaderMap) -> Result<Option<Pos>, String> {
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .or(p.last_event_id.as_deref())
+        .filter(|s| !s.is_empty());
+    match resume.map(|s| parse_pos(s).ok_or(s)) {
+        None => Ok(None),
+        Some(Ok(pos)) => Ok(Some(pos)),
+        Some(Err(s)) => Err(format!("Last-Event-ID {s:?} is not <lsn>:<seq>")),
+    }
+}
+
+/// The shared channel for `key` (created, with its subscription in the registry, by its
+/// first reader), and this reader's guard. The reader is counted under the hub lock, so
+/// the reaper never drops a stream in use.
+fn open_channel(
+    shared: &Arc<Shared>,
+    key: SseKey,
+    binding: &PgChangeBinding,
+    claims: &Value,
+) -> (Arc<SseChannel>, Reader) {
+    let mut hub = shared.sse.lock();
+    let chan = hub
+        .entry(key.clone())
+        .or_insert_with(|| {
+            let (sub, sub_id) = shared.registry.alloc();
+            let spec = registry::spec_for(sub_id, &shared.front_id, &key.project, binding, claims);
+            let chan = Arc::new(SseChannel {
+                id: shared.next_id(),
+                key: key.clone(),
+                sub,
+                binding: binding.clone(),
+                cap: shared.cfg.history_size.max(1),
+                ready: OnceCell::new(),
+                inner: Mutex::new(Inner {
+                    ring: VecDeque::new(),
+                    evicted: None,
+                    readers: 0,
+                    idle_since: Some(Instant::now()),
+                }),
+                live: broadcast::channel(shared.cfg.outbound_queue.max(1)).0,
+            });
+            let sink = Sink::Sse(chan.clone());
+            shared.registry.insert(
+                sub,
+                Target {
+                    sink,
+                    binding: binding.id,
+                    spec,
+                },
+            );
+            chan
+        })
+        .clone();
+    let guard = Reader::new(shared.clone(), chan.clone());
+    (chan, guard)
+}
+
+/// Register the channel's subscription once (its first reader does; the others wait for
+/// the same answer).
+async fn subscribe(shared: &Arc<Shared>, chan: &SseChannel) -> Result<(), (StatusCode, String)> {
+    chan.ready
+        .get_or_init(|| async {
+            let specs = shared.registry.specs_of(&[chan.sub]);
+            match registration::register(shared, specs).await {
+                Ok(refused) => match refused.into_values().next() {
+                    None => Ok(()),
+                    Some(why) => Err((StatusCode::BAD_REQUEST, why)),
+                },
+                Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e)),
+            }
+        })
+        .await
+        .clone()
+}
+
+/// The stream's first events (`ready`, a `gap` if the history no longer reaches back to
+/// `resume`, then what it holds after `resume`), the live receiver and the last position
+/// sent, taken together under the channel's lock so nothing falls between them.
+fn first_events(
+    chan: &SseChannel,
+    name: &str,
+    resume: Option<Pos>,
+) -> (VecDeque<Event>, broadcast::Receiver<Arc<Item>>, Option<Pos>) {
+    let mut first = VecDeque::new();
+    let ready_data = format!(
+        "{{\"channel\":{},\"postgres_changes\":[{}]}}",
+        Value::from(name),
+        chan.binding.reply_entry()
+    );
+    first.push_back(Event::default().event("ready").data(ready_data));
+    let g = chan.lock();
+    let rx = chan.live.subscribe();
+    let mut last = resume;
+    if let Some(from) = resume {
+        if g.evicted.is_some_and(|ev| ev > from) {
+            let oldest = g.ring.front().map_or(String::new(), |i| i.id.clone());
+            first.push_back(Event::default().event("gap").data(format!(
+                "{{\"reason\":\"history exhausted\",\"oldest\":{}}}",
+                Value::from(oldest)
+            )));
+        }
+        for item in g.ring.iter().filter(|i| i.pos > from) {
+            first.push_back(item_event(item));
+            last = Some(item.pos);
+        }
+    }
+    (first, rx, last)
 }
 
 fn item_event(item: &Item) -> Event {
