@@ -275,69 +275,88 @@ async fn validate(
         },
     };
     if let Some(f) = &filter {
-        // A filter is evaluated on every change of the tables it covers: its columns must
-        // exist there with a type it fits, and the subscriber's role must be allowed to
-        // read them (or matching would reveal values the role cannot SELECT).
-        let role = spec
-            .claims
-            .get("role")
-            .and_then(|r| r.as_str())
-            .unwrap_or_default();
-        let tables: Vec<&registry::TableRef> = enabled
-            .iter()
-            .filter(|t| {
-                (spec.schema == "*" || spec.schema == t.schema)
-                    && spec.table.as_deref().is_none_or(|name| name == t.table)
-            })
-            .collect();
-        for t in tables {
-            let key = (t.schema.clone(), t.table.clone(), role.to_string());
-            if !columns.contains_key(&key) {
-                let rows = client
-                    .query(
-                        "SELECT a.attname::text, t.typname::text,
-                                coalesce((SELECT has_column_privilege(r.oid, a.attrelid, a.attnum, 'SELECT')
-                                            FROM pg_roles r WHERE r.rolname = $3), false)
-                           FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-                          WHERE a.attrelid = format('%I.%I', $1::text, $2::text)::regclass
-                            AND a.attnum > 0 AND NOT a.attisdropped",
-                        &[&t.schema, &t.table, &role],
-                    )
-                    .await?;
-                let read = rows
-                    .iter()
-                    .map(|r| (r.get(0), r.get(1), r.get(2)))
-                    .collect();
-                columns.insert(key.clone(), read);
-            }
-            let cols: &[(String, String, bool)] =
-                columns.get(&key).map(Vec::as_slice).unwrap_or_default();
-            for c in &f.conditions {
-                if cols
-                    .iter()
-                    .any(|(n, _, readable)| *n == c.column && !readable)
-                {
-                    return Ok(Err(format!(
-                        "Error parsing `filter` params: permission denied for column {:?} of {} (role {:?} may not read it)",
-                        c.column, t, role
-                    )));
-                }
-            }
-            if spec.table.is_none() || spec.schema == "*" {
-                // A wildcard: tables without the column simply never match.
-                continue;
-            }
-            let lookup = |name: &str| {
-                cols.iter()
-                    .find(|(n, _, _)| n == name)
-                    .map(|(_, t, _)| t.as_str())
-            };
-            if let Err(e) = f.validate(lookup) {
-                return Ok(Err(format!("Error parsing `filter` params: {e}")));
-            }
+        if let Err(message) = check_filter(client, spec, enabled, f, columns).await? {
+            return Ok(Err(message));
         }
     }
     Ok(Ok(filter))
+}
+
+/// A filter is evaluated on every change of the tables it covers: its columns must exist
+/// there with a type it fits, and the subscriber's role must be allowed to read them (or
+/// matching would reveal values the role cannot SELECT). `Ok(Err(message))`: refused.
+async fn check_filter(
+    client: &Client,
+    spec: &SubscriptionSpec,
+    enabled: &[registry::TableRef],
+    f: &Filter,
+    columns: &mut ColumnCache,
+) -> Result<Result<(), String>, tokio_postgres::Error> {
+    let role = spec
+        .claims
+        .get("role")
+        .and_then(|r| r.as_str())
+        .unwrap_or_default();
+    let tables = enabled.iter().filter(|t| {
+        (spec.schema == "*" || spec.schema == t.schema)
+            && spec.table.as_deref().is_none_or(|name| name == t.table)
+    });
+    for t in tables {
+        let cols = table_columns(client, t, role, columns).await?;
+        for c in &f.conditions {
+            if cols
+                .iter()
+                .any(|(n, _, readable)| *n == c.column && !readable)
+            {
+                return Ok(Err(format!(
+                    "Error parsing `filter` params: permission denied for column {:?} of {} (role {:?} may not read it)",
+                    c.column, t, role
+                )));
+            }
+        }
+        if spec.table.is_none() || spec.schema == "*" {
+            // A wildcard: tables without the column simply never match.
+            continue;
+        }
+        let lookup = |name: &str| {
+            cols.iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, t, _)| t.as_str())
+        };
+        if let Err(e) = f.validate(lookup) {
+            return Ok(Err(format!("Error parsing `filter` params: {e}")));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// A table's columns (name, type, readable by `role`), read once per request.
+async fn table_columns<'a>(
+    client: &Client,
+    t: &registry::TableRef,
+    role: &str,
+    columns: &'a mut ColumnCache,
+) -> Result<&'a [(String, String, bool)], tokio_postgres::Error> {
+    let key = (t.schema.clone(), t.table.clone(), role.to_string());
+    if !columns.contains_key(&key) {
+        let rows = client
+            .query(
+                "SELECT a.attname::text, t.typname::text,
+                        coalesce((SELECT has_column_privilege(r.oid, a.attrelid, a.attnum, 'SELECT')
+                                    FROM pg_roles r WHERE r.rolname = $3), false)
+                   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                  WHERE a.attrelid = format('%I.%I', $1::text, $2::text)::regclass
+                    AND a.attnum > 0 AND NOT a.attisdropped",
+                &[&t.schema, &t.table, &role],
+            )
+            .await?;
+        let read = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        columns.insert(key.clone(), read);
+    }
+    Ok(columns.get(&key).map(Vec::as_slice).unwrap_or_default())
 }
 
 impl SubsHandler for Registrar {
