@@ -16,6 +16,7 @@ pub mod registrar;
 pub mod registry;
 pub mod rls;
 pub mod rls_check;
+pub mod rls_policy;
 pub mod rls_sql;
 pub mod slot;
 pub mod source;

@@ -1,9 +1,10 @@
 //! The SQL of a batched row-level-security check, built from catalog facts only.
 //!
-//! Identifiers are quoted; type names are `format_type()` output read from the catalog
-//! (valid SQL, never user input); every value is a bound parameter (one `text[]` per
-//! column, rows side by side, numbered by `WITH ORDINALITY`). Each statement returns the
-//! 1-based positions of the rows that pass.
+//! Identifiers are quoted; type names are `format_type()` output and policy conditions
+//! `pg_get_expr()` output, both read from the catalog (valid SQL written by the
+//! database's owners, never a subscriber's input); every value is a bound parameter (one
+//! `text[]` per column, rows side by side, numbered by `WITH ORDINALITY`). Each statement
+//! returns the 1-based positions of the rows that pass.
 
 use crate::sql::{qualified, quote_ident};
 
@@ -29,6 +30,33 @@ fn key_match(pk: &[CatalogColumn], key: &[usize]) -> String {
         .map(|((name, ty), j)| format!("t.{} = k.c{}::{}", quote_ident(name), j + 1, ty))
         .collect::<Vec<_>>()
         .join(" AND ")
+}
+
+/// Which versions satisfy `condition` (policy expressions over the table's columns, see
+/// [`crate::rls_policy::Predicate`]) evaluated on their own values, as the current role
+/// with the current claims. Arrays: `columns` in order, non-empty.
+///
+/// The condition is evaluated in a scope where only the version exists: a derived table
+/// named like the table itself, whose columns are the bound values cast to the column
+/// types. So a column name resolves to the version's value whether the condition writes
+/// it bare or qualified by the table's name (as `pg_get_expr` does inside subqueries),
+/// `<table>.*` is the version as a record, and the names of the bound arrays (`k.c1`…)
+/// cannot collide with the table's. The derived table is flattened by the planner: a
+/// version costs the evaluation of its condition, no table access. Anything else the
+/// condition reads (other tables, functions) is read as it is when the check runs.
+pub fn own_values_sql(table: &str, columns: &[CatalogColumn], condition: &str) -> String {
+    let values: Vec<String> = columns
+        .iter()
+        .enumerate()
+        .map(|(j, (name, ty))| format!("k.c{}::{} AS {}", j + 1, ty, quote_ident(name)))
+        .collect();
+    format!(
+        "SELECT k.i FROM {} CROSS JOIN LATERAL (SELECT FROM (SELECT {}) AS {} WHERE {}) AS v",
+        unnest(columns.len()),
+        values.join(", "),
+        quote_ident(table),
+        condition
+    )
 }
 
 /// Which rows exist by primary key for the current role and claims: row-level security
@@ -119,6 +147,26 @@ mod tests {
         assert_eq!(
             current_sql("s", "t", &[col("id", "int")], &[col("x", "int")]),
             None
+        );
+    }
+
+    #[test]
+    fn own_values_scope_the_condition_to_the_version() {
+        let sql = own_values_sql(
+            "msgs",
+            &[col("owner", "uuid"), col("status", "text")],
+            "((owner = auth.uid()) OR (msgs.status = 'public'::text))",
+        );
+        assert_eq!(
+            sql,
+            "SELECT k.i FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(c1, c2, i) \
+             CROSS JOIN LATERAL (SELECT FROM (SELECT k.c1::uuid AS \"owner\", k.c2::text AS \"status\") \
+             AS \"msgs\" WHERE ((owner = auth.uid()) OR (msgs.status = 'public'::text))) AS v"
+        );
+        let hostile = own_values_sql("t\"x", &[col("a\"b", "int")], "true");
+        assert!(
+            hostile.contains("k.c1::int AS \"a\"\"b\") AS \"t\"\"x\""),
+            "{hostile}"
         );
     }
 
