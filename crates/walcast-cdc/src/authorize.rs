@@ -3,9 +3,12 @@
 //! Per change and subscriber: the role (JWT `role` claim) must exist and may `SELECT`
 //! some of the change's columns; only those are sent. Without row-level security (or
 //! for a role that bypasses it) that is all. With it, a DELETE is reduced to its key and
-//! an INSERT or UPDATE waits for the batch's check: one statement per (table, role,
-//! claims) covering every row of the batch that group needs judged (see
-//! [`crate::rls_check`]). Naive mode (for benchmarks) checks each subscriber separately.
+//! an INSERT or UPDATE waits for the batch's check: the role's policies, read for the
+//! batch, become a rule ([`crate::rls_policy`]); a role they exempt sees every version,
+//! a role without a permissive policy none, and otherwise one statement per (table,
+//! role, claims) judges every version of the batch that group needs judged, on its own
+//! values (see [`crate::rls_check`]). Naive mode (for benchmarks) checks each
+//! subscriber separately.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -13,9 +16,10 @@ use std::sync::Arc;
 use walcast_bus::{ChangeEvent, ChangeKind};
 
 use crate::matcher::{MatchedClass, Sub};
-use crate::rls::RlsChecker;
-use crate::rls_check::{CheckOptions, GroupCheck, TableCheck};
-use crate::CdcError;
+use crate::rls::{Access, RlsChecker, TableInfo};
+use crate::rls_check::{CheckOptions, GroupCheck, GroupOutcome, TableCheck, TableOutcome};
+use crate::rls_policy::{self, Rule};
+use crate::{telemetry, CdcError};
 
 /// Who may see a change on one front, grouped by the columns they may see (`None` =
 /// every column of the event). An id is a class key (every subscription of the front in
@@ -54,7 +58,7 @@ pub enum RlsMode {
 }
 
 fn deny(sub: &Sub, why: &str) {
-    metrics::counter!("walcast_cdc_rls_denied_total").increment(1);
+    metrics::counter!(telemetry::RLS_DENIED).increment(1);
     tracing::debug!(sub = %sub.spec.id, why, "change not delivered to subscriber");
 }
 
@@ -67,7 +71,7 @@ struct Gather {
     /// Change indices, in batch order.
     changes: Vec<usize>,
     position: HashMap<usize, usize>,
-    /// Group key → subscribers waiting.
+    /// Group key (role, claims) → subscribers waiting.
     groups: HashMap<(String, String), Vec<Waiting>>,
 }
 
@@ -80,6 +84,18 @@ impl Gather {
     }
 }
 
+/// What the first pass over a batch decided, and what it left to the row checks.
+struct Pass {
+    /// Per change: who may see it, so far.
+    allowed: Vec<Vec<Allowed>>,
+    /// (schema, table) → the versions and subscribers to judge under RLS.
+    tables: BTreeMap<(String, String), Gather>,
+    /// Transactions of the versions to judge.
+    xids: Vec<u32>,
+    /// Table facts, read once per batch (the checker caches them across batches).
+    infos: HashMap<(String, String), TableInfo>,
+}
+
 /// Decide per subscriber for every change of the batch. Errors of one check deny only the
 /// subscribers of that check; an error of the connection itself is returned.
 pub async fn authorize_batch(
@@ -88,29 +104,52 @@ pub async fn authorize_batch(
     mode: RlsMode,
     timeout_ms: u64,
 ) -> Result<Vec<Audience>, CdcError> {
-    let mut allowed: Vec<Vec<Allowed>> = vec![Vec::new(); batch.len()];
-    let mut tables: BTreeMap<(String, String), Gather> = BTreeMap::new();
-    let mut xids: Vec<u32> = Vec::new();
-    // Table facts, read once per batch (the checker caches them across batches).
-    let mut infos: HashMap<(String, String), crate::rls::TableInfo> = HashMap::new();
+    let mut pass = Pass {
+        allowed: vec![Vec::new(); batch.len()],
+        tables: BTreeMap::new(),
+        xids: Vec::new(),
+        infos: HashMap::new(),
+    };
     for (i, change) in batch.iter().enumerate() {
-        if change.matched.is_empty() {
-            continue;
+        if !change.matched.is_empty() {
+            pass.route(rls, i, change, mode).await?;
         }
+    }
+    if !pass.tables.is_empty() {
+        // The stream can deliver a commit before it is visible to new snapshots.
+        rls.wait_visible(&pass.xids).await?;
+        judge_rows(rls, batch, &mut pass, mode, timeout_ms).await?;
+    }
+    Ok(batch
+        .iter()
+        .zip(pass.allowed)
+        .map(|(change, allowed)| audience(&change.event, allowed))
+        .collect())
+}
+
+impl Pass {
+    /// Per matched class of one change: deny (no role, no privilege), allow the whole
+    /// class (no row check applies), or leave each subscriber to the row checks.
+    async fn route(
+        &mut self,
+        rls: &mut RlsChecker,
+        i: usize,
+        change: &PendingChange,
+        mode: RlsMode,
+    ) -> Result<(), CdcError> {
         let event = &change.event;
         let key = (event.schema.clone(), event.table.clone());
-        if !infos.contains_key(&key) {
+        if !self.infos.contains_key(&key) {
             let info = rls.table(&event.schema, &event.table).await?;
-            infos.insert(key.clone(), info);
+            self.infos.insert(key.clone(), info);
         }
-        let Some(info) = infos.get(&key) else {
-            continue;
+        let Some(info) = self.infos.get(&key) else {
+            return Ok(());
         };
         let event_cols: BTreeSet<&str> = event.columns.iter().map(|c| c.name.as_str()).collect();
         // Role → what it may see of this table (the checker caches across batches too,
         // this spares a lookup per subscriber).
-        let mut access_memo: HashMap<&str, Result<Option<crate::rls::Access>, CdcError>> =
-            HashMap::new();
+        let mut access_memo: HashMap<&str, Result<Option<Access>, CdcError>> = HashMap::new();
         for m in &change.matched {
             let role = m.class.role.as_str();
             if role.is_empty() {
@@ -147,13 +186,11 @@ pub async fn authorize_batch(
                 }
                 // The whole class sees it: name the class once per front.
                 for (front, _) in &m.fronts {
-                    allowed[i].push((front.clone(), cols.clone(), m.class.key.clone()));
+                    self.allowed[i].push((front.clone(), cols.clone(), m.class.key.clone()));
                 }
                 continue;
             }
-            let gather = tables
-                .entry((event.schema.clone(), event.table.clone()))
-                .or_default();
+            let gather = self.tables.entry(key.clone()).or_default();
             gather.row_of(i);
             for sub in m.subs() {
                 let claims = match mode {
@@ -167,121 +204,187 @@ pub async fn authorize_batch(
                     .or_default()
                     .push((i, sub.clone(), cols.clone()));
             }
-            xids.extend(event.xid);
+            self.xids.extend(event.xid);
         }
+        Ok(())
     }
-    if !tables.is_empty() {
-        // The stream can deliver a commit before it is visible to new snapshots.
-        rls.wait_visible(&xids).await?;
-        let mut checks = Vec::with_capacity(tables.len());
-        let mut waiting = Vec::with_capacity(tables.len());
-        for ((schema, table), gather) in tables {
-            let info = match infos.remove(&(schema.clone(), table.clone())) {
-                Some(info) => info,
-                None => rls.table(&schema, &table).await?,
-            };
-            // Compare every catalog column the changes all carry.
-            let compare: Vec<(String, String)> = info
-                .columns
-                .iter()
-                .filter(|(name, _)| {
-                    gather.changes.iter().all(|&i| {
-                        batch
-                            .get(i)
-                            .is_some_and(|c| c.row.iter().any(|(n, _)| n == name))
-                    })
-                })
-                .cloned()
-                .collect();
-            let rows = gather
-                .changes
-                .iter()
-                .map(|&i| {
-                    let row = batch.get(i).map(|c| c.row.as_slice()).unwrap_or_default();
-                    compare
-                        .iter()
-                        .map(|(name, _)| {
-                            row.iter()
-                                .find(|(n, _)| n == name)
-                                .and_then(|(_, v)| v.clone())
-                        })
-                        .collect()
-                })
-                .collect();
-            let mut groups = Vec::with_capacity(gather.groups.len());
-            let mut group_subs = Vec::with_capacity(gather.groups.len());
-            for ((role, claims), subs) in gather.groups {
-                let mut rows: Vec<usize> = subs
-                    .iter()
-                    .filter_map(|(i, _, _)| gather.position.get(i).copied())
-                    .collect();
-                rows.sort_unstable();
-                rows.dedup();
-                let claims = match mode {
-                    RlsMode::Batched => claims,
-                    RlsMode::Naive => subs
-                        .first()
-                        .map(|(_, s, _)| s.claims_json.clone())
-                        .unwrap_or_default(),
-                };
-                groups.push(GroupCheck { role, claims, rows });
-                group_subs.push(subs);
-            }
-            waiting.push((gather.position, group_subs));
-            checks.push(TableCheck {
-                schema,
-                table,
-                pk: info.pk,
-                compare,
-                rows,
-                groups,
-            });
-        }
-        let opts = CheckOptions {
-            pipelined: mode == RlsMode::Batched,
-            timeout_ms,
-            isolate: true,
+}
+
+/// Judge the gathered versions: each role's policies, read now, make a rule per table;
+/// groups whose rule needs no statement are settled here, the others checked in one
+/// batch (see [`crate::rls_check`]).
+async fn judge_rows(
+    rls: &mut RlsChecker,
+    batch: &[PendingChange],
+    pass: &mut Pass,
+    mode: RlsMode,
+    timeout_ms: u64,
+) -> Result<(), CdcError> {
+    let pairs: Vec<(String, String, String)> = pass
+        .tables
+        .iter()
+        .flat_map(|((schema, table), g)| {
+            let roles: BTreeSet<&String> = g.groups.keys().map(|(role, _)| role).collect();
+            roles
+                .into_iter()
+                .map(|role| (schema.clone(), table.clone(), role.clone()))
+        })
+        .collect();
+    let facts = rls.role_facts(&pairs).await?;
+    let mut rules: HashMap<(String, String, String), Rule> = HashMap::new();
+    for (pair, facts) in pairs.into_iter().zip(facts) {
+        let info = match pass.infos.get(&(pair.0.clone(), pair.1.clone())) {
+            Some(info) => info.clone(),
+            None => rls.table(&pair.0, &pair.1).await?,
         };
-        let statements: usize = checks.iter().map(|t| t.groups.len()).sum();
-        metrics::counter!("walcast_cdc_rls_checks_total").increment(statements as u64);
-        let outcomes = rls.check(&checks, &opts).await?;
-        for ((check, outcome), (position, group_subs)) in checks.iter().zip(outcomes).zip(waiting) {
-            let current: HashSet<usize> = match outcome.current {
-                Ok(rows) => rows,
-                Err(e) => {
-                    metrics::counter!("walcast_cdc_rls_errors_total").increment(1);
-                    tracing::warn!(error = %e, table = %check.table, "cannot compare changes with their rows; denying");
-                    HashSet::new()
-                }
-            };
-            for ((group, result), subs) in check.groups.iter().zip(outcome.groups).zip(group_subs) {
-                let visible = match result {
-                    Ok(v) => v,
-                    Err(e) => {
-                        metrics::counter!("walcast_cdc_rls_errors_total").increment(1);
-                        tracing::warn!(error = %e, role = %group.role, table = %check.table, "RLS check failed; denying these subscribers");
-                        HashSet::new()
-                    }
-                };
+        let rule = match facts {
+            Some(f) => rls_policy::rule(&pair.1, &info.column_facts(), &f),
+            None => Rule::Nothing,
+        };
+        rules.insert(pair, rule);
+    }
+    let mut checks = Vec::with_capacity(pass.tables.len());
+    let mut waiting = Vec::with_capacity(pass.tables.len());
+    for ((schema, table), gather) in std::mem::take(&mut pass.tables) {
+        let info = pass.infos.get(&(schema.clone(), table.clone()));
+        let (pk, columns) = info
+            .map(|i| (i.pk.clone(), i.columns.clone()))
+            .unwrap_or_default();
+        let mut check = TableCheck {
+            versions: Arc::new(
+                gather
+                    .changes
+                    .iter()
+                    .map(|&i| batch.get(i).map(|c| c.row.clone()).unwrap_or_default())
+                    .collect(),
+            ),
+            schema,
+            table,
+            pk,
+            columns,
+            groups: Vec::new(),
+        };
+        let subs = settle_groups(&mut check, gather, &rules, mode, &mut pass.allowed);
+        checks.push(check);
+        waiting.push(subs);
+    }
+    let opts = CheckOptions {
+        pipelined: mode == RlsMode::Batched,
+        timeout_ms,
+        isolate: true,
+    };
+    let statements: usize = checks.iter().map(|t| t.groups.len()).sum();
+    metrics::counter!(telemetry::RLS_CHECKS).increment(statements as u64);
+    let outcomes = rls.check(&checks, &opts).await?;
+    for ((check, outcome), subs) in checks.iter().zip(outcomes).zip(waiting) {
+        apply(check, outcome, subs, &mut pass.allowed);
+    }
+    Ok(())
+}
+
+/// The subscribers of one table's checked groups, in group order, with the position
+/// of each change among the table's versions.
+struct GroupSubs {
+    position: HashMap<usize, usize>,
+    groups: Vec<Vec<Waiting>>,
+}
+
+/// Settle the groups whose rule needs no statement (every version, or none) and add
+/// the others to `check`, each version judged by its own values where it can be.
+fn settle_groups(
+    check: &mut TableCheck,
+    gather: Gather,
+    rules: &HashMap<(String, String, String), Rule>,
+    mode: RlsMode,
+    allowed: &mut [Vec<Allowed>],
+) -> GroupSubs {
+    let mut group_subs = Vec::with_capacity(gather.groups.len());
+    let mut by_row: BTreeSet<usize> = BTreeSet::new();
+    for ((role, claims), subs) in gather.groups {
+        let key = (check.schema.clone(), check.table.clone(), role);
+        let predicate = match rules.get(&key) {
+            Some(Rule::All) => {
                 for (i, sub, cols) in subs {
-                    let row = position.get(&i).copied().unwrap_or(usize::MAX);
-                    if !visible.contains(&row) {
-                        deny(&sub, "row not visible under RLS");
-                    } else if !current.contains(&row) {
-                        metrics::counter!("walcast_cdc_rls_superseded_total").increment(1);
-                        deny(&sub, "row changed again before it could be checked");
-                    } else if let Some(a) = allowed.get_mut(i) {
+                    if let Some(a) = allowed.get_mut(i) {
                         a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
                     }
                 }
+                continue;
+            }
+            Some(Rule::Nothing) | None => {
+                subs.iter()
+                    .for_each(|(_, sub, _)| deny(sub, "no policy lets the role see the row"));
+                continue;
+            }
+            Some(Rule::Where(p)) => p.clone(),
+        };
+        let mut rows: Vec<usize> = subs
+            .iter()
+            .filter_map(|(i, _, _)| gather.position.get(i).copied())
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let (own, current): (Vec<usize>, Vec<usize>) = rows.into_iter().partition(|&r| {
+            check.versions.get(r).is_none_or(|v| {
+                rls_policy::judged_by(&predicate, v) == rls_policy::JudgedBy::OwnValues
+            })
+        });
+        by_row.extend(&current);
+        let claims = match mode {
+            RlsMode::Batched => claims,
+            RlsMode::Naive => subs
+                .first()
+                .map(|(_, s, _)| s.claims_json.clone())
+                .unwrap_or_default(),
+        };
+        check.groups.push(GroupCheck {
+            role: key.2,
+            claims,
+            predicate,
+            own,
+            by_row: current,
+        });
+        group_subs.push(subs);
+    }
+    metrics::counter!(telemetry::RLS_CURRENT_ROW).increment(by_row.len() as u64);
+    GroupSubs {
+        position: gather.position,
+        groups: group_subs,
+    }
+}
+
+/// Deliver or deny each waiting subscriber by its group's outcome.
+fn apply(check: &TableCheck, outcome: TableOutcome, subs: GroupSubs, allowed: &mut [Vec<Allowed>]) {
+    if let Some(e) = outcome.current_error {
+        metrics::counter!(telemetry::RLS_ERRORS).increment(1);
+        tracing::warn!(error = %e, table = %check.table, "cannot compare changes with their rows; denying those judged by their row");
+    }
+    for ((group, result), waiting) in check.groups.iter().zip(outcome.groups).zip(subs.groups) {
+        let o = match result {
+            Ok(o) => o,
+            Err(e) => {
+                metrics::counter!(telemetry::RLS_ERRORS).increment(1);
+                tracing::warn!(error = %e, role = %group.role, table = %check.table, "RLS check failed; denying these subscribers");
+                GroupOutcome::default()
+            }
+        };
+        for (i, sub, cols) in waiting {
+            let row = subs.position.get(&i).copied().unwrap_or(usize::MAX);
+            if o.visible.contains(&row) {
+                if let Some(a) = allowed.get_mut(i) {
+                    a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
+                }
+            } else if o.superseded.contains(&row) {
+                metrics::counter!(telemetry::RLS_SUPERSEDED).increment(1);
+                deny(
+                    &sub,
+                    "lacks a value its policies read and its row changed again before the check",
+                );
+            } else {
+                deny(&sub, "row not visible under RLS");
             }
         }
     }
-    Ok(batch
-        .iter()
-        .zip(allowed)
-        .map(|(change, allowed)| audience(&change.event, allowed))
-        .collect())
 }
 
 fn audience(event: &ChangeEvent, allowed: Vec<Allowed>) -> Audience {

@@ -1,23 +1,25 @@
 //! Row-level security, checked as each subscriber.
 //!
-//! A subscriber receives an INSERT or UPDATE only if a `SELECT` of that row by primary
-//! key, run with its JWT `role` as the Postgres role and its claims in
-//! `request.jwt.claims` (both set with `set_config(…, true)` and bound parameters, in a
-//! transaction that is always rolled back), returns it, *and* the row still holds the
-//! change's values in that same snapshot: a change is never judged by a later version of
-//! its row (a version that has since been replaced is withheld from RLS-checked
-//! subscribers; the newer version is judged on its own). Checks are batched: see
-//! [`crate::rls_check`]. Only columns the role may `SELECT` are sent. A DELETE goes to
-//! every subscriber whose role may read the table; with RLS on, its `old_record` holds
-//! only the primary key (as with Supabase). Any error in a check denies the subscribers
-//! of that check only, is logged and counted.
+//! A subscriber receives an INSERT or UPDATE only if the table's policies for `SELECT`
+//! let its role see *that version* of the row: the policies that apply to the role
+//! ([`RlsChecker::role_facts`], read afresh for every batch, combined as Postgres does in
+//! [`crate::rls_policy`]) are evaluated on the version's own values, run with its JWT
+//! `role` as the Postgres role and its claims in `request.jwt.claims` (both set with
+//! `set_config(…, true)` and bound parameters, in a transaction that is always rolled
+//! back). A version lacking a value its policies read is judged by its row instead (see
+//! [`crate::rls_check`]). Checks are batched. Only columns the role may `SELECT` are
+//! sent. A DELETE goes to every subscriber whose role may read the table; with RLS on,
+//! its `old_record` holds only the primary key (as with Supabase). Any error in a check
+//! denies the subscribers of that check only, is logged and counted.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Statement};
 
 use crate::rls_check::{run_checks, CheckOptions, TableCheck, TableOutcome};
+use crate::rls_policy::{ColumnFact, PolicyFact, RoleTableFacts};
 use crate::rls_sql::CatalogColumn;
 use crate::sql::qualified;
 use crate::CdcError;
@@ -34,6 +36,23 @@ pub struct TableInfo {
     pub pk: Vec<CatalogColumn>,
     /// Every column with its SQL type, in table order.
     pub columns: Vec<CatalogColumn>,
+    /// The columns whose NULL in a change may stand for NaN or ±Infinity (see
+    /// [`ColumnFact::nan_as_null`]).
+    pub nan_as_null: HashSet<String>,
+}
+
+impl TableInfo {
+    /// Every column, in table order, as policies read them.
+    pub fn column_facts(&self) -> Vec<ColumnFact> {
+        self.columns
+            .iter()
+            .map(|(name, ty)| ColumnFact {
+                name: name.clone(),
+                ty: ty.clone(),
+                nan_as_null: self.nan_as_null.contains(name),
+            })
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -66,7 +85,45 @@ pub struct RlsChecker {
     lanes: Vec<Lane>,
     tables: HashMap<(String, String), TableFacts>,
     roles: HashMap<(String, String, String), RoleFacts>,
+    /// Prepared statements of `client`.
+    catalog_statements: HashMap<&'static str, Statement>,
 }
+
+/// Per (table, role): RLS enabled, forced, the role bypasses it (superuser or
+/// `BYPASSRLS`), the role has the owner's privileges (as Postgres's `check_enable_rls`).
+/// `$1`: qualified table names, `$2`: role names, pairwise.
+const ROLE_FACTS_SQL: &str = "
+SELECT q.n, c.relrowsecurity, c.relforcerowsecurity, r.rolsuper OR r.rolbypassrls,
+       pg_has_role(r.oid, c.relowner, 'USAGE')
+  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(rel, role, n)
+  JOIN pg_class c ON c.oid = to_regclass(q.rel)
+  JOIN pg_roles r ON r.rolname = q.role";
+
+/// Per (table, role): the policies for SELECT or ALL whose roles include PUBLIC (0) or a
+/// role whose privileges the role has (as Postgres's `check_role_for_policy`), by name,
+/// with their `USING` expression and the columns they read (`pg_depend`: every column
+/// their expressions name, whole-row references aside).
+const POLICIES_SQL: &str = "
+SELECT q.n, p.polname::text, p.polpermissive, pg_get_expr(p.polqual, p.polrelid),
+       coalesce(d.names, '{}'), coalesce(d.types, '{}'), coalesce(d.nan, '{}')
+  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(rel, role, n)
+  JOIN pg_roles r ON r.rolname = q.role
+  JOIN pg_policy p ON p.polrelid = to_regclass(q.rel)
+  LEFT JOIN LATERAL (
+       SELECT array_agg(a.attname::text ORDER BY a.attnum) AS names,
+              array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum) AS types,
+              array_agg(a.atttypid IN ('numeric'::regtype, 'real'::regtype,
+                                       'double precision'::regtype) ORDER BY a.attnum) AS nan
+         FROM pg_depend dep
+         JOIN pg_attribute a ON a.attrelid = dep.refobjid AND a.attnum = dep.refobjsubid
+        WHERE dep.classid = 'pg_policy'::regclass AND dep.objid = p.oid
+          AND dep.refclassid = 'pg_class'::regclass AND dep.refobjid = p.polrelid
+          AND dep.refobjsubid > 0 AND NOT a.attisdropped) d ON true
+ WHERE p.polcmd IN ('r', '*')
+   AND EXISTS (SELECT FROM unnest(p.polroles) AS pr(oid)
+                WHERE CASE WHEN pr.oid = 0 THEN true
+                           ELSE pg_has_role(r.oid, pr.oid, 'USAGE') END)
+ ORDER BY q.n, p.polname";
 
 impl RlsChecker {
     /// `parallel`: connections a large batch's checks are spread over.
@@ -78,12 +135,19 @@ impl RlsChecker {
             lanes: (0..parallel.max(1)).map(|_| Lane::default()).collect(),
             tables: HashMap::new(),
             roles: HashMap::new(),
+            catalog_statements: HashMap::new(),
         }
     }
 
+    /// The catalog connection. Its `search_path` is empty, so that type names and policy
+    /// expressions read through it name every schema: they mean the same in the checks,
+    /// whatever role (and so `$user` schema) those run as.
     async fn client(&mut self) -> Result<&Client, CdcError> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
-            self.client = Some(crate::connect(&self.database_url).await?);
+            let client = crate::connect(&self.database_url).await?;
+            client.batch_execute("SET search_path = ''").await?;
+            self.client = Some(client);
+            self.catalog_statements.clear();
         }
         match self.client.as_ref() {
             Some(c) => Ok(c),
@@ -121,19 +185,28 @@ impl RlsChecker {
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-        let columns = client
+        let rows = client
             .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+                        a.atttypid IN ('numeric'::regtype, 'real'::regtype, 'double precision'::regtype)
                    FROM pg_attribute a
                   WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
                   ORDER BY a.attnum",
                 &[&rel],
             )
-            .await?
+            .await?;
+        let columns = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let nan_as_null = rows
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .filter(|r| r.get::<_, bool>(2))
+            .map(|r| r.get(0))
             .collect();
-        let info = TableInfo { rls, pk, columns };
+        let info = TableInfo {
+            rls,
+            pk,
+            columns,
+            nan_as_null,
+        };
         self.tables.insert(
             key,
             TableFacts {
@@ -201,6 +274,78 @@ impl RlsChecker {
         }))
     }
 
+    /// What each (schema, table, role) is subject to for `SELECT`, read now: never cached,
+    /// so a policy, an owner, a membership or the RLS switches changed by DDL apply from
+    /// the next batch on. `None`: no such table or role. Two statements, one round trip.
+    pub async fn role_facts(
+        &mut self,
+        pairs: &[(String, String, String)],
+    ) -> Result<Vec<Option<RoleTableFacts>>, CdcError> {
+        let rels: Vec<String> = pairs.iter().map(|(s, t, _)| qualified(s, t)).collect();
+        let roles: Vec<&str> = pairs.iter().map(|(_, _, r)| r.as_str()).collect();
+        let facts_stmt = self.catalog_statement(ROLE_FACTS_SQL).await?;
+        let policies_stmt = self.catalog_statement(POLICIES_SQL).await?;
+        let client = self.client().await?;
+        let (facts, policies) = futures_util::future::try_join(
+            client.query(&facts_stmt, &[&rels, &roles]),
+            client.query(&policies_stmt, &[&rels, &roles]),
+        )
+        .await?;
+        let mut out: Vec<Option<RoleTableFacts>> = vec![None; pairs.len()];
+        for r in &facts {
+            let n: i64 = r.try_get(0)?;
+            if let Some(slot) = usize::try_from(n - 1).ok().and_then(|i| out.get_mut(i)) {
+                *slot = Some(RoleTableFacts {
+                    enabled: r.try_get(1)?,
+                    forced: r.try_get(2)?,
+                    bypass: r.try_get(3)?,
+                    owner: r.try_get(4)?,
+                    policies: Vec::new(),
+                });
+            }
+        }
+        for r in &policies {
+            let n: i64 = r.try_get(0)?;
+            let names: Vec<String> = r.try_get(4)?;
+            let types: Vec<String> = r.try_get(5)?;
+            let nan: Vec<bool> = r.try_get(6)?;
+            let policy = PolicyFact {
+                name: r.try_get(1)?,
+                permissive: r.try_get(2)?,
+                using: r.try_get(3)?,
+                columns: names
+                    .into_iter()
+                    .zip(types)
+                    .zip(nan)
+                    .map(|((name, ty), nan_as_null)| ColumnFact {
+                        name,
+                        ty,
+                        nan_as_null,
+                    })
+                    .collect(),
+            };
+            let slot = usize::try_from(n - 1).ok().and_then(|i| out.get_mut(i));
+            if let Some(Some(facts)) = slot {
+                facts.policies.push(policy);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A statement of the catalog connection, prepared once per connection.
+    async fn catalog_statement(&mut self, sql: &'static str) -> Result<Statement, CdcError> {
+        if let Some(s) = self
+            .catalog_statements
+            .get(sql)
+            .filter(|_| self.client.as_ref().is_some_and(|c| !c.is_closed()))
+        {
+            return Ok(s.clone());
+        }
+        let stmt = self.client().await?.prepare(sql).await?;
+        self.catalog_statements.insert(sql, stmt.clone());
+        Ok(stmt)
+    }
+
     /// Wait (bounded) until every transaction of `xids` is visible to new snapshots. The
     /// streaming source can receive a commit before the committing backend has left the
     /// process array, and a check run in that instant would not see the row yet.
@@ -248,8 +393,8 @@ impl RlsChecker {
 
     /// Run a batch of checks (see [`crate::rls_check`]): one round trip on one
     /// connection, or, for many groups, the groups dealt over the checker's connections
-    /// and run side by side (each connection in its own snapshot, with its own version
-    /// statement; a row counts as unchanged only if it is in every snapshot).
+    /// and run side by side (each connection in its own snapshot, each group judged
+    /// entirely on one).
     pub async fn check(
         &mut self,
         tables: &[TableCheck],
@@ -278,8 +423,8 @@ impl RlsChecker {
                     schema: t.schema.clone(),
                     table: t.table.clone(),
                     pk: t.pk.clone(),
-                    compare: t.compare.clone(),
-                    rows: t.rows.clone(),
+                    columns: t.columns.clone(),
+                    versions: Arc::clone(&t.versions),
                     groups: Vec::new(),
                 });
                 idx.push(Vec::new());
@@ -307,23 +452,15 @@ impl RlsChecker {
         let mut merged: Vec<TableOutcome> = tables
             .iter()
             .map(|t| TableOutcome {
-                current: Ok(HashSet::new()),
+                current_error: None,
                 groups: t.groups.iter().map(|_| Err("not checked".into())).collect(),
             })
             .collect();
-        for (k, (outcome, idx)) in outcomes.into_iter().zip(index).enumerate() {
-            for (ti, (o, gidx)) in outcome.into_iter().zip(idx).enumerate() {
-                let Some(m) = merged.get_mut(ti) else {
-                    continue;
-                };
-                m.current = match (
-                    std::mem::replace(&mut m.current, Ok(HashSet::new())),
-                    o.current,
-                ) {
-                    (Err(e), _) | (_, Err(e)) => Err(e),
-                    (Ok(_), Ok(c)) if k == 0 => Ok(c),
-                    (Ok(a), Ok(b)) => Ok(a.intersection(&b).copied().collect()),
-                };
+        for (outcome, idx) in outcomes.into_iter().zip(index) {
+            for (m, (o, gidx)) in merged.iter_mut().zip(outcome.into_iter().zip(idx)) {
+                if m.current_error.is_none() {
+                    m.current_error = o.current_error;
+                }
                 for (gi, g) in gidx.into_iter().zip(o.groups) {
                     if let Some(slot) = m.groups.get_mut(gi) {
                         *slot = g;

@@ -7,53 +7,69 @@
 //! ```text
 //! BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY
 //! SELECT set_config('statement_timeout', $1, true)
-//! per table:  SAVEPOINT; <which rows still hold the change's values>; ROLLBACK TO + RELEASE
+//! per table with versions judged by the current row:
+//!             SAVEPOINT; <which rows still hold those versions' values>; ROLLBACK TO + RELEASE
 //! per (table, role, claims):
 //!             SAVEPOINT; set_config('role', $1, true), set_config('request.jwt.claims', $2, true);
-//!             <which of the rows exist for that role>; ROLLBACK TO + RELEASE
+//!             <which versions the policies allow, on their own values>;
+//!             <which of the current-row versions' rows exist for that role>;
+//!             ROLLBACK TO + RELEASE
 //! ROLLBACK
 //! ```
 //!
-//! One snapshot serves the whole batch, so "the row still holds this change's values" and
-//! "the row is visible" are judged together: a change is never judged by a later version
-//! of its row. The savepoints confine a failing check (a policy that raises, an unknown
-//! role, the timeout) to its own group; `ROLLBACK TO` also undoes its `set_config`.
+//! A version is judged by its own values ([`crate::rls_sql::own_values_sql`]) unless it
+//! lacks a value its policies read ([`crate::rls_policy::judged_by`]); then, as before
+//! this existed, by the row's current state: visible by primary key for the role *and*
+//! still holding the version's values in the same snapshot (a version whose row changed
+//! since cannot be judged, and is withheld: "superseded"). The savepoints confine a
+//! failing check (a policy that raises, the timeout) to its own group; `ROLLBACK TO`
+//! also undoes its `set_config`.
 //!
 //! Savepoints double the statements per group, and checks rarely fail, so a batch first
 //! runs without them (`isolate: false`; each group's `set_config` replaces the previous
 //! one's). If anything failed there, every statement after the failure failed with it
 //! (the transaction is aborted): the caller then runs the whole batch again, isolated.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-use crate::rls_sql::{current_sql, visible_sql, CatalogColumn};
+use crate::rls_policy::Predicate;
+use crate::rls_sql::{current_sql, own_values_sql, visible_sql, CatalogColumn};
 use crate::CdcError;
 
-/// The rows of one table to check, and who to check them for.
-#[derive(Debug, Default)]
+/// One version of a row: its columns as Postgres text (`None` = NULL). A column the
+/// change does not carry is not listed.
+pub type Version = Vec<(String, Option<String>)>;
+
+/// The versions of one table to check, and who to check them for.
+#[derive(Debug, Default, Clone)]
 pub struct TableCheck {
     pub schema: String,
     pub table: String,
     pub pk: Vec<CatalogColumn>,
-    /// Columns compared to find rows that changed again since (must include the key).
-    pub compare: Vec<CatalogColumn>,
-    /// Per row: values of `compare`, in order, as Postgres text.
-    pub rows: Vec<Vec<Option<String>>>,
+    /// The table's columns (those a current-row comparison may use).
+    pub columns: Vec<CatalogColumn>,
+    pub versions: Arc<Vec<Version>>,
     pub groups: Vec<GroupCheck>,
 }
 
-/// One role + claims, and the rows (indices into [`TableCheck::rows`]) it needs judged.
-#[derive(Debug, Default, Clone)]
+/// One role + claims, the condition its policies make, and the versions (indices into
+/// [`TableCheck::versions`]) it needs judged.
+#[derive(Debug, Clone)]
 pub struct GroupCheck {
     pub role: String,
     pub claims: String,
-    pub rows: Vec<usize>,
+    pub predicate: Arc<Predicate>,
+    /// Judged by their own values.
+    pub own: Vec<usize>,
+    /// Judged by the row's current state (their own values are incomplete).
+    pub by_row: Vec<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,22 +82,28 @@ pub struct CheckOptions {
     pub isolate: bool,
 }
 
-impl TableOutcome {
-    /// No statement of this table failed.
-    pub fn all_ok(&self) -> bool {
-        self.current.is_ok() && self.groups.iter().all(Result::is_ok)
-    }
+/// What one group may see.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GroupOutcome {
+    pub visible: HashSet<usize>,
+    /// Current-row versions the role could see by the row, whose row no longer holds
+    /// them (withheld: they cannot be judged).
+    pub superseded: HashSet<usize>,
 }
-
-/// Row indices that passed, or why the statement failed.
-pub type Passed = Result<HashSet<usize>, String>;
 
 #[derive(Debug)]
 pub struct TableOutcome {
-    /// Rows that still hold the change's values.
-    pub current: Passed,
-    /// Per group, in order: rows visible to it.
-    pub groups: Vec<Passed>,
+    /// Why the current-row comparison failed (its versions are then withheld).
+    pub current_error: Option<String>,
+    /// Per group, in order: what it may see, or why its check failed.
+    pub groups: Vec<Result<GroupOutcome, String>>,
+}
+
+impl TableOutcome {
+    /// No statement of this table failed.
+    pub fn all_ok(&self) -> bool {
+        self.current_error.is_none() && self.groups.iter().all(Result::is_ok)
+    }
 }
 
 type Reply<'a> = Pin<Box<dyn Future<Output = Result<Vec<i64>, tokio_postgres::Error>> + Send + 'a>>;
@@ -96,11 +118,14 @@ async fn prepared(
     client: &Client,
     cache: &mut HashMap<String, Statement>,
     sql: &str,
-) -> Result<Statement, tokio_postgres::Error> {
+) -> Result<Statement, String> {
     if let Some(s) = cache.get(sql) {
         return Ok(s.clone());
     }
-    let s = client.prepare(sql).await?;
+    let s = client
+        .prepare(sql)
+        .await
+        .map_err(|e| crate::db_message(&e))?;
     cache.insert(sql.to_string(), s.clone());
     Ok(s)
 }
@@ -119,11 +144,8 @@ fn exec<'a>(
 }
 
 /// A statement returning row positions (`bigint`).
-fn query<'a>(
-    client: &'a Client,
-    stmt: &'a Statement,
-    params: Vec<&'a (dyn ToSql + Sync)>,
-) -> Reply<'a> {
+fn query<'a>(client: &'a Client, stmt: &'a Statement, arrays: &'a [Array]) -> Reply<'a> {
+    let params: Vec<&(dyn ToSql + Sync)> = arrays.iter().map(|a| a as _).collect();
     Box::pin(async move {
         let rows = client.query(stmt, &params).await?;
         rows.iter()
@@ -138,25 +160,35 @@ enum Step {
     Control,
     Current(usize),
     Claims(usize, usize),
-    Visible(usize, usize),
+    Own(usize, usize),
+    ByRow(usize, usize),
 }
 
-/// Column-major arrays (one `text[]` per column) of the chosen rows.
-fn arrays(
-    rows: &[Vec<Option<String>>],
+/// One bound `text[]`: a column's values over the chosen versions.
+type Array = Vec<Option<String>>;
+
+/// Column-major arrays (one `text[]` per column name) of the chosen versions; a column a
+/// version does not carry is bound as NULL.
+fn arrays<'a>(
+    versions: &[Version],
     pick: &[usize],
-    cols: &[usize],
-) -> Vec<Vec<Option<String>>> {
-    cols.iter()
-        .map(|&c| {
+    names: impl Iterator<Item = &'a str>,
+) -> Vec<Array> {
+    names
+        .map(|name| {
             pick.iter()
-                .map(|&r| rows.get(r).and_then(|row| row.get(c).cloned()).flatten())
+                .map(|&r| {
+                    versions
+                        .get(r)
+                        .and_then(|v| v.iter().find(|(n, _)| n == name))
+                        .and_then(|(_, value)| value.clone())
+                })
                 .collect()
         })
         .collect()
 }
 
-/// 1-based positions from `WITH ORDINALITY` back to row indices.
+/// 1-based positions from `WITH ORDINALITY` back to version indices.
 fn to_rows(positions: &[i64], pick: &[usize]) -> HashSet<usize> {
     positions
         .iter()
@@ -165,116 +197,178 @@ fn to_rows(positions: &[i64], pick: &[usize]) -> HashSet<usize> {
         .collect()
 }
 
+/// A statement with what it binds and which versions its positions refer to.
+struct Bound {
+    stmt: Result<Statement, String>,
+    arrays: Vec<Array>,
+    pick: Vec<usize>,
+}
+
+/// Statements and bound arrays of one table (built before any reply is awaited: a
+/// statement that does not prepare fails only its table or group).
+struct TablePlan {
+    /// The current-row comparison, when some group has current-row versions.
+    current: Option<Bound>,
+    /// Per group: own-values check, current-row visibility check.
+    groups: Vec<(Option<Bound>, Option<Bound>)>,
+}
+
+async fn plan_table(
+    client: &Client,
+    cache: &mut HashMap<String, Statement>,
+    t: &TableCheck,
+) -> TablePlan {
+    let by_row: BTreeSet<usize> = t.groups.iter().flat_map(|g| g.by_row.clone()).collect();
+    let by_row: Vec<usize> = by_row.into_iter().collect();
+    let mut current = None;
+    let mut visible = Err(String::new());
+    if !by_row.is_empty() {
+        // Compare every column all those versions carry.
+        let compare: Vec<CatalogColumn> = t
+            .columns
+            .iter()
+            .filter(|(name, _)| {
+                by_row.iter().all(|&r| {
+                    t.versions
+                        .get(r)
+                        .is_some_and(|v| v.iter().any(|(n, _)| n == name))
+                })
+            })
+            .cloned()
+            .collect();
+        let stmt = match current_sql(&t.schema, &t.table, &t.pk, &compare) {
+            None => Err("the change does not carry its primary key".to_string()),
+            Some(sql) => prepared(client, cache, &sql).await,
+        };
+        let names = compare.iter().map(|(n, _)| n.as_str());
+        current = Some(Bound {
+            stmt,
+            arrays: arrays(&t.versions, &by_row, names),
+            pick: by_row,
+        });
+        visible = prepared(client, cache, &visible_sql(&t.schema, &t.table, &t.pk)).await;
+    }
+    let mut groups = Vec::with_capacity(t.groups.len());
+    for g in &t.groups {
+        let own = if g.own.is_empty() {
+            None
+        } else {
+            let cols: Vec<CatalogColumn> = g
+                .predicate
+                .columns
+                .iter()
+                .map(|c| (c.name.clone(), c.ty.clone()))
+                .collect();
+            let sql = own_values_sql(&t.table, &cols, &g.predicate.condition);
+            let names = cols.iter().map(|(n, _)| n.as_str());
+            Some(Bound {
+                stmt: prepared(client, cache, &sql).await,
+                arrays: arrays(&t.versions, &g.own, names),
+                pick: g.own.clone(),
+            })
+        };
+        let by_row = (!g.by_row.is_empty()).then(|| Bound {
+            stmt: visible.clone(),
+            arrays: arrays(&t.versions, &g.by_row, t.pk.iter().map(|(n, _)| n.as_str())),
+            pick: g.by_row.clone(),
+        });
+        groups.push((own, by_row));
+    }
+    TablePlan { current, groups }
+}
+
+/// The requests of a batch, in order (see the module docs).
+fn steps<'a>(
+    client: &'a Client,
+    tables: &'a [TableCheck],
+    plans: &'a [TablePlan],
+    control_stmts: &'a (Statement, Statement, String),
+    opts: &CheckOptions,
+) -> Vec<(Step, Reply<'a>)> {
+    let (set_claims, set_timeout, timeout) = control_stmts;
+    let mut steps: Vec<(Step, Reply<'a>)> = vec![
+        (
+            Step::Control,
+            control(client, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+        ),
+        (Step::Control, exec(client, set_timeout, vec![timeout])),
+    ];
+    let isolated = |steps: &mut Vec<(Step, Reply<'a>)>, inner: Vec<(Step, Reply<'a>)>| {
+        if opts.isolate {
+            steps.push((Step::Control, control(client, SAVEPOINT)));
+        }
+        steps.extend(inner);
+        if opts.isolate {
+            steps.push((Step::Control, control(client, RESTORE)));
+        }
+    };
+    for (ti, plan) in plans.iter().enumerate() {
+        if let Some(Bound {
+            stmt: Ok(s),
+            arrays,
+            ..
+        }) = &plan.current
+        {
+            isolated(
+                &mut steps,
+                vec![(Step::Current(ti), query(client, s, arrays))],
+            );
+        }
+    }
+    for (ti, (t, plan)) in tables.iter().zip(plans).enumerate() {
+        for (gi, (g, (own, by_row))) in t.groups.iter().zip(&plan.groups).enumerate() {
+            let mut inner = vec![(
+                Step::Claims(ti, gi),
+                exec(client, set_claims, vec![&g.role, &g.claims]),
+            )];
+            if let Some(Bound {
+                stmt: Ok(s),
+                arrays,
+                ..
+            }) = own
+            {
+                inner.push((Step::Own(ti, gi), query(client, s, arrays)));
+            }
+            if let Some(Bound {
+                stmt: Ok(s),
+                arrays,
+                ..
+            }) = by_row
+            {
+                inner.push((Step::ByRow(ti, gi), query(client, s, arrays)));
+            }
+            if inner.len() > 1 {
+                isolated(&mut steps, inner);
+            }
+        }
+    }
+    steps.push((Step::Control, control(client, "ROLLBACK")));
+    steps
+}
+
 pub async fn run_checks(
     client: &Client,
     cache: &mut HashMap<String, Statement>,
     tables: &[TableCheck],
     opts: &CheckOptions,
 ) -> Result<Vec<TableOutcome>, CdcError> {
-    let set_claims = prepared(client, cache, SET_CLAIMS).await?;
-    let set_timeout = prepared(client, cache, SET_TIMEOUT).await?;
-    let timeout = opts.timeout_ms.to_string();
-    // Statements and bound arrays first (prepare failures fail that table only), then
-    // the replies, which borrow them.
-    struct Plan {
-        current: Result<Statement, String>,
-        visible: Result<Statement, String>,
-        all_rows: Vec<usize>,
-        current_arrays: Vec<Vec<Option<String>>>,
-        group_arrays: Vec<Vec<Vec<Option<String>>>>,
-    }
+    let set_claims = client.prepare(SET_CLAIMS);
+    let set_timeout = client.prepare(SET_TIMEOUT);
+    let control_stmts = (
+        set_claims.await?,
+        set_timeout.await?,
+        opts.timeout_ms.to_string(),
+    );
     let mut plans = Vec::with_capacity(tables.len());
     for t in tables {
-        let key_cols: Vec<usize> =
-            t.pk.iter()
-                .filter_map(|(name, _)| t.compare.iter().position(|(c, _)| c == name))
-                .collect();
-        let current = match current_sql(&t.schema, &t.table, &t.pk, &t.compare) {
-            None => Err("the change does not carry its primary key".to_string()),
-            Some(sql) => prepared(client, cache, &sql)
-                .await
-                .map_err(|e| crate::db_message(&e)),
-        };
-        let visible = prepared(client, cache, &visible_sql(&t.schema, &t.table, &t.pk))
-            .await
-            .map_err(|e| crate::db_message(&e));
-        let all_rows: Vec<usize> = (0..t.rows.len()).collect();
-        let all_cols: Vec<usize> = (0..t.compare.len()).collect();
-        plans.push(Plan {
-            current,
-            visible,
-            current_arrays: arrays(&t.rows, &all_rows, &all_cols),
-            group_arrays: t
-                .groups
-                .iter()
-                .map(|g| arrays(&t.rows, &g.rows, &key_cols))
-                .collect(),
-            all_rows,
-        });
+        plans.push(plan_table(client, cache, t).await);
     }
-
-    let prepared: Prepared = plans
-        .iter()
-        .map(|p| {
-            (
-                p.current.as_ref().err().cloned(),
-                p.visible.as_ref().err().cloned(),
-                p.all_rows.clone(),
-            )
-        })
-        .collect();
-    let mut steps: Vec<(Step, Reply<'_>)> = Vec::new();
-    steps.push((
-        Step::Control,
-        control(client, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-    ));
-    steps.push((Step::Control, exec(client, &set_timeout, vec![&timeout])));
-    for (ti, plan) in plans.iter().enumerate() {
-        if let Ok(stmt) = &plan.current {
-            if opts.isolate {
-                steps.push((Step::Control, control(client, SAVEPOINT)));
-            }
-            let params = plan
-                .current_arrays
-                .iter()
-                .map(|a| a as &(dyn ToSql + Sync))
-                .collect();
-            steps.push((Step::Current(ti), query(client, stmt, params)));
-            if opts.isolate {
-                steps.push((Step::Control, control(client, RESTORE)));
-            }
-        }
-    }
-    for (ti, (t, plan)) in tables.iter().zip(&plans).enumerate() {
-        let Ok(stmt) = &plan.visible else { continue };
-        for (gi, g) in t.groups.iter().enumerate() {
-            let Some(group_arrays) = plan.group_arrays.get(gi) else {
-                continue;
-            };
-            if opts.isolate {
-                steps.push((Step::Control, control(client, SAVEPOINT)));
-            }
-            steps.push((
-                Step::Claims(ti, gi),
-                exec(client, &set_claims, vec![&g.role, &g.claims]),
-            ));
-            let params = group_arrays
-                .iter()
-                .map(|a| a as &(dyn ToSql + Sync))
-                .collect();
-            steps.push((Step::Visible(ti, gi), query(client, stmt, params)));
-            if opts.isolate {
-                steps.push((Step::Control, control(client, RESTORE)));
-            }
-        }
-    }
-    steps.push((Step::Control, control(client, "ROLLBACK")));
-
+    let mut steps = steps(client, tables, &plans, &control_stmts, opts);
+    let mut replies = Vec::with_capacity(steps.len());
     if opts.pipelined {
         // The first poll of each reply queues its request on the connection, in order;
         // the server then answers them back to back.
         let early = kick(&mut steps);
-        let mut replies = Vec::with_capacity(steps.len());
         for ((step, reply), done) in steps.into_iter().zip(early) {
             let r = match done {
                 Some(r) => r,
@@ -282,14 +376,12 @@ pub async fn run_checks(
             };
             replies.push((step, r));
         }
-        collect(tables, &prepared, replies)
     } else {
-        let mut replies = Vec::with_capacity(steps.len());
         for (step, reply) in steps {
             replies.push((step, reply.await));
         }
-        collect(tables, &prepared, replies)
     }
+    collect(tables, &plans, replies)
 }
 
 /// Poll each reply once, in order: that queues its request on the connection. (A plain
@@ -306,61 +398,118 @@ fn kick(steps: &mut [(Step, Reply<'_>)]) -> Vec<Option<Result<Vec<i64>, tokio_po
         .collect()
 }
 
-/// Per table: (prepare error of the version statement, prepare error of the check, rows).
-type Prepared = Vec<(Option<String>, Option<String>, Vec<usize>)>;
+/// Replies of one group: the claims error, and the own-values and current-row results.
+#[derive(Default)]
+struct GroupReplies {
+    claims: Option<String>,
+    own: Option<Result<HashSet<usize>, String>>,
+    by_row: Option<Result<HashSet<usize>, String>>,
+}
+
+/// The versions a group's statement (own values or current row) refers to.
+fn picked(plans: &[TablePlan], ti: usize, gi: usize, own: bool) -> &[usize] {
+    let group = plans.get(ti).and_then(|p| p.groups.get(gi));
+    let bound = group.and_then(|(o, r)| if own { o.as_ref() } else { r.as_ref() });
+    bound.map(|b| b.pick.as_slice()).unwrap_or_default()
+}
+
+/// The result of a planned statement; one that was not answered did not prepare.
+fn answered<T: Default>(
+    bound: Option<&Bound>,
+    reply: Option<Result<T, String>>,
+) -> Result<T, String> {
+    match (bound, reply) {
+        (None, _) => Ok(T::default()),
+        (Some(_), Some(r)) => r,
+        (Some(b), None) => Err(b.stmt.clone().err().unwrap_or_else(|| "not checked".into())),
+    }
+}
 
 fn collect(
     tables: &[TableCheck],
-    prepared: &Prepared,
+    plans: &[TablePlan],
     replies: Vec<(Step, Result<Vec<i64>, tokio_postgres::Error>)>,
 ) -> Result<Vec<TableOutcome>, CdcError> {
-    let mut out: Vec<TableOutcome> = tables
-        .iter()
-        .zip(prepared)
-        .map(|(t, (cur_err, vis_err, _))| TableOutcome {
-            current: match cur_err {
-                Some(e) => Err(e.clone()),
-                None => Err("not checked".into()),
-            },
-            groups: t
-                .groups
-                .iter()
-                .map(|_| Err(vis_err.clone().unwrap_or_else(|| "not checked".into())))
-                .collect(),
-        })
-        .collect();
-    let mut claim_errors: HashMap<(usize, usize), String> = HashMap::new();
+    let mut current: HashMap<usize, Result<HashSet<usize>, String>> = HashMap::new();
+    let mut groups: HashMap<(usize, usize), GroupReplies> = HashMap::new();
     for (step, reply) in replies {
-        match (step, reply) {
-            (Step::Control, Err(e)) => return Err(e.into()),
-            (Step::Control, Ok(_)) => {}
-            (Step::Current(ti), r) => {
-                if let (Some(o), Some((_, _, rows))) = (out.get_mut(ti), prepared.get(ti)) {
-                    o.current = r
-                        .map(|p| to_rows(&p, rows))
-                        .map_err(|e| crate::db_message(&e));
-                }
-            }
-            (Step::Claims(ti, gi), Err(e)) => {
-                claim_errors.insert((ti, gi), crate::db_message(&e));
-            }
-            (Step::Claims(..), Ok(_)) => {}
-            (Step::Visible(ti, gi), r) => {
-                let pick = tables
+        if let Step::Control = step {
+            reply?;
+            continue;
+        }
+        let reply = reply.map_err(|e| crate::db_message(&e));
+        match step {
+            Step::Control => {}
+            Step::Current(ti) => {
+                let rows = plans
                     .get(ti)
-                    .and_then(|t| t.groups.get(gi))
-                    .map(|g| g.rows.as_slice())
+                    .and_then(|p| p.current.as_ref())
+                    .map(|b| b.pick.as_slice())
                     .unwrap_or_default();
-                if let Some(slot) = out.get_mut(ti).and_then(|o| o.groups.get_mut(gi)) {
-                    *slot = match (claim_errors.remove(&(ti, gi)), r) {
-                        (Some(e), _) => Err(e),
-                        (None, r) => r
-                            .map(|p| to_rows(&p, pick))
-                            .map_err(|e| crate::db_message(&e)),
-                    };
-                }
+                current.insert(ti, reply.map(|p| to_rows(&p, rows)));
+            }
+            Step::Claims(ti, gi) => groups.entry((ti, gi)).or_default().claims = reply.err(),
+            Step::Own(ti, gi) => {
+                let r = reply.map(|p| to_rows(&p, picked(plans, ti, gi, true)));
+                groups.entry((ti, gi)).or_default().own = Some(r);
+            }
+            Step::ByRow(ti, gi) => {
+                let r = reply.map(|p| to_rows(&p, picked(plans, ti, gi, false)));
+                groups.entry((ti, gi)).or_default().by_row = Some(r);
             }
         }
     }
-    Ok(out)
+    Ok(tables
+        .iter()
+        .zip(plans)
+        .enumerate()
+        .map(|(ti, (t, plan))| {
+            let current = answered(plan.current.as_ref(), current.remove(&ti));
+            let outcomes = (0..t.groups.len())
+                .map(|gi| {
+                    let replies = groups.remove(&(ti, gi)).unwrap_or_default();
+                    let (own, by_row) = match plan.groups.get(gi) {
+                        Some((o, r)) => (o.as_ref(), r.as_ref()),
+                        None => (None, None),
+                    };
+                    outcome(replies, own, by_row, &current)
+                })
+                .collect();
+            TableOutcome {
+                current_error: current.err(),
+                groups: outcomes,
+            }
+        })
+        .collect())
+}
+
+/// One group's verdict from its replies: what its own-values check allowed, and what
+/// its current-row check allowed among the versions their rows still hold.
+fn outcome(
+    replies: GroupReplies,
+    own: Option<&Bound>,
+    by_row: Option<&Bound>,
+    current: &Result<HashSet<usize>, String>,
+) -> Result<GroupOutcome, String> {
+    if let Some(e) = replies.claims {
+        return Err(e);
+    }
+    let mut visible = answered(own, replies.own)?;
+    let by_row = answered(by_row, replies.by_row)?;
+    let mut superseded = HashSet::new();
+    for r in by_row {
+        match current {
+            Ok(still) if still.contains(&r) => {
+                visible.insert(r);
+            }
+            Ok(_) => {
+                superseded.insert(r);
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(GroupOutcome {
+        visible,
+        superseded,
+    })
 }

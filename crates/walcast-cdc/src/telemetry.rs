@@ -17,8 +17,46 @@ pub const PUBLISHED_MESSAGES: &str = "walcast_cdc_published_messages_total";
 /// Gauge: the largest change message published since start, in bytes.
 pub const LARGEST_MESSAGE: &str = "walcast_cdc_largest_message_bytes";
 
+/// Counter: check statements sent, one per (table, role, claims) group per batch whose
+/// role's policies make a condition.
+pub const RLS_CHECKS: &str = "walcast_cdc_rls_checks_total";
+/// Counter: (change, subscriber) pairs not delivered by the authorizer.
+pub const RLS_DENIED: &str = "walcast_cdc_rls_denied_total";
+/// Counter: failed checks (each denies its own subscribers only).
+pub const RLS_ERRORS: &str = "walcast_cdc_rls_errors_total";
+/// Counter: INSERT/UPDATE versions judged by their row's current state instead of their
+/// own values, because they lack a value the policies read.
+pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
+/// Counter: deliveries withheld because a version judged by its row's current state was
+/// no longer that state when checked.
+pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
+    metrics::describe_counter!(
+        RLS_CHECKS,
+        "Row-level-security check statements run (one per table, role and claims group per batch)"
+    );
+    metrics::describe_counter!(
+        RLS_DENIED,
+        "Change deliveries refused by the authorizer (no role, no privilege, not visible under RLS, failed check)"
+    );
+    metrics::describe_counter!(
+        RLS_ERRORS,
+        "Row-level-security checks that failed; their subscribers were denied, the others served"
+    );
+    metrics::describe_counter!(
+        RLS_CURRENT_ROW,
+        "INSERT/UPDATE versions judged by the row's current state instead of their own values, \
+         because they lack a value the policies read: an unchanged TOASTed column left out of an \
+         UPDATE (REPLICA IDENTITY other than FULL), a column added since, or a NULL in a numeric, \
+         real or double precision column (wal2json writes NaN and Infinity as null)"
+    );
+    metrics::describe_counter!(
+        RLS_SUPERSEDED,
+        "Deliveries withheld because a version judged by its row's current state (see \
+         walcast_cdc_rls_current_row_total) was no longer that state when checked: it cannot be judged"
+    );
     metrics::describe_counter!(
         PUBLISHED_BYTES,
         "Bytes of change messages published to the bus (table and delivery subjects)"
