@@ -356,6 +356,8 @@ pub fn http_request(
 #[derive(Clone)]
 pub struct Collector {
     pub events: Arc<Mutex<Vec<(String, ChangeEvent)>>>,
+    /// When each event of `events` arrived (same order).
+    arrived: Arc<Mutex<Vec<std::time::SystemTime>>>,
     notify: Arc<tokio::sync::Notify>,
 }
 
@@ -445,6 +447,7 @@ impl Collector {
         bus.barrier().await.expect("barrier");
         let c = Collector {
             events: Arc::new(Mutex::new(Vec::new())),
+            arrived: Arc::new(Mutex::new(Vec::new())),
             notify: Arc::new(tokio::sync::Notify::new()),
         };
         let c2 = c.clone();
@@ -480,7 +483,13 @@ impl Collector {
                 }
                 assert!(ev.subs.is_empty(), "a change subject carries no audience");
                 let ev = audiences.complete(ev);
-                c2.events.lock().unwrap().push((msg.subject, ev));
+                let mut events = c2.events.lock().unwrap();
+                c2.arrived
+                    .lock()
+                    .unwrap()
+                    .push(std::time::SystemTime::now());
+                events.push((msg.subject, ev));
+                drop(events);
                 c2.notify.notify_waiters();
             }
         });
@@ -498,6 +507,12 @@ impl Collector {
             .iter()
             .map(|(_, e)| e.clone())
             .collect()
+    }
+
+    /// When each event of [`Collector::snapshot`] arrived, in the same order.
+    pub fn arrivals(&self) -> Vec<std::time::SystemTime> {
+        let _events = self.events.lock().unwrap();
+        self.arrived.lock().unwrap().clone()
     }
 
     pub fn subjects(&self) -> Vec<String> {
