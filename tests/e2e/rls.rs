@@ -1,6 +1,9 @@
 //! Row-level security checked as each subscriber, in the worker, against real policies:
 //! visibility by policy (including rows moving out of sight), column privileges, DELETE
-//! reduced to the key, fail-closed per subscriber, roles without access.
+//! reduced to the key, fail-closed per subscriber, roles without access; restrictive
+//! policies, policies for one role, role membership, table owners with and without
+//! `FORCE ROW LEVEL SECURITY`, each version judged as a `SELECT` of that very version
+//! would; versions lacking a value their policy reads (unchanged TOAST).
 
 mod support;
 
@@ -44,7 +47,11 @@ fn received(ev: &walcast_bus::ChangeEvent) -> BTreeMap<String, serde_json::Value
     out
 }
 
-both_sources!(rls_is_checked_per_subscriber_and_fails_closed);
+both_sources!(
+    rls_is_checked_per_subscriber_and_fails_closed,
+    each_policy_kind_judges_a_version_as_a_select_of_it_would,
+    a_version_lacking_a_value_its_policy_reads_is_judged_by_its_row,
+);
 
 async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
     let stack = Stack::start(source);
@@ -120,19 +127,16 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
     }
     assert!(reply.results[2].ok, "{:?}", reply.results[2]);
 
-    // Like Supabase, a check reads the row's *current* state by primary key, so each
-    // change is awaited before the next one alters the row it would be checked against.
-    let steps = [
-        "INSERT INTO docs VALUES (1, 'u1', 'a', 's1')",
-        "INSERT INTO docs VALUES (2, 'u2', 'b', 's2')",
-        "UPDATE docs SET owner = 'u2', body = 'moved' WHERE id = 1",
-        "DELETE FROM docs WHERE id = 2",
-        "INSERT INTO open VALUES (1, 'x')",
-    ];
-    for (n, step) in steps.iter().enumerate() {
-        stack.sql(step);
-        collector.wait_count(n + 1, Duration::from_secs(60)).await;
-    }
+    // Back to back: each version is judged by its own values, whatever the row holds
+    // by the time it is checked.
+    stack.sql(
+        "INSERT INTO docs VALUES (1, 'u1', 'a', 's1');
+         INSERT INTO docs VALUES (2, 'u2', 'b', 's2');
+         UPDATE docs SET owner = 'u2', body = 'moved' WHERE id = 1;
+         DELETE FROM docs WHERE id = 2;
+         INSERT INTO open VALUES (1, 'x');",
+    );
+    collector.wait_count(5, Duration::from_secs(60)).await;
     let events = collector.snapshot();
     let got: Vec<BTreeMap<String, serde_json::Value>> = events.iter().map(received).collect();
     let j = |v: serde_json::Value| v;
@@ -180,4 +184,310 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
     // u3's policy raised: denied (and counted), while the others were served.
     assert!(worker.metric("walcast_cdc_rls_errors_total").unwrap_or(0.0) >= 1.0);
     assert!(worker.metric("walcast_cdc_rls_denied_total").unwrap_or(0.0) >= 1.0);
+}
+
+/// A `SELECT` of row `id` of `table` as `role` with `claims`, inside the caller's
+/// transaction (so it sees the version just written), as JSON.
+async fn select_as(
+    client: &tokio_postgres::Client,
+    role: &str,
+    claims: &serde_json::Value,
+    table: &str,
+    id: i32,
+) -> Option<serde_json::Value> {
+    client.batch_execute("SAVEPOINT oracle").await.unwrap();
+    client
+        .execute(
+            "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true)",
+            &[&role, &claims.to_string()],
+        )
+        .await
+        .unwrap();
+    // The table name is one of this test's own.
+    let row = client
+        .query_opt(
+            &format!("SELECT row_to_json(t)::text FROM {table} t WHERE id = $1"),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    // Also undoes the role and claims.
+    client
+        .batch_execute("ROLLBACK TO SAVEPOINT oracle")
+        .await
+        .unwrap();
+    row.map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+}
+
+/// Writes to every table, two or three versions of a row per transaction (the worker
+/// sees them in one batch, every version but the last already replaced).
+const VERSIONS: &[&[(i32, &str)]] = &[
+    &[
+        (1, "INSERT INTO {t} VALUES (1, 'u1', 1, false)"),
+        (1, "UPDATE {t} SET level = 7 WHERE id = 1"),
+        (1, "UPDATE {t} SET archived = true WHERE id = 1"),
+    ],
+    &[
+        (
+            1,
+            "UPDATE {t} SET archived = false, owner = 'u2', level = 0 WHERE id = 1",
+        ),
+        (2, "INSERT INTO {t} VALUES (2, 'u2', 9, false)"),
+    ],
+    &[
+        (2, "UPDATE {t} SET level = 3 WHERE id = 2"),
+        (3, "INSERT INTO {t} VALUES (3, 'u1', 6, true)"),
+        (3, "UPDATE {t} SET owner = 'u2' WHERE id = 3"),
+    ],
+];
+
+async fn each_policy_kind_judges_a_version_as_a_select_of_it_would(source: &'static str) {
+    let stack = Stack::start(source);
+    let tables = ["restr", "authonly", "forced", "owned"];
+    for t in tables {
+        stack.sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, owner text NOT NULL, level int NOT NULL,
+                               archived bool NOT NULL)"
+        ));
+        stack.enable(t); // also applies the migrations: roles and auth.* helpers
+    }
+    let own = "owner = auth.jwt() ->> 'sub'";
+    stack.sql(&format!(
+        "CREATE ROLE tbl_owner NOLOGIN;
+         CREATE ROLE staff NOLOGIN;
+         GRANT authenticated TO staff;
+         GRANT USAGE ON SCHEMA auth TO tbl_owner;
+         ALTER TABLE forced OWNER TO tbl_owner;
+         ALTER TABLE owned OWNER TO tbl_owner;
+         ALTER TABLE restr ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY mine_or_high ON restr FOR SELECT TO authenticated
+             USING ({own} OR level >= 5);
+         CREATE POLICY not_archived ON restr AS RESTRICTIVE FOR SELECT TO authenticated
+             USING (NOT archived);
+         ALTER TABLE authonly ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY high ON authonly FOR SELECT TO authenticated USING (level >= 5);
+         ALTER TABLE forced ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE forced FORCE ROW LEVEL SECURITY;
+         CREATE POLICY low ON forced FOR SELECT TO tbl_owner USING (level < 5);
+         CREATE POLICY mine ON forced FOR ALL TO authenticated USING ({own});
+         ALTER TABLE owned ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY high ON owned FOR SELECT USING (level >= 5);"
+    ));
+    let user =
+        |role: &str, sub: &str| serde_json::json!({"role": role, "sub": sub, "exp": 4102444800u64});
+    // Per table: (subscription id, claims).
+    let audience: BTreeMap<&str, Vec<(String, serde_json::Value)>> = BTreeMap::from([
+        (
+            "restr",
+            vec![
+                ("restr-u1".into(), user("authenticated", "u1")),
+                ("restr-u2".into(), user("authenticated", "u2")),
+            ],
+        ),
+        (
+            "authonly",
+            vec![
+                ("authonly-u1".into(), user("authenticated", "u1")),
+                ("authonly-anon".into(), user("anon", "u1")),
+                ("authonly-staff".into(), user("staff", "u1")),
+            ],
+        ),
+        (
+            "forced",
+            vec![
+                ("forced-owner".into(), user("tbl_owner", "u9")),
+                ("forced-u1".into(), user("authenticated", "u1")),
+            ],
+        ),
+        (
+            "owned",
+            vec![
+                ("owned-owner".into(), user("tbl_owner", "u9")),
+                ("owned-u1".into(), user("authenticated", "u1")),
+            ],
+        ),
+    ]);
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let bus = Bus::nats(&stack.nats.url(), "rls-kinds").await.unwrap();
+    let subs = SubsClient::new(&bus, None).unwrap();
+    let specs = audience
+        .iter()
+        .flat_map(|(t, who)| who.iter().map(|(id, claims)| spec(id, t, claims.clone())))
+        .collect();
+    let reply = subs
+        .register(RegisterRequest { subs: specs }, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(reply.results.iter().all(|r| r.ok), "{:?}", reply.results);
+
+    // Write, and right after each version, SELECT it as every subscriber of its table.
+    let (client, conn) = tokio_postgres::connect(&stack.pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Per table, per version: what each subscriber's SELECT returned.
+    let mut expected: BTreeMap<&str, Vec<BTreeMap<String, serde_json::Value>>> = BTreeMap::new();
+    for txn in VERSIONS {
+        client.batch_execute("BEGIN").await.unwrap();
+        for t in tables {
+            for (id, step) in *txn {
+                client.batch_execute(&step.replace("{t}", t)).await.unwrap();
+                let mut seen = BTreeMap::new();
+                for (sub, claims) in &audience[t] {
+                    let role = claims["role"].as_str().unwrap();
+                    if let Some(row) = select_as(&client, role, claims, t, *id).await {
+                        seen.insert(sub.clone(), row);
+                    }
+                }
+                expected.entry(t).or_default().push(seen);
+            }
+        }
+        client.batch_execute("COMMIT").await.unwrap();
+    }
+    let total: usize = expected.values().map(Vec::len).sum();
+    collector.wait_count(total, Duration::from_secs(60)).await;
+    let events = collector.snapshot();
+    assert_eq!(events.len(), total);
+    for t in tables {
+        let got: Vec<BTreeMap<String, serde_json::Value>> = events
+            .iter()
+            .filter(|e| e.table == t)
+            .map(received)
+            .collect();
+        assert_eq!(
+            got, expected[t],
+            "{t}: deliveries differ from a SELECT of each version"
+        );
+    }
+    // The oracle is not vacuous: each kind lets some versions through and holds some back.
+    let count = |t: &str, sub: &str| expected[t].iter().filter(|v| v.contains_key(sub)).count();
+    let n = VERSIONS.iter().map(|v| v.len()).sum::<usize>();
+    assert_eq!(
+        (count("restr", "restr-u1"), count("restr", "restr-u2")),
+        (3, 4)
+    );
+    assert_eq!(count("authonly", "authonly-anon"), 0, "no policy for anon");
+    assert_eq!(count("authonly", "authonly-u1"), 5);
+    assert_eq!(
+        count("authonly", "authonly-staff"),
+        5,
+        "a member of authenticated"
+    );
+    // FORCE: the owner is held to its policy (level < 5); without it, sees every version.
+    assert_eq!(
+        (
+            count("forced", "forced-owner"),
+            count("forced", "forced-u1")
+        ),
+        (3, 4)
+    );
+    assert_eq!(
+        (count("owned", "owned-owner"), count("owned", "owned-u1")),
+        (n, 5)
+    );
+    let metric = |name: &str| worker.metric(name).unwrap_or(0.0);
+    assert_eq!(metric("walcast_cdc_rls_current_row_total"), 0.0);
+    assert_eq!(metric("walcast_cdc_rls_superseded_total"), 0.0);
+}
+
+async fn a_version_lacking_a_value_its_policy_reads_is_judged_by_its_row(source: &'static str) {
+    let stack = Stack::start(source);
+    for t in ["notes", "bignotes", "scores"] {
+        let cols = if t == "scores" {
+            "score float8"
+        } else {
+            "status text, big text"
+        };
+        stack.sql(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, owner text NOT NULL, {cols})"
+        ));
+        stack.enable(t);
+    }
+    // Out-of-line TOAST, and only the key as old row: wal2json leaves an unchanged `big`
+    // out of an UPDATE.
+    stack.sql(
+        "ALTER TABLE notes ALTER COLUMN big SET STORAGE EXTERNAL, REPLICA IDENTITY DEFAULT;
+         ALTER TABLE bignotes ALTER COLUMN big SET STORAGE EXTERNAL, REPLICA IDENTITY DEFAULT;
+         ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY mine ON notes FOR SELECT TO authenticated
+             USING (owner = auth.jwt() ->> 'sub');
+         ALTER TABLE bignotes ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY mine_with_body ON bignotes FOR SELECT TO authenticated
+             USING (owner = auth.jwt() ->> 'sub' AND length(big) > 0);
+         ALTER TABLE scores ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY low ON scores FOR SELECT TO authenticated
+             USING (owner = auth.jwt() ->> 'sub' AND coalesce(score, 0) < 10);",
+    );
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let bus = Bus::nats(&stack.nats.url(), "rls-toast").await.unwrap();
+    let subs = SubsClient::new(&bus, None).unwrap();
+    let u1 = serde_json::json!({"role": "authenticated", "sub": "u1", "exp": 4102444800u64});
+    let reply = subs
+        .register(
+            RegisterRequest {
+                subs: ["notes", "bignotes", "scores"]
+                    .iter()
+                    .map(|t| spec(t, t, u1.clone()))
+                    .collect(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert!(reply.results.iter().all(|r| r.ok), "{:?}", reply.results);
+
+    stack.sql(
+        "INSERT INTO notes VALUES (1, 'u1', 'new', repeat(md5('x'), 200));
+         INSERT INTO bignotes VALUES (1, 'u1', 'new', repeat(md5('x'), 200));
+         BEGIN;
+         UPDATE notes SET status = 'sent' WHERE id = 1;
+         UPDATE notes SET status = 'delivered' WHERE id = 1;
+         UPDATE bignotes SET status = 'sent' WHERE id = 1;
+         UPDATE bignotes SET status = 'delivered' WHERE id = 1;
+         COMMIT;
+         INSERT INTO scores VALUES (1, 'u1', 'NaN'), (2, 'u1', 5), (3, 'u1', NULL), (4, 'u1', 'Infinity');",
+    );
+    collector.wait_count(10, Duration::from_secs(60)).await;
+    let events = collector.snapshot();
+    let seen = |table: &str| -> Vec<(String, serde_json::Value)> {
+        events
+            .iter()
+            .filter(|e| e.table == table)
+            .filter_map(|e| {
+                received(e)
+                    .remove(table)
+                    .map(|r| (format!("{:?}", e.kind), r))
+            })
+            .map(|(kind, r)| (kind, r.get("status").or(r.get("id")).cloned().unwrap()))
+            .collect()
+    };
+    let s = |kind: &str, v: serde_json::Value| (kind.to_string(), v);
+    // The UPDATEs lack `big`, which this policy does not read: judged by their own values.
+    assert_eq!(
+        seen("notes"),
+        [
+            s("Insert", "new".into()),
+            s("Update", "sent".into()),
+            s("Update", "delivered".into())
+        ]
+    );
+    // This policy reads `big`: the UPDATEs are judged by the row, the one already
+    // replaced when checked cannot be judged and is withheld.
+    assert_eq!(
+        seen("bignotes"),
+        [s("Insert", "new".into()), s("Update", "delivered".into())]
+    );
+    // NaN and Infinity arrive as null: judged by the row (whose NaN fails `< 10`); a real
+    // NULL passes, as a SELECT would have it.
+    assert_eq!(
+        seen("scores"),
+        [s("Insert", 2.into()), s("Insert", 3.into())]
+    );
+    let metric = |name: &str| worker.metric(name).unwrap_or(0.0);
+    assert_eq!(metric("walcast_cdc_rls_current_row_total"), 5.0);
+    assert_eq!(metric("walcast_cdc_rls_superseded_total"), 1.0);
 }
