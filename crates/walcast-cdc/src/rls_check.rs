@@ -200,8 +200,55 @@ fn to_rows(positions: &[i64], pick: &[usize]) -> HashSet<usize> {
 /// A statement with what it binds and which versions its positions refer to.
 struct Bound {
     stmt: Result<Statement, String>,
-    arrays: Vec<Array>,
+    arrays: Arc<Vec<Array>>,
     pick: Vec<usize>,
+}
+
+/// A table's own-values statements and arrays, built once per batch for all the groups
+/// that share them: groups of one role share the predicate (keyed by its address), and
+/// usually the versions too.
+#[derive(Default)]
+struct OwnMemo {
+    statements: HashMap<usize, Result<Statement, String>>,
+    arrays: HashMap<(usize, Vec<usize>), Arc<Vec<Array>>>,
+}
+
+async fn plan_own(
+    client: &Client,
+    cache: &mut HashMap<String, Statement>,
+    memo: &mut OwnMemo,
+    t: &TableCheck,
+    g: &GroupCheck,
+) -> Option<Bound> {
+    if g.own.is_empty() {
+        return None;
+    }
+    let key = Arc::as_ptr(&g.predicate) as usize;
+    let columns = &g.predicate.columns;
+    let stmt = match memo.statements.get(&key) {
+        Some(s) => s.clone(),
+        None => {
+            let typed: Vec<CatalogColumn> = columns
+                .iter()
+                .map(|c| (c.name.clone(), c.ty.clone()))
+                .collect();
+            let sql = own_values_sql(&t.table, &typed, &g.predicate.condition);
+            let s = prepared(client, cache, &sql).await;
+            memo.statements.insert(key, s.clone());
+            s
+        }
+    };
+    let names = columns.iter().map(|c| c.name.as_str());
+    let arrays = memo
+        .arrays
+        .entry((key, g.own.clone()))
+        .or_insert_with(|| Arc::new(arrays(&t.versions, &g.own, names)))
+        .clone();
+    Some(Bound {
+        stmt,
+        arrays,
+        pick: g.own.clone(),
+    })
 }
 
 /// Statements and bound arrays of one table (built before any reply is awaited: a
@@ -243,33 +290,19 @@ async fn plan_table(
         let names = compare.iter().map(|(n, _)| n.as_str());
         current = Some(Bound {
             stmt,
-            arrays: arrays(&t.versions, &by_row, names),
+            arrays: Arc::new(arrays(&t.versions, &by_row, names)),
             pick: by_row,
         });
         visible = prepared(client, cache, &visible_sql(&t.schema, &t.table, &t.pk)).await;
     }
     let mut groups = Vec::with_capacity(t.groups.len());
+    let mut memo = OwnMemo::default();
     for g in &t.groups {
-        let own = if g.own.is_empty() {
-            None
-        } else {
-            let cols: Vec<CatalogColumn> = g
-                .predicate
-                .columns
-                .iter()
-                .map(|c| (c.name.clone(), c.ty.clone()))
-                .collect();
-            let sql = own_values_sql(&t.table, &cols, &g.predicate.condition);
-            let names = cols.iter().map(|(n, _)| n.as_str());
-            Some(Bound {
-                stmt: prepared(client, cache, &sql).await,
-                arrays: arrays(&t.versions, &g.own, names),
-                pick: g.own.clone(),
-            })
-        };
+        let own = plan_own(client, cache, &mut memo, t, g).await;
+        let keys = t.pk.iter().map(|(n, _)| n.as_str());
         let by_row = (!g.by_row.is_empty()).then(|| Bound {
             stmt: visible.clone(),
-            arrays: arrays(&t.versions, &g.by_row, t.pk.iter().map(|(n, _)| n.as_str())),
+            arrays: Arc::new(arrays(&t.versions, &g.by_row, keys)),
             pick: g.by_row.clone(),
         });
         groups.push((own, by_row));
