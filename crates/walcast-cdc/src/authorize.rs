@@ -17,7 +17,7 @@ use walcast_bus::{ChangeEvent, ChangeKind};
 
 use crate::matcher::{MatchedClass, Sub};
 use crate::rls::{Access, RlsChecker, TableInfo};
-use crate::rls_check::{CheckOptions, GroupCheck, GroupOutcome, TableCheck, TableOutcome};
+use crate::rls_check::{CheckOptions, GroupCheck, GroupOutcome, TableCheck, TableOutcome, Version};
 use crate::rls_policy::{self, Rule};
 use crate::{telemetry, CdcError};
 
@@ -300,6 +300,8 @@ fn settle_groups(
 ) -> GroupSubs {
     let mut group_subs = Vec::with_capacity(gather.groups.len());
     let mut by_row: BTreeSet<usize> = BTreeSet::new();
+    // Per predicate (by address; one per role): whether each version carries what it reads.
+    let mut complete: HashMap<usize, Vec<bool>> = HashMap::new();
     for ((role, claims), subs) in gather.groups {
         let key = (check.schema.clone(), check.table.clone(), role);
         let predicate = match rules.get(&key) {
@@ -324,11 +326,19 @@ fn settle_groups(
             .collect();
         rows.sort_unstable();
         rows.dedup();
-        let (own, current): (Vec<usize>, Vec<usize>) = rows.into_iter().partition(|&r| {
-            check.versions.get(r).is_none_or(|v| {
-                rls_policy::judged_by(&predicate, v) == rls_policy::JudgedBy::OwnValues
-            })
-        });
+        let complete = complete
+            .entry(Arc::as_ptr(&predicate) as usize)
+            .or_insert_with(|| {
+                let judged = |v: &Version| rls_policy::judged_by(&predicate, v);
+                check
+                    .versions
+                    .iter()
+                    .map(|v| judged(v) == rls_policy::JudgedBy::OwnValues)
+                    .collect()
+            });
+        let (own, current): (Vec<usize>, Vec<usize>) = rows
+            .into_iter()
+            .partition(|&r| complete.get(r).copied().unwrap_or(true));
         by_row.extend(&current);
         let claims = match mode {
             RlsMode::Batched => claims,
