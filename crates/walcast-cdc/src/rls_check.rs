@@ -447,15 +447,20 @@ fn picked(plans: &[TablePlan], ti: usize, gi: usize, own: bool) -> &[usize] {
 }
 
 /// The result of a planned statement; one that was not answered did not prepare.
-fn answered<T: Default>(
-    bound: Option<&Bound>,
-    reply: Option<Result<T, String>>,
-) -> Result<T, String> {
-    match (bound, reply) {
+fn answered<T: Default>(planned: Planned, reply: Option<Result<T, String>>) -> Result<T, String> {
+    match (planned, reply) {
         (None, _) => Ok(T::default()),
         (Some(_), Some(r)) => r,
-        (Some(b), None) => Err(b.stmt.clone().err().unwrap_or_else(|| "not checked".into())),
+        (Some(error), None) => Err(error.unwrap_or_else(|| "not checked".into())),
     }
+}
+
+/// Whether a statement was planned (`None`: nothing to check), and if so why it could
+/// not be sent, if it could not.
+type Planned = Option<Option<String>>;
+
+fn planned(bound: Option<&Bound>) -> Planned {
+    bound.map(|b| b.stmt.as_ref().err().cloned())
 }
 
 fn collect(
@@ -497,7 +502,7 @@ fn collect(
         .zip(plans)
         .enumerate()
         .map(|(ti, (t, plan))| {
-            let current = answered(plan.current.as_ref(), current.remove(&ti));
+            let current = answered(planned(plan.current.as_ref()), current.remove(&ti));
             let outcomes = (0..t.groups.len())
                 .map(|gi| {
                     let replies = groups.remove(&(ti, gi)).unwrap_or_default();
@@ -505,7 +510,7 @@ fn collect(
                         Some((o, r)) => (o.as_ref(), r.as_ref()),
                         None => (None, None),
                     };
-                    outcome(replies, own, by_row, &current)
+                    outcome(replies, planned(own), planned(by_row), &current)
                 })
                 .collect();
             TableOutcome {
@@ -520,8 +525,8 @@ fn collect(
 /// its current-row check allowed among the versions their rows still hold.
 fn outcome(
     replies: GroupReplies,
-    own: Option<&Bound>,
-    by_row: Option<&Bound>,
+    own: Planned,
+    by_row: Planned,
     current: &Result<HashSet<usize>, String>,
 ) -> Result<GroupOutcome, String> {
     if let Some(e) = replies.claims {
@@ -546,3 +551,7 @@ fn outcome(
         superseded,
     })
 }
+
+#[cfg(test)]
+#[path = "rls_check_tests.rs"]
+mod tests;
