@@ -243,7 +243,7 @@ const VERSIONS: &[&[(i32, &str)]] = &[
 
 async fn each_policy_kind_judges_a_version_as_a_select_of_it_would(source: &'static str) {
     let stack = Stack::start(source);
-    let tables = ["restr", "authonly", "forced", "owned"];
+    let tables = ["restr", "authonly", "forced", "owned", "whole"];
     for t in tables {
         stack.sql(&format!(
             "CREATE TABLE {t} (id int PRIMARY KEY, owner text NOT NULL, level int NOT NULL,
@@ -271,7 +271,10 @@ async fn each_policy_kind_judges_a_version_as_a_select_of_it_would(source: &'sta
          CREATE POLICY low ON forced FOR SELECT TO tbl_owner USING (level < 5);
          CREATE POLICY mine ON forced FOR ALL TO authenticated USING ({own});
          ALTER TABLE owned ENABLE ROW LEVEL SECURITY;
-         CREATE POLICY high ON owned FOR SELECT USING (level >= 5);"
+         CREATE POLICY high ON owned FOR SELECT USING (level >= 5);
+         CREATE FUNCTION high_row(r whole) RETURNS bool LANGUAGE sql AS 'SELECT r.level >= 5';
+         ALTER TABLE whole ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY high ON whole FOR SELECT TO authenticated USING (high_row(whole));"
     ));
     let user =
         |role: &str, sub: &str| serde_json::json!({"role": role, "sub": sub, "exp": 4102444800u64});
@@ -305,6 +308,10 @@ async fn each_policy_kind_judges_a_version_as_a_select_of_it_would(source: &'sta
                 ("owned-owner".into(), user("tbl_owner", "u9")),
                 ("owned-u1".into(), user("authenticated", "u1")),
             ],
+        ),
+        (
+            "whole",
+            vec![("whole-u1".into(), user("authenticated", "u1"))],
         ),
     ]);
     let collector = Collector::start(&stack.nats.url()).await;
@@ -387,6 +394,7 @@ async fn each_policy_kind_judges_a_version_as_a_select_of_it_would(source: &'sta
         (count("owned", "owned-owner"), count("owned", "owned-u1")),
         (n, 5)
     );
+    assert_eq!(count("whole", "whole-u1"), 5, "a policy on the whole row");
     let metric = |name: &str| worker.metric(name).unwrap_or(0.0);
     assert_eq!(metric("walcast_cdc_rls_current_row_total"), 0.0);
     assert_eq!(metric("walcast_cdc_rls_superseded_total"), 0.0);
