@@ -46,7 +46,7 @@ ensure_system_packages() {
 
 ensure_rust() {
   if ! command -v cargo >/dev/null 2>&1; then
-    echo "error: no Rust toolchain (cargo) found. Install one with rustup (Rust 1.89 or newer)," >&2
+    echo "error: no Rust toolchain (cargo) found. Install one with rustup (Rust 1.95 or newer)," >&2
     echo "       then run this command again." >&2
     exit 1
   fi
