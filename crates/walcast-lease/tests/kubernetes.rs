@@ -1,7 +1,5 @@
 //! Three real Kubernetes Lease electors against the fake API server, over real HTTP.
 
-mod support;
-
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -11,8 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use walcast_lease::kubernetes::{self, KubeLeaseConfig};
 use walcast_lease::postgres::LeaderFlag;
-
-use support::fake_apiserver::FakeApi;
+use walcast_testkit::fake_kube::FakeApi;
 
 const NS: &str = "walcast";
 const NAME: &str = "cdc";
