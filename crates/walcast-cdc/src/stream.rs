@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
+use walcast_lease::Action;
 use walcast_pgrepl::{ReplEvent, ReplicationClient, ReplicationStream};
 use walcast_wal2json::Lsn;
 
@@ -135,6 +136,7 @@ impl<'a> Streamer<'a> {
                         }
                         if reply_requested {
                             self.ack(&mut stream, handled).await?;
+                            self.pipeline.fence().check(Action::Ack)?;
                             stream.send_status(self.confirmed, false).await?;
                         }
                     }
@@ -152,6 +154,8 @@ impl<'a> Streamer<'a> {
             return Ok(());
         }
         self.pipeline.barrier().await?;
+        // Checked after the barrier (which can take a while), right before the status.
+        self.pipeline.fence().check(Action::Ack)?;
         stream.send_status(upto, false).await?;
         self.confirmed = upto;
         Ok(())

@@ -228,7 +228,8 @@ pub async fn run(
             } else {
                 None
             };
-            if let Err(e) = walcast_cdc::run(cfg, bus, matcher, health.clone(), term.clone()).await
+            if let Err(e) =
+                walcast_cdc::run_fenced(cfg, bus, matcher, health.clone(), fence.clone()).await
             {
                 if let Ok(mut f) = failure.lock() {
                     *f = Some(e);
