@@ -1,14 +1,24 @@
-//! Two real cdc-worker processes electing a leader through a Postgres lease row: exactly
-//! one reads the slot; when it is killed the other takes over within the lease duration,
-//! and the stream has no gap and stays in commit order.
+//! Two real cdc-worker processes electing a leader: exactly one reads the slot. A killed
+//! leader (Postgres lease row) is replaced within the lease duration, and the stream has
+//! no gap and stays in commit order. A frozen leader (SIGSTOP, both lease modes; the
+//! Kubernetes API is the test kit's fake) is replaced without its cooperation, and once
+//! continued it publishes nothing: no message of it reaches NATS after the new leader's
+//! first.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{assert_writers_complete_in_order, dedup, Collector, Stack, Worker, Writers};
+use support::{
+    assert_writers_complete_in_order, dedup, Arrival, Collector, Stack, Worker, Writers,
+};
+use walcast_testkit::fake_kube::FakeApi;
 
-both_sources!(a_killed_leader_is_replaced_within_the_lease_without_a_gap);
+both_sources!(
+    a_killed_leader_is_replaced_within_the_lease_without_a_gap,
+    a_frozen_postgres_leader_is_replaced_and_fenced,
+    a_frozen_kubernetes_leader_is_replaced_and_fenced,
+);
 
 /// Seconds; the holder renews every second.
 const LEASE_SECS: u64 = 3;
@@ -111,4 +121,143 @@ async fn a_killed_leader_is_replaced_within_the_lease_without_a_gap(source: &'st
     eprintln!(
         "failover ({source}): leader after {took:?}, reading after {reading:?} (kill -9 to first poll/stream); {total} changes, no gap"
     );
+}
+
+async fn a_frozen_postgres_leader_is_replaced_and_fenced(source: &'static str) {
+    frozen_leader_is_replaced_and_fenced(source, LEASE.to_vec()).await
+}
+
+async fn a_frozen_kubernetes_leader_is_replaced_and_fenced(source: &'static str) {
+    let api = FakeApi::new();
+    let url = api.endpoint("workers").await;
+    let env = vec![
+        ("LEASE_MODE", "kubernetes"),
+        ("LEASE_DURATION_SECS", "3"),
+        ("LEASE_KUBE_API_URL", url.as_str()),
+    ];
+    frozen_leader_is_replaced_and_fenced(source, env).await;
+    let lease = api.lease("default", "walcast-cdc-slot").expect("the Lease");
+    assert!(
+        lease["spec"]["leaseTransitions"].as_i64() >= Some(1),
+        "{lease}"
+    );
+}
+
+/// SIGSTOP the leader under writers for several lease durations, then SIGCONT it.
+async fn frozen_leader_is_replaced_and_fenced(source: &'static str, lease: Vec<(&str, &str)>) {
+    let stack = Stack::start(source);
+    stack.sql("CREATE TABLE z (writer int, i int, PRIMARY KEY (writer, i))");
+    stack.enable("z");
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut a = stack.worker(&lease);
+    a.wait_active(Duration::from_secs(60));
+    let mut b = stack.worker(&lease);
+    wait_health(&b, "second worker");
+    let writers = Writers::start(&stack.pg, "z", 2).await;
+    let before = collector.len();
+    collector
+        .wait_until("changes from the leader", Duration::from_secs(60), |e| {
+            e.len() > before + 100
+        })
+        .await;
+    let first = collector
+        .messages()
+        .last()
+        .expect("arrivals")
+        .origin
+        .clone();
+
+    a.signal("STOP");
+    let frozen = Instant::now();
+    let theirs = |x: &Arrival| x.origin != first;
+    collector
+        .wait_until(
+            "changes from another worker while the leader is frozen",
+            Duration::from_secs(LEASE_SECS + 10),
+            |_| collector.messages().iter().any(theirs),
+        )
+        .await;
+    let arrivals = collector.messages();
+    let took = arrivals.iter().find(|x| theirs(x)).unwrap().at - frozen;
+    b.wait_active(Duration::from_secs(10));
+    // Frozen for more than three lease durations, as a long stall or a paused VM.
+    tokio::time::sleep_until((frozen + Duration::from_secs(4 * LEASE_SECS)).into()).await;
+    a.signal("CONT");
+    let resumed = Instant::now();
+    let deadline = resumed + Duration::from_secs(10);
+    while a.health().is_none_or(|h| h["leader"] != false) {
+        assert!(
+            Instant::now() < deadline,
+            "the old leader did not step down: {:?}",
+            a.health()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stepped_down = resumed.elapsed();
+    // More changes from the new leader after the old one woke: anything it still had
+    // in hand would have reached NATS by now.
+    let mid = collector.len();
+    collector
+        .wait_until("changes after the resume", Duration::from_secs(60), |e| {
+            e.len() > mid + 100
+        })
+        .await;
+    let written = writers.stop().await;
+    let total = written.values().sum::<i64>() as usize;
+    collector
+        .wait_until(
+            &format!("{total} distinct changes"),
+            Duration::from_secs(120),
+            |e| dedup(e).len() >= total,
+        )
+        .await;
+    assert_fenced(&collector.messages(), &first);
+    let kept = dedup(&collector.snapshot());
+    assert_eq!(kept.len(), total);
+    assert_writers_complete_in_order(&kept, &written, "gap or reorder across the freeze");
+    let log = a.log_text();
+    assert!(
+        log.contains("stepping down") || log.contains("publishes and acknowledges nothing more"),
+        "the old leader's log does not say it stopped:\n{log}"
+    );
+    assert!(is_leader(&b), "{:?}", b.health());
+    b.wait_active(Duration::from_secs(5));
+    eprintln!(
+        "freeze ({source}, {:?}): changes from the new leader {took:?} after SIGSTOP, old leader stepped down {stepped_down:?} after SIGCONT; {total} changes",
+        lease[0].1
+    );
+}
+
+/// Nothing from `old` after the first message of another origin; each origin's own
+/// messages on the table subject in strictly increasing `(commit_lsn, seq)`.
+fn assert_fenced(arrivals: &[Arrival], old: &str) {
+    let takeover = arrivals
+        .iter()
+        .position(|x| x.origin != old)
+        .expect("a new leader published");
+    let stale: Vec<&Arrival> = arrivals[takeover..]
+        .iter()
+        .filter(|x| x.origin == old)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "the old leader published {} messages after the takeover, e.g. {:?}",
+        stale.len(),
+        stale.first()
+    );
+    for origin in [old, arrivals[takeover].origin.as_str()] {
+        let mine: Vec<_> = arrivals
+            .iter()
+            .filter(|x| x.origin == origin && x.subject.starts_with("walcast.realtime."))
+            .map(|x| x.position)
+            .collect();
+        for w in mine.windows(2) {
+            assert!(
+                w[0] < w[1],
+                "{origin}: {:?} then {:?}: out of order or duplicated",
+                w[0],
+                w[1]
+            );
+        }
+    }
 }
