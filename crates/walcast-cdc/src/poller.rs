@@ -250,6 +250,7 @@ impl crate::source::Source for Poller<'_> {
     /// Poll until cancelled.
     async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
         while !cancel.is_cancelled() {
+            self.pipeline.fence().check(Action::Read)?;
             let rows = self.poll_once().await?;
             self.health.set_active(true);
             self.health.set_error(None);

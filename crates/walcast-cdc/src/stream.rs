@@ -97,6 +97,7 @@ impl<'a> Streamer<'a> {
                     return Ok(Stop::Cancelled);
                 }
                 _ = tick.tick() => {
+                    self.pipeline.fence().check(Action::Read)?;
                     self.ack(&mut stream, handled).await?;
                     if stats_at.elapsed() >= Duration::from_millis(500) {
                         stats_at = Instant::now();

@@ -46,6 +46,9 @@ pub enum Action {
     Ack,
     /// Taking the slot over, creating or recreating it.
     Slot,
+    /// Reading on: a source checks between reads, so it stops at the deadline even when
+    /// it has nothing to publish or acknowledge.
+    Read,
 }
 
 impl Action {
@@ -54,6 +57,7 @@ impl Action {
             Action::Publish => "publish",
             Action::Ack => "ack",
             Action::Slot => "slot",
+            Action::Read => "read",
         }
     }
 }

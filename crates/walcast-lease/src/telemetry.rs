@@ -8,7 +8,8 @@ pub const TERMS: &str = "walcast_lease_terms_total";
 /// Counter: terms begun by taking over a lease whose holder let it expire (frozen,
 /// partitioned or dead) instead of releasing it.
 pub const TAKEOVERS: &str = "walcast_lease_takeovers_total";
-/// Counter: actions refused by a closed fence, label `action`: `publish`, `ack`, `slot`.
+/// Counter: actions refused by a closed fence, label `action`: `publish`, `ack`, `slot`,
+/// `read`.
 pub const FENCED: &str = "walcast_lease_fenced_total";
 /// Counter: Postgres sessions of a stale holder terminated on takeover.
 pub const SESSIONS_TERMINATED: &str = "walcast_lease_sessions_terminated_total";
