@@ -75,9 +75,8 @@ async fn confirmed(db: &tokio_postgres::Client) -> Lsn {
     row.get::<_, String>(0).parse().expect("lsn")
 }
 
-async fn stops_at_its_fence_deadline(source: SourceKind) {
-    let pg = Postgres::start().expect("postgres");
-    let nats = Nats::start().expect("nats");
+/// Migrations, table `f` enabled, and the slot created before any row is written.
+async fn setup(pg: &Postgres) -> tokio_postgres::Client {
     let mut db = pg.connect().await.expect("connect");
     walcast_cdc::migrate::migrate(&mut db)
         .await
@@ -92,24 +91,28 @@ async fn stops_at_its_fence_deadline(source: SourceKind) {
     db.batch_execute("SELECT pg_create_logical_replication_slot('fence_slot', 'wal2json')")
         .await
         .expect("slot");
-    let (collector, got) = collect(&nats.url()).await;
-    let writing = CancellationToken::new();
-    let writer = {
-        let (client, stop) = (pg.connect().await.expect("writer"), writing.clone());
-        tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.is_cancelled() {
-                client
-                    .execute("INSERT INTO f VALUES ($1)", &[&i])
-                    .await
-                    .expect("insert");
-                i += 1;
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-    };
-    let cfg = CdcConfig {
-        database_url: pg.url(),
+    db
+}
+
+/// Rows 0, 1, 2, … one per transaction until `stop`.
+async fn writer(pg: &Postgres, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let client = pg.connect().await.expect("writer");
+    tokio::spawn(async move {
+        let mut i = 0;
+        while !stop.is_cancelled() {
+            client
+                .execute("INSERT INTO f VALUES ($1)", &[&i])
+                .await
+                .expect("insert");
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+}
+
+fn config(url: String, source: SourceKind) -> CdcConfig {
+    CdcConfig {
+        database_url: url,
         source,
         ack_interval: Duration::from_millis(50),
         allow_unbounded_wal: false,
@@ -124,13 +127,54 @@ async fn stops_at_its_fence_deadline(source: SourceKind) {
             idle: Duration::from_millis(20),
             filter_refresh: Duration::from_secs(3),
         },
-    };
+    }
+}
+
+/// Every row written is either received or still in the slot (nothing acknowledged that
+/// was not published), and the slot moved.
+async fn assert_acknowledged_only_what_was_published(
+    db: &tokio_postgres::Client,
+    received: &[(i64, Instant)],
+) {
+    let written: i64 = db
+        .query_one("SELECT count(*) FROM f", &[])
+        .await
+        .expect("count")
+        .get(0);
+    let pending = unacknowledged(db).await;
+    let seen: std::collections::HashSet<i64> = received
+        .iter()
+        .map(|(i, _)| *i)
+        .chain(pending.iter().copied())
+        .collect();
+    let lost: Vec<i64> = (0..written).filter(|i| !seen.contains(i)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} rows acknowledged without being published, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    assert!(
+        (pending.len() as i64) < written,
+        "nothing acknowledged: {} of {written} rows still in the slot",
+        pending.len()
+    );
+}
+
+async fn stops_at_its_fence_deadline(source: SourceKind) {
+    let pg = Postgres::start().expect("postgres");
+    let nats = Nats::start().expect("nats");
+    let db = setup(&pg).await;
+    let (collector, got) = collect(&nats.url()).await;
+    let writing = CancellationToken::new();
+    let writer = writer(&pg, writing.clone()).await;
     let bus = Bus::nats(&nats.url(), "fence-test-worker")
         .await
         .expect("bus");
     let deadline = Instant::now() + Duration::from_secs(4);
     let fence = Fence::new(7, CancellationToken::new(), deadline);
     let health = Arc::new(CdcHealth::new("fence_slot"));
+    let cfg = config(pg.url(), source);
     let run = walcast_cdc::run_fenced(cfg, bus.clone(), Matcher::new(), health, fence.clone());
     let result = tokio::time::timeout(Duration::from_secs(30), run)
         .await
@@ -165,29 +209,5 @@ async fn stops_at_its_fence_deadline(source: SourceKind) {
     writer.await.expect("writer");
     assert_eq!(confirmed(&db).await, acked);
     assert_eq!(got.lock().unwrap().len(), received.len());
-    // Acknowledged only what was published: every row is either received or still in
-    // the slot, and the slot moved.
-    let written: i64 = db
-        .query_one("SELECT count(*) FROM f", &[])
-        .await
-        .expect("count")
-        .get(0);
-    let pending = unacknowledged(&db).await;
-    let seen: std::collections::HashSet<i64> = received
-        .iter()
-        .map(|(i, _)| *i)
-        .chain(pending.iter().copied())
-        .collect();
-    let lost: Vec<i64> = (0..written).filter(|i| !seen.contains(i)).collect();
-    assert!(
-        lost.is_empty(),
-        "{} rows acknowledged without being published, e.g. {:?}",
-        lost.len(),
-        &lost[..lost.len().min(10)]
-    );
-    assert!(
-        (pending.len() as i64) < written,
-        "nothing acknowledged: {} of {written} rows still in the slot",
-        pending.len()
-    );
+    assert_acknowledged_only_what_was_published(&db, &received).await;
 }

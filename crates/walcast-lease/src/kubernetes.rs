@@ -127,12 +127,7 @@ pub async fn run_with_client<F, Fut>(
         let Some(lease) = elector.acquire(&shutdown, &status).await else {
             return;
         };
-        let term = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.lease_transitions)
-            .and_then(|t| u64::try_from(t).ok())
-            .unwrap_or(0);
+        let term = transitions(Some(&lease)).unwrap_or(0);
         let timing = elector.cfg.timing();
         let Some(deadline) = decision::deadline(&elector.local, timing) else {
             continue;
@@ -294,22 +289,12 @@ impl Elector {
         ) {
             Decision::Wait => {
                 decision::lost(&mut self.local);
-                let left = self.local.seen.map(|(_, since)| {
-                    let end = since.saturating_add(wait_timing.duration.as_millis() as Millis);
-                    Duration::from_millis(end.saturating_sub(now))
-                });
-                let transitions = current
-                    .as_ref()
-                    .and_then(|l| l.spec.as_ref())
-                    .and_then(|s| s.lease_transitions)
-                    .and_then(|t| u64::try_from(t).ok());
-                let holder = observed.as_ref().and_then(|o| o.holder.as_deref());
-                status.observed(holder, transitions, left);
-                let h = observed.and_then(|o| o.holder).unwrap_or_default();
-                if announced.as_deref() != Some(h.as_str()) {
-                    tracing::info!(lease = %self.cfg.name, holder = %h, "another worker leads; waiting for its Lease to expire");
-                    *announced = Some(h);
-                }
+                let held = Held {
+                    holder: observed.and_then(|o| o.holder),
+                    transitions: transitions(current.as_ref()),
+                    wait: wait_timing.duration,
+                };
+                self.waiting(held, now, announced, status);
                 None
             }
             Decision::Acquire | Decision::Renew => {
@@ -348,6 +333,43 @@ impl Elector {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A Lease someone else holds, as read.
+struct Held {
+    holder: Option<String>,
+    transitions: Option<u64>,
+    /// How long its version must stay unchanged before we take it.
+    wait: Duration,
+}
+
+fn transitions(lease: Option<&Lease>) -> Option<u64> {
+    lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_transitions)
+        .and_then(|t| u64::try_from(t).ok())
+}
+
+impl Elector {
+    /// Report a Lease held by another (for `/health`), and announce a new holder once.
+    fn waiting(
+        &self,
+        held: Held,
+        now: Millis,
+        announced: &mut Option<String>,
+        status: &LeaseStatus,
+    ) {
+        let left = self.local.seen.map(|(_, since)| {
+            let end = since.saturating_add(held.wait.as_millis() as Millis);
+            Duration::from_millis(end.saturating_sub(now))
+        });
+        status.observed(held.holder.as_deref(), held.transitions, left);
+        let h = held.holder.unwrap_or_default();
+        if announced.as_deref() != Some(h.as_str()) {
+            tracing::info!(lease = %self.cfg.name, holder = %h, "another worker leads; waiting for its Lease to expire");
+            *announced = Some(h);
         }
     }
 }
