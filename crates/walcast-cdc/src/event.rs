@@ -185,6 +185,22 @@ pub fn build_event(
     })
 }
 
+/// The new row's columns as Postgres text, with unchanged TOASTed values taken from the
+/// old row (what RLS checks compare a row's current state with).
+pub(crate) fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
+    let mut cols: Vec<(String, Option<String>)> = row
+        .columns
+        .iter()
+        .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
+        .collect();
+    for old in &row.identity {
+        if !cols.iter().any(|(n, _)| n == old.name.as_ref()) {
+            cols.push((old.name.to_string(), old.text().map(|t| t.into_owned())));
+        }
+    }
+    cols
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
+use walcast_lease::{Action, Fence};
 
 pub use authorize::RlsMode;
 pub use health::{CdcHealth, CdcHealthReport};
@@ -65,6 +66,9 @@ pub enum CdcError {
     StreamEnded,
     #[error("postgres TLS: {0}")]
     Tls(#[from] walcast_pgtls::PgTlsError),
+    /// Our leadership term's fence closed: stop, publish and acknowledge nothing more.
+    #[error(transparent)]
+    Fenced(#[from] walcast_lease::Fenced),
 }
 
 /// A database error with the server's message (tokio-postgres' own display says only
@@ -115,9 +119,7 @@ pub async fn connect(url: &str) -> Result<Client, CdcError> {
     })
 }
 
-/// Run the pipeline until `cancel` fires. Transient failures (connection loss, a slot
-/// still held by a dying session, a lost slot) are retried with backoff while `/health`
-/// reports `cdc_active: false`; configuration errors are returned at once.
+/// Run the pipeline, without leader election, until `cancel` fires: see [`run_fenced`].
 pub async fn run(
     cfg: CdcConfig,
     bus: Bus,
@@ -125,15 +127,35 @@ pub async fn run(
     health: Arc<CdcHealth>,
     cancel: CancellationToken,
 ) -> Result<(), CdcError> {
+    run_fenced(cfg, bus, matcher, health, Fence::unfenced(cancel)).await
+}
+
+/// Run the pipeline for one leadership term, until the fence's token is cancelled.
+/// Every publish and every acknowledgement checks the fence first; once it is closed the
+/// term ends with nothing more published or acknowledged. Transient failures (connection
+/// loss, a slot still held by a dying session, a lost slot) are retried with backoff
+/// while `/health` reports `cdc_active: false`; configuration errors are returned at once.
+pub async fn run_fenced(
+    cfg: CdcConfig,
+    bus: Bus,
+    matcher: Arc<matcher::Matcher>,
+    health: Arc<CdcHealth>,
+    fence: Fence,
+) -> Result<(), CdcError> {
+    let cancel = fence.token().clone();
     let mut backoff = Duration::from_millis(100);
     loop {
         let result = tokio::select! {
-            r = session(&cfg, &bus, &matcher, &health, &cancel) => r,
+            r = session(&cfg, &bus, &matcher, &health, &fence) => r,
             _ = cancel.cancelled() => Ok(()),
         };
         health.set_active(false);
         match result {
             Ok(()) => return Ok(()),
+            Err(CdcError::Fenced(e)) => {
+                health.set_error(Some(e.to_string()));
+                return Ok(());
+            }
             Err(e) if e.is_fatal() => {
                 health.set_error(Some(e.to_string()));
                 return Err(e);
@@ -157,14 +179,16 @@ async fn session(
     bus: &Bus,
     matcher: &Arc<matcher::Matcher>,
     health: &Arc<CdcHealth>,
-    cancel: &CancellationToken,
+    fence: &Fence,
 ) -> Result<(), CdcError> {
+    let cancel = fence.token();
     let client = connect(&cfg.database_url).await?;
     let catalog = connect(&cfg.database_url).await?;
     let report = match preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal)
         .await
     {
         Err(PreflightError::SlotInUse { pid, .. }) if cfg.take_over_slot => {
+            fence.check(Action::Slot)?;
             tracing::warn!(pid, slot = %cfg.poller.slot, "slot still held by a former leader's session: terminating it");
             client
                 .execute("SELECT pg_terminate_backend($1)", &[&pid])
@@ -177,6 +201,8 @@ async fn session(
         }
         other => other?,
     };
+    // Creating, or dropping a lost slot to recreate it, only while we may lead.
+    fence.check(Action::Slot)?;
     let slot = slot::ensure_slot(&client, &cfg.poller.slot, report.major, health).await?;
     tracing::info!(
         slot = %cfg.poller.slot,
@@ -195,6 +221,7 @@ async fn session(
             rls: cfg.rls.clone(),
             max_record_bytes: cfg.max_record_bytes,
             health: health.clone(),
+            fence: fence.clone(),
         },
     )
     .await?;

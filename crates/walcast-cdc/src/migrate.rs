@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "one_project_per_table",
         include_str!("../../../sql/0004_one_project_per_table.sql"),
     ),
+    (5, "leases", include_str!("../../../sql/0005_leases.sql")),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -12,6 +12,7 @@ use walcast_bus::{
     subject::{change_subject, delivery_subject},
     Bus, BusError, ChangeEvent, ChangeKind, Restriction, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
 };
+use walcast_lease::{Action, Fence};
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
 use crate::authorize::{authorize_batch, Audience, PendingChange, RlsMode};
@@ -87,6 +88,9 @@ pub struct PipelineOptions {
     pub max_record_bytes: usize,
     /// Where skipped and reduced changes are reported.
     pub health: Arc<CdcHealth>,
+    /// The leadership term's fence, checked before every publish (and by the sources
+    /// before every acknowledgement).
+    pub fence: Fence,
 }
 
 /// A message to publish: subject and payload.
@@ -105,6 +109,7 @@ pub struct Pipeline {
     origin: String,
     max_record_bytes: usize,
     health: Arc<CdcHealth>,
+    fence: Fence,
     /// The largest message published so far (for the gauge).
     largest: std::sync::atomic::AtomicUsize,
     catalog: Client,
@@ -135,6 +140,7 @@ impl Pipeline {
             origin: opts.origin,
             max_record_bytes: opts.max_record_bytes,
             health: opts.health,
+            fence: opts.fence,
             largest: std::sync::atomic::AtomicUsize::new(0),
             catalog,
             types,
@@ -166,6 +172,11 @@ impl Pipeline {
             .iter()
             .map(|t| ((t.schema.clone(), t.table.clone()), t.project.clone()))
             .collect();
+    }
+
+    /// The term's fence: the sources check it before acknowledging.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     /// True between a transaction's BEGIN and COMMIT lines.
@@ -307,7 +318,7 @@ impl Pipeline {
         let row_text = if matched.is_empty() || kind == ChangeKind::Delete {
             Vec::new()
         } else {
-            new_row_text(row)
+            crate::event::new_row_text(row)
         };
         self.seq += 1;
         self.pending.push(PendingChange {
@@ -329,12 +340,12 @@ impl Pipeline {
     /// is then exact, whatever the registry holds by the time we read it.
     fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
         if kind != ChangeKind::Insert {
-            if let Some(t) = registry_row(&row.identity) {
+            if let Some(t) = crate::registry::registry_row(&row.identity) {
                 self.routes.remove(&(t.schema, t.table));
             }
         }
         if kind != ChangeKind::Delete {
-            if let Some(t) = registry_row(&row.columns) {
+            if let Some(t) = crate::registry::registry_row(&row.columns) {
                 self.routes.insert((t.schema, t.table), t.project);
             }
         }
@@ -558,6 +569,8 @@ impl Pipeline {
             if size > before {
                 metrics::gauge!(telemetry::LARGEST_MESSAGE).set(size as f64);
             }
+            // Right before the hand-over: a leader that lost its lease sends nothing.
+            self.fence.check(Action::Publish)?;
             self.bus
                 .publish(
                     subject,
@@ -579,35 +592,4 @@ impl Pipeline {
         self.flush().await?;
         Ok(self.bus.barrier().await?)
     }
-}
-
-/// The new row's columns as Postgres text, with unchanged TOASTed values taken from the
-/// old row (what RLS checks compare a row's current state with).
-fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
-    let mut cols: Vec<(String, Option<String>)> = row
-        .columns
-        .iter()
-        .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
-        .collect();
-    for old in &row.identity {
-        if !cols.iter().any(|(n, _)| n == old.name.as_ref()) {
-            cols.push((old.name.to_string(), old.text().map(|t| t.into_owned())));
-        }
-    }
-    cols
-}
-
-/// A registry row (`project_id`, `schema_name`, `table_name`) from decoded columns.
-fn registry_row(cols: &[walcast_wal2json::Column<'_>]) -> Option<TableRef> {
-    let get = |name: &str| {
-        cols.iter()
-            .find(|c| c.name == name)
-            .and_then(|c| c.text())
-            .map(|t| t.into_owned())
-    };
-    Some(TableRef {
-        project: get("project_id")?,
-        schema: get("schema_name")?,
-        table: get("table_name")?,
-    })
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use futures_util::TryStreamExt;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
+use walcast_lease::Action;
 use walcast_wal2json::Lsn;
 
 use crate::health::CdcHealth;
@@ -202,6 +203,7 @@ impl<'a> Poller<'a> {
     }
 
     async fn advance(&mut self, target: Lsn) -> Result<(), CdcError> {
+        self.pipeline.fence().check(Action::Ack)?;
         let row = self
             .client
             .query_one(
@@ -248,6 +250,7 @@ impl crate::source::Source for Poller<'_> {
     /// Poll until cancelled.
     async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
         while !cancel.is_cancelled() {
+            self.pipeline.fence().check(Action::Read)?;
             let rows = self.poll_once().await?;
             self.health.set_active(true);
             self.health.set_error(None);

@@ -131,3 +131,18 @@ pub async fn list<C: GenericClient>(
         })
         .collect())
 }
+
+/// A registry row (`project_id`, `schema_name`, `table_name`) from decoded columns.
+pub(crate) fn registry_row(cols: &[walcast_wal2json::Column<'_>]) -> Option<TableRef> {
+    let get = |name: &str| {
+        cols.iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.text())
+            .map(|t| t.into_owned())
+    };
+    Some(TableRef {
+        project: get("project_id")?,
+        schema: get("schema_name")?,
+        table: get("table_name")?,
+    })
+}

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
+use walcast_lease::Action;
 use walcast_pgrepl::{ReplEvent, ReplicationClient, ReplicationStream};
 use walcast_wal2json::Lsn;
 
@@ -96,6 +97,7 @@ impl<'a> Streamer<'a> {
                     return Ok(Stop::Cancelled);
                 }
                 _ = tick.tick() => {
+                    self.pipeline.fence().check(Action::Read)?;
                     self.ack(&mut stream, handled).await?;
                     if stats_at.elapsed() >= Duration::from_millis(500) {
                         stats_at = Instant::now();
@@ -135,6 +137,7 @@ impl<'a> Streamer<'a> {
                         }
                         if reply_requested {
                             self.ack(&mut stream, handled).await?;
+                            self.pipeline.fence().check(Action::Ack)?;
                             stream.send_status(self.confirmed, false).await?;
                         }
                     }
@@ -152,6 +155,8 @@ impl<'a> Streamer<'a> {
             return Ok(());
         }
         self.pipeline.barrier().await?;
+        // Checked after the barrier (which can take a while), right before the status.
+        self.pipeline.fence().check(Action::Ack)?;
         stream.send_status(upto, false).await?;
         self.confirmed = upto;
         Ok(())

@@ -14,6 +14,9 @@
 //!   (any error, a 409, or no answer in time). Every request of a term is bounded by the
 //!   time left until [`decision::deadline`], so a hung API server cannot keep us leader
 //!   past `duration - margin` after the last renewal that succeeded was sent.
+//! * the term's [`Fence`] is open until that same deadline: a holder frozen past it (its
+//!   renewals could not even be sent) finds it closed when it wakes and acts no more.
+//!   The term number is the Lease's `leaseTransitions`.
 //!
 //! On a graceful shutdown, once the leader's work has stopped, the lease is released
 //! (empty holder) so the next worker takes over without waiting.
@@ -30,7 +33,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::{self, Decision, Local, Millis, Observed, Timing};
-use crate::postgres::LeaderFlag;
+use crate::fence::Fence;
+use crate::status::LeaseStatus;
+use crate::telemetry;
 
 #[derive(Clone, Debug)]
 pub struct KubeLeaseConfig {
@@ -49,14 +54,11 @@ pub struct KubeLeaseConfig {
 impl KubeLeaseConfig {
     /// The leader stops a fifth of the duration before its lease could expire.
     pub fn timing(&self) -> Timing {
-        Timing {
-            duration: self.duration,
-            margin: self.duration / 5,
-        }
+        Timing::for_duration(self.duration)
     }
 
     fn renew_every(&self) -> Duration {
-        (self.duration / 3).max(Duration::from_millis(10))
+        self.timing().renew_every()
     }
 }
 
@@ -85,21 +87,21 @@ pub fn client(cfg: &KubeLeaseConfig) -> Result<kube::Client, KubeLeaseError> {
     Ok(kube::Client::try_from(config)?)
 }
 
-/// Elect until `shutdown`. Each time we become leader, `lead(term)` runs; it must return
-/// soon after `term` is cancelled (leadership in doubt, or shutdown). Fails only when the
-/// client cannot be built.
+/// Elect until `shutdown`. Each time we become leader, `lead(fence)` runs; it must check
+/// the fence before acting and return soon after the fence's token is cancelled
+/// (leadership in doubt, or shutdown). Fails only when the client cannot be built.
 pub async fn run<F, Fut>(
     cfg: KubeLeaseConfig,
-    flag: Arc<LeaderFlag>,
+    status: Arc<LeaseStatus>,
     shutdown: CancellationToken,
     lead: F,
 ) -> Result<(), KubeLeaseError>
 where
-    F: FnMut(CancellationToken) -> Fut,
+    F: FnMut(Fence) -> Fut,
     Fut: Future<Output = ()>,
 {
     let client = client(&cfg)?;
-    run_with_client(client, cfg, flag, shutdown, lead).await;
+    run_with_client(client, cfg, status, shutdown, lead).await;
     Ok(())
 }
 
@@ -107,11 +109,11 @@ where
 pub async fn run_with_client<F, Fut>(
     client: kube::Client,
     cfg: KubeLeaseConfig,
-    flag: Arc<LeaderFlag>,
+    status: Arc<LeaseStatus>,
     shutdown: CancellationToken,
     mut lead: F,
 ) where
-    F: FnMut(CancellationToken) -> Fut,
+    F: FnMut(Fence) -> Fut,
     Fut: Future<Output = ()>,
 {
     let mut elector = Elector {
@@ -122,44 +124,53 @@ pub async fn run_with_client<F, Fut>(
         cfg,
     };
     while !shutdown.is_cancelled() {
-        let Some(lease) = elector.acquire(&shutdown).await else {
+        let Some(lease) = elector.acquire(&shutdown, &status).await else {
             return;
         };
+        let term = transitions(Some(&lease)).unwrap_or(0);
+        let timing = elector.cfg.timing();
+        let Some(deadline) = decision::deadline(&elector.local, timing) else {
+            continue;
+        };
+        let fence = Fence::new(term, shutdown.child_token(), at(elector.clock, deadline));
+        metrics::counter!(telemetry::TERMS).increment(1);
         tracing::info!(
             lease = %elector.cfg.name,
             identity = %elector.cfg.identity,
+            term,
             "became leader (Kubernetes Lease)"
         );
-        flag.set(true);
-        let term = shutdown.child_token();
+        status.leading(&elector.cfg.identity, &fence);
         let mut renewer = Renewer {
             api: elector.api.clone(),
             cfg: elector.cfg.clone(),
             clock: elector.clock,
             local: elector.local.clone(),
             lease,
+            fence: fence.clone(),
         };
         // Both in this task: dropping `run` stops the renewals too.
         let work_done = CancellationToken::new();
         let work = async {
-            lead(term.clone()).await;
-            term.cancel();
+            lead(fence.clone()).await;
+            fence.token().cancel();
             work_done.cancel();
         };
         let keep = async {
-            let reason = renewer.hold(&term).await;
-            term.cancel();
+            let reason = renewer.hold().await;
+            fence.token().cancel();
             // Released only once `lead` has returned: the work has stopped.
             if reason == Ended::Shutdown {
                 work_done.cancelled().await;
                 renewer.release().await;
             }
+            fence.revoke();
         };
         tokio::join!(work, keep);
         elector.local = renewer.local;
         decision::lost(&mut elector.local);
-        flag.set(false);
-        tracing::warn!(lease = %elector.cfg.name, "leadership ended");
+        status.following();
+        tracing::warn!(lease = %elector.cfg.name, term, "leadership ended");
     }
 }
 
@@ -185,6 +196,11 @@ fn millis(clock: Instant) -> Millis {
     clock.elapsed().as_millis() as Millis
 }
 
+/// The moment `ms` after `clock`'s origin, as a std instant (for the [`Fence`]).
+fn at(clock: Instant, ms: Millis) -> std::time::Instant {
+    clock.into_std() + Duration::from_millis(ms)
+}
+
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == 409)
 }
@@ -206,7 +222,11 @@ struct Elector {
 
 impl Elector {
     /// Read and write until we hold the lease; None on shutdown.
-    async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<Lease> {
+    async fn acquire(
+        &mut self,
+        shutdown: &CancellationToken,
+        status: &LeaseStatus,
+    ) -> Option<Lease> {
         let timing = self.cfg.timing();
         let every = self.cfg.renew_every();
         let mut announced = None::<String>;
@@ -214,7 +234,7 @@ impl Elector {
             if shutdown.is_cancelled() {
                 return None;
             }
-            if let Some(lease) = self.try_once(timing, every, &mut announced).await {
+            if let Some(lease) = self.try_once(timing, every, &mut announced, status).await {
                 return Some(lease);
             }
             tokio::select! {
@@ -230,6 +250,7 @@ impl Elector {
         timing: Timing,
         bound: Duration,
         announced: &mut Option<String>,
+        status: &LeaseStatus,
     ) -> Option<Lease> {
         let current = match tokio::time::timeout(bound, self.api.get_opt(&self.cfg.name)).await {
             Ok(Ok(l)) => l,
@@ -268,11 +289,12 @@ impl Elector {
         ) {
             Decision::Wait => {
                 decision::lost(&mut self.local);
-                let h = observed.and_then(|o| o.holder).unwrap_or_default();
-                if announced.as_deref() != Some(h.as_str()) {
-                    tracing::info!(lease = %self.cfg.name, holder = %h, "another worker leads; waiting for its Lease to expire");
-                    *announced = Some(h);
-                }
+                let held = Held {
+                    holder: observed.and_then(|o| o.holder),
+                    transitions: transitions(current.as_ref()),
+                    wait: wait_timing.duration,
+                };
+                self.waiting(held, now, announced, status);
                 None
             }
             Decision::Acquire | Decision::Renew => {
@@ -311,6 +333,43 @@ impl Elector {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A Lease someone else holds, as read.
+struct Held {
+    holder: Option<String>,
+    transitions: Option<u64>,
+    /// How long its version must stay unchanged before we take it.
+    wait: Duration,
+}
+
+fn transitions(lease: Option<&Lease>) -> Option<u64> {
+    lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_transitions)
+        .and_then(|t| u64::try_from(t).ok())
+}
+
+impl Elector {
+    /// Report a Lease held by another (for `/health`), and announce a new holder once.
+    fn waiting(
+        &self,
+        held: Held,
+        now: Millis,
+        announced: &mut Option<String>,
+        status: &LeaseStatus,
+    ) {
+        let left = self.local.seen.map(|(_, since)| {
+            let end = since.saturating_add(held.wait.as_millis() as Millis);
+            Duration::from_millis(end.saturating_sub(now))
+        });
+        status.observed(held.holder.as_deref(), held.transitions, left);
+        let h = held.holder.unwrap_or_default();
+        if announced.as_deref() != Some(h.as_str()) {
+            tracing::info!(lease = %self.cfg.name, holder = %h, "another worker leads; waiting for its Lease to expire");
+            *announced = Some(h);
         }
     }
 }
@@ -365,13 +424,24 @@ struct Renewer {
     local: Local,
     /// Our last successful write, carrying its `resourceVersion`.
     lease: Lease,
+    /// The term's fence, extended by every renewal that succeeded.
+    fence: Fence,
 }
 
 impl Renewer {
-    /// Renew until the term is cancelled or a renewal fails.
-    async fn hold(&mut self, term: &CancellationToken) -> Ended {
+    /// Renew until the term is cancelled or a renewal fails. Lost: the fence is revoked.
+    async fn hold(&mut self) -> Ended {
+        let ended = self.renew_until_lost().await;
+        if ended == Ended::Lost {
+            self.fence.revoke();
+        }
+        ended
+    }
+
+    async fn renew_until_lost(&mut self) -> Ended {
         let timing = self.cfg.timing();
         let every = self.cfg.renew_every();
+        let term = self.fence.token().clone();
         loop {
             let Some(deadline) = decision::deadline(&self.local, timing) else {
                 return Ended::Lost;
@@ -380,7 +450,7 @@ impl Renewer {
             let next = last.saturating_add(every.as_millis() as Millis);
             let until_next = Duration::from_millis(next.saturating_sub(millis(self.clock)));
             tokio::select! {
-                _ = term.cancelled() => return Ended::Shutdown,
+                _ = term.cancelled() => return if self.fence.is_open() { Ended::Shutdown } else { Ended::Lost },
                 _ = tokio::time::sleep(until_next) => {}
             }
             let sent = millis(self.clock);
@@ -400,22 +470,30 @@ impl Renewer {
             };
             match result {
                 Ok(Ok(written)) if holder(&written) == Some(self.cfg.identity.as_str()) => {
+                    metrics::counter!(telemetry::RENEWALS, "result" => "ok").increment(1);
                     decision::won(&mut self.local, sent);
+                    if let Some(d) = decision::deadline(&self.local, timing) {
+                        self.fence.extend(at(self.clock, d));
+                    }
                     self.lease = written;
                 }
                 Ok(Ok(_)) => {
+                    metrics::counter!(telemetry::RENEWALS, "result" => "lost").increment(1);
                     tracing::error!(lease = %self.cfg.name, "the Lease names another holder: stepping down");
                     return Ended::Lost;
                 }
                 Ok(Err(e)) if is_conflict(&e) => {
+                    metrics::counter!(telemetry::RENEWALS, "result" => "lost").increment(1);
                     tracing::error!(lease = %self.cfg.name, "the Lease was written by another worker: stepping down");
                     return Ended::Lost;
                 }
                 Ok(Err(e)) => {
+                    metrics::counter!(telemetry::RENEWALS, "result" => "failed").increment(1);
                     tracing::error!(error = %e, lease = %self.cfg.name, "renewing the Lease failed: stepping down");
                     return Ended::Lost;
                 }
                 Err(_) => {
+                    metrics::counter!(telemetry::RENEWALS, "result" => "failed").increment(1);
                     tracing::error!(lease = %self.cfg.name, "renewing the Lease got no answer before the deadline: stepping down");
                     return Ended::Lost;
                 }

@@ -1,21 +1,34 @@
-//! Leader election for the cdc-worker.
+//! Leader election for the cdc-worker, with fencing.
 //!
 //! A logical slot has one reader at a time, and two workers taking turns on it would
-//! reorder changes, so exactly one worker may read. Each leadership **term** comes with a
-//! [`CancellationToken`](tokio_util::sync::CancellationToken) that is cancelled as soon as
-//! leadership is in doubt; the worker stops reading when it fires.
+//! reorder changes, so exactly one worker may read. Leadership comes in **terms**, each
+//! numbered (the fencing number) and each with a [`Fence`]: a cheap handle that is open
+//! only until `duration - margin` after the last renewal that succeeded, on this
+//! process's monotonic clock. The worker checks it before every publish and every
+//! acknowledgement; once it is closed the term's token is cancelled and the worker stops.
+//! A leader that is frozen (SIGSTOP, a long stall, a paused VM whose clock keeps
+//! counting) is replaced by the others once its lease expires, without its cooperation,
+//! and publishes nothing when it wakes up.
 //!
-//! * [`decision`]: the pure rule of a lease with a holder, a renew time and a duration
-//!   (Kubernetes `Lease` semantics), evaluated on the elector's own clock.
+//! * [`decision`]: the pure lease rules (Kubernetes: a version unchanged for a full
+//!   duration on the follower's clock; Postgres: a row expired on the database clock),
+//!   property-tested for "never two open fences".
+//! * [`fence`]: the fence and its deadline arithmetic.
 //! * [`kubernetes`]: a `coordination.k8s.io/v1` Lease, written compare-and-set on its
-//!   `resourceVersion`; the holder steps down before its lease could expire.
-//! * [`postgres`]: an advisory lock held by a dedicated session; losing the session loses
-//!   leadership.
+//!   `resourceVersion`.
+//! * [`postgres`]: a lease row in `walcast.leases`, written compare-and-set on its term;
+//!   a worker taking over terminates the stale holder's sessions.
 //! * `none`: always leader, only when asked for explicitly (loud warning).
 
 pub mod decision;
+pub mod fence;
 pub mod kubernetes;
 pub mod postgres;
+pub mod status;
+pub mod telemetry;
+
+pub use fence::{Action, Fence, Fenced};
+pub use status::{LeaseReport, LeaseStatus};
 
 use std::fmt;
 

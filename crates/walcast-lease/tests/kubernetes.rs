@@ -1,7 +1,5 @@
 //! Three real Kubernetes Lease electors against the fake API server, over real HTTP.
 
-mod support;
-
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -10,9 +8,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use walcast_lease::kubernetes::{self, KubeLeaseConfig};
-use walcast_lease::postgres::LeaderFlag;
-
-use support::fake_apiserver::FakeApi;
+use walcast_lease::{Action, Fence, LeaseStatus};
+use walcast_testkit::fake_kube::FakeApi;
 
 const NS: &str = "walcast";
 const NAME: &str = "cdc";
@@ -22,6 +19,7 @@ struct Term {
     who: String,
     start: Instant,
     end: Option<Instant>,
+    fence: Fence,
 }
 
 /// Every term of every elector, as the electors saw them: from `lead` being called to
@@ -52,7 +50,7 @@ impl Terms {
         }
     }
 
-    fn start(&self, who: &str) -> usize {
+    fn start(&self, who: &str, fence: &Fence) -> usize {
         let mut log = lock(&self.log);
         let active: Vec<String> = log
             .iter()
@@ -62,10 +60,22 @@ impl Terms {
         if !active.is_empty() {
             lock(&self.violations).push(format!("{who} became leader while {active:?} lead"));
         }
+        // Stricter: whatever the others' tasks are doing, none of their fences is open.
+        let open: Vec<String> = log
+            .iter()
+            .filter(|t| t.fence.is_open())
+            .map(|t| format!("{} (term {})", t.who, t.fence.term()))
+            .collect();
+        if !open.is_empty() {
+            lock(&self.violations).push(format!(
+                "{who} became leader while the fences of {open:?} are open"
+            ));
+        }
         log.push(Term {
             who: who.to_string(),
             start: Instant::now(),
             end: None,
+            fence: fence.clone(),
         });
         drop(log);
         self.bump();
@@ -134,15 +144,15 @@ async fn spawn_elector(api: &FakeApi, terms: &Arc<Terms>, name: &str, d: Duratio
     let who = name.to_string();
     let sd = shutdown.clone();
     let task = tokio::spawn(async move {
-        let lead = move |term: CancellationToken| {
+        let lead = move |fence: Fence| {
             let terms = terms.clone();
             let who = who.clone();
             async move {
-                let _guard = TermGuard(terms.clone(), terms.start(&who));
-                term.cancelled().await;
+                let _guard = TermGuard(terms.clone(), terms.start(&who, &fence));
+                fence.cancelled().await;
             }
         };
-        kubernetes::run(cfg, Arc::new(LeaderFlag::default()), sd, lead)
+        kubernetes::run(cfg, Arc::new(LeaseStatus::default()), sd, lead)
             .await
             .expect("elector client");
     });
@@ -344,6 +354,13 @@ async fn a_leader_cut_off_from_the_api_stops_before_its_lease_expires() {
         "the cut-off leader stopped {:?} after its last renewal, not before the duration {d:?}",
         ended - last_renewal
     );
+    // Its fence is closed: nothing it would still try to do goes through.
+    let cut = terms
+        .all()
+        .into_iter()
+        .find(|t| t.who == leader.who)
+        .expect("the term");
+    assert!(cut.fence.check(Action::Publish).is_err(), "{:?}", cut.fence);
     // Another takes over, after the lease expired.
     wait_terms(&terms, &mut rx, 3 * d, "a new leader", |t| {
         t.iter().any(|t| t.who != leader.who)

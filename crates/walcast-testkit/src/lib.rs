@@ -4,6 +4,8 @@
 //!   replication slots enabled, `max_slot_wal_keep_size` bounded, listening on a free
 //!   127.0.0.1 port. Run as the `postgres` user when we are root.
 //! * [`Nats`]: `nats-server -js` on a free 127.0.0.1 port with its own store directory.
+//! * [`fake_kube::FakeApi`]: an honest fake of the Kubernetes API server for Leases
+//!   (the only fake: Kubernetes is not something a test can start).
 //!
 //! Each service is owned by its handle: dropping it (also while unwinding from a panic)
 //! stops the process and removes its directory. Each process is started under a small
@@ -13,6 +15,7 @@
 //! A missing binary is an error that names the command to install it: tests never skip.
 
 mod error;
+pub mod fake_kube;
 mod nats;
 mod ports;
 mod postgres;

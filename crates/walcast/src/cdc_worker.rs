@@ -6,7 +6,6 @@ use anyhow::Context;
 use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,7 +14,7 @@ use walcast_bus::Bus;
 
 use walcast_cdc::registrar::Registrar;
 use walcast_cdc::CdcHealth;
-use walcast_lease::LeaseMode;
+use walcast_lease::{Fence, LeaseMode, LeaseStatus};
 
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
@@ -67,6 +66,7 @@ pub fn describe(
         "lease_mode": cdc.lease.lease_mode.to_string(),
         "lease_name": cdc.lease.lease_name,
         "lease_duration_secs": cdc.lease.lease_duration_secs,
+        "lease_kube_api_url": cdc.lease.lease_kube_api_url,
         "listen": format!("{}:{}", http.host, http.port),
     })
 }
@@ -74,6 +74,12 @@ pub fn describe(
 /// A random id for this process, sent as `Walcast-Origin`.
 pub fn instance_id() -> String {
     format!("{:016x}", rand::random::<u64>())
+}
+
+/// The `application_name` of this process's pipeline and lease sessions: a worker that
+/// takes over our expired lease terminates them (Postgres lease mode).
+pub fn session_tag(origin: &str) -> String {
+    format!("walcast-cdc-{origin}")
 }
 
 /// Apply our migrations (idempotent, serialised by an advisory lock).
@@ -131,7 +137,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     preflight(db, cdc).await?;
     migrate(&db.database_url).await?;
-    let cfg = cdc.to_config(db, &origin);
+    let tag = session_tag(&origin);
+    let mut cfg = cdc.to_config(db, &origin);
+    cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
     let tracker = TaskTracker::new();
     let matcher = registrar.matcher().clone();
@@ -150,6 +158,7 @@ pub async fn run(
         });
     }
     let mode = lease_mode(cdc);
+    let status = Arc::new(LeaseStatus::default());
     let state = OpsState {
         cdc: Some(health.clone()),
         front: front.clone(),
@@ -159,6 +168,7 @@ pub async fn run(
             LeaseMode::None => "none (no election: never run two workers)".to_string(),
             m => m.to_string(),
         },
+        lease: (mode != LeaseMode::None).then(|| status.clone()),
     };
     let router = match &front {
         Some(f) => f.router().merge(ops_router(state)),
@@ -176,7 +186,7 @@ pub async fn run(
     // Everything only the leader does: answer subscription registrations and admin
     // requests, read the slot.
     let failure: Arc<std::sync::Mutex<Option<walcast_cdc::CdcError>>> = Arc::default();
-    let lead = |term: CancellationToken| {
+    let lead = |fence: Fence| {
         let (cfg, bus, matcher, health, registrar, admin, failure, root) = (
             cfg.clone(),
             bus.clone(),
@@ -188,6 +198,7 @@ pub async fn run(
             cancel.clone(),
         );
         async move {
+            let term = fence.token().clone();
             health.set_leader(true);
             let responder = if matches!(bus, Bus::Nats(_)) {
                 let bus = bus.clone();
@@ -217,7 +228,8 @@ pub async fn run(
             } else {
                 None
             };
-            if let Err(e) = walcast_cdc::run(cfg, bus, matcher, health.clone(), term.clone()).await
+            if let Err(e) =
+                walcast_cdc::run_fenced(cfg, bus, matcher, health.clone(), fence.clone()).await
             {
                 if let Ok(mut f) = failure.lock() {
                     *f = Some(e);
@@ -231,51 +243,66 @@ pub async fn run(
             health.set_leader(false);
         }
     };
-    let mut election_failure = None;
-    match mode {
-        LeaseMode::None => {
-            tracing::warn!("LEASE_MODE=none: no leader election. Running two cdc-workers on one slot reorders changes; use it for development only");
-            lead(cancel.child_token()).await
-        }
-        LeaseMode::Kubernetes => {
-            let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
-                api_url: None,
-                namespace: cdc.lease.lease_namespace.clone(),
-                name: kubernetes_name(&lease_name(cdc)),
-                identity: lease_identity(),
-                duration: Duration::from_secs(cdc.lease.lease_duration_secs.max(3)),
-            };
-            tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, "electing through a Kubernetes Lease");
-            let flag = Arc::new(walcast_lease::postgres::LeaderFlag::default());
-            if let Err(e) = walcast_lease::kubernetes::run(cfg, flag, cancel.clone(), lead).await {
-                election_failure = Some(e);
-            }
-        }
-        _ => {
-            let period = Duration::from_secs(cdc.lease.lease_duration_secs.max(3)) / 3;
-            let pg = walcast_lease::postgres::PgLeaseConfig {
-                url: db.database_url.clone(),
-                key: walcast_lease::postgres::lock_key(&lease_name(cdc)),
-                check_interval: period,
-                retry_interval: period,
-            };
-            let flag = Arc::new(walcast_lease::postgres::LeaderFlag::default());
-            walcast_lease::postgres::run(pg, flag, cancel.clone(), lead).await
-        }
-    }
+    let election = elect(mode, db, cdc, tag, status, &cancel, lead).await;
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
     if let Some(f) = front {
         f.closed().await;
     }
-    if let Some(e) = election_failure {
-        return Err(anyhow::anyhow!(e)).context("Kubernetes leader election");
-    }
+    election.context("Kubernetes leader election")?;
     let failure = failure.lock().ok().and_then(|mut f| f.take());
     match failure {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
+    }
+}
+
+/// Run `lead` for every term this worker wins, until `cancel`. Each term gets a fence
+/// (open until the lease could have expired, on our own clock); without election, one
+/// term that never closes.
+async fn elect<F, Fut>(
+    mode: LeaseMode,
+    db: &DbArgs,
+    cdc: &CdcArgs,
+    tag: String,
+    status: Arc<LeaseStatus>,
+    cancel: &CancellationToken,
+    mut lead: F,
+) -> Result<(), walcast_lease::kubernetes::KubeLeaseError>
+where
+    F: FnMut(Fence) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    match mode {
+        LeaseMode::None => {
+            tracing::warn!("LEASE_MODE=none: no leader election. Running two cdc-workers on one slot reorders changes; use it for development only");
+            lead(Fence::unfenced(cancel.child_token())).await;
+            Ok(())
+        }
+        LeaseMode::Kubernetes => {
+            let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
+                api_url: cdc.lease.lease_kube_api_url.clone(),
+                namespace: cdc.lease.lease_namespace.clone(),
+                name: kubernetes_name(&lease_name(cdc)),
+                identity: lease_identity(),
+                duration: cdc.lease.duration(),
+            };
+            tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, "electing through a Kubernetes Lease");
+            walcast_lease::kubernetes::run(cfg, status, cancel.clone(), lead).await
+        }
+        LeaseMode::Postgres | LeaseMode::Auto => {
+            let pg = walcast_lease::postgres::PgLeaseConfig {
+                url: walcast_lease::postgres::tagged_url(&db.database_url, &tag),
+                name: lease_name(cdc),
+                identity: lease_identity(),
+                session_tag: tag,
+                duration: cdc.lease.duration(),
+            };
+            tracing::info!(lease = %pg.name, identity = %pg.identity, session = %pg.session_tag, "electing through a Postgres lease row");
+            walcast_lease::postgres::run(pg, status, cancel.clone(), lead).await;
+            Ok(())
+        }
     }
 }
 

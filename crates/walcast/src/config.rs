@@ -127,18 +127,32 @@ pub enum RlsModeArg {
 #[derive(Args, Clone, Debug)]
 pub struct LeaseArgs {
     /// Leader election: `auto` (Kubernetes in a cluster, else Postgres), `kubernetes`,
-    /// `postgres` (advisory lock), or `none` (always leader: development only).
+    /// `postgres` (a lease row in `walcast.leases`), or `none` (always leader:
+    /// development only).
     #[arg(long, env = "LEASE_MODE", default_value = "auto")]
     pub lease_mode: LeaseMode,
-    /// Name of the lease (workers with the same name compete); defaults to the slot name.
+    /// Name of the lease (workers with the same name compete); defaults to the slot name
+    /// (in Kubernetes mode made a valid object name: `walcast_cdc_slot` → `walcast-cdc-slot`).
     #[arg(long, env = "LEASE_NAME")]
     pub lease_name: Option<String>,
     /// Kubernetes namespace of the Lease object.
     #[arg(long, env = "LEASE_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
-    /// Lease duration in seconds; the holder re-checks every third of it.
+    /// Lease duration in seconds (at least 3): the holder renews every third of it and
+    /// stops acting (fenced) a fifth of it before the lease could expire; a holder that
+    /// stops renewing is replaced about one duration after its last renewal.
     #[arg(long, env = "LEASE_DURATION_SECS", default_value_t = 15)]
     pub lease_duration_secs: u64,
+    /// Kubernetes mode: the API server's URL (e.g. `http://127.0.0.1:8001` through
+    /// `kubectl proxy`); unset, the in-cluster configuration (service account).
+    #[arg(long, env = "LEASE_KUBE_API_URL")]
+    pub lease_kube_api_url: Option<String>,
+}
+
+impl LeaseArgs {
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs(self.lease_duration_secs.max(3))
+    }
 }
 
 impl CdcArgs {

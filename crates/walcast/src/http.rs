@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use walcast_bus::Bus;
 use walcast_cdc::{CdcHealth, CdcHealthReport};
 use walcast_front::Front;
+use walcast_lease::LeaseStatus;
 
 #[derive(Clone)]
 pub struct OpsState {
@@ -25,6 +26,20 @@ pub struct OpsState {
     pub bus: Bus,
     pub metrics: PrometheusHandle,
     pub lease_mode: String,
+    /// The elector's view, in processes that elect a leader.
+    pub lease: Option<Arc<LeaseStatus>>,
+}
+
+/// The lease as this process sees it.
+#[derive(Serialize)]
+struct LeaseHealth {
+    /// The term (fencing number) as last seen.
+    lease_term: Option<u64>,
+    /// Its holder as last seen.
+    lease_holder: Option<String>,
+    /// Leader: time left before its fence closes unless renewed. Follower: time left
+    /// before the holder's lease runs out, as last read.
+    lease_expires_in_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -33,6 +48,8 @@ struct HealthBody {
     cdc: Option<CdcHealthReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     lease_mode: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    lease: Option<LeaseHealth>,
     #[serde(skip_serializing_if = "Option::is_none")]
     front: Option<walcast_front::Health>,
     bus: &'static str,
@@ -43,6 +60,16 @@ async fn health(State(s): State<OpsState>) -> impl IntoResponse {
     Json(HealthBody {
         cdc: s.cdc.as_ref().map(|c| c.report()),
         lease_mode: s.cdc.as_ref().map(|_| s.lease_mode.clone()),
+        lease: s.lease.as_ref().map(|l| {
+            let r = l.report();
+            LeaseHealth {
+                lease_term: r.term,
+                lease_holder: r.holder,
+                lease_expires_in_ms: r
+                    .expires_in
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            }
+        }),
         front: s.front.as_ref().map(Front::health),
         bus: s.bus.kind(),
         bus_connected: s.bus.is_connected(),

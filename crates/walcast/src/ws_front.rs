@@ -71,6 +71,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         bus,
         metrics,
         lease_mode: String::new(),
+        lease: None,
     };
     let router = front.router().merge(ops_router(state));
     tracing::info!(addr = ?listener.local_addr().ok(), "serving realtime clients");

@@ -358,7 +358,19 @@ pub struct Collector {
     pub events: Arc<Mutex<Vec<(String, ChangeEvent)>>>,
     /// When each event of `events` arrived (same order).
     arrived: Arc<Mutex<Vec<std::time::SystemTime>>>,
+    /// Every change message (table and delivery subjects) as it arrived.
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
     notify: Arc<tokio::sync::Notify>,
+}
+
+/// One change message as it arrived on NATS.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    /// `Walcast-Origin`: the instance that published it.
+    pub origin: String,
+    pub at: Instant,
+    pub subject: String,
+    pub position: (walcast_wal2json::Lsn, u32),
 }
 
 /// Audiences seen on the fronts' delivery subjects, waiting for their change.
@@ -448,6 +460,7 @@ impl Collector {
         let c = Collector {
             events: Arc::new(Mutex::new(Vec::new())),
             arrived: Arc::new(Mutex::new(Vec::new())),
+            arrivals: Arc::new(Mutex::new(Vec::new())),
             notify: Arc::new(tokio::sync::Notify::new()),
         };
         let c2 = c.clone();
@@ -477,6 +490,15 @@ impl Collector {
                 });
                 let lsn = msg.header(walcast_bus::HEADER_LSN).map(str::to_string);
                 assert_eq!(lsn, Some(ev.commit_lsn.to_string()), "Walcast-Lsn header");
+                c2.arrivals.lock().unwrap().push(Arrival {
+                    origin: msg
+                        .header(walcast_bus::HEADER_ORIGIN)
+                        .unwrap_or_default()
+                        .to_string(),
+                    at: Instant::now(),
+                    subject: msg.subject.clone(),
+                    position: ev.position(),
+                });
                 if let Some(front) = front {
                     audiences.delivery(&front, ev);
                     continue;
@@ -498,6 +520,12 @@ impl Collector {
 
     pub fn len(&self) -> usize {
         self.events.lock().unwrap().len()
+    }
+
+    /// Every change message (table and delivery subjects) with its origin, in arrival
+    /// order.
+    pub fn messages(&self) -> Vec<Arrival> {
+        self.arrivals.lock().unwrap().clone()
     }
 
     pub fn snapshot(&self) -> Vec<ChangeEvent> {

@@ -51,11 +51,14 @@ async function freePort() {
 
 /**
  * Start the throwaway services. `natsMaxPayload` lowers nats-server's max_payload (bytes).
+ * `fakeKube` also serves the test kit's fake Kubernetes API server (Leases only) at
+ * `env.kube_api_url`, for cdc-workers with `LEASE_MODE=kubernetes`.
  * `env.command('restart-postgres' | 'restart-nats')` restarts one (Postgres: immediate
  * shutdown, i.e. a crash restart); `env.db` is then reconnected.
  */
-export async function startEnv({ natsMaxPayload } = {}) {
+export async function startEnv({ natsMaxPayload, fakeKube = false } = {}) {
   const extra = natsMaxPayload ? { WALCAST_TESTENV_NATS_MAX_PAYLOAD: String(natsMaxPayload) } : {}
+  if (fakeKube) extra.WALCAST_TESTENV_FAKE_KUBE = '1'
   const child = spawn(bin('walcast-testenv'), [], { stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, ...extra } })
   let buf = ''
   const lines = []

@@ -2,6 +2,8 @@
 //! their URLs as one JSON line, and keep them until stdin closes. Lets tests in other
 //! languages (tests/js) use the same kit: spawn it, read the line, close stdin to stop.
 //! `WALCAST_TESTENV_NATS_MAX_PAYLOAD` (bytes) lowers nats-server's `max_payload`.
+//! `WALCAST_TESTENV_FAKE_KUBE=1` also serves the fake Kubernetes API server (Leases
+//! only, see `walcast_testkit::fake_kube`); its URL is `kube_api_url`.
 //! Commands on stdin, one a line, each answered by a line `ok` or `error: …`:
 //! `restart-postgres` (immediate shutdown, then start: a crash restart) and
 //! `restart-nats` (SIGKILL, then start on the same port and store).
@@ -28,8 +30,16 @@ fn main() {
             std::process::exit(1);
         }
     };
+    // Kept alive (serving) until we exit.
+    let kube = std::env::var("WALCAST_TESTENV_FAKE_KUBE")
+        .is_ok_and(|v| v == "1")
+        .then(fake_kube);
+    let kube_url = match &kube {
+        Some((_, url)) => format!(",\"kube_api_url\":\"{url}\""),
+        None => String::new(),
+    };
     let line = format!(
-        "{{\"database_url\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}}}",
+        "{{\"database_url\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}{kube_url}}}",
         pg.url(),
         nats.url(),
         pg.port(),
@@ -55,6 +65,23 @@ fn main() {
         let _ = out.flush();
         buf.clear();
     }
+    drop(kube);
     drop(nats);
     drop(pg);
+}
+
+/// The fake Kubernetes API server on its own runtime, and its URL (one endpoint for
+/// every client).
+fn fake_kube() -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| {
+            eprintln!("walcast-testenv: cannot start a runtime for the fake Kubernetes API: {e}");
+            std::process::exit(1);
+        });
+    let api = walcast_testkit::fake_kube::FakeApi::new();
+    let url = rt.block_on(api.endpoint("workers"));
+    (rt, url)
 }

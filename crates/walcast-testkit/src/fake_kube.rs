@@ -10,8 +10,9 @@
 //! Each client gets its own endpoint (`endpoint(name)`), so faults can target one client:
 //! `cut_off` makes all its requests hang. `chaos` injects 500s and hangs at random (some
 //! hangs after the write was applied, as when a reply is lost).
-
-#![allow(dead_code)]
+//!
+//! `walcast-testenv` serves it to tests in other languages when
+//! `WALCAST_TESTENV_FAKE_KUBE=1` (its URL is `kube_api_url`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -193,6 +194,16 @@ async fn before(shared: &Shared, client: &str) -> Result<bool, Response> {
     }
 }
 
+/// What the API server accepts as an object name.
+fn is_dns_subdomain(name: &str) -> bool {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    name.len() <= 253
+        && name.chars().all(ok_char)
+        && alnum(name.chars().next())
+        && alnum(name.chars().last())
+}
+
 fn next_version(shared: &Shared) -> String {
     let mut v = lock(&shared.version);
     *v += 1;
@@ -245,6 +256,13 @@ async fn create(
             "Lease.coordination.k8s.io is invalid: metadata.name: Required value".into(),
         );
     };
+    if !is_dns_subdomain(&name) {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("Lease.coordination.k8s.io \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+        );
+    }
     let rv = {
         let mut leases = lock(&shared.leases);
         let key = (ns.clone(), name.clone());

@@ -1,0 +1,178 @@
+// A frozen leader is replaced and fenced (issue #11). While a writer commits one row after
+// another, the leading cdc-worker is stopped with SIGSTOP for 30 s (a long stall, a paused
+// VM, a stuck network path: it keeps its sockets and sessions), in both lease modes
+// (Postgres lease row; Kubernetes Lease against the test kit's fake API server) and both
+// sources. Changes must flow again within the lease duration plus a bounded margin; once
+// continued, the old leader must step down and publish nothing: checked on NATS itself (no
+// message of it after the new leader's first, each leader's messages in strictly
+// increasing (commit_lsn, seq)), and realtime-js clients on two fronts get every row
+// exactly once, in commit order.
+import { describe, test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { startEnv, startProcess, enableTable, client, subscribed, uniq, until } from './harness.js'
+import { natsTap } from './nats_tap.js'
+
+const LEASE_SECS = 6
+const FREEZE_MS = 30000
+// Worst case from the freeze (README, Leader election and fencing): Postgres, the lease
+// expires one duration after the last renewal (which came before the freeze) and a
+// follower reads again right then; Kubernetes, a follower must see the last version
+// unchanged for a full duration and reads every third of it, so up to two thirds more.
+// Then the new leader starts reading: 3 s of margin for that on a busy machine.
+const takeoverBoundMs = (mode) => LEASE_SECS * 1000 * (mode === 'kubernetes' ? 5 / 3 : 1) + 3000
+
+// Change messages: the table subject (no audience) and the fronts' delivery subjects.
+const isChange = (m) => m.subject.startsWith('walcast.realtime.') || m.subject.startsWith('walcast.deliver.')
+const position = (m) => [m.headers['walcast-lsn'], Number(m.headers['walcast-seq'])]
+const lsnValue = (lsn) => {
+  const [hi, lo] = lsn.split('/')
+  return BigInt(`0x${hi}`) * 2n ** 32n + BigInt(`0x${lo}`)
+}
+/** `/health`, or `{}` when the process does not answer within a second (it may be frozen). */
+const healthOf = (w) =>
+  fetch(`${w.url}/health`, { signal: AbortSignal.timeout(1000) })
+    .then((r) => r.json())
+    .catch(() => ({}))
+const before_ = (a, b) => {
+  const [la, lb] = [lsnValue(a[0]), lsnValue(b[0])]
+  return la < lb || (la === lb && a[1] < b[1])
+}
+
+/** The scenario for one lease mode (`postgres` or `kubernetes`), both sources. */
+export function freezeSuite(mode) {
+  for (const source of ['stream', 'poll']) {
+    describe(`LEASE_MODE=${mode}, CDC_SOURCE=${source}`, () => {
+      let env, front1, front2, tap
+      const workers = []
+      const clients = []
+      const startWorker = async () => {
+        const w = await startProcess(env, 'cdc-worker', [], {
+          NATS_URL: env.nats_url,
+          CDC_SOURCE: source,
+          LEASE_MODE: mode,
+          LEASE_DURATION_SECS: String(LEASE_SECS),
+          ...(mode === 'kubernetes' ? { LEASE_KUBE_API_URL: env.kube_api_url } : {}),
+        }, { standby: workers.length > 0 })
+        workers.push(w)
+        return w
+      }
+      const leader = async () => {
+        let found
+        await until('a leading cdc-worker that reads the slot', async () => {
+          for (const w of workers) {
+            const h = await healthOf(w)
+            if (h.leader && h.cdc_active) found = w
+          }
+          return found !== undefined
+        }, 60000)
+        return found
+      }
+
+      before(async () => {
+        env = await startEnv({ fakeKube: mode === 'kubernetes' })
+        await env.db.query('CREATE TABLE fz (id int8 PRIMARY KEY, v text)')
+        await startWorker()
+        await enableTable(env, 'fz')
+        await startWorker()
+        front1 = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
+        front2 = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
+        tap = await natsTap(env.nats_url, 'walcast.>')
+      })
+      after(async () => {
+        for (const w of workers) if (w.child.signalCode === null) w.child.kill('SIGCONT')
+        tap?.close()
+        for (const rt of clients) {
+          await rt.removeAllChannels().catch(() => {})
+          await rt.disconnect()
+        }
+        await front1?.stop()
+        await front2?.stop()
+        for (const w of workers) await w.stop().catch(() => {})
+        await env?.stop()
+      })
+
+      test('SIGSTOP the leader for 30 s under a writer: replaced within the lease, silent after SIGCONT, every row exactly once in order', async () => {
+        const subscribers = []
+        for (const [front, vsn] of [[front1, '2.0.0'], [front2, '2.0.0'], [front1, '1.0.0'], [front2, '1.0.0']]) {
+          const rt = client(front, { vsn, logger: () => {} })
+          clients.push(rt)
+          const got = []
+          await subscribed(rt.channel(uniq('fz')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'fz' }, (p) => got.push({ id: Number(p.new.id), at: performance.now() })))
+          subscribers.push({ name: `front${front === front1 ? 1 : 2}/vsn ${vsn}`, got })
+        }
+        let stop = false
+        let nextId = 1
+        const writer = (async () => {
+          while (!stop) {
+            await env.db.query("INSERT INTO fz VALUES ($1, 'w')", [nextId])
+            nextId += 1
+            await new Promise((r) => setTimeout(r, 5))
+          }
+        })()
+        const rowsBeyond = async (n, what) => {
+          const target = nextId + n
+          await until(`the writer to pass row ${target} (${what})`, () => nextId >= target, 60000)
+        }
+        const changes = () => tap.messages.filter((m) => m.subject.startsWith('walcast.realtime.'))
+
+        await rowsBeyond(50, 'before the freeze')
+        const old = await leader()
+        const seen = changes().length
+        await until('a change on NATS from the leader', () => changes().length > seen)
+        const oldOrigin = changes().at(-1).headers['walcast-origin']
+
+        old.child.kill('SIGSTOP')
+        const frozen = performance.now()
+        const fromOthers = () => tap.messages.find((m) => m.at > frozen && isChange(m) && m.headers['walcast-origin'] !== oldOrigin)
+        await until('a change published by another worker while the leader is frozen', () => fromOthers() !== undefined, takeoverBoundMs(mode) + 10000)
+        const takeoverMs = fromOthers().at - frozen
+        const newOrigin = fromOthers().headers['walcast-origin']
+        assert.ok(takeoverMs <= takeoverBoundMs(mode), `changes flowed again ${Math.round(takeoverMs)} ms after SIGSTOP; bound ${takeoverBoundMs(mode)} ms (lease ${LEASE_SECS} s)`)
+        const standby = await leader()
+        assert.notEqual(standby, old)
+
+        await new Promise((r) => setTimeout(r, FREEZE_MS - (performance.now() - frozen)))
+        old.child.kill('SIGCONT')
+        const resumed = performance.now()
+        await until('the old leader to step down after SIGCONT', async () => (await healthOf(old)).leader === false, 10000)
+        const steppedDownMs = performance.now() - resumed
+        const h = await old.health()
+        assert.equal(h.cdc_active, false, JSON.stringify(h))
+        assert.notEqual(h.lease_holder, undefined, JSON.stringify(h))
+        await rowsBeyond(100, 'after SIGCONT')
+        stop = true
+        await writer
+
+        const { rows } = await env.db.query('SELECT id FROM fz ORDER BY id')
+        const expected = rows.map((r) => Number(r.id))
+        for (const s of subscribers) {
+          await until(`${s.name} to receive all ${expected.length} rows (has ${s.got.length})`, () => s.got.length >= expected.length, 60000)
+        }
+        await tap.flush()
+
+        // On NATS: nothing from the old leader once the new one published.
+        const all = tap.messages.filter(isChange)
+        const firstNew = all.findIndex((m) => m.headers['walcast-origin'] !== oldOrigin)
+        const stale = all.slice(firstNew).filter((m) => m.headers['walcast-origin'] === oldOrigin)
+        assert.deepEqual(stale.map((m) => [m.subject, ...position(m)]), [], 'the old leader published after the takeover')
+        for (const origin of [oldOrigin, newOrigin]) {
+          const mine = changes().filter((m) => m.headers['walcast-origin'] === origin).map(position)
+          for (let i = 1; i < mine.length; i += 1) {
+            assert.ok(before_(mine[i - 1], mine[i]), `${origin === oldOrigin ? 'old' : 'new'} leader: ${mine[i - 1]} then ${mine[i]} (out of order or duplicate)`)
+          }
+        }
+        // At the clients: every row once, in commit order.
+        let gapMs = 0
+        for (const s of subscribers) {
+          const ids = s.got.map((g) => g.id)
+          assert.deepEqual(ids, expected, `${s.name}: every committed row once, in commit order`)
+          const during = s.got.filter((g) => g.at > frozen)
+          if (during.length) gapMs = Math.max(gapMs, during[0].at - frozen)
+        }
+        const metrics = await (await fetch(`${old.url}/metrics`)).text()
+        const fenced = metrics.split('\n').filter((l) => l.startsWith('walcast_lease_fenced_total')).join(', ') || 'none'
+        console.log(`# ${mode}/${source}: changes on NATS from the new leader ${Math.round(takeoverMs)} ms after SIGSTOP, first row at the clients after ${Math.round(gapMs)} ms; old leader stepped down ${Math.round(steppedDownMs)} ms after SIGCONT (fenced actions: ${fenced}); ${expected.length} rows`)
+      })
+    })
+  }
+}
