@@ -9,13 +9,15 @@
 //!   large values with Supabase's `Error 413` ([`ChangeEvent::shrink_to`]).
 //! * [`event`]: the JSON change event published for every row change.
 //! * [`Bus`]: publish, barrier and subscribe over core NATS or in process.
-//! * [`subs`] and [`admin`]: request/reply between the fronts and the cdc-worker.
+//! * [`subs`] and [`admin`]: request/reply between the fronts and the cdc-worker;
+//!   [`resync`]: how a new leader learns every front's subscriptions.
 
 pub mod admin;
 mod bus;
 pub mod event;
 mod local;
 mod nats;
+pub mod resync;
 pub mod subject;
 pub mod subs;
 

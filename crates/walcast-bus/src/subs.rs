@@ -16,8 +16,10 @@
 //!   register all its subscriptions again (each keeping its `from` position). The
 //!   request's payload is a subject on which each front reports [`ResyncProgress`]:
 //!   `started` at once, `done` when all its subscriptions are registered again. The new
-//!   leader reads the slot only once every front that started is done (bounded by
-//!   [`RESYNC_MAX_WAIT`]), so the backlog it replays is matched against everything.
+//!   leader reads the slot only once every front that started is done, and every front
+//!   it knows to be alive answered (bounded: see [`crate::resync`]), so the backlog it
+//!   replays is matched against everything.
+//! * `roll-call` (worker → fronts): who is there; each front answers with its id.
 //!
 //! Over NATS these are the subjects below; in one process the front calls the worker's
 //! [`SubsHandler`] directly (same types, no serialisation).
@@ -31,34 +33,16 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use walcast_wal2json::Lsn;
 
+use crate::resync::request_resync;
+pub use crate::resync::{
+    FrontHello, KnownFronts, ResyncProgress, ResyncSummary, ResyncWait, FRONT_ALIVE, RESYNC_GRACE,
+    RESYNC_KNOWN_WAIT, RESYNC_MAX_WAIT, SUBJECT_RESYNC, SUBJECT_ROLL_CALL,
+};
 use crate::{Bus, BusError};
 
 pub const SUBJECT_REGISTER: &str = "walcast.cdc.subs.register";
 pub const SUBJECT_UNREGISTER: &str = "walcast.cdc.subs.unregister";
 pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
-pub const SUBJECT_RESYNC: &str = "walcast.cdc.subs.resync";
-
-/// How long a new leader waits for fronts to answer its resync request.
-pub const RESYNC_GRACE: Duration = Duration::from_millis(500);
-/// How long it waits at most for fronts that answered to finish registering.
-pub const RESYNC_MAX_WAIT: Duration = Duration::from_secs(30);
-
-/// A front's answer to a resync request.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ResyncProgress {
-    pub front: String,
-    /// `false`: started registering; `true`: everything registered again.
-    pub done: bool,
-}
-
-/// What a resync request gathered.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ResyncSummary {
-    /// Fronts that answered.
-    pub fronts: usize,
-    /// Fronts still registering when the wait ended.
-    pub unfinished: usize,
-}
 
 /// How often a front sends its full subscription list.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
@@ -270,8 +254,8 @@ impl SubsClient {
         }
     }
 
-    /// Answer a resync request (its payload is where to).
-    pub async fn resync_progress(&self, to: &str, p: &ResyncProgress) -> Result<(), BusError> {
+    /// Answer a resync request or a roll call (its payload is where to).
+    pub async fn answer<T: Serialize>(&self, to: &str, p: &T) -> Result<(), BusError> {
         match self {
             SubsClient::Local(_) => Ok(()),
             SubsClient::Nats(c) => {
@@ -368,10 +352,12 @@ async fn publish_json<T: Serialize>(
 /// handler batches them); unregister and sync messages in arrival order. An unregister
 /// that overtakes the registration it undoes leaves that subscription behind until the
 /// front's next sync list drops it (its front no longer knows the id, so nothing is
-/// delivered for it meanwhile).
+/// delivered for it meanwhile). `expected`: the fronts known to be alive, waited for even
+/// when they are slow to answer the resync request.
 pub async fn serve_nats(
     bus: &Bus,
     handler: Arc<dyn SubsHandler>,
+    expected: std::collections::HashSet<String>,
     resynced: tokio::sync::oneshot::Sender<ResyncSummary>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BusError> {
@@ -399,8 +385,9 @@ pub async fn serve_nats(
         .await
         .map_err(|e| BusError::Subscribe(e.to_string()))?;
     let asker = client.clone();
+    let wait = ResyncWait::new(tokio::time::Instant::now(), expected);
     tokio::spawn(async move {
-        let summary = request_resync(&asker, inbox, progress, RESYNC_GRACE, RESYNC_MAX_WAIT).await;
+        let summary = request_resync(&asker, inbox, progress, wait).await;
         let _ = resynced.send(summary);
     });
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_REGISTRATIONS_IN_FLIGHT));
@@ -445,59 +432,6 @@ pub async fn serve_nats(
             else => return Err(BusError::Subscribe("subscription registry subscriptions closed".into())),
         }
     }
-}
-
-/// Publish a resync request whose answers come to `progress`; wait `grace` for fronts to
-/// answer, then until each that answered is done (or `max` passed).
-async fn request_resync(
-    client: &async_nats::Client,
-    reply: String,
-    mut progress: async_nats::Subscriber,
-    grace: Duration,
-    max: Duration,
-) -> ResyncSummary {
-    use futures_util::StreamExt;
-    use std::collections::HashMap;
-    if let Err(e) = client.publish(SUBJECT_RESYNC, Bytes::from(reply)).await {
-        tracing::warn!(error = %e, "cannot ask fronts to register again");
-        return ResyncSummary::default();
-    }
-    let started = tokio::time::Instant::now();
-    let mut fronts: HashMap<String, bool> = HashMap::new();
-    loop {
-        let waiting = fronts.values().filter(|done| !**done).count();
-        let deadline = if started.elapsed() < grace || waiting > 0 {
-            started + if waiting > 0 { max } else { grace }
-        } else {
-            break;
-        };
-        match tokio::time::timeout_at(deadline, progress.next()).await {
-            Ok(Some(msg)) => match serde_json::from_slice::<ResyncProgress>(&msg.payload) {
-                Ok(p) => {
-                    let done = fronts.entry(p.front).or_insert(false);
-                    *done |= p.done;
-                }
-                Err(e) => tracing::warn!(error = %e, "malformed resync progress"),
-            },
-            Ok(None) | Err(_) => break,
-        }
-    }
-    let summary = ResyncSummary {
-        fronts: fronts.len(),
-        unfinished: fronts.values().filter(|done| !**done).count(),
-    };
-    if summary.unfinished > 0 {
-        tracing::warn!(
-            ?summary,
-            "fronts still registering after the resync wait; reading anyway"
-        );
-    } else {
-        tracing::info!(
-            fronts = summary.fronts,
-            "fronts registered their subscriptions again"
-        );
-    }
-    summary
 }
 
 #[cfg(test)]

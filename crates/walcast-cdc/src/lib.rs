@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod authorize;
 pub mod event;
+pub mod fronts;
 pub mod health;
 pub mod matcher;
 pub mod migrate;

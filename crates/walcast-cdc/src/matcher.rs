@@ -10,7 +10,7 @@
 //! subscribers, and each class keeps its subscriptions per front (copied on write, so a
 //! match hands them out without copying them).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -297,6 +297,11 @@ impl Matcher {
             .collect();
         st.apply(&stale, Vec::new());
         st.fronts.insert(front.to_string(), Instant::now());
+    }
+
+    /// The fronts heard from (and not expired).
+    pub fn fronts(&self) -> BTreeSet<String> {
+        self.read().fronts.keys().cloned().collect()
     }
 
     /// Note that a front is alive (it sent part of a sync).

@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../sql/0004_one_project_per_table.sql"),
     ),
     (5, "leases", include_str!("../../../sql/0005_leases.sql")),
+    (6, "fronts", include_str!("../../../sql/0006_fronts.sql")),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -13,6 +13,7 @@ use walcast_bus::subs::{
 use walcast_protocol::filter::Filter;
 use walcast_wal2json::Lsn;
 
+use crate::fronts::FrontsRecord;
 use crate::matcher::{Matcher, Sub};
 use crate::{registry, CdcError};
 
@@ -35,6 +36,7 @@ struct Inner {
     partial: std::sync::Mutex<HashMap<String, (u64, Vec<String>)>>,
     database_url: String,
     client: Mutex<Option<Client>>,
+    fronts: Arc<FrontsRecord>,
 }
 
 impl Registrar {
@@ -46,12 +48,18 @@ impl Registrar {
                 partial: Default::default(),
                 database_url,
                 client: Mutex::new(None),
+                fronts: Default::default(),
             }),
         }
     }
 
     pub fn matcher(&self) -> &Arc<Matcher> {
         &self.inner.matcher
+    }
+
+    /// The fronts recorded for the next leader (see [`crate::fronts`]).
+    pub fn fronts(&self) -> &Arc<FrontsRecord> {
+        &self.inner.fronts
     }
 
     /// Registrations arriving while one is being handled wait for the connection and are
@@ -153,10 +161,30 @@ impl Registrar {
                 }),
             }
         }
+        let at = self.place(client, accepted).await?;
+        Ok(RegisterReply {
+            results,
+            effective_from: Some(at),
+        })
+    }
+
+    /// Put accepted subscriptions into the matcher; returns the position they are
+    /// effective from.
+    async fn place(
+        &self,
+        client: &Client,
+        accepted: Vec<(SubscriptionSpec, Option<Filter>)>,
+    ) -> Result<Lsn, CdcError> {
+        // A new front is recorded before its registration is answered, so a leader that
+        // takes over after the answer waits for it.
+        let fronts = accepted.iter().map(|(s, _)| s.front.as_str());
+        if let Err(e) = self.inner.fronts.record(client, fronts).await {
+            tracing::warn!(error = %e, "cannot record a new front (a takeover may not wait for it)");
+        }
         // Into the index first, then read the position: any transaction committing after
         // that position is decoded after the subscription was there.
         let placeholder = Lsn(u64::MAX);
-        let ids: Vec<String> = accepted.iter().map(|(s, _)| s.id.clone()).collect();
+        let count = accepted.len();
         self.inner.matcher.insert_all(
             accepted
                 .iter()
@@ -179,11 +207,8 @@ impl Registrar {
                 })
                 .collect(),
         );
-        metrics::counter!("walcast_cdc_subscriptions_registered_total").increment(ids.len() as u64);
-        Ok(RegisterReply {
-            results,
-            effective_from: Some(at),
-        })
+        metrics::counter!("walcast_cdc_subscriptions_registered_total").increment(count as u64);
+        Ok(at)
     }
 }
 

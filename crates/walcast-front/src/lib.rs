@@ -58,7 +58,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::subject::delivery_subject;
-use walcast_bus::subs::{SubsClient, SUBJECT_RESYNC};
+use walcast_bus::subs::{SubsClient, SUBJECT_RESYNC, SUBJECT_ROLL_CALL};
 use walcast_bus::{Bus, BusError};
 
 pub use auth::{AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
@@ -142,6 +142,7 @@ impl Front {
         let changes = bus.subscribe(&delivery_subject(&front_id)).await?;
         let broadcasts = bus.subscribe(BROADCAST_ALL).await?;
         let resync = bus.subscribe(SUBJECT_RESYNC).await?;
+        let roll_call = bus.subscribe(SUBJECT_ROLL_CALL).await?;
         let tracker = TaskTracker::new();
         let remote_diffs = presence.remote_diffs();
         let (shared, background) = Shared::new(
@@ -170,6 +171,11 @@ impl Front {
         tracker.spawn(registration::resync_loop(
             shared.clone(),
             resync,
+            cancel.clone(),
+        ));
+        tracker.spawn(registration::roll_call_loop(
+            shared.clone(),
+            roll_call,
             cancel.clone(),
         ));
         if let Some(rx) = remote_diffs {

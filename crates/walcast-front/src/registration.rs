@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{
-    class_key, RegisterRequest, ResyncProgress, SubscriptionSpec, SyncMessage, UnregisterRequest,
-    SYNC_INTERVAL,
+    class_key, FrontHello, RegisterRequest, ResyncProgress, SubscriptionSpec, SyncMessage,
+    UnregisterRequest, SYNC_INTERVAL,
 };
 use walcast_bus::Subscription;
 use walcast_protocol::server::{self, SystemStatus};
@@ -226,6 +226,26 @@ pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
     }
 }
 
+/// On every roll call (a worker starting), say that this front exists: a new leader then
+/// waits for this front's resync even if it is slow to answer.
+pub(crate) async fn roll_call_loop(
+    shared: Arc<Shared>,
+    mut sub: Subscription,
+    cancel: CancellationToken,
+) {
+    while let Some(request) = crate::next_message(&mut sub, &cancel, "roll call").await {
+        let Ok(to) = std::str::from_utf8(&request.payload) else {
+            continue;
+        };
+        let hello = FrontHello {
+            front: shared.front_id.clone(),
+        };
+        if let Err(e) = shared.subs.answer(to, &hello).await {
+            tracing::warn!(error = %e, "cannot answer a roll call");
+        }
+    }
+}
+
 /// On every resync request (a new worker leader), register everything again.
 pub(crate) async fn resync_loop(
     shared: Arc<Shared>,
@@ -243,7 +263,7 @@ pub(crate) async fn resync_loop(
             done,
         };
         if let Some(to) = &reply_to {
-            if let Err(e) = shared.subs.resync_progress(to, &progress(false)).await {
+            if let Err(e) = shared.subs.answer(to, &progress(false)).await {
                 tracing::warn!(error = %e, "cannot answer a resync request");
             }
         }
@@ -264,7 +284,7 @@ pub(crate) async fn resync_loop(
             }
         }
         if let Some(to) = &reply_to {
-            if let Err(e) = shared.subs.resync_progress(to, &progress(true)).await {
+            if let Err(e) = shared.subs.answer(to, &progress(true)).await {
                 tracing::warn!(error = %e, "cannot report a finished resync");
             }
         }

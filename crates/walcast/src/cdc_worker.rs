@@ -10,8 +10,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::admin::AdminHandler;
+use walcast_bus::subs::{KnownFronts, FRONT_ALIVE};
 use walcast_bus::Bus;
 
+use walcast_cdc::matcher::Matcher;
 use walcast_cdc::registrar::Registrar;
 use walcast_cdc::CdcHealth;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
@@ -142,21 +144,9 @@ pub async fn run(
     cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
     let tracker = TaskTracker::new();
-    let matcher = registrar.matcher().clone();
-    {
-        // Drop subscriptions of fronts that stopped syncing (died).
-        let matcher = matcher.clone();
-        let cancel = cancel.clone();
-        tracker.spawn(async move {
-            let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tick.tick() => { matcher.expire_dead_fronts(); }
-                }
-            }
-        });
-    }
+    spawn_front_expiry(&tracker, registrar.matcher().clone(), cancel.clone());
+    let known_fronts = KnownFronts::default();
+    spawn_front_listener(&tracker, known_fronts.clone(), bus.clone(), cancel.clone());
     let mode = lease_mode(cdc);
     let status = Arc::new(LeaseStatus::default());
     let state = OpsState {
@@ -170,79 +160,20 @@ pub async fn run(
         },
         lease: (mode != LeaseMode::None).then(|| status.clone()),
     };
-    let router = match &front {
-        Some(f) => f.router().merge(ops_router(state)),
-        None => ops_router(state),
-    };
-    let http_cancel = cancel.clone();
-    let addr = listener.local_addr().ok();
-    tracker.spawn(async move {
-        if let Err(e) = serve(listener, router, http_cancel.cancelled_owned()).await {
-            tracing::error!(error = %e, "http server failed");
-        }
-    });
-    tracing::info!(addr = ?addr, front = front.is_some(), lease = %mode, "serving HTTP");
+    spawn_http(&tracker, listener, front.as_ref(), state, cancel.clone());
+    tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 
-    // Everything only the leader does: answer subscription registrations and admin
-    // requests, read the slot.
-    let failure: Arc<std::sync::Mutex<Option<walcast_cdc::CdcError>>> = Arc::default();
-    let lead = |fence: Fence| {
-        let (cfg, bus, matcher, health, registrar, admin, failure, root) = (
-            cfg.clone(),
-            bus.clone(),
-            matcher.clone(),
-            health.clone(),
-            registrar.clone(),
-            admin.clone(),
-            failure.clone(),
-            cancel.clone(),
-        );
-        async move {
-            let term = fence.token().clone();
-            health.set_leader(true);
-            let responder = if matches!(bus, Bus::Nats(_)) {
-                let bus = bus.clone();
-                let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(registrar);
-                let t = term.clone();
-                let (resynced, resync_done) = tokio::sync::oneshot::channel();
-                let task = tokio::spawn(async move {
-                    let subs =
-                        walcast_bus::subs::serve_nats(&bus, handler, resynced, t.cancelled());
-                    let admin = walcast_bus::admin::serve_nats(&bus, admin, t.cancelled());
-                    let (subs, admin) = tokio::join!(subs, admin);
-                    if let Err(e) = subs {
-                        tracing::error!(error = %e, "subscription registry stopped");
-                    }
-                    if let Err(e) = admin {
-                        tracing::error!(error = %e, "admin requests stopped");
-                    }
-                });
-                // Fronts answer the resync request by registering again (each
-                // subscription from its own position): wait until they are done before
-                // decoding, so the backlog is matched against all of them.
-                tokio::select! {
-                    _ = term.cancelled() => {}
-                    _ = resync_done => {}
-                }
-                Some(task)
-            } else {
-                None
-            };
-            if let Err(e) =
-                walcast_cdc::run_fenced(cfg, bus, matcher, health.clone(), fence.clone()).await
-            {
-                if let Ok(mut f) = failure.lock() {
-                    *f = Some(e);
-                }
-                root.cancel();
-            }
-            term.cancel();
-            if let Some(t) = responder {
-                let _ = t.await;
-            }
-            health.set_leader(false);
-        }
-    };
+    let leader = Arc::new(Leader {
+        cfg,
+        bus,
+        registrar,
+        admin,
+        health,
+        known_fronts,
+        failure: Default::default(),
+        root: cancel.clone(),
+    });
+    let lead = |fence: Fence| leader.clone().term(fence);
     let election = elect(mode, db, cdc, tag, status, &cancel, lead).await;
     cancel.cancel();
     tracker.close();
@@ -251,10 +182,158 @@ pub async fn run(
         f.closed().await;
     }
     election.context("Kubernetes leader election")?;
-    let failure = failure.lock().ok().and_then(|mut f| f.take());
+    let failure = leader.failure.lock().ok().and_then(|mut f| f.take());
     match failure {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
+    }
+}
+
+/// Drop subscriptions of fronts that stopped syncing (died).
+fn spawn_front_expiry(tracker: &TaskTracker, matcher: Arc<Matcher>, cancel: CancellationToken) {
+    tracker.spawn(async move {
+        let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => { matcher.expire_dead_fronts(); }
+            }
+        }
+    });
+}
+
+/// Every front heard from (leading or not), so that a term's resync waits for them.
+fn spawn_front_listener(
+    tracker: &TaskTracker,
+    known: KnownFronts,
+    bus: Bus,
+    cancel: CancellationToken,
+) {
+    tracker.spawn(async move {
+        if let Err(e) = known.listen(&bus, cancel.cancelled()).await {
+            tracing::warn!(error = %e, "cannot listen for fronts; a new leader waits only for fronts that answer at once");
+        }
+    });
+}
+
+/// The ops endpoints (and the front's routes, in one process) until `cancel`.
+fn spawn_http(
+    tracker: &TaskTracker,
+    listener: TcpListener,
+    front: Option<&walcast_front::Front>,
+    state: OpsState,
+    cancel: CancellationToken,
+) {
+    let router = match front {
+        Some(f) => f.router().merge(ops_router(state)),
+        None => ops_router(state),
+    };
+    tracing::info!(addr = ?listener.local_addr().ok(), "HTTP listening");
+    tracker.spawn(async move {
+        if let Err(e) = serve(listener, router, cancel.cancelled_owned()).await {
+            tracing::error!(error = %e, "http server failed");
+        }
+    });
+}
+
+/// Everything only the leader does, one term at a time: answer subscription
+/// registrations and admin requests, read the slot.
+struct Leader {
+    cfg: walcast_cdc::CdcConfig,
+    bus: Bus,
+    registrar: Registrar,
+    admin: Arc<dyn AdminHandler>,
+    health: Arc<CdcHealth>,
+    known_fronts: KnownFronts,
+    failure: std::sync::Mutex<Option<walcast_cdc::CdcError>>,
+    /// Cancelled when the pipeline fails for good: the process stops.
+    root: CancellationToken,
+}
+
+impl Leader {
+    async fn term(self: Arc<Self>, fence: Fence) {
+        let term = fence.token().clone();
+        self.health.set_leader(true);
+        let responder = self.serve_fronts(&term).await;
+        let matcher = self.registrar.matcher().clone();
+        let run = walcast_cdc::run_fenced(
+            self.cfg.clone(),
+            self.bus.clone(),
+            matcher,
+            self.health.clone(),
+            fence.clone(),
+        );
+        if let Err(e) = run.await {
+            if let Ok(mut f) = self.failure.lock() {
+                *f = Some(e);
+            }
+            self.root.cancel();
+        }
+        term.cancel();
+        if let Some(t) = responder {
+            let _ = t.await;
+        }
+        self.health.set_leader(false);
+    }
+
+    /// Over NATS: answer the fronts' registrations and admin requests for this term, and
+    /// return once the fronts registered again (each subscription from its own position),
+    /// so the backlog is matched against all of them before anything is decoded.
+    async fn serve_fronts(&self, term: &CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+        if !matches!(self.bus, Bus::Nats(_)) {
+            return None;
+        }
+        let recorded = self.recorded_fronts().await;
+        let mut expected = self.known_fronts.alive(FRONT_ALIVE);
+        expected.extend(recorded);
+        let (bus, admin, t) = (self.bus.clone(), self.admin.clone(), term.clone());
+        let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(self.registrar.clone());
+        let (resynced, resync_done) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let subs =
+                walcast_bus::subs::serve_nats(&bus, handler, expected, resynced, t.cancelled());
+            let admin = walcast_bus::admin::serve_nats(&bus, admin, t.cancelled());
+            let (subs, admin) = tokio::join!(subs, admin);
+            if let Err(e) = subs {
+                tracing::error!(error = %e, "subscription registry stopped");
+            }
+            if let Err(e) = admin {
+                tracing::error!(error = %e, "admin requests stopped");
+            }
+        });
+        tokio::select! {
+            _ = term.cancelled() => {}
+            _ = resync_done => {}
+        }
+        let keep = self.registrar.fronts().clone().keep(
+            self.registrar.matcher().clone(),
+            self.cfg.database_url.clone(),
+            term.clone().cancelled_owned(),
+        );
+        let keep = tokio::spawn(keep);
+        Some(tokio::spawn(async move {
+            let _ = tokio::join!(task, keep);
+        }))
+    }
+
+    /// The fronts the previous leader had subscriptions from (none if unreadable: then
+    /// the resync waits only for fronts this worker heard from or that answer at once).
+    async fn recorded_fronts(&self) -> std::collections::HashSet<String> {
+        let read = async {
+            let client = walcast_cdc::connect(&self.cfg.database_url).await?;
+            self.registrar.fronts().load(&client).await
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(5), read).await {
+            Ok(Ok(fronts)) => fronts,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the recorded fronts");
+                Default::default()
+            }
+            Err(_) => {
+                tracing::warn!("reading the recorded fronts timed out");
+                Default::default()
+            }
+        }
     }
 }
 

@@ -129,6 +129,7 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
       PORT: String(port),
       HOST: '127.0.0.1',
       CDC_POLL_IDLE_MS: '20',
+      ...(process.env.WALCAST_TEST_LOG_LEVEL ? { LOG_LEVEL: process.env.WALCAST_TEST_LOG_LEVEL } : {}),
       LOG_FORMAT: 'json',
       ...extraEnv,
     },
