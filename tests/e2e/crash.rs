@@ -1,15 +1,13 @@
 //! `kill -9` the cdc-worker at random moments while writers run: nothing is lost, and a
 //! replayed change is recognisable by its (commit LSN, position).
 
-mod support;
-
 both_sources!(kill_9_five_times_under_load_loses_nothing);
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::support::{assert_writers_complete_in_order, dedup, Collector, Stack, Writers};
 use rand::Rng;
-use support::{assert_writers_complete_in_order, dedup, Collector, Stack, Writers};
 
 async fn kill_9_five_times_under_load_loses_nothing(source: &'static str) {
     const WRITERS: i32 = 4;

@@ -2,13 +2,11 @@
 //! 503 at once, refuses new sockets, closes the open ones (1001) spread over `DRAIN_SECS`
 //! rather than all in the same second, and the process exits before the window ends.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::ws::{anon, Ws};
+use crate::support::{Stack, Worker};
 use futures_util::StreamExt;
-use support::ws::{anon, Ws};
-use support::{Stack, Worker};
 use tokio_tungstenite::tungstenite::Message;
 
 const CLIENTS: usize = 1000;

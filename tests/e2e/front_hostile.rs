@@ -2,15 +2,13 @@
 //! steady stream of changes: every hostile socket gets the right error reply or close
 //! reason, and the well-behaved client receives every change, in order, without a gap.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::ws::{anon, pg_config, Msg, Ws};
+use crate::support::{Stack, Worker};
 use serde_json::{json, Value};
-use support::ws::{anon, pg_config, Msg, Ws};
-use support::{Stack, Worker};
 
 const MAX_FRAME: usize = 64 * 1024;
 const MIN_ROWS: i64 = 300;

@@ -2,15 +2,13 @@
 //! counted in `walcast_front_slow_consumer_disconnects_total`), a fast client on the same
 //! channel receives every change in order, and the server's memory stays bounded.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::ws::{anon, Msg, Ws};
+use crate::support::{Stack, Worker};
 use serde_json::json;
-use support::ws::{anon, Msg, Ws};
-use support::{Stack, Worker};
 
 /// Rows written (one change each), in transactions of `PER_TXN`, one transaction every
 /// `TXN_EVERY` (1,000 rows/s, 8 MB/s: a rate a reading client keeps up with even in a

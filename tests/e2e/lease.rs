@@ -5,11 +5,9 @@
 //! continued it publishes nothing: no message of it reaches NATS after the new leader's
 //! first.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::{
+use crate::support::{
     assert_writers_complete_in_order, dedup, Arrival, Collector, Stack, Worker, Writers,
 };
 use walcast_testkit::fake_kube::FakeApi;

@@ -2,13 +2,11 @@
 //! connected, reports the outage on /health and /readyz (503), and delivers changes
 //! committed after NATS is back.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::ws::{anon, Msg, Ws};
+use crate::support::{Stack, Worker};
 use serde_json::json;
-use support::ws::{anon, Msg, Ws};
-use support::{Stack, Worker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_survive_a_nats_restart_and_receive_what_follows() {

@@ -15,15 +15,13 @@
 //! - at the end, the rows whose latest version each user received are exactly what a
 //!   `SELECT` as that user returns (but for memberships changed after that version).
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::support::{Collector, Stack};
 use rand::{Rng, SeedableRng};
-use support::{Collector, Stack};
 use walcast_bus::subs::{RegisterRequest, SubsClient, SubscriptionSpec};
 use walcast_bus::{Bus, ChangeEvent, ChangeKind};
 

@@ -1,7 +1,5 @@
 //! The CDC pipeline end to end: real Postgres + wal2json → cdc-worker → real NATS.
 
-mod support;
-
 both_sources!(
     insert_update_delete_arrive_with_content_in_commit_order,
     eight_concurrent_writers_10k_transactions_all_arrive_once_in_commit_order,
@@ -13,7 +11,7 @@ both_sources!(
 use std::collections::HashMap;
 use std::time::Duration;
 
-use support::{dedup, old, rec, Collector, Stack};
+use crate::support::{dedup, old, rec, Collector, Stack};
 use walcast_bus::ChangeKind;
 
 const ACTIVE: Duration = Duration::from_secs(60);

@@ -3,12 +3,12 @@
 //! and a replica killed with `kill -9` has its presences gone for the others within about
 //! `PRESENCE_TTL_SECS`.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::ws::{anon, Msg, Ws};
 use serde_json::{json, Value};
-use support::ws::{anon, Msg, Ws};
 use walcast_testkit::Nats;
 
 const TTL_SECS: u64 = 4;

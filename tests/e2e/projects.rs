@@ -3,18 +3,16 @@
 //! database, over the in-process bus (`walcast serve`) and over NATS (cdc-worker +
 //! ws-front, the front knowing no project but through the worker).
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use support::projects::{
+use crate::support::projects::{
     binding, call, create_project, keys, next_change, realtime_path, refused, set, sign, walcast,
     Project,
 };
-use support::ws::{self, pg_config, Ws};
-use support::{Stack, Worker};
+use crate::support::ws::{self, pg_config, Ws};
+use crate::support::{Stack, Worker};
+use serde_json::{json, Value};
 
 const STARTUP: Duration = Duration::from_secs(60);
 

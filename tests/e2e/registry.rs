@@ -2,12 +2,12 @@
 //! NATS, a raw Phoenix WebSocket client. A new worker learns the front's subscriptions;
 //! a front that dies has its subscriptions dropped within a bounded time.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::Stack;
 use futures_util::{SinkExt, StreamExt};
-use support::Stack;
 use tokio_tungstenite::tungstenite::Message;
 
 fn subscriptions(worker: &support::Worker) -> f64 {

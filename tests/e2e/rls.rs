@@ -5,12 +5,10 @@
 //! `FORCE ROW LEVEL SECURITY`, each version judged as a `SELECT` of that very version
 //! would; versions lacking a value their policy reads (unchanged TOAST).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use support::{Collector, Stack};
+use crate::support::{Collector, Stack};
 use walcast_bus::subs::{RegisterRequest, SubsClient, SubscriptionSpec};
 use walcast_bus::Bus;
 

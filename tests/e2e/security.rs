@@ -1,12 +1,12 @@
 //! Hostile identifiers and filters crafted as SQL: refused with a clear error, nothing
 //! executed, and everyone else keeps receiving.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;
 
-use support::{rec, Collector, Stack};
+use crate::support::{rec, Collector, Stack};
 use walcast_bus::subs::{RegisterRequest, SubsClient, SubscriptionSpec};
 use walcast_bus::Bus;
 
@@ -133,8 +133,8 @@ async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
 /// with a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
-    use support::ws::{token, Ws};
-    use support::Worker;
+    use crate::support::ws::{token, Ws};
+    use crate::support::Worker;
     use walcast_testkit::tls::TestCerts;
     use walcast_testkit::Postgres;
 
@@ -225,8 +225,8 @@ async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
 /// `/health`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_over_tls_with_an_nkey() {
-    use support::ws::{anon, Ws};
-    use support::Worker;
+    use crate::support::ws::{anon, Ws};
+    use crate::support::Worker;
     use walcast_testkit::tls::TestCerts;
     use walcast_testkit::{Nats, Postgres};
 

@@ -1,10 +1,10 @@
 //! Preflight errors and the slot manager, against real Postgres configurations.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
-use support::{rec, Collector, Stack, Worker};
+use crate::support::{rec, Collector, Stack, Worker};
 use walcast_testkit::Postgres;
 
 const EXIT: Duration = Duration::from_secs(60);
@@ -233,7 +233,7 @@ async fn a_lost_slot_is_recreated_logged_counted_and_reported(source: &'static s
 /// and the slot is gone (no WAL retained for it any more).
 #[test]
 fn slot_drop_refuses_a_slot_in_use_and_removes_it() {
-    use support::projects::walcast;
+    use crate::support::projects::walcast;
     let stack = Stack::start("stream");
     let mut worker = stack.worker(&[]);
     worker.wait_active(EXIT);

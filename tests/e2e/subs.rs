@@ -1,11 +1,9 @@
 //! The subscription registry between fronts and the cdc-worker, over real NATS: what a
 //! front registers is validated, matched while decoding, and effective at once.
 
-mod support;
-
 use std::time::Duration;
 
-use support::{rec, Collector, Stack};
+use crate::support::{rec, Collector, Stack};
 use walcast_bus::subs::{
     RegisterRequest, SubsClient, SubscriptionSpec, SyncMessage, UnregisterRequest,
 };

@@ -1,0 +1,22 @@
+//! End-to-end tests: real Postgres with wal2json and real nats-server from the test kit,
+//! the walcast binaries and processes as users run them. One test binary (one link of the
+//! workspace); each module owns one area.
+
+#[macro_use]
+mod support;
+
+mod crash;
+mod drain;
+mod front_hostile;
+mod front_slow;
+mod lease;
+mod nats_outage;
+mod oracle;
+mod pipeline;
+mod presence;
+mod projects;
+mod registry;
+mod rls;
+mod security;
+mod slot;
+mod subs;
