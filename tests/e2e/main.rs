@@ -16,6 +16,7 @@ mod pipeline;
 mod presence;
 mod projects;
 mod registry;
+mod replication_role;
 mod rls;
 mod security;
 mod slot;

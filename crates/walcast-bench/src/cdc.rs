@@ -186,6 +186,7 @@ async fn drain(
     let cancel = CancellationToken::new();
     let cfg = CdcConfig {
         database_url: db.to_string(),
+        replication_url: db.to_string(),
         source,
         ack_interval: Duration::from_millis(100),
         allow_unbounded_wal: false,

@@ -140,6 +140,7 @@ async fn start_worker(
     let health = Arc::new(CdcHealth::new("walcast_cdc_slot"));
     let cfg = CdcConfig {
         database_url: pg.url(),
+        replication_url: pg.url(),
         source,
         ack_interval: Duration::from_millis(100),
         allow_unbounded_wal: false,

@@ -61,6 +61,9 @@ pub enum CdcError {
     SlotLost(String),
     #[error("replication slot {0:?} disappeared")]
     SlotMissing(String),
+    /// The RLS checker has no connection to check with (a bug, not a configuration).
+    #[error("no RLS connection: {0}")]
+    RlsUnavailable(&'static str),
     #[error("replication stream: {0}")]
     Repl(#[from] walcast_pgrepl::ReplError),
     #[error("the server ended the replication stream")]
@@ -90,7 +93,12 @@ impl CdcError {
 
 #[derive(Clone, Debug)]
 pub struct CdcConfig {
+    /// For the catalog (types, the realtime-table registry) and the RLS checks:
+    /// `DATABASE_URL`.
     pub database_url: String,
+    /// For the slot (preflight, slot management, polling or streaming): a role with
+    /// `REPLICATION`; `POSTGRES_REPLICATION_URL`, else `DATABASE_URL`.
+    pub replication_url: String,
     pub source: SourceKind,
     pub poller: PollerConfig,
     /// Stream mode: how often progress is acknowledged.
@@ -183,7 +191,7 @@ async fn session(
     fence: &Fence,
 ) -> Result<(), CdcError> {
     let cancel = fence.token();
-    let client = connect(&cfg.database_url).await?;
+    let client = connect(&cfg.replication_url).await?;
     let catalog = connect(&cfg.database_url).await?;
     let report = match preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal)
         .await
@@ -241,7 +249,7 @@ async fn session(
         SourceKind::Stream => {
             let stream_cfg = stream::StreamConfig {
                 slot: cfg.poller.slot.clone(),
-                url: cfg.database_url.clone(),
+                url: cfg.replication_url.clone(),
                 ack_interval: cfg.ack_interval,
                 filter_refresh: cfg.poller.filter_refresh,
             };

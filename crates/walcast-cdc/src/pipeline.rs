@@ -179,6 +179,13 @@ impl Pipeline {
         &self.fence
     }
 
+    /// The catalog connection (`DATABASE_URL`): the sources read the realtime registry
+    /// through it, never through the replication connection (whose role may only
+    /// replicate).
+    pub fn catalog(&self) -> &Client {
+        &self.catalog
+    }
+
     /// True between a transaction's BEGIN and COMMIT lines.
     pub fn in_transaction(&self) -> bool {
         self.txn.is_some()

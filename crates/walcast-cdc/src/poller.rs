@@ -82,7 +82,7 @@ impl<'a> Poller<'a> {
     /// Load the registry at start. Later edits arrive in WAL order (the registry table is
     /// always decoded) and are applied by the pipeline exactly where they happened.
     async fn refresh_tables(&mut self) -> Result<(), CdcError> {
-        let tables = registry::list(self.client, None).await?;
+        let tables = registry::list(self.pipeline.catalog(), None).await?;
         self.pipeline.set_tables(&tables);
         self.apply_filter();
         self.refreshed_at = Instant::now();
@@ -102,7 +102,7 @@ impl<'a> Poller<'a> {
     async fn check_registry(&mut self) -> Result<(), CdcError> {
         self.refreshed_at = Instant::now();
         let current = self.pipeline.tables();
-        if let Some(tables) = registry_drift(self.client, &current, self.confirmed).await? {
+        if let Some(tables) = registry_drift(self.pipeline.catalog(), &current, self.confirmed).await? {
             self.pipeline.set_tables(&tables);
             self.apply_filter();
         }

@@ -30,7 +30,7 @@ pub enum RegistryError {
     NoPrimaryKey(String),
     #[error("table {table} is already enabled for project {project:?}; a table streams for one project only (disable it there first)")]
     OtherProject { table: String, project: String },
-    #[error(transparent)]
+    #[error("{}", crate::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
 

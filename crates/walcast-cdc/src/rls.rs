@@ -151,7 +151,7 @@ impl RlsChecker {
         }
         match self.client.as_ref() {
             Some(c) => Ok(c),
-            None => Err(CdcError::SlotMissing("rls connection".into())),
+            None => Err(CdcError::RlsUnavailable("the checker's connection was not kept")),
         }
     }
 
@@ -411,7 +411,7 @@ impl RlsChecker {
         if n == 1 {
             return match self.lanes.first_mut() {
                 Some(lane) => lane.check(url, tables, opts).await,
-                None => Err(CdcError::SlotMissing("rls connection".into())),
+                None => Err(CdcError::RlsUnavailable("no lane to check on")),
             };
         }
         // chunk → table → original group indices
@@ -513,7 +513,7 @@ impl Lane {
                     Err(e) => Err(e),
                 }
             }
-            None => Err(CdcError::SlotMissing("rls connection".into())),
+            None => Err(CdcError::RlsUnavailable("the lane's connection was not kept")),
         };
         if result.is_err() {
             // The session may be mid-transaction: start over on a fresh one.

@@ -106,7 +106,7 @@ impl<'a> Streamer<'a> {
                     if refreshed_at.elapsed() >= self.cfg.filter_refresh {
                         refreshed_at = Instant::now();
                         let current = self.pipeline.tables();
-                        if let Some(tables) = registry_drift(self.client, &current, self.confirmed).await? {
+                        if let Some(tables) = registry_drift(self.pipeline.catalog(), &current, self.confirmed).await? {
                             self.pipeline.set_tables(&tables);
                             let _ = stream.stop().await;
                             return Ok(Stop::FilterChanged);
@@ -165,7 +165,7 @@ impl<'a> Streamer<'a> {
 
 impl crate::source::Source for Streamer<'_> {
     async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
-        let tables = registry::list(self.client, None).await?;
+        let tables = registry::list(self.pipeline.catalog(), None).await?;
         self.pipeline.set_tables(&tables);
         loop {
             match self.stream_once(cancel).await? {

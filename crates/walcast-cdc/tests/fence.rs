@@ -112,7 +112,8 @@ async fn writer(pg: &Postgres, stop: CancellationToken) -> tokio::task::JoinHand
 
 fn config(url: String, source: SourceKind) -> CdcConfig {
     CdcConfig {
-        database_url: url,
+        database_url: url.clone(),
+        replication_url: url,
         source,
         ack_interval: Duration::from_millis(50),
         allow_unbounded_wal: false,

@@ -141,7 +141,9 @@ pub async fn run(
     migrate(&db.database_url).await?;
     let tag = session_tag(&origin);
     let mut cfg = cdc.to_config(db, &origin);
+    // Tagged: a worker taking over terminates the stale leader's sessions by this tag.
     cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
+    cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
     let tracker = TaskTracker::new();
     spawn_front_expiry(&tracker, registrar.matcher().clone(), cancel.clone());

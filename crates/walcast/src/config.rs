@@ -158,7 +158,8 @@ impl LeaseArgs {
 impl CdcArgs {
     pub fn to_config(&self, db: &DbArgs, origin: &str) -> CdcConfig {
         CdcConfig {
-            database_url: db.replication_url().to_string(),
+            database_url: db.database_url.clone(),
+            replication_url: db.replication_url().to_string(),
             allow_unbounded_wal: self.allow_unbounded_wal,
             source: self.source,
             ack_interval: Duration::from_millis(self.ack_interval_ms),
