@@ -174,7 +174,7 @@ async fn a_postgres_outage_turns_cdc_inactive_and_delivery_resumes_after(source:
     assert_eq!(ids, [1, 2], "nothing lost, replays dropped by position");
     assert!(
         worker
-            .metric("walcast_cdc_poll_errors_total")
+            .metric("walcast_cdc_source_errors_total")
             .unwrap_or(0.0)
             >= 1.0
     );

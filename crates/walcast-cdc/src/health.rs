@@ -73,7 +73,7 @@ impl CdcHealth {
 
     pub fn set_active(&self, active: bool) {
         self.active.store(active, Ordering::SeqCst);
-        metrics::gauge!("walcast_cdc_active").set(if active { 1.0 } else { 0.0 });
+        metrics::gauge!(crate::telemetry::ACTIVE).set(if active { 1.0 } else { 0.0 });
     }
 
     pub fn is_active(&self) -> bool {
@@ -87,7 +87,7 @@ impl CdcHealth {
     pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64) {
         self.confirmed_flush.store(confirmed.0, Ordering::SeqCst);
         self.lag_bytes.store(lag_bytes, Ordering::SeqCst);
-        metrics::gauge!("walcast_cdc_slot_lag_bytes").set(lag_bytes as f64);
+        metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
     }
 
     pub fn record_slot_loss(&self, range: LostRange) {

@@ -170,7 +170,7 @@ pub async fn run_fenced(
                 return Err(e);
             }
             Err(e) => {
-                metrics::counter!("walcast_cdc_poll_errors_total").increment(1);
+                metrics::counter!(crate::telemetry::SOURCE_ERRORS).increment(1);
                 tracing::error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cdc pipeline failed; retrying");
                 health.set_error(Some(e.to_string()));
                 tokio::select! {

@@ -188,7 +188,7 @@ impl State {
                 new.unwrap_or_default(),
             );
         }
-        metrics::gauge!("walcast_cdc_subscriptions").set(self.by_id.len() as f64);
+        metrics::gauge!(crate::telemetry::SUBSCRIPTIONS).set(self.by_id.len() as f64);
     }
 
     fn rebuild(&mut self, class: &str, front: &str, gone: HashSet<*const Sub>, new: Vec<Arc<Sub>>) {
@@ -410,7 +410,7 @@ fn passes(class: &Class, row: &impl RecordView) -> bool {
         Some(f) => match f.matches(row) {
             Ok(b) => b,
             Err(e) => {
-                metrics::counter!("walcast_cdc_filter_errors_total").increment(1);
+                metrics::counter!(crate::telemetry::FILTER_ERRORS).increment(1);
                 tracing::debug!(class = %class.key, error = %e, "filter could not be evaluated; not delivered");
                 false
             }

@@ -205,7 +205,7 @@ impl Pipeline {
         let change = match decode(data) {
             Ok(change) => change,
             Err(e) => {
-                metrics::counter!("walcast_cdc_decode_errors_total").increment(1);
+                metrics::counter!(crate::telemetry::DECODE_ERRORS).increment(1);
                 let line: String = data.chars().take(300).collect();
                 if self.txn.is_some() {
                     // A row line of a transaction whose framing we have: reading it again
@@ -270,7 +270,7 @@ impl Pipeline {
             self.registry_edit(kind, row);
             return Ok(LineOutcome::Continue);
         }
-        metrics::counter!("walcast_cdc_changes_decoded_total").increment(1);
+        metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
         let Some(txn) = self.txn.as_ref() else {
             return Err(CdcError::Decode {
                 error: "row change outside a transaction (is include-transaction on?)".into(),
@@ -394,7 +394,7 @@ impl Pipeline {
         .await
         .into_iter()
         .collect::<Result<Vec<_>, CdcError>>()?;
-        metrics::histogram!("walcast_cdc_authorize_seconds")
+        metrics::histogram!(crate::telemetry::AUTHORIZE_SECONDS)
             .record(started.elapsed().as_secs_f64());
         tracing::debug!(
             changes = order.len(),
@@ -590,7 +590,7 @@ impl Pipeline {
                 )
                 .await?;
         }
-        metrics::counter!("walcast_cdc_changes_published_total").increment(1);
+        metrics::counter!(crate::telemetry::CHANGES_PUBLISHED).increment(1);
         Ok(())
     }
 

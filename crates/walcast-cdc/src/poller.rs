@@ -102,7 +102,9 @@ impl<'a> Poller<'a> {
     async fn check_registry(&mut self) -> Result<(), CdcError> {
         self.refreshed_at = Instant::now();
         let current = self.pipeline.tables();
-        if let Some(tables) = registry_drift(self.pipeline.catalog(), &current, self.confirmed).await? {
+        if let Some(tables) =
+            registry_drift(self.pipeline.catalog(), &current, self.confirmed).await?
+        {
             self.pipeline.set_tables(&tables);
             self.apply_filter();
         }
@@ -195,9 +197,8 @@ impl<'a> Poller<'a> {
             self.apply_filter();
         }
         self.adapt(rows, full);
-        metrics::histogram!("walcast_cdc_poll_duration_seconds")
-            .record(started.elapsed().as_secs_f64());
-        metrics::histogram!("walcast_cdc_poll_rows").record(rows as f64);
+        metrics::histogram!(crate::telemetry::POLL_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(crate::telemetry::POLL_ROWS).record(rows as f64);
         self.update_stats(rows > 0).await?;
         Ok(rows)
     }

@@ -83,8 +83,7 @@ impl Registrar {
         let all = RegisterRequest {
             subs: reqs.into_iter().flat_map(|r| r.subs).collect(),
         };
-        metrics::histogram!("walcast_cdc_registration_batch_subscriptions")
-            .record(all.subs.len() as f64);
+        metrics::histogram!(crate::telemetry::REGISTRATION_BATCH).record(all.subs.len() as f64);
         let reply = match self.try_register_all(client, &all).await {
             Ok(reply) => reply,
             Err(e) => {
@@ -207,7 +206,7 @@ impl Registrar {
                 })
                 .collect(),
         );
-        metrics::counter!("walcast_cdc_subscriptions_registered_total").increment(count as u64);
+        metrics::counter!(crate::telemetry::SUBSCRIPTIONS_REGISTERED).increment(count as u64);
         Ok(at)
     }
 }

@@ -151,7 +151,9 @@ impl RlsChecker {
         }
         match self.client.as_ref() {
             Some(c) => Ok(c),
-            None => Err(CdcError::RlsUnavailable("the checker's connection was not kept")),
+            None => Err(CdcError::RlsUnavailable(
+                "the checker's connection was not kept",
+            )),
         }
     }
 
@@ -513,7 +515,9 @@ impl Lane {
                     Err(e) => Err(e),
                 }
             }
-            None => Err(CdcError::RlsUnavailable("the lane's connection was not kept")),
+            None => Err(CdcError::RlsUnavailable(
+                "the lane's connection was not kept",
+            )),
         };
         if result.is_err() {
             // The session may be mid-transaction: start over on a fresh one.

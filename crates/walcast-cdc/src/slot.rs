@@ -79,7 +79,7 @@ pub async fn ensure_slot(
             lost_to = %range.to,
             "replication slot was lost (WAL removed past max_slot_wal_keep_size): changes committed in this LSN range were NOT delivered; slot recreated"
         );
-        metrics::counter!("walcast_cdc_slot_lost_total").increment(1);
+        metrics::counter!(crate::telemetry::SLOT_LOST).increment(1);
         health.record_slot_loss(range.clone());
     }
     Ok(SlotState {

@@ -1,5 +1,5 @@
-//! Metric names of the CDC pipeline that carry a description (registered by
-//! [`describe`]). Older metrics are still named where they are recorded.
+//! Every metric name of the CDC pipeline, each with its description (registered by
+//! [`describe`]); code records metrics only through these names.
 
 /// Counter: changes not delivered at all because of a failure retrying cannot fix,
 /// label `reason` (`undecodable`, `event`, `payload_too_large`).
@@ -30,6 +30,37 @@ pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
 /// Counter: deliveries withheld because a version judged by its row's current state was
 /// no longer that state when checked.
 pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
+
+// Pipeline, slot and registry.
+
+/// Gauge: 1 while this worker reads the slot (leader, connected), else 0.
+pub const ACTIVE: &str = "walcast_cdc_active";
+/// Gauge: Bytes of WAL between the server's current position and the slot's confirmed position.
+pub const SLOT_LAG: &str = "walcast_cdc_slot_lag_bytes";
+/// Counter: Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated.
+pub const SLOT_LOST: &str = "walcast_cdc_slot_lost_total";
+/// Counter: Pipeline failures that were retried (Postgres or NATS unreachable, slot busy), in either source.
+pub const SOURCE_ERRORS: &str = "walcast_cdc_source_errors_total";
+/// Counter: wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too).
+pub const DECODE_ERRORS: &str = "walcast_cdc_decode_errors_total";
+/// Counter: Row changes decoded from the slot for enabled tables.
+pub const CHANGES_DECODED: &str = "walcast_cdc_changes_decoded_total";
+/// Counter: Row changes published to the bus.
+pub const CHANGES_PUBLISHED: &str = "walcast_cdc_changes_published_total";
+/// Histogram: Time to authorize one batch of changes (RLS and column privileges), in seconds.
+pub const AUTHORIZE_SECONDS: &str = "walcast_cdc_authorize_seconds";
+/// Histogram: Poll source: duration of one read of the slot, in seconds.
+pub const POLL_SECONDS: &str = "walcast_cdc_poll_duration_seconds";
+/// Histogram: Poll source: wal2json lines returned by one read of the slot.
+pub const POLL_ROWS: &str = "walcast_cdc_poll_rows";
+/// Gauge: Subscriptions the leader matches changes against.
+pub const SUBSCRIPTIONS: &str = "walcast_cdc_subscriptions";
+/// Counter: Subscriptions registered (or registered again) by fronts.
+pub const SUBSCRIPTIONS_REGISTERED: &str = "walcast_cdc_subscriptions_registered_total";
+/// Histogram: Subscriptions handled together in one registration batch.
+pub const REGISTRATION_BATCH: &str = "walcast_cdc_registration_batch_subscriptions";
+/// Counter: Subscription filters that could not be evaluated against a change (the change is not delivered to them).
+pub const FILTER_ERRORS: &str = "walcast_cdc_filter_errors_total";
 
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
@@ -78,4 +109,45 @@ pub fn describe() {
         CHANGES_SPLIT,
         "Changes whose subscriber list was split over several bus messages"
     );
+    metrics::describe_gauge!(
+        ACTIVE,
+        "1 while this worker reads the slot (leader, connected), else 0"
+    );
+    metrics::describe_gauge!(
+        SLOT_LAG,
+        "Bytes of WAL between the server's current position and the slot's confirmed position"
+    );
+    metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
+    metrics::describe_counter!(SOURCE_ERRORS, "Pipeline failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
+    metrics::describe_counter!(DECODE_ERRORS, "wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too)");
+    metrics::describe_counter!(
+        CHANGES_DECODED,
+        "Row changes decoded from the slot for enabled tables"
+    );
+    metrics::describe_counter!(CHANGES_PUBLISHED, "Row changes published to the bus");
+    metrics::describe_histogram!(
+        AUTHORIZE_SECONDS,
+        "Time to authorize one batch of changes (RLS and column privileges), in seconds"
+    );
+    metrics::describe_histogram!(
+        POLL_SECONDS,
+        "Poll source: duration of one read of the slot, in seconds"
+    );
+    metrics::describe_histogram!(
+        POLL_ROWS,
+        "Poll source: wal2json lines returned by one read of the slot"
+    );
+    metrics::describe_gauge!(
+        SUBSCRIPTIONS,
+        "Subscriptions the leader matches changes against"
+    );
+    metrics::describe_counter!(
+        SUBSCRIPTIONS_REGISTERED,
+        "Subscriptions registered (or registered again) by fronts"
+    );
+    metrics::describe_histogram!(
+        REGISTRATION_BATCH,
+        "Subscriptions handled together in one registration batch"
+    );
+    metrics::describe_counter!(FILTER_ERRORS, "Subscription filters that could not be evaluated against a change (the change is not delivered to them)");
 }
