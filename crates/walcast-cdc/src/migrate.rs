@@ -26,6 +26,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../sql/0004_one_project_per_table.sql"),
     ),
     (5, "leases", include_str!("../../../sql/0005_leases.sql")),
+    (
+        6,
+        "catalog_changes",
+        include_str!("../../../sql/0006_catalog_changes.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -15,7 +15,12 @@ use walcast_bus::{
 use walcast_lease::{Action, Fence};
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
+#[path = "pipeline_catalog.rs"]
+mod catalog;
+pub use catalog::CatalogTracking;
+
 use crate::authorize::{authorize_batch, Audience, PendingChange, RlsMode};
+use crate::catalog_change::NOTICE_PREFIX;
 use crate::event::{build_event, TxnContext};
 use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
@@ -91,6 +96,10 @@ pub struct PipelineOptions {
     /// The leadership term's fence, checked before every publish (and by the sources
     /// before every acknowledgement).
     pub fence: Fence,
+    /// The slot read (its DDL epochs are recorded under its name).
+    pub slot: String,
+    /// How catalog changes reach the pipeline, and the epoch at the start position.
+    pub catalog: CatalogTracking,
 }
 
 /// A message to publish: subject and payload.
@@ -118,6 +127,8 @@ pub struct Pipeline {
     txn: Option<TxnContext>,
     seq: u32,
     registry_changed: bool,
+    slot: String,
+    ddl: CatalogTracking,
 }
 
 impl Pipeline {
@@ -148,6 +159,8 @@ impl Pipeline {
             txn: None,
             seq: 0,
             registry_changed: false,
+            slot: opts.slot,
+            ddl: opts.catalog,
         })
     }
 
@@ -236,6 +249,10 @@ impl Pipeline {
             Change::Insert(row) => self.row(ChangeKind::Insert, &row).await,
             Change::Update(row) => self.row(ChangeKind::Update, &row).await,
             Change::Delete(row) => self.row(ChangeKind::Delete, &row).await,
+            Change::Message(m) if m.transactional && m.prefix == NOTICE_PREFIX => {
+                self.catalog_notice(&m.content).await?;
+                Ok(LineOutcome::Continue)
+            }
             Change::Truncate(_) | Change::Message(_) => Ok(LineOutcome::Continue),
             Change::Commit(m) => {
                 let txn = self.txn.take();
@@ -364,6 +381,8 @@ impl Pipeline {
             return Ok(());
         }
         let batch = std::mem::take(&mut self.pending);
+        let view = self.ddl.next_view();
+        self.shards.iter_mut().for_each(|s| s.set_view(view));
         let n = self.shards.len();
         let mut parts: Vec<Vec<PendingChange>> = (0..n).map(|_| Vec::new()).collect();
         let mut order: Vec<(usize, usize)> = Vec::with_capacity(batch.len());

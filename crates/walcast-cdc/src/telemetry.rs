@@ -31,8 +31,45 @@ pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
 /// no longer that state when checked.
 pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
 
+/// Counter: catalog reads whose snapshot did not show the state at the position being
+/// judged (a later DDL already visible, or a decoded one not yet): what depended on them
+/// was withheld.
+pub const CATALOG_AHEAD: &str = "walcast_cdc_catalog_moved_total";
+/// Counter: DDL notices (`walcast.ddl` logical messages) decoded, label `tag`.
+pub const DDL_NOTICES: &str = "walcast_cdc_ddl_notices_total";
+/// Counter: realtime tables dropped (their subscriptions ended with a system message).
+pub const TABLES_DROPPED: &str = "walcast_cdc_tables_dropped_total";
+/// Counter: subscriptions ended because their table was dropped.
+pub const SUBS_ENDED: &str = "walcast_cdc_subscriptions_ended_total";
+/// Gauge: 1 when DDL and privilege changes are tracked at their WAL position by the
+/// event triggers, 0 when every batch re-reads the catalog instead.
+pub const DDL_EVENT_TRIGGER: &str = "walcast_cdc_ddl_event_trigger";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
+    metrics::describe_counter!(
+        CATALOG_AHEAD,
+        "Catalog reads whose snapshot did not show the privileges and columns at the WAL position \
+         being judged (a later DDL already committed, or a decoded one not yet visible); the \
+         deliveries depending on them were withheld"
+    );
+    metrics::describe_counter!(
+        DDL_NOTICES,
+        "DDL and privilege notices (event-trigger logical messages) decoded, by command tag"
+    );
+    metrics::describe_counter!(
+        TABLES_DROPPED,
+        "Realtime tables dropped; their subscribers got a system error"
+    );
+    metrics::describe_counter!(
+        SUBS_ENDED,
+        "Subscriptions ended by the worker because their table was dropped"
+    );
+    metrics::describe_gauge!(
+        DDL_EVENT_TRIGGER,
+        "1: DDL and GRANT/REVOKE apply at their WAL position (event triggers); 0: no event \
+         trigger, each batch re-reads the catalog (see the README)"
+    );
     metrics::describe_counter!(
         RLS_CHECKS,
         "Row-level-security check statements run (one per table, role and claims group per batch)"

@@ -1,0 +1,294 @@
+//! What the authorizer reads from the catalog about a table and a role (its columns and
+//! key, its RLS switch, the columns a role may `SELECT`), each read in one
+//! `REPEATABLE READ` snapshot together with the catalog epoch, and the cache of those
+//! facts, valid for one [`View`] only (see [`crate::catalog_change`]): with the event
+//! triggers, until the next notice that can have changed them; without, for one batch.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio_postgres::Client;
+
+use crate::catalog_change::{Notice, View};
+use crate::rls::{Access, TableInfo};
+use crate::sql::qualified;
+
+type TableKey = (String, String);
+type RoleKey = (String, String, String);
+
+/// Facts read at one view.
+#[derive(Default)]
+pub struct CatalogCache {
+    view: Option<View>,
+    tables: HashMap<TableKey, (View, TableInfo)>,
+    roles: HashMap<RoleKey, (View, Option<Access>)>,
+}
+
+impl CatalogCache {
+    /// The view facts are used at (`Batch(0)` until one is set).
+    pub fn view(&self) -> View {
+        self.view.unwrap_or(View::Batch(0))
+    }
+
+    /// Judge the next batch at `view`: facts read at another view are no longer used.
+    pub fn set_view(&mut self, view: View) {
+        if self.view != Some(view) {
+            self.view = Some(view);
+            let keep = |v: &View| *v == view;
+            self.tables.retain(|_, (v, _)| keep(v));
+            self.roles.retain(|_, (v, _)| keep(v));
+        }
+    }
+
+    pub fn table(&self, schema: &str, table: &str) -> Option<TableInfo> {
+        let key = (schema.to_string(), table.to_string());
+        self.tables
+            .get(&key)
+            .filter(|(v, _)| *v == self.view())
+            .map(|(_, info)| info.clone())
+    }
+
+    pub fn put_table(&mut self, schema: &str, table: &str, info: TableInfo) {
+        let key = (schema.to_string(), table.to_string());
+        self.tables.insert(key, (self.view(), info));
+    }
+
+    /// `Some(None)`: known, the role may not read the table.
+    pub fn access(&self, role: &str, schema: &str, table: &str) -> Option<Option<Access>> {
+        let key = (role.to_string(), schema.to_string(), table.to_string());
+        self.roles
+            .get(&key)
+            .filter(|(v, _)| *v == self.view())
+            .map(|(_, a)| a.clone())
+    }
+
+    pub fn put_access(&mut self, role: &str, schema: &str, table: &str, access: Option<Access>) {
+        let key = (role.to_string(), schema.to_string(), table.to_string());
+        self.roles.insert(key, (self.view(), access));
+    }
+
+    /// A notice moved the position from the current view to `to`: facts of the tables it
+    /// may have changed are dropped; the others stay valid at `to` when the epochs follow
+    /// each other (nothing else changed in between), else everything is dropped.
+    pub fn on_notice(&mut self, notice: &Notice, to: View) {
+        let from = self.view();
+        let follows = match (from, to) {
+            (View::Epoch(Some(a)), View::Epoch(Some(b))) => b == a + 1 || b == a,
+            (a, b) => a == b,
+        };
+        if !follows || notice.tables.is_none() {
+            self.tables.clear();
+            self.roles.clear();
+        } else {
+            self.tables
+                .retain(|(s, t), (v, _)| *v == from && !notice.touches(s, t));
+            self.roles
+                .retain(|(_, s, t), (v, _)| *v == from && !notice.touches(s, t));
+            self.tables.values_mut().for_each(|(v, _)| *v = to);
+            self.roles.values_mut().for_each(|(v, _)| *v = to);
+        }
+        self.view = Some(to);
+    }
+}
+
+/// Run `reads` in one `REPEATABLE READ READ ONLY` snapshot that first reads the catalog
+/// epoch (when `epoch`); always ended, also on an error.
+pub(crate) async fn in_snapshot<T, F>(
+    client: &Client,
+    epoch: bool,
+    reads: F,
+) -> Result<(T, Option<i64>), tokio_postgres::Error>
+where
+    F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let result = async {
+        let n = if epoch {
+            let row = client
+                .query_one("SELECT n FROM walcast.catalog_epoch", &[])
+                .await?;
+            Some(row.get::<_, i64>(0))
+        } else {
+            None
+        };
+        Ok::<_, tokio_postgres::Error>((reads.await?, n))
+    }
+    .await;
+    let end = client.batch_execute("ROLLBACK").await;
+    let out = result?;
+    end?;
+    Ok(out)
+}
+
+/// Is RLS enabled on the table, what are its key and its columns? With the epoch of the
+/// snapshot they were read in (when `epoch`).
+pub async fn read_table(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    epoch: bool,
+) -> Result<(TableInfo, Option<i64>), tokio_postgres::Error> {
+    let rel = qualified(schema, table);
+    let reads = async {
+        let rls: bool = client
+            .query_opt(
+                "SELECT relrowsecurity FROM pg_class WHERE oid = to_regclass($1)",
+                &[&rel],
+            )
+            .await?
+            .map(|r| r.get(0))
+            .unwrap_or(true);
+        let pk = client
+            .query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+                   FROM pg_index i
+                   JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, n) ON true
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                  WHERE i.indrelid = to_regclass($1) AND i.indisprimary
+                  ORDER BY k.n",
+                &[&rel],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let rows = client
+            .query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+                        a.atttypid IN ('numeric'::regtype, 'real'::regtype, 'double precision'::regtype)
+                   FROM pg_attribute a
+                  WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+                  ORDER BY a.attnum",
+                &[&rel],
+            )
+            .await?;
+        let columns = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let nan_as_null: HashSet<String> = rows
+            .iter()
+            .filter(|r| r.get::<_, bool>(2))
+            .map(|r| r.get(0))
+            .collect();
+        Ok(TableInfo {
+            rls,
+            pk,
+            columns,
+            nan_as_null,
+        })
+    };
+    in_snapshot(client, epoch, reads).await
+}
+
+/// The columns `role` may SELECT (`None`: not the table at all, or no such role), with
+/// the epoch of the snapshot they were read in (when `epoch`).
+pub async fn read_access(
+    client: &Client,
+    role: &str,
+    schema: &str,
+    table: &str,
+    epoch: bool,
+) -> Result<(Option<Access>, Option<i64>), tokio_postgres::Error> {
+    let rel = qualified(schema, table);
+    let reads = async {
+        let Some(r) = client
+            .query_opt(
+                "SELECT rolbypassrls FROM pg_roles WHERE rolname = $1",
+                &[&role],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let bypass_rls: bool = r.get(0);
+        let columns: HashSet<String> = client
+            .query(
+                "SELECT a.attname::text FROM pg_attribute a
+                  WHERE a.attrelid = to_regclass($2) AND a.attnum > 0 AND NOT a.attisdropped
+                    AND has_column_privilege($1, a.attrelid, a.attnum, 'SELECT')",
+                &[&role, &rel],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        Ok((!columns.is_empty()).then_some(Access {
+            columns,
+            bypass_rls,
+        }))
+    };
+    in_snapshot(client, epoch, reads).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog_change::NoticeTable;
+
+    fn info(rls: bool) -> TableInfo {
+        TableInfo {
+            rls,
+            ..TableInfo::default()
+        }
+    }
+
+    fn notice(epoch: i64, tables: Option<&[&str]>) -> Notice {
+        Notice {
+            epoch: Some(epoch),
+            tag: "ALTER TABLE".into(),
+            tables: tables.map(|ts| {
+                ts.iter()
+                    .map(|t| NoticeTable {
+                        schema: "public".into(),
+                        table: t.to_string(),
+                        dropped: false,
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    fn cache_at(epoch: i64) -> CatalogCache {
+        let mut c = CatalogCache::default();
+        c.set_view(View::Epoch(Some(epoch)));
+        c.put_table("public", "a", info(true));
+        c.put_table("public", "b", info(false));
+        c.put_access("anon", "public", "a", None);
+        c.put_access("anon", "public", "b", None);
+        c
+    }
+
+    #[test]
+    fn a_notice_drops_what_it_names_and_keeps_the_rest() {
+        let mut c = cache_at(4);
+        c.on_notice(&notice(5, Some(&["a"])), View::Epoch(Some(5)));
+        assert!(
+            c.table("public", "a").is_none(),
+            "the altered table is read again"
+        );
+        assert!(c.access("anon", "public", "a").is_none());
+        assert_eq!(c.table("public", "b").map(|i| i.rls), Some(false));
+        assert_eq!(c.access("anon", "public", "b"), Some(None));
+    }
+
+    #[test]
+    fn a_notice_about_any_table_or_a_gap_drops_everything() {
+        let mut c = cache_at(4);
+        c.on_notice(&notice(5, None), View::Epoch(Some(5)));
+        assert!(c.table("public", "b").is_none(), "GRANT names no table");
+
+        let mut c = cache_at(4);
+        // Epoch 5 was never decoded (e.g. a restart in between): nothing is trusted.
+        c.on_notice(&notice(6, Some(&["a"])), View::Epoch(Some(6)));
+        assert!(c.table("public", "b").is_none());
+    }
+
+    #[test]
+    fn without_triggers_facts_last_one_batch() {
+        let mut c = CatalogCache::default();
+        c.set_view(View::Batch(1));
+        c.put_table("public", "a", info(true));
+        assert!(c.table("public", "a").is_some());
+        c.set_view(View::Batch(2));
+        assert!(c.table("public", "a").is_none());
+    }
+}
