@@ -283,18 +283,14 @@ impl Matcher {
         self.write().apply(ids, Vec::new());
     }
 
-    /// Remove every subscription to exactly this table (not wildcards); returns their
-    /// (front, id).
-    pub fn take_table(&self, project: &str, schema: &str, table: &str) -> Vec<(String, String)> {
+    /// Remove every subscription to exactly this table (not wildcards), whatever its
+    /// project (a table streams for one project only); returns their (front, id).
+    pub fn take_table(&self, schema: &str, table: &str) -> Vec<(String, String)> {
         let mut st = self.write();
         let gone: Vec<(String, String)> = st
             .by_id
             .values()
-            .filter(|s| {
-                s.spec.project == project
-                    && s.spec.schema == schema
-                    && s.spec.table.as_deref() == Some(table)
-            })
+            .filter(|s| s.spec.schema == schema && s.spec.table.as_deref() == Some(table))
             .map(|s| (s.spec.front.clone(), s.spec.id.clone()))
             .collect();
         let ids: Vec<String> = gone.iter().map(|(_, id)| id.clone()).collect();

@@ -79,16 +79,17 @@ impl Pipeline {
         Ok(())
     }
 
-    /// A streamed table was dropped: its subscriptions end, each front told in order
-    /// with the changes before (the registry row goes in the same transaction).
+    /// A table was dropped: its subscriptions end, each front told in order with the
+    /// changes before (the registry row goes in the same transaction).
     async fn end_dropped(&mut self, t: &NoticeTable) -> Result<(), CdcError> {
-        let key = (t.schema.clone(), t.table.clone());
-        let Some(project) = self.routes.get(&key).cloned() else {
+        // Not looked up in the routes: the registry row may be deleted before or after
+        // the notice in its transaction.
+        let specs = self.matcher.take_table(&t.schema, &t.table);
+        if specs.is_empty() {
             return Ok(());
-        };
+        }
         metrics::counter!(telemetry::TABLES_DROPPED).increment(1);
-        let specs = self.matcher.take_table(&project, &t.schema, &t.table);
-        tracing::warn!(%project, schema = %t.schema, table = %t.table, subscriptions = specs.len(), "realtime table dropped: its subscriptions end");
+        tracing::warn!(schema = %t.schema, table = %t.table, subscriptions = specs.len(), "realtime table dropped: its subscriptions end");
         let mut by_front: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (front, id) in specs {
             by_front.entry(front).or_default().push(id);
