@@ -24,7 +24,7 @@ use crate::catalog_change::NOTICE_PREFIX;
 use crate::event::{build_event, TxnContext};
 use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
-use crate::registry::{TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::registry::{REGISTRY_SCHEMA, REGISTRY_TABLE};
 use crate::rls::RlsChecker;
 use crate::telemetry;
 use crate::types::TypeCache;
@@ -162,29 +162,6 @@ impl Pipeline {
             slot: opts.slot,
             ddl: opts.catalog,
         })
-    }
-
-    /// The streamed tables as the pipeline knows them at its current WAL position.
-    pub fn tables(&self) -> Vec<TableRef> {
-        let mut v: Vec<TableRef> = self
-            .routes
-            .iter()
-            .map(|((schema, table), project)| TableRef {
-                project: project.clone(),
-                schema: schema.clone(),
-                table: table.clone(),
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Which project each streamed table belongs to.
-    pub fn set_tables(&mut self, tables: &[TableRef]) {
-        self.routes = tables
-            .iter()
-            .map(|t| ((t.schema.clone(), t.table.clone()), t.project.clone()))
-            .collect();
     }
 
     /// The term's fence: the sources check it before acknowledging.
@@ -353,22 +330,6 @@ impl Pipeline {
         Ok(LineOutcome::Continue)
     }
 
-    /// Apply a realtime registry edit as of its WAL position: the filter for what follows
-    /// is then exact, whatever the registry holds by the time we read it.
-    fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
-        if kind != ChangeKind::Insert {
-            if let Some(t) = crate::registry::registry_row(&row.identity) {
-                self.routes.remove(&(t.schema, t.table));
-            }
-        }
-        if kind != ChangeKind::Delete {
-            if let Some(t) = crate::registry::registry_row(&row.columns) {
-                self.routes.insert((t.schema, t.table), t.project);
-            }
-        }
-        self.registry_changed = true;
-    }
-
     /// Changes are waiting to be authorized and published.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -380,6 +341,7 @@ impl Pipeline {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.verify_triggers().await?;
         let batch = std::mem::take(&mut self.pending);
         let view = self.ddl.next_view();
         self.shards.iter_mut().for_each(|s| s.set_view(view));

@@ -1,7 +1,10 @@
-//! The pipeline's side of catalog changes (see [`crate::catalog_change`]): which view of
-//! the catalog each batch is judged at, and what a DDL notice does at its position.
+//! The pipeline's view of the catalog at its WAL position: which tables stream (registry
+//! edits, decoded in WAL order), which view of privileges and columns each batch is
+//! judged at, and what a DDL notice does at its position (see [`crate::catalog_change`]).
 
 use std::collections::BTreeMap;
+
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use walcast_bus::subject::delivery_subject;
@@ -11,7 +14,10 @@ use walcast_lease::Action;
 
 use super::Pipeline;
 use crate::catalog_change::{self, Notice, NoticeTable, Tracking, View};
+use crate::registry::TableRef;
 use crate::{telemetry, CdcError};
+use walcast_bus::ChangeKind;
+use walcast_wal2json::RowChange;
 
 /// How catalog changes reach the pipeline, and where it stands.
 #[derive(Clone, Debug)]
@@ -21,7 +27,12 @@ pub struct CatalogTracking {
     pub seen: Option<i64>,
     /// Without: batches judged so far (each its own view).
     batches: u64,
+    /// When the triggers were last seen in place.
+    checked: Instant,
 }
+
+/// How often a pipeline relying on the triggers checks they are still there.
+const TRIGGER_CHECK: Duration = Duration::from_secs(1);
 
 impl CatalogTracking {
     pub fn new(tracking: Tracking, seen: Option<i64>) -> CatalogTracking {
@@ -29,6 +40,7 @@ impl CatalogTracking {
             tracking,
             seen,
             batches: 0,
+            checked: Instant::now(),
         }
     }
 
@@ -46,6 +58,65 @@ impl CatalogTracking {
 }
 
 impl Pipeline {
+    /// Relying on the event triggers: are they still there (checked every
+    /// [`TRIGGER_CHECK`])? If someone dropped or disabled them, every batch re-reads the
+    /// catalog from now on, as when they never existed.
+    pub(super) async fn verify_triggers(&mut self) -> Result<(), CdcError> {
+        if self.ddl.tracking != Tracking::EventTrigger || self.ddl.checked.elapsed() < TRIGGER_CHECK
+        {
+            return Ok(());
+        }
+        self.ddl.checked = Instant::now();
+        if catalog_change::triggers_present(&self.catalog).await? {
+            return Ok(());
+        }
+        let why = "the event triggers were dropped or disabled while running".to_string();
+        tracing::warn!(reason = %why, "DDL and GRANT/REVOKE are no longer tracked at their WAL position: every batch re-reads privileges and columns instead");
+        self.health.set_ddl_tracking("per_batch");
+        metrics::gauge!(telemetry::DDL_EVENT_TRIGGER).set(0.0);
+        self.ddl.tracking = Tracking::PerBatch(why);
+        Ok(())
+    }
+
+    /// The streamed tables as the pipeline knows them at its current WAL position.
+    pub fn tables(&self) -> Vec<TableRef> {
+        let mut v: Vec<TableRef> = self
+            .routes
+            .iter()
+            .map(|((schema, table), project)| TableRef {
+                project: project.clone(),
+                schema: schema.clone(),
+                table: table.clone(),
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Which project each streamed table belongs to.
+    pub fn set_tables(&mut self, tables: &[TableRef]) {
+        self.routes = tables
+            .iter()
+            .map(|t| ((t.schema.clone(), t.table.clone()), t.project.clone()))
+            .collect();
+    }
+
+    /// Apply a realtime registry edit as of its WAL position: the filter for what follows
+    /// is then exact, whatever the registry holds by the time we read it.
+    pub(super) fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
+        if kind != ChangeKind::Insert {
+            if let Some(t) = crate::registry::registry_row(&row.identity) {
+                self.routes.remove(&(t.schema, t.table));
+            }
+        }
+        if kind != ChangeKind::Delete {
+            if let Some(t) = crate::registry::registry_row(&row.columns) {
+                self.routes.insert((t.schema, t.table), t.project);
+            }
+        }
+        self.registry_changed = true;
+    }
+
     /// A DDL notice at its position: what came before is authorized and published with
     /// the state before it; the facts it may have changed are dropped (read again, as of
     /// this position, for what follows); subscriptions to a dropped table end.
