@@ -2,9 +2,11 @@
 //! key, its RLS switch, the columns a role may `SELECT`), each read in one
 //! `REPEATABLE READ` snapshot together with the catalog epoch, and the cache of those
 //! facts, valid for one [`View`] only (see [`crate::catalog_change`]): with the event
-//! triggers, until the next notice that can have changed them; without, for one batch.
+//! triggers, until the next notice that can have changed them; without, for one batch;
+//! and never longer than [`ROLE_CHANGES_WITHIN`].
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
@@ -15,12 +17,25 @@ use crate::sql::qualified;
 type TableKey = (String, String);
 type RoleKey = (String, String, String);
 
+/// The longest a fact is used, whatever the view: roles are global objects that event
+/// triggers do not see (`ALTER ROLE … BYPASSRLS`, `GRANT role TO role` change what a
+/// role may read without a notice), so those changes apply within this long.
+pub const ROLE_CHANGES_WITHIN: Duration = Duration::from_secs(1);
+
+/// A fact, the view it was read at and when.
+type Fact<T> = (View, Instant, T);
+
 /// Facts read at one view.
 #[derive(Default)]
 pub struct CatalogCache {
     view: Option<View>,
-    tables: HashMap<TableKey, (View, TableInfo)>,
-    roles: HashMap<RoleKey, (View, Option<Access>)>,
+    tables: HashMap<TableKey, Fact<TableInfo>>,
+    roles: HashMap<RoleKey, Fact<Option<Access>>>,
+}
+
+/// Is a fact usable at `view`?
+fn fresh<T>(fact: &Fact<T>, view: View) -> bool {
+    fact.0 == view && fact.1.elapsed() < ROLE_CHANGES_WITHIN
 }
 
 impl CatalogCache {
@@ -33,9 +48,8 @@ impl CatalogCache {
     pub fn set_view(&mut self, view: View) {
         if self.view != Some(view) {
             self.view = Some(view);
-            let keep = |v: &View| *v == view;
-            self.tables.retain(|_, (v, _)| keep(v));
-            self.roles.retain(|_, (v, _)| keep(v));
+            self.tables.retain(|_, f| fresh(f, view));
+            self.roles.retain(|_, f| fresh(f, view));
         }
     }
 
@@ -43,13 +57,13 @@ impl CatalogCache {
         let key = (schema.to_string(), table.to_string());
         self.tables
             .get(&key)
-            .filter(|(v, _)| *v == self.view())
-            .map(|(_, info)| info.clone())
+            .filter(|f| fresh(f, self.view()))
+            .map(|(_, _, info)| info.clone())
     }
 
     pub fn put_table(&mut self, schema: &str, table: &str, info: TableInfo) {
         let key = (schema.to_string(), table.to_string());
-        self.tables.insert(key, (self.view(), info));
+        self.tables.insert(key, (self.view(), Instant::now(), info));
     }
 
     /// `Some(None)`: known, the role may not read the table.
@@ -57,13 +71,14 @@ impl CatalogCache {
         let key = (role.to_string(), schema.to_string(), table.to_string());
         self.roles
             .get(&key)
-            .filter(|(v, _)| *v == self.view())
-            .map(|(_, a)| a.clone())
+            .filter(|f| fresh(f, self.view()))
+            .map(|(_, _, a)| a.clone())
     }
 
     pub fn put_access(&mut self, role: &str, schema: &str, table: &str, access: Option<Access>) {
         let key = (role.to_string(), schema.to_string(), table.to_string());
-        self.roles.insert(key, (self.view(), access));
+        self.roles
+            .insert(key, (self.view(), Instant::now(), access));
     }
 
     /// A notice moved the position from the current view to `to`: facts of the tables it
@@ -80,11 +95,11 @@ impl CatalogCache {
             self.roles.clear();
         } else {
             self.tables
-                .retain(|(s, t), (v, _)| *v == from && !notice.touches(s, t));
+                .retain(|(s, t), (v, _, _)| *v == from && !notice.touches(s, t));
             self.roles
-                .retain(|(_, s, t), (v, _)| *v == from && !notice.touches(s, t));
-            self.tables.values_mut().for_each(|(v, _)| *v = to);
-            self.roles.values_mut().for_each(|(v, _)| *v = to);
+                .retain(|(_, s, t), (v, _, _)| *v == from && !notice.touches(s, t));
+            self.tables.values_mut().for_each(|(v, _, _)| *v = to);
+            self.roles.values_mut().for_each(|(v, _, _)| *v = to);
         }
         self.view = Some(to);
     }
