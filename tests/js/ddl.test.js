@@ -222,6 +222,28 @@ for (const source of ['stream', 'poll']) {
       }
     })
 
+    test('a restarted worker resumes at the epoch of its position: nothing withheld, shape as committed', async () => {
+      // Two notices in one transaction (one position), a row after them delivered (so
+      // the slot is acknowledged past them), then a restart from the slot.
+      const seen = collector('d1 before restart')
+      await subscribed(rt.channel(uniq('prerestart')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'd1' }, seen))
+      await env.db.query('REVOKE SELECT ON d1 FROM anon; GRANT SELECT ON d1 TO anon')
+      const marker = Number((await env.db.query('INSERT INTO d1 (k) VALUES (0) RETURNING id')).rows[0].id)
+      await until(`row ${marker} before the restart`, () => seen.items.some((p) => p.new.id === marker), 15000)
+      await server.stop()
+      rt.disconnect()
+      server = await startProcess(env, 'walcast', ['serve'], { NATS_URL: env.nats_url, CDC_SOURCE: source })
+      rt = client(server)
+      const got = collector('d1 after restart')
+      await subscribed(rt.channel(uniq('restart')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'd1' }, got))
+      const ids = []
+      for (let i = 0; i < 20; i++) ids.push(Number((await env.db.query('INSERT INTO d1 (k) VALUES (1) RETURNING id')).rows[0].id))
+      await got.wait(20, 'the 20 rows after the restart', 20000)
+      assert.deepEqual(got.items.map((p) => p.new.id), ids)
+      assert.ok(got.items.every((p) => p.new.c2 === 'C' && p.new.e === 7), JSON.stringify(got.items[0]))
+      assert.doesNotMatch(server.log(), /withholding|not at the/)
+    })
+
     test('DROP TABLE: the table leaves the registry, its subscribers get a system error, others keep flowing', async () => {
       const sys = collector('d2 system')
       const gone = collector('d2 changes')

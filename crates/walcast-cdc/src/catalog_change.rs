@@ -275,7 +275,9 @@ pub async fn epoch_at_start(
     })
 }
 
-/// Record that from `commit_lsn` on, the slot's position has seen epoch `epoch`.
+/// Record that from `commit_lsn` on, the slot's position has seen epoch `epoch` (a
+/// transaction with several statements writes several notices at one position: the
+/// last one counts).
 pub async fn record_epoch(
     client: &Client,
     slot: &str,
@@ -285,7 +287,9 @@ pub async fn record_epoch(
     client
         .execute(
             "INSERT INTO walcast.catalog_positions (slot_name, commit_lsn, epoch)
-             VALUES ($1, $2::text::pg_lsn, $3) ON CONFLICT DO NOTHING",
+             VALUES ($1, $2::text::pg_lsn, $3)
+             ON CONFLICT (slot_name, commit_lsn) DO UPDATE
+             SET epoch = greatest(walcast.catalog_positions.epoch, excluded.epoch)",
             &[&slot, &commit_lsn.to_string(), &epoch],
         )
         .await?;
