@@ -22,10 +22,13 @@
 //! Without the triggers ([`Tracking::PerBatch`]), nothing is cached across batches: each
 //! batch reads the catalog afresh, right before it is authorized.
 
-use serde::Deserialize;
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 use walcast_wal2json::Lsn;
 
+use crate::rls::{Access, TableInfo};
 use crate::CdcError;
 
 /// Prefix of the notices' logical messages (the only prefix wal2json is asked for).
@@ -56,6 +59,56 @@ pub struct NoticeTable {
     pub dropped: bool,
 }
 
+/// What a role may read of a table, as a notice carries it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct RoleState {
+    pub bypass: bool,
+    /// The columns it may `SELECT` (never empty: a role without any is not listed).
+    pub columns: Vec<String>,
+}
+
+/// A streamed table's facts at the notice's position (`walcast.table_state`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct TableState {
+    pub schema: String,
+    pub table: String,
+    pub rls: bool,
+    /// (name, type) in key order.
+    pub pk: Vec<(String, String)>,
+    /// (name, type, NULL may stand for NaN) in table order.
+    pub columns: Vec<(String, String, bool)>,
+    /// Every role that may read some column; any other may read none.
+    pub roles: HashMap<String, RoleState>,
+}
+
+impl TableState {
+    pub fn info(&self) -> TableInfo {
+        TableInfo {
+            rls: self.rls,
+            pk: self.pk.clone(),
+            columns: self
+                .columns
+                .iter()
+                .map(|(n, t, _)| (n.clone(), t.clone()))
+                .collect(),
+            nan_as_null: self
+                .columns
+                .iter()
+                .filter(|(_, _, nan)| *nan)
+                .map(|(n, _, _)| n.clone())
+                .collect(),
+        }
+    }
+
+    /// What `role` may read (`None`: nothing, or no such role).
+    pub fn access(&self, role: &str) -> Option<Access> {
+        self.roles.get(role).map(|r| Access {
+            columns: r.columns.iter().cloned().collect(),
+            bypass_rls: r.bypass,
+        })
+    }
+}
+
 /// One `walcast.ddl` message.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct Notice {
@@ -69,6 +122,9 @@ pub struct Notice {
     /// The tables it changed; `None`: unknown, possibly any.
     #[serde(default)]
     pub tables: Option<Vec<NoticeTable>>,
+    /// The state after it of the streamed tables it may have changed.
+    #[serde(default)]
+    pub states: Vec<TableState>,
 }
 
 impl Notice {
@@ -84,6 +140,7 @@ impl Notice {
             epoch: None,
             tag: tag.to_string(),
             tables: None,
+            states: Vec::new(),
         }
     }
 
@@ -231,27 +288,38 @@ pub async fn triggers_present(client: &Client) -> Result<bool, CdcError> {
     Ok(enabled_triggers(client, &names).await?.len() == names.len())
 }
 
-/// The epoch at the position a slot resumes from: recorded when the worker decoded the
-/// last notice at or before it; for a slot just created, the current one (recorded).
-/// `None` when unknown (a slot from before the triggers existed, with DDL since).
-pub async fn epoch_at_start(
+/// Where a slot resumes: the epoch at its position and the table states the notices
+/// before it carried.
+#[derive(Clone, Debug, Default)]
+pub struct Resume {
+    /// `None` when unknown (a slot from before the triggers existed, with DDL since).
+    pub seen: Option<i64>,
+    pub carried: Vec<TableState>,
+}
+
+/// Where the slot resumes from: as recorded when the worker decoded the last notice at
+/// or before its position; for a slot just created, the current epoch (recorded).
+pub async fn resume_at(
     client: &Client,
     slot: &str,
     confirmed: Lsn,
     created: bool,
-) -> Result<Option<i64>, CdcError> {
+) -> Result<Resume, CdcError> {
     let current: i64 = client
         .query_one("SELECT n FROM walcast.catalog_epoch", &[])
         .await?
         .get(0);
     if created {
-        record_epoch(client, slot, confirmed, current).await?;
-        return Ok(Some(current));
+        record_epoch(client, slot, confirmed, current, &[]).await?;
+        return Ok(Resume {
+            seen: Some(current),
+            carried: Vec::new(),
+        });
     }
     let at = confirmed.to_string();
     let row = client
         .query_opt(
-            "SELECT epoch FROM walcast.catalog_positions
+            "SELECT epoch, carried::text FROM walcast.catalog_positions
               WHERE slot_name = $1 AND commit_lsn <= $2::text::pg_lsn
               ORDER BY commit_lsn DESC LIMIT 1",
             &[&slot, &at],
@@ -268,29 +336,45 @@ pub async fn epoch_at_start(
         )
         .await?;
     Ok(match row {
-        Some(r) => Some(r.get(0)),
+        Some(r) => {
+            let carried: String = r.get(1);
+            Resume {
+                seen: Some(r.get(0)),
+                carried: serde_json::from_str(&carried).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "unreadable carried table states: starting without");
+                    Vec::new()
+                }),
+            }
+        }
         // Never a notice: the epoch has not moved since the triggers exist.
-        None if current == 0 => Some(0),
-        None => None,
+        None if current == 0 => Resume {
+            seen: Some(0),
+            carried: Vec::new(),
+        },
+        None => Resume::default(),
     })
 }
 
-/// Record that from `commit_lsn` on, the slot's position has seen epoch `epoch` (a
-/// transaction with several statements writes several notices at one position: the
-/// last one counts).
+/// Record that from `commit_lsn` on, the slot's position has seen epoch `epoch`, with
+/// these carried states (a transaction with several statements writes several notices
+/// at one position: the last one counts).
 pub async fn record_epoch(
     client: &Client,
     slot: &str,
     commit_lsn: Lsn,
     epoch: i64,
+    carried: &[TableState],
 ) -> Result<(), CdcError> {
+    let carried = serde_json::to_string(carried)
+        .map_err(|e| CdcError::Event(crate::event::EventError::Json(e)))?;
     client
         .execute(
-            "INSERT INTO walcast.catalog_positions (slot_name, commit_lsn, epoch)
-             VALUES ($1, $2::text::pg_lsn, $3)
+            "INSERT INTO walcast.catalog_positions (slot_name, commit_lsn, epoch, carried)
+             VALUES ($1, $2::text::pg_lsn, $3, $4::text::jsonb)
              ON CONFLICT (slot_name, commit_lsn) DO UPDATE
-             SET epoch = greatest(walcast.catalog_positions.epoch, excluded.epoch)",
-            &[&slot, &commit_lsn.to_string(), &epoch],
+             SET epoch = excluded.epoch, carried = excluded.carried
+             WHERE excluded.epoch >= walcast.catalog_positions.epoch",
+            &[&slot, &commit_lsn.to_string(), &epoch, &carried],
         )
         .await?;
     Ok(())
@@ -349,6 +433,24 @@ mod tests {
         .unwrap();
         let dropped: Vec<&str> = drop.dropped().map(|t| t.table.as_str()).collect();
         assert_eq!(dropped, ["t2"]);
+
+        let carried = Notice::parse(
+            r#"{"tag": "REVOKE", "epoch": 5, "tables": null, "states": [{"pk": [["id", "bigint"]], "rls": false, "roles": {"anon": {"bypass": false, "columns": ["id", "k"]}}, "table": "d1", "schema": "public", "columns": [["id", "bigint", false], ["k", "integer", false], ["n", "numeric", true]]}]}"#,
+        )
+        .unwrap();
+        let state = &carried.states[0];
+        let info = state.info();
+        assert_eq!(info.pk, [("id".to_string(), "bigint".to_string())]);
+        assert_eq!(info.columns.len(), 3);
+        assert!(info.nan_as_null.contains("n") && info.nan_as_null.len() == 1);
+        let anon = state.access("anon").unwrap();
+        assert_eq!(anon.columns.len(), 2);
+        assert!(!anon.bypass_rls);
+        assert_eq!(
+            state.access("authenticated"),
+            None,
+            "not listed: reads nothing"
+        );
 
         let cleanup = Notice::parse(r#"{"epoch": null, "tag": "DROP TABLE", "tables": []}"#);
         assert_eq!(cleanup.unwrap().epoch, None);

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use crate::catalog_change::{Notice, View};
+use std::sync::Arc;
+
+use crate::catalog_change::{Notice, TableState, View};
 use crate::rls::{Access, TableInfo};
 use crate::sql::qualified;
 
@@ -31,6 +33,10 @@ pub struct CatalogCache {
     view: Option<View>,
     tables: HashMap<TableKey, Fact<TableInfo>>,
     roles: HashMap<RoleKey, Fact<Option<Access>>>,
+    /// Table states carried by the last notice about each table, valid at their view
+    /// whatever their age: exact for the table at the position, used when the catalog
+    /// has moved on since (role changes after the notice aside).
+    carried: HashMap<TableKey, (View, Arc<TableState>)>,
 }
 
 /// Is a fact usable at `view`?
@@ -50,6 +56,7 @@ impl CatalogCache {
             self.view = Some(view);
             self.tables.retain(|_, f| fresh(f, view));
             self.roles.retain(|_, f| fresh(f, view));
+            self.carried.retain(|_, (v, _)| *v == view);
         }
     }
 
@@ -93,7 +100,11 @@ impl CatalogCache {
         if !follows || notice.tables.is_none() {
             self.tables.clear();
             self.roles.clear();
+            self.carried.clear();
         } else {
+            self.carried
+                .retain(|(s, t), (v, _)| *v == from && !notice.touches(s, t));
+            self.carried.values_mut().for_each(|(v, _)| *v = to);
             self.tables
                 .retain(|(s, t), (v, _, _)| *v == from && !notice.touches(s, t));
             self.roles
@@ -102,6 +113,44 @@ impl CatalogCache {
             self.roles.values_mut().for_each(|(v, _, _)| *v = to);
         }
         self.view = Some(to);
+        notice.states.iter().for_each(|s| self.carry(s));
+    }
+
+    /// Judge at `view`, knowing these states (carried by notices before it).
+    pub fn seed(&mut self, view: View, states: &[TableState]) {
+        self.set_view(view);
+        states.iter().for_each(|s| self.carry(s));
+    }
+
+    /// A table's state as of the current view: its facts, and kept for when the catalog
+    /// has moved on.
+    fn carry(&mut self, state: &TableState) {
+        self.put_table(&state.schema, &state.table, state.info());
+        for role in state.roles.keys() {
+            self.put_access(role, &state.schema, &state.table, state.access(role));
+        }
+        let key = (state.schema.clone(), state.table.clone());
+        self.carried
+            .insert(key, (self.view(), Arc::new(state.clone())));
+    }
+
+    /// The table's facts as the last notice about it carried them, if that notice is
+    /// the position's.
+    fn carried(&self, schema: &str, table: &str) -> Option<&TableState> {
+        let key = (schema.to_string(), table.to_string());
+        self.carried
+            .get(&key)
+            .filter(|(v, _)| *v == self.view())
+            .map(|(_, s)| s.as_ref())
+    }
+
+    pub fn carried_table(&self, schema: &str, table: &str) -> Option<TableInfo> {
+        self.carried(schema, table).map(TableState::info)
+    }
+
+    /// `Some(None)`: carried, the role may read nothing.
+    pub fn carried_access(&self, role: &str, schema: &str, table: &str) -> Option<Option<Access>> {
+        self.carried(schema, table).map(|s| s.access(role))
     }
 }
 
@@ -250,6 +299,7 @@ mod tests {
         Notice {
             epoch: Some(epoch),
             tag: "ALTER TABLE".into(),
+            states: Vec::new(),
             tables: tables.map(|ts| {
                 ts.iter()
                     .map(|t| NoticeTable {
@@ -295,6 +345,54 @@ mod tests {
         // Epoch 5 was never decoded (e.g. a restart in between): nothing is trusted.
         c.on_notice(&notice(6, Some(&["a"])), View::Epoch(Some(6)));
         assert!(c.table("public", "b").is_none());
+    }
+
+    fn state(table: &str, anon_columns: &[&str]) -> TableState {
+        let mut roles = HashMap::new();
+        roles.insert(
+            "anon".to_string(),
+            crate::catalog_change::RoleState {
+                bypass: false,
+                columns: anon_columns.iter().map(|c| c.to_string()).collect(),
+            },
+        );
+        TableState {
+            schema: "public".into(),
+            table: table.into(),
+            rls: false,
+            pk: vec![("id".into(), "bigint".into())],
+            columns: vec![("id".into(), "bigint".into(), false)],
+            roles,
+        }
+    }
+
+    #[test]
+    fn a_notice_carries_the_state_at_its_position() {
+        let mut c = cache_at(4);
+        let mut n = notice(5, None);
+        n.states = vec![state("a", &["id", "k"])];
+        c.on_notice(&n, View::Epoch(Some(5)));
+        // Known without a read, and kept for when the catalog has moved on.
+        let anon = c.access("anon", "public", "a").flatten().unwrap();
+        assert_eq!(anon.columns.len(), 2);
+        assert_eq!(c.access("authenticated", "public", "a"), None, "not cached");
+        assert_eq!(
+            c.carried_access("authenticated", "public", "a"),
+            Some(None),
+            "not listed: reads nothing"
+        );
+        assert!(c.carried_table("public", "a").is_some());
+        assert!(
+            c.table("public", "b").is_none(),
+            "GRANT: every other table read again"
+        );
+        assert!(c.carried_table("public", "b").is_none());
+
+        // The next notice about the table replaces it; one about another keeps it.
+        c.on_notice(&notice(6, Some(&["b"])), View::Epoch(Some(6)));
+        assert!(c.carried_table("public", "a").is_some());
+        c.on_notice(&notice(7, Some(&["a"])), View::Epoch(Some(7)));
+        assert!(c.carried_table("public", "a").is_none());
     }
 
     #[test]

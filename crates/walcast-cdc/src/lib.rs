@@ -284,26 +284,26 @@ async fn catalog_tracking(
         catalog_change::Tracking::EventTrigger => 1.0,
         catalog_change::Tracking::PerBatch(_) => 0.0,
     });
-    let seen = match &tracking {
+    let resume = match &tracking {
         catalog_change::Tracking::EventTrigger => {
-            let seen = catalog_change::epoch_at_start(
+            let resume = catalog_change::resume_at(
                 client,
                 &cfg.poller.slot,
                 slot.confirmed_flush,
                 slot.created,
             )
             .await?;
-            if seen.is_none() {
+            if resume.seen.is_none() {
                 tracing::warn!("the DDL epoch at the slot's position is unknown (DDL committed before the event triggers existed): catalog facts are taken as read until the next DDL notice");
             }
-            seen
+            resume
         }
         catalog_change::Tracking::PerBatch(why) => {
             if changed {
                 tracing::warn!(reason = %why, "DDL and GRANT/REVOKE are not tracked at their WAL position: every batch re-reads privileges and columns instead (see the README's guarantees)");
             }
-            None
+            catalog_change::Resume::default()
         }
     };
-    Ok(pipeline::CatalogTracking::new(tracking, seen))
+    Ok(pipeline::CatalogTracking::new(tracking, resume))
 }

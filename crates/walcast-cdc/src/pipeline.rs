@@ -140,7 +140,7 @@ impl Pipeline {
     ) -> Result<Pipeline, CdcError> {
         let types = TypeCache::load(&catalog).await?;
         let rls_opts = opts.rls;
-        Ok(Pipeline {
+        let mut pipeline = Pipeline {
             bus,
             matcher,
             shards: (0..rls_opts.shards.max(1))
@@ -161,7 +161,9 @@ impl Pipeline {
             registry_changed: false,
             slot: opts.slot,
             ddl: opts.catalog,
-        })
+        };
+        pipeline.seed_carried();
+        Ok(pipeline)
     }
 
     /// The term's fence: the sources check it before acknowledging.

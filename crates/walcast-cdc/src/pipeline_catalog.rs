@@ -13,7 +13,7 @@ use walcast_bus::{HEADER_LSN, HEADER_NOTICE, HEADER_ORIGIN};
 use walcast_lease::Action;
 
 use super::Pipeline;
-use crate::catalog_change::{self, Notice, NoticeTable, Tracking, View};
+use crate::catalog_change::{self, Notice, NoticeTable, Resume, TableState, Tracking, View};
 use crate::registry::TableRef;
 use crate::{telemetry, CdcError};
 use walcast_bus::ChangeKind;
@@ -29,18 +29,44 @@ pub struct CatalogTracking {
     batches: u64,
     /// When the triggers were last seen in place.
     checked: Instant,
+    /// The latest state each notice so far carried, per table (recorded with the epoch).
+    carried: BTreeMap<(String, String), TableState>,
 }
 
 /// How often a pipeline relying on the triggers checks they are still there.
 const TRIGGER_CHECK: Duration = Duration::from_secs(1);
 
 impl CatalogTracking {
-    pub fn new(tracking: Tracking, seen: Option<i64>) -> CatalogTracking {
+    pub fn new(tracking: Tracking, resume: Resume) -> CatalogTracking {
         CatalogTracking {
             tracking,
-            seen,
+            seen: resume.seen,
             batches: 0,
             checked: Instant::now(),
+            carried: resume
+                .carried
+                .into_iter()
+                .map(|s| ((s.schema.clone(), s.table.clone()), s))
+                .collect(),
+        }
+    }
+
+    /// Follow a notice (as the checkers' caches do): what it may have changed is no
+    /// longer known, unless it carries it; after a gap in the epochs, nothing is.
+    fn carry(&mut self, notice: &Notice) {
+        let follows = match (self.seen, notice.epoch) {
+            (_, None) => true,
+            (Some(a), Some(b)) => b == a + 1 || b == a,
+            (None, Some(_)) => false,
+        };
+        if !follows || notice.tables.is_none() {
+            self.carried.clear();
+        } else {
+            self.carried.retain(|(s, t), _| !notice.touches(s, t));
+        }
+        for state in &notice.states {
+            let key = (state.schema.clone(), state.table.clone());
+            self.carried.insert(key, state.clone());
         }
     }
 
@@ -58,6 +84,17 @@ impl CatalogTracking {
 }
 
 impl Pipeline {
+    /// At start: the checkers know the states carried before the resume position.
+    pub(super) fn seed_carried(&mut self) {
+        if let Tracking::EventTrigger = self.ddl.tracking {
+            let view = View::Epoch(self.ddl.seen);
+            let states: Vec<TableState> = self.ddl.carried.values().cloned().collect();
+            for shard in &mut self.shards {
+                shard.seed(view, &states);
+            }
+        }
+    }
+
     /// Relying on the event triggers: are they still there (checked every
     /// [`TRIGGER_CHECK`])? If someone dropped or disabled them, every batch re-reads the
     /// catalog from now on, as when they never existed.
@@ -131,10 +168,12 @@ impl Pipeline {
         let commit_lsn = self.txn.as_ref().map(|t| t.commit_lsn);
         tracing::info!(tag = %notice.tag, epoch = ?notice.epoch, tables = ?notice.tables, ?commit_lsn, "DDL notice: catalog facts dropped at this position");
         if let (Tracking::EventTrigger, Some(e)) = (&self.ddl.tracking, notice.epoch) {
+            self.ddl.carry(&notice);
             self.ddl.seen = Some(e);
             if let Some(at) = commit_lsn {
-                // Before this position can be acknowledged: a restart resumes at this epoch.
-                catalog_change::record_epoch(&self.catalog, &self.slot, at, e).await?;
+                // Before this position can be acknowledged: a restart resumes with these.
+                let carried: Vec<TableState> = self.ddl.carried.values().cloned().collect();
+                catalog_change::record_epoch(&self.catalog, &self.slot, at, e, &carried).await?;
             }
         }
         let to = match self.ddl.tracking {
@@ -195,5 +234,63 @@ impl Pipeline {
                 .await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(table: &str) -> TableState {
+        TableState {
+            schema: "public".into(),
+            table: table.into(),
+            rls: false,
+            pk: Vec::new(),
+            columns: Vec::new(),
+            roles: Default::default(),
+        }
+    }
+
+    fn notice(epoch: i64, tables: Option<&[&str]>, states: &[&str]) -> Notice {
+        let tables = tables.map(|ts| {
+            ts.iter()
+                .map(|t| NoticeTable {
+                    schema: "public".into(),
+                    table: t.to_string(),
+                    dropped: false,
+                })
+                .collect()
+        });
+        Notice {
+            epoch: Some(epoch),
+            tag: "X".into(),
+            tables,
+            states: states.iter().map(|t| state(t)).collect(),
+        }
+    }
+
+    fn carried(t: &CatalogTracking) -> Vec<&str> {
+        t.carried.keys().map(|(_, t)| t.as_str()).collect()
+    }
+
+    #[test]
+    fn the_recorded_states_follow_the_notices() {
+        let resume = Resume {
+            seen: Some(1),
+            carried: vec![state("a")],
+        };
+        let mut t = CatalogTracking::new(Tracking::EventTrigger, resume);
+        // ALTER TABLE b (b not streamed: no state): a's state still holds.
+        t.carry(&notice(2, Some(&["b"]), &[]));
+        t.seen = Some(2);
+        assert_eq!(carried(&t), ["a"]);
+        // GRANT: every streamed table's state, replacing the rest.
+        t.carry(&notice(3, None, &["c"]));
+        t.seen = Some(3);
+        assert_eq!(carried(&t), ["c"]);
+        // A gap (epoch 4 never decoded): nothing known but what this notice carries.
+        t.carry(&notice(5, Some(&["d"]), &["d"]));
+        assert_eq!(carried(&t), ["d"]);
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Statement};
 
-use crate::catalog_change::{freshness, Freshness, Notice, View};
+use crate::catalog_change::{freshness, Freshness, Notice, TableState, View};
 use crate::catalog_read::{self, CatalogCache};
 use crate::rls_check::{run_checks, CheckOptions, TableCheck, TableOutcome};
 use crate::rls_policy::{ColumnFact, PolicyFact, RoleTableFacts};
@@ -147,6 +147,11 @@ impl RlsChecker {
         self.cache.set_view(view);
     }
 
+    /// At start: judge at `view`, knowing the table states carried before it.
+    pub fn seed(&mut self, view: View, states: &[TableState]) {
+        self.cache.seed(view, states);
+    }
+
     /// A notice was decoded: the position moves to `to`.
     pub fn on_notice(&mut self, notice: &Notice, to: View) {
         self.cache.on_notice(notice, to);
@@ -161,7 +166,7 @@ impl RlsChecker {
             Freshness::Exact => Ok(true),
             Freshness::Behind if since.elapsed() < VISIBLE_WAIT => Ok(false),
             f => {
-                metrics::counter!(telemetry::CATALOG_AHEAD).increment(1);
+                // Counted where it is given up on (a carried state may stand in).
                 Err(CdcError::CatalogMoved {
                     view: format!("{view:?}"),
                     snapshot: epoch,
@@ -186,9 +191,13 @@ impl RlsChecker {
             let client = self.client().await?;
             let read = catalog_read::read_table(client, schema, table, epoch).await;
             let (info, n) = read.inspect_err(|_| self.client = None)?;
-            if self.settle(n, since)? {
-                self.cache.put_table(schema, table, info.clone());
-                return Ok(info);
+            match self.settle(n, since) {
+                Ok(true) => {
+                    self.cache.put_table(schema, table, info.clone());
+                    return Ok(info);
+                }
+                Ok(false) => {}
+                Err(e) => return carried_or(self.cache.carried_table(schema, table), e),
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -211,9 +220,15 @@ impl RlsChecker {
             let client = self.client().await?;
             let read = catalog_read::read_access(client, role, schema, table, epoch).await;
             let (access, n) = read.inspect_err(|_| self.client = None)?;
-            if self.settle(n, since)? {
-                self.cache.put_access(role, schema, table, access.clone());
-                return Ok(access);
+            match self.settle(n, since) {
+                Ok(true) => {
+                    self.cache.put_access(role, schema, table, access.clone());
+                    return Ok(access);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    return carried_or(self.cache.carried_access(role, schema, table), e);
+                }
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -242,8 +257,10 @@ impl RlsChecker {
             );
             let read = catalog_read::in_snapshot(client, epoch, reads).await;
             let (rows, n) = read.inspect_err(|_| self.client = None)?;
-            if self.settle(n, since)? {
-                break rows;
+            match self.settle(n, since) {
+                Ok(true) => break rows,
+                Ok(false) => {}
+                Err(e) => return carried_or(None, e),
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };
@@ -425,6 +442,21 @@ impl RlsChecker {
             }
         }
         Ok(merged)
+    }
+}
+
+/// The catalog moved past the position: the state the last notice carried for it, if
+/// any, else the error (counted: what depends on it is withheld).
+fn carried_or<T>(carried: Option<T>, moved: CdcError) -> Result<T, CdcError> {
+    match carried {
+        Some(state) => {
+            metrics::counter!(telemetry::CATALOG_CARRIED).increment(1);
+            Ok(state)
+        }
+        None => {
+            metrics::counter!(telemetry::CATALOG_AHEAD).increment(1);
+            Err(moved)
+        }
     }
 }
 

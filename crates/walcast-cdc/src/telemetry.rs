@@ -35,6 +35,9 @@ pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
 /// judged (a later DDL already visible, or a decoded one not yet): what depended on them
 /// was withheld.
 pub const CATALOG_AHEAD: &str = "walcast_cdc_catalog_moved_total";
+/// Counter: catalog reads whose snapshot showed a later DDL, answered with the state the
+/// position's notice carried instead (exact for the table; nothing withheld).
+pub const CATALOG_CARRIED: &str = "walcast_cdc_catalog_carried_total";
 /// Counter: DDL notices (`walcast.ddl` logical messages) decoded, label `tag`.
 pub const DDL_NOTICES: &str = "walcast_cdc_ddl_notices_total";
 /// Counter: realtime tables dropped (their subscriptions ended with a system message).
@@ -52,6 +55,11 @@ pub fn describe() {
         "Catalog reads whose snapshot did not show the privileges and columns at the WAL position \
          being judged (a later DDL already committed, or a decoded one not yet visible); the \
          deliveries depending on them were withheld"
+    );
+    metrics::describe_counter!(
+        CATALOG_CARRIED,
+        "Catalog reads whose snapshot already showed a later DDL, answered instead with the table \
+         state carried by the notice at the position being judged"
     );
     metrics::describe_counter!(
         DDL_NOTICES,
