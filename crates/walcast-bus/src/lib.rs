@@ -31,3 +31,6 @@ pub const HEADER_ORIGIN: &str = "Walcast-Origin";
 pub const HEADER_LSN: &str = "Walcast-Lsn";
 /// Header with the position of the change inside its transaction (0-based).
 pub const HEADER_SEQ: &str = "Walcast-Seq";
+/// Header marking a delivery-subject message that is not a change: its value names what
+/// it is (see [`subs::NOTICE_SUBS_ENDED`]). A message without it is a change.
+pub const HEADER_NOTICE: &str = "Walcast-Notice";

@@ -145,6 +145,18 @@ pub struct UnregisterRequest {
     pub ids: Vec<String>,
 }
 
+/// [`crate::HEADER_NOTICE`] value of a [`SubsEnded`] message.
+pub const NOTICE_SUBS_ENDED: &str = "subs-ended";
+
+/// Worker → front, on the front's delivery subject (so in order with its changes):
+/// these subscriptions ended on the worker's side (their table was dropped). The front
+/// tells each channel with a `system` error carrying `message` and removes them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SubsEnded {
+    pub ids: Vec<String>,
+    pub message: String,
+}
+
 /// A front's full list of subscription ids, possibly in several parts.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct SyncMessage {

@@ -140,8 +140,18 @@ impl Pass {
         let event = &change.event;
         let key = (event.schema.clone(), event.table.clone());
         if !self.infos.contains_key(&key) {
-            let info = rls.table(&event.schema, &event.table).await?;
-            self.infos.insert(key.clone(), info);
+            match rls.table(&event.schema, &event.table).await {
+                Ok(info) => self.infos.insert(key.clone(), info),
+                // The catalog no longer (or not yet) shows the table as of this change:
+                // withheld from everyone rather than judged by another state.
+                Err(e @ CdcError::CatalogMoved { .. }) => {
+                    tracing::warn!(error = %e, table = %event.table, "table facts not at the change's position; withholding it");
+                    let subs = change.matched.iter().flat_map(|m| m.subs());
+                    subs.for_each(|sub| deny(sub, "catalog moved past the change"));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
         }
         let Some(info) = self.infos.get(&key) else {
             return Ok(());
@@ -230,7 +240,15 @@ async fn judge_rows(
                 .map(|role| (schema.clone(), table.clone(), role.clone()))
         })
         .collect();
-    let facts = rls.role_facts(&pairs).await?;
+    let facts = match rls.role_facts(&pairs).await {
+        Ok(facts) => facts,
+        // Policies not as of these changes: no rule, every group denied.
+        Err(e @ CdcError::CatalogMoved { .. }) => {
+            tracing::warn!(error = %e, "policies not at the batch's position; withholding its row-checked changes");
+            vec![None; pairs.len()]
+        }
+        Err(e) => return Err(e),
+    };
     let mut rules: HashMap<(String, String, String), Rule> = HashMap::new();
     for (pair, facts) in pairs.into_iter().zip(facts) {
         let info = match pass.infos.get(&(pair.0.clone(), pair.1.clone())) {

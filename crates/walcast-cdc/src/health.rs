@@ -39,6 +39,7 @@ pub struct CdcHealth {
     slot_lost_total: AtomicU64,
     last_loss: Mutex<Option<LostRange>>,
     last_error: Mutex<Option<String>>,
+    ddl_tracking: Mutex<Option<&'static str>>,
 }
 
 /// The JSON body of `/health` for the CDC part.
@@ -58,6 +59,9 @@ pub struct CdcHealthReport {
     /// Changes delivered without their large values (`Error 413`), since start.
     pub oversized_changes_total: u64,
     pub last_skipped_change: Option<SkippedChange>,
+    /// How privilege and schema changes are applied: `event_trigger` (at their WAL
+    /// position) or `per_batch` (no event trigger: each batch re-reads the catalog).
+    pub ddl_tracking: Option<&'static str>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -95,6 +99,11 @@ impl CdcHealth {
         *lock(&self.last_loss) = Some(range);
     }
 
+    /// Record how DDL is tracked; true if that changed.
+    pub fn set_ddl_tracking(&self, mode: &'static str) -> bool {
+        lock(&self.ddl_tracking).replace(mode) != Some(mode)
+    }
+
     pub fn set_error(&self, error: Option<String>) {
         *lock(&self.last_error) = error;
     }
@@ -124,6 +133,7 @@ impl CdcHealth {
             skipped_changes_total: self.skipped_total.load(Ordering::SeqCst),
             oversized_changes_total: self.oversized_total.load(Ordering::SeqCst),
             last_skipped_change: lock(&self.last_skipped).clone(),
+            ddl_tracking: *lock(&self.ddl_tracking),
         }
     }
 }

@@ -4,6 +4,8 @@
 
 pub mod admin;
 pub mod authorize;
+pub mod catalog_change;
+pub mod catalog_read;
 pub mod event;
 pub mod fronts;
 pub mod health;
@@ -70,6 +72,14 @@ pub enum CdcError {
     StreamEnded,
     #[error("postgres TLS: {0}")]
     Tls(#[from] walcast_pgtls::PgTlsError),
+    /// The catalog snapshot does not show the state at the position being judged (see
+    /// [`catalog_change`]): what depends on it is withheld.
+    #[error("catalog state does not match the WAL position (position {view}, snapshot epoch {snapshot:?}, {})", if *.ahead { "snapshot ahead" } else { "snapshot behind" })]
+    CatalogMoved {
+        view: String,
+        snapshot: Option<i64>,
+        ahead: bool,
+    },
     /// Our leadership term's fence closed: stop, publish and acknowledge nothing more.
     #[error(transparent)]
     Fenced(#[from] walcast_lease::Fenced),
@@ -220,6 +230,7 @@ async fn session(
         server = %report.server_version,
         "replication slot ready"
     );
+    let catalog_tracking = catalog_tracking(&client, cfg, &slot, health).await?;
     let mut pipeline = pipeline::Pipeline::new(
         bus.clone(),
         matcher.clone(),
@@ -231,6 +242,8 @@ async fn session(
             max_record_bytes: cfg.max_record_bytes,
             health: health.clone(),
             fence: fence.clone(),
+            slot: cfg.poller.slot.clone(),
+            catalog: catalog_tracking,
         },
     )
     .await?;
@@ -264,4 +277,42 @@ async fn session(
             .await
         }
     }
+}
+
+/// Event triggers where possible (see [`catalog_change`]), and the epoch at the slot's
+/// position; reported in `/health` and warned about once when missing.
+async fn catalog_tracking(
+    client: &Client,
+    cfg: &CdcConfig,
+    slot: &slot::SlotState,
+    health: &CdcHealth,
+) -> Result<pipeline::CatalogTracking, CdcError> {
+    let tracking = catalog_change::ensure_triggers(client).await?;
+    let changed = health.set_ddl_tracking(tracking.name());
+    metrics::gauge!(telemetry::DDL_EVENT_TRIGGER).set(match tracking {
+        catalog_change::Tracking::EventTrigger => 1.0,
+        catalog_change::Tracking::PerBatch(_) => 0.0,
+    });
+    let resume = match &tracking {
+        catalog_change::Tracking::EventTrigger => {
+            let resume = catalog_change::resume_at(
+                client,
+                &cfg.poller.slot,
+                slot.confirmed_flush,
+                slot.created,
+            )
+            .await?;
+            if resume.seen.is_none() {
+                tracing::warn!("the DDL epoch at the slot's position is unknown (DDL committed before the event triggers existed): catalog facts are taken as read until the next DDL notice");
+            }
+            resume
+        }
+        catalog_change::Tracking::PerBatch(why) => {
+            if changed {
+                tracing::warn!(reason = %why, "DDL and GRANT/REVOKE are not tracked at their WAL position: every batch re-reads privileges and columns instead (see the README's guarantees)");
+            }
+            catalog_change::Resume::default()
+        }
+    };
+    Ok(pipeline::CatalogTracking::new(tracking, resume))
 }

@@ -283,6 +283,21 @@ impl Matcher {
         self.write().apply(ids, Vec::new());
     }
 
+    /// Remove every subscription to exactly this table (not wildcards), whatever its
+    /// project (a table streams for one project only); returns their (front, id).
+    pub fn take_table(&self, schema: &str, table: &str) -> Vec<(String, String)> {
+        let mut st = self.write();
+        let gone: Vec<(String, String)> = st
+            .by_id
+            .values()
+            .filter(|s| s.spec.schema == schema && s.spec.table.as_deref() == Some(table))
+            .map(|s| (s.spec.front.clone(), s.spec.id.clone()))
+            .collect();
+        let ids: Vec<String> = gone.iter().map(|(_, id)| id.clone()).collect();
+        st.apply(&ids, Vec::new());
+        gone
+    }
+
     /// A front's full list: drop its subscriptions missing from it (unless registered
     /// within `grace`, i.e. after the list may have been taken); note it is alive.
     pub fn sync(&self, front: &str, ids: &[String], grace: Duration) {

@@ -27,6 +27,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
     (5, "leases", include_str!("../../../sql/0005_leases.sql")),
     (6, "fronts", include_str!("../../../sql/0006_fronts.sql")),
+    (
+        7,
+        "catalog_changes",
+        include_str!("../../../sql/0007_catalog_changes.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -15,11 +15,16 @@ use walcast_bus::{
 use walcast_lease::{Action, Fence};
 use walcast_wal2json::{decode, Change, Lsn, RowChange};
 
+#[path = "pipeline_catalog.rs"]
+mod catalog;
+pub use catalog::CatalogTracking;
+
 use crate::authorize::{authorize_batch, Audience, PendingChange, RlsMode};
+use crate::catalog_change::NOTICE_PREFIX;
 use crate::event::{build_event, TxnContext};
 use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
-use crate::registry::{TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::registry::{REGISTRY_SCHEMA, REGISTRY_TABLE};
 use crate::rls::RlsChecker;
 use crate::telemetry;
 use crate::types::TypeCache;
@@ -91,6 +96,10 @@ pub struct PipelineOptions {
     /// The leadership term's fence, checked before every publish (and by the sources
     /// before every acknowledgement).
     pub fence: Fence,
+    /// The slot read (its DDL epochs are recorded under its name).
+    pub slot: String,
+    /// How catalog changes reach the pipeline, and the epoch at the start position.
+    pub catalog: CatalogTracking,
 }
 
 /// A message to publish: subject and payload.
@@ -118,6 +127,8 @@ pub struct Pipeline {
     txn: Option<TxnContext>,
     seq: u32,
     registry_changed: bool,
+    slot: String,
+    ddl: CatalogTracking,
 }
 
 impl Pipeline {
@@ -129,7 +140,7 @@ impl Pipeline {
     ) -> Result<Pipeline, CdcError> {
         let types = TypeCache::load(&catalog).await?;
         let rls_opts = opts.rls;
-        Ok(Pipeline {
+        let mut pipeline = Pipeline {
             bus,
             matcher,
             shards: (0..rls_opts.shards.max(1))
@@ -148,30 +159,11 @@ impl Pipeline {
             txn: None,
             seq: 0,
             registry_changed: false,
-        })
-    }
-
-    /// The streamed tables as the pipeline knows them at its current WAL position.
-    pub fn tables(&self) -> Vec<TableRef> {
-        let mut v: Vec<TableRef> = self
-            .routes
-            .iter()
-            .map(|((schema, table), project)| TableRef {
-                project: project.clone(),
-                schema: schema.clone(),
-                table: table.clone(),
-            })
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// Which project each streamed table belongs to.
-    pub fn set_tables(&mut self, tables: &[TableRef]) {
-        self.routes = tables
-            .iter()
-            .map(|t| ((t.schema.clone(), t.table.clone()), t.project.clone()))
-            .collect();
+            slot: opts.slot,
+            ddl: opts.catalog,
+        };
+        pipeline.seed_carried();
+        Ok(pipeline)
     }
 
     /// The term's fence: the sources check it before acknowledging.
@@ -243,6 +235,10 @@ impl Pipeline {
             Change::Insert(row) => self.row(ChangeKind::Insert, &row).await,
             Change::Update(row) => self.row(ChangeKind::Update, &row).await,
             Change::Delete(row) => self.row(ChangeKind::Delete, &row).await,
+            Change::Message(m) if m.transactional && m.prefix == NOTICE_PREFIX => {
+                self.catalog_notice(&m.content).await?;
+                Ok(LineOutcome::Continue)
+            }
             Change::Truncate(_) | Change::Message(_) => Ok(LineOutcome::Continue),
             Change::Commit(m) => {
                 let txn = self.txn.take();
@@ -343,22 +339,6 @@ impl Pipeline {
         Ok(LineOutcome::Continue)
     }
 
-    /// Apply a realtime registry edit as of its WAL position: the filter for what follows
-    /// is then exact, whatever the registry holds by the time we read it.
-    fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
-        if kind != ChangeKind::Insert {
-            if let Some(t) = crate::registry::registry_row(&row.identity) {
-                self.routes.remove(&(t.schema, t.table));
-            }
-        }
-        if kind != ChangeKind::Delete {
-            if let Some(t) = crate::registry::registry_row(&row.columns) {
-                self.routes.insert((t.schema, t.table), t.project);
-            }
-        }
-        self.registry_changed = true;
-    }
-
     /// Changes are waiting to be authorized and published.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -370,7 +350,10 @@ impl Pipeline {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.verify_triggers().await?;
         let batch = std::mem::take(&mut self.pending);
+        let view = self.ddl.next_view();
+        self.shards.iter_mut().for_each(|s| s.set_view(view));
         let n = self.shards.len();
         let mut parts: Vec<Vec<PendingChange>> = (0..n).map(|_| Vec::new()).collect();
         let mut order: Vec<(usize, usize)> = Vec::with_capacity(batch.len());

@@ -18,14 +18,16 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Statement};
 
+use crate::catalog_change::{freshness, Freshness, Notice, TableState, View};
+use crate::catalog_read::{self, CatalogCache};
 use crate::rls_check::{run_checks, CheckOptions, TableCheck, TableOutcome};
 use crate::rls_policy::{ColumnFact, PolicyFact, RoleTableFacts};
 use crate::rls_sql::CatalogColumn;
 use crate::sql::qualified;
-use crate::CdcError;
+use crate::{telemetry, CdcError};
 
-/// How long table facts (RLS flag, privileges, key types) are trusted before re-reading.
-const CACHE_TTL: Duration = Duration::from_secs(5);
+/// How long a read may wait for a statement already decoded to become visible.
+const VISIBLE_WAIT: Duration = Duration::from_secs(2);
 
 /// What the catalog says about a streamed table.
 #[derive(Clone, Debug, Default)]
@@ -55,20 +57,6 @@ impl TableInfo {
     }
 }
 
-#[derive(Clone, Debug)]
-struct TableFacts {
-    info: TableInfo,
-    at: Instant,
-}
-
-#[derive(Clone, Debug)]
-struct RoleFacts {
-    /// `None`: the role cannot read the table at all (or does not exist).
-    columns: Option<HashSet<String>>,
-    bypass_rls: bool,
-    at: Instant,
-}
-
 /// What a role may see of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Access {
@@ -83,8 +71,8 @@ pub struct RlsChecker {
     visible_xids: HashSet<u32>,
     /// Connections that run checks (`client` reads the catalog).
     lanes: Vec<Lane>,
-    tables: HashMap<(String, String), TableFacts>,
-    roles: HashMap<(String, String, String), RoleFacts>,
+    /// Table and privilege facts, valid at one view of the catalog.
+    cache: CatalogCache,
     /// Prepared statements of `client`.
     catalog_statements: HashMap<&'static str, Statement>,
 }
@@ -133,8 +121,7 @@ impl RlsChecker {
             client: None,
             visible_xids: HashSet::new(),
             lanes: (0..parallel.max(1)).map(|_| Lane::default()).collect(),
-            tables: HashMap::new(),
-            roles: HashMap::new(),
+            cache: CatalogCache::default(),
             catalog_statements: HashMap::new(),
         }
     }
@@ -157,123 +144,96 @@ impl RlsChecker {
         }
     }
 
-    /// Is RLS enabled on the table, what are its key and its columns?
-    pub async fn table(&mut self, schema: &str, table: &str) -> Result<TableInfo, CdcError> {
-        let key = (schema.to_string(), table.to_string());
-        if let Some(f) = self.tables.get(&key).filter(|f| f.at.elapsed() < CACHE_TTL) {
-            return Ok(f.info.clone());
-        }
-        let client = self.client().await?;
-        let rel = qualified(schema, table);
-        let rls: bool = client
-            .query_opt(
-                "SELECT relrowsecurity FROM pg_class WHERE oid = to_regclass($1)",
-                &[&rel],
-            )
-            .await?
-            .map(|r| r.get(0))
-            .unwrap_or(true);
-        let pk = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
-                   FROM pg_index i
-                   JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, n) ON true
-                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                  WHERE i.indrelid = to_regclass($1) AND i.indisprimary
-                  ORDER BY k.n",
-                &[&rel],
-            )
-            .await?
-            .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-        let rows = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
-                        a.atttypid IN ('numeric'::regtype, 'real'::regtype, 'double precision'::regtype)
-                   FROM pg_attribute a
-                  WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
-                  ORDER BY a.attnum",
-                &[&rel],
-            )
-            .await?;
-        let columns = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let nan_as_null = rows
-            .iter()
-            .filter(|r| r.get::<_, bool>(2))
-            .map(|r| r.get(0))
-            .collect();
-        let info = TableInfo {
-            rls,
-            pk,
-            columns,
-            nan_as_null,
-        };
-        self.tables.insert(
-            key,
-            TableFacts {
-                info: info.clone(),
-                at: Instant::now(),
-            },
-        );
-        Ok(info)
+    /// Judge the next batch at `view` (see [`crate::catalog_change`]).
+    pub fn set_view(&mut self, view: View) {
+        self.cache.set_view(view);
     }
 
-    /// The columns `role` may SELECT (None: not the table at all, or no such role).
+    /// At start: judge at `view`, knowing the table states carried before it.
+    pub fn seed(&mut self, view: View, states: &[TableState]) {
+        self.cache.seed(view, states);
+    }
+
+    /// A notice was decoded: the position moves to `to`.
+    pub fn on_notice(&mut self, notice: &Notice, to: View) {
+        self.cache.on_notice(notice, to);
+    }
+
+    /// Keep a read made in a snapshot with this epoch? `Ok(false)`: read again (a
+    /// statement already decoded is not visible yet); an error when the snapshot shows
+    /// a later statement than the position, or still an earlier one after a while.
+    fn settle(&self, epoch: Option<i64>, since: Instant) -> Result<bool, CdcError> {
+        let view = self.cache.view();
+        match freshness(view, epoch) {
+            Freshness::Exact => Ok(true),
+            Freshness::Behind if since.elapsed() < VISIBLE_WAIT => Ok(false),
+            f => {
+                // Counted where it is given up on (a carried state may stand in).
+                Err(CdcError::CatalogMoved {
+                    view: format!("{view:?}"),
+                    snapshot: epoch,
+                    ahead: f == Freshness::Ahead,
+                })
+            }
+        }
+    }
+
+    fn tracks_epoch(&self) -> bool {
+        matches!(self.cache.view(), View::Epoch(Some(_)))
+    }
+
+    /// Is RLS enabled on the table, what are its key and its columns, at the view?
+    pub async fn table(&mut self, schema: &str, table: &str) -> Result<TableInfo, CdcError> {
+        if let Some(info) = self.cache.table(schema, table) {
+            return Ok(info);
+        }
+        let since = Instant::now();
+        let epoch = self.tracks_epoch();
+        loop {
+            let client = self.client().await?;
+            let read = catalog_read::read_table(client, schema, table, epoch).await;
+            let (info, n) = read.inspect_err(|_| self.client = None)?;
+            match self.settle(n, since) {
+                Ok(true) => {
+                    self.cache.put_table(schema, table, info.clone());
+                    return Ok(info);
+                }
+                Ok(false) => {}
+                Err(e) => return carried_or(self.cache.carried_table(schema, table), e),
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The columns `role` may SELECT at the view (None: not the table at all, or no
+    /// such role).
     pub async fn access(
         &mut self,
         role: &str,
         schema: &str,
         table: &str,
     ) -> Result<Option<Access>, CdcError> {
-        let key = (role.to_string(), schema.to_string(), table.to_string());
-        if let Some(f) = self.roles.get(&key).filter(|f| f.at.elapsed() < CACHE_TTL) {
-            return Ok(f.columns.clone().map(|columns| Access {
-                columns,
-                bypass_rls: f.bypass_rls,
-            }));
+        if let Some(access) = self.cache.access(role, schema, table) {
+            return Ok(access);
         }
-        let client = self.client().await?;
-        let rel = qualified(schema, table);
-        let exists = client
-            .query_opt(
-                "SELECT rolbypassrls FROM pg_roles WHERE rolname = $1",
-                &[&role],
-            )
-            .await?;
-        let (columns, bypass_rls) = match exists {
-            None => (None, false),
-            Some(r) => {
-                let bypass: bool = r.get(0);
-                let cols: Vec<String> = client
-                    .query(
-                        "SELECT a.attname::text FROM pg_attribute a
-                          WHERE a.attrelid = to_regclass($2) AND a.attnum > 0 AND NOT a.attisdropped
-                            AND has_column_privilege($1, a.attrelid, a.attnum, 'SELECT')",
-                        &[&role, &rel],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                (
-                    (!cols.is_empty()).then(|| cols.into_iter().collect()),
-                    bypass,
-                )
+        let since = Instant::now();
+        let epoch = self.tracks_epoch();
+        loop {
+            let client = self.client().await?;
+            let read = catalog_read::read_access(client, role, schema, table, epoch).await;
+            let (access, n) = read.inspect_err(|_| self.client = None)?;
+            match self.settle(n, since) {
+                Ok(true) => {
+                    self.cache.put_access(role, schema, table, access.clone());
+                    return Ok(access);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    return carried_or(self.cache.carried_access(role, schema, table), e);
+                }
             }
-        };
-        self.roles.insert(
-            key,
-            RoleFacts {
-                columns: columns.clone(),
-                bypass_rls,
-                at: Instant::now(),
-            },
-        );
-        Ok(columns.map(|columns| Access {
-            columns,
-            bypass_rls,
-        }))
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// What each (schema, table, role) is subject to for `SELECT`, read now: never cached,
@@ -287,12 +247,25 @@ impl RlsChecker {
         let roles: Vec<&str> = pairs.iter().map(|(_, _, r)| r.as_str()).collect();
         let facts_stmt = self.catalog_statement(ROLE_FACTS_SQL).await?;
         let policies_stmt = self.catalog_statement(POLICIES_SQL).await?;
-        let client = self.client().await?;
-        let (facts, policies) = futures_util::future::try_join(
-            client.query(&facts_stmt, &[&rels, &roles]),
-            client.query(&policies_stmt, &[&rels, &roles]),
-        )
-        .await?;
+        let since = Instant::now();
+        let epoch = self.tracks_epoch();
+        // In one snapshot with the epoch: policies, owners and switches as of the batch.
+        let (facts, policies) = loop {
+            let client = self.client().await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&rels, &roles];
+            let reads = futures_util::future::try_join(
+                client.query(&facts_stmt, &params),
+                client.query(&policies_stmt, &params),
+            );
+            let read = catalog_read::in_snapshot(client, epoch, reads).await;
+            let (rows, n) = read.inspect_err(|_| self.client = None)?;
+            match self.settle(n, since) {
+                Ok(true) => break rows,
+                Ok(false) => {}
+                Err(e) => return carried_or(None, e),
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
         let mut out: Vec<Option<RoleTableFacts>> = vec![None; pairs.len()];
         for r in &facts {
             let n: i64 = r.try_get(0)?;
@@ -471,6 +444,21 @@ impl RlsChecker {
             }
         }
         Ok(merged)
+    }
+}
+
+/// The catalog moved past the position: the state the last notice carried for it, if
+/// any, else the error (counted: what depends on it is withheld).
+fn carried_or<T>(carried: Option<T>, moved: CdcError) -> Result<T, CdcError> {
+    match carried {
+        Some(state) => {
+            metrics::counter!(telemetry::CATALOG_CARRIED).increment(1);
+            Ok(state)
+        }
+        None => {
+            metrics::counter!(telemetry::CATALOG_AHEAD).increment(1);
+            Err(moved)
+        }
     }
 }
 

@@ -17,6 +17,8 @@ pub const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
     ("include-pk", "1"),
     ("include-type-oids", "1"),
     ("include-typmod", "0"),
+    // Of the logical messages, only the DDL notices (see `catalog_change`).
+    ("add-msg-prefixes", crate::catalog_change::NOTICE_PREFIX),
 ];
 
 /// The `add-tables` value: every enabled table plus our registry (so registry edits
@@ -75,6 +77,8 @@ pub async fn registry_drift(
     decoded: &[TableRef],
     confirmed: Lsn,
 ) -> Result<Option<Vec<TableRef>>, crate::CdcError> {
+    // Tables dropped while no sql_drop trigger ran leave the registry (in WAL order).
+    crate::catalog_change::prune_dropped(client).await?;
     let tables = registry::list(client, None).await?;
     let at: String = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])

@@ -62,8 +62,65 @@ pub const REGISTRATION_BATCH: &str = "walcast_cdc_registration_batch_subscriptio
 /// Counter: Subscription filters that could not be evaluated against a change (the change is not delivered to them).
 pub const FILTER_ERRORS: &str = "walcast_cdc_filter_errors_total";
 
+// Catalog and DDL at their WAL position.
+
+/// Counter: catalog reads whose snapshot did not show the state at the position being
+/// judged (a later DDL already visible, or a decoded one not yet): what depended on them
+/// was withheld.
+pub const CATALOG_AHEAD: &str = "walcast_cdc_catalog_moved_total";
+/// Counter: catalog reads whose snapshot showed a later DDL, answered with the state the
+/// position's notice carried instead (exact for the table; nothing withheld).
+pub const CATALOG_CARRIED: &str = "walcast_cdc_catalog_carried_total";
+/// Counter: DDL notices (`walcast.ddl` logical messages) decoded, label `tag`.
+pub const DDL_NOTICES: &str = "walcast_cdc_ddl_notices_total";
+/// Counter: realtime tables dropped (their subscriptions ended with a system message).
+pub const TABLES_DROPPED: &str = "walcast_cdc_tables_dropped_total";
+/// Counter: subscriptions ended because their table was dropped.
+pub const SUBS_ENDED: &str = "walcast_cdc_subscriptions_ended_total";
+/// Gauge: 1 when DDL and privilege changes are tracked at their WAL position by the
+/// event triggers, 0 when every batch re-reads the catalog instead.
+pub const DDL_EVENT_TRIGGER: &str = "walcast_cdc_ddl_event_trigger";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
+    describe_catalog();
+    describe_rls();
+    describe_publishing();
+    describe_pipeline();
+}
+
+fn describe_catalog() {
+    metrics::describe_counter!(
+        CATALOG_AHEAD,
+        "Catalog reads whose snapshot did not show the privileges and columns at the WAL position \
+         being judged (a later DDL already committed, or a decoded one not yet visible); the \
+         deliveries depending on them were withheld"
+    );
+    metrics::describe_counter!(
+        CATALOG_CARRIED,
+        "Catalog reads whose snapshot already showed a later DDL, answered instead with the table \
+         state carried by the notice at the position being judged"
+    );
+    metrics::describe_counter!(
+        DDL_NOTICES,
+        "DDL and privilege notices (event-trigger logical messages) decoded, by command tag"
+    );
+    metrics::describe_counter!(
+        TABLES_DROPPED,
+        "Realtime tables dropped; their subscribers got a system error"
+    );
+    metrics::describe_counter!(
+        SUBS_ENDED,
+        "Subscriptions ended by the worker because their table was dropped"
+    );
+    metrics::describe_gauge!(
+        DDL_EVENT_TRIGGER,
+        "1: DDL and GRANT/REVOKE apply at their WAL position (event triggers); 0: no event \
+         trigger, each batch re-reads the catalog (see the README)"
+    );
+}
+
+fn describe_rls() {
     metrics::describe_counter!(
         RLS_CHECKS,
         "Row-level-security check statements run (one per table, role and claims group per batch)"
@@ -88,6 +145,9 @@ pub fn describe() {
         "Deliveries withheld because a version judged by its row's current state (see \
          walcast_cdc_rls_current_row_total) was no longer that state when checked: it cannot be judged"
     );
+}
+
+fn describe_publishing() {
     metrics::describe_counter!(
         PUBLISHED_BYTES,
         "Bytes of change messages published to the bus (table and delivery subjects)"
@@ -109,6 +169,9 @@ pub fn describe() {
         CHANGES_SPLIT,
         "Changes whose subscriber list was split over several bus messages"
     );
+}
+
+fn describe_pipeline() {
     metrics::describe_gauge!(
         ACTIVE,
         "1 while this worker reads the slot (leader, connected), else 0"

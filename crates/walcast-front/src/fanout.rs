@@ -15,7 +15,8 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::{BusMessage, ChangeEvent, ChangeKind, Subscription};
+use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
+use walcast_bus::{BusMessage, ChangeEvent, ChangeKind, Subscription, HEADER_NOTICE};
 use walcast_protocol::{ChangeData, ChangeType, Column, ColumnValue, EncodedChange, Vsn};
 
 use crate::outbound::Out;
@@ -26,8 +27,35 @@ use crate::telemetry;
 pub(crate) async fn run(shared: Arc<Shared>, mut sub: Subscription, cancel: CancellationToken) {
     let mut replays = ReplayGuard::default();
     while let Some(m) = crate::next_message(&mut sub, &cancel, "change").await {
-        deliver(&shared, &m, &mut replays);
+        match m.header(HEADER_NOTICE) {
+            None => deliver(&shared, &m, &mut replays),
+            Some(NOTICE_SUBS_ENDED) => subs_ended(&shared, &m).await,
+            Some(other) => {
+                telemetry::error("unknown_notice");
+                tracing::warn!(notice = other, "unknown notice on the delivery subject");
+            }
+        }
     }
+}
+
+/// The worker ended some of our subscriptions (their table was dropped): each channel
+/// gets a `system` error and the subscriptions are removed.
+async fn subs_ended(shared: &Arc<Shared>, m: &BusMessage) {
+    let notice: SubsEnded = match serde_json::from_slice(&m.payload) {
+        Ok(n) => n,
+        Err(e) => {
+            telemetry::error("bad_notice");
+            tracing::warn!(error = %e, "undecodable subs-ended notice");
+            return;
+        }
+    };
+    let ended: Vec<(u64, String)> = notice
+        .ids
+        .iter()
+        .filter_map(|id| shared.registry.own(id))
+        .map(|n| (n, notice.message.clone()))
+        .collect();
+    crate::registration::end_subscriptions(shared, ended, "table_dropped").await;
 }
 
 /// Drops what this front already delivered. Changes leave the leader in commit order, so

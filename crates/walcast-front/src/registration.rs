@@ -162,23 +162,39 @@ async fn register_in_background(shared: &Arc<Shared>, subs: Vec<(u64, Subscripti
             .map(|s| (s.id.clone(), format!("Unable to subscribe to changes: {e}")))
             .collect(),
     };
-    for (n, spec) in subs.iter().filter(|(_, s)| refused.contains_key(&s.id)) {
-        let why = &refused[&spec.id];
-        tracing::warn!(id = %spec.id, reason = %why, "subscription refused after its join");
-        telemetry::error("refused_after_join");
-        if let Some((Sink::Ws(chan), _)) = shared.registry.sink_of(*n) {
+    let ended: Vec<(u64, String)> = subs
+        .iter()
+        .filter_map(|(n, spec)| refused.get(&spec.id).map(|why| (*n, why.clone())))
+        .collect();
+    end_subscriptions(shared, ended, "refused_after_join").await;
+}
+
+/// End subscriptions already in effect: tell each WebSocket channel why with a `system`
+/// error (the channel stays open, as for a refused join), remove them and tell the
+/// worker. `what` names the cause in the error counter.
+pub(crate) async fn end_subscriptions(
+    shared: &Arc<Shared>,
+    ended: Vec<(u64, String)>,
+    what: &'static str,
+) {
+    for (n, why) in ended {
+        let sink = shared.registry.sink_of(n);
+        let id = sink.as_ref().map(|(_, s)| s.id.clone()).unwrap_or_default();
+        tracing::warn!(%id, reason = %why, what, "subscription ended by the worker");
+        telemetry::error(what);
+        if let Some((Sink::Ws(chan), _)) = sink {
             let f = server::system(
                 None,
                 &chan.topic,
                 "postgres_changes",
                 SystemStatus::Error,
-                why,
+                &why,
             );
             if let Some(out) = Out::frame(&f, chan.vsn) {
                 chan.deliver(out);
             }
         }
-        let removed = shared.registry.remove(&[*n]);
+        let removed = shared.registry.remove(&[n]);
         unregister(shared, removed).await;
     }
 }
