@@ -26,7 +26,39 @@ import {
   uniq,
   until,
   bin,
+  jwt,
 } from './lib/harness.js'
+
+/**
+ * An SSE stream (`/realtime/v1/sse`) read in the background: `events` collects
+ * `{ event, data }` as they arrive; `ready` resolves on `event: ready`; `ended` once the
+ * server ends the stream.
+ */
+function sseStream(server, query) {
+  const ctl = new AbortController()
+  const events = []
+  let onReady
+  const ready = new Promise((resolve) => (onReady = resolve))
+  const ended = (async () => {
+    const params = new URLSearchParams({ apikey: jwt({}), ...query })
+    const res = await fetch(`${server.url}/realtime/v1/sse?${params}`, { signal: ctl.signal })
+    if (res.status !== 200) assert.fail(`SSE status ${res.status}: ${await res.text()}`)
+    const decoder = new TextDecoder()
+    let buf = ''
+    for await (const chunk of res.body) {
+      buf += decoder.decode(chunk, { stream: true })
+      for (let i = buf.indexOf('\n\n'); i >= 0; i = buf.indexOf('\n\n')) {
+        const block = buf.slice(0, i)
+        buf = buf.slice(i + 2)
+        const field = (name) => block.split('\n').find((l) => l.startsWith(`${name}:`))?.slice(name.length + 1).trim()
+        const ev = { event: field('event'), data: field('data') }
+        events.push(ev)
+        if (ev.event === 'ready') onReady()
+      }
+    }
+  })().catch((e) => (e.name === 'AbortError' ? undefined : Promise.reject(e)))
+  return { events, ready, ended, close: () => ctl.abort() }
+}
 
 /** Inserts into `d1` every 5 ms (about 200 rows/s) on its own connection. */
 async function startWriter(url) {
@@ -273,6 +305,12 @@ for (const source of ['stream', 'poll']) {
       const gone = collector('d2 changes')
       const ch2 = rt.channel(uniq('drop')).on('system', {}, sys).on('postgres_changes', { event: '*', schema: 'public', table: 'd2' }, gone)
       await subscribed(ch2)
+      const sse = sseStream(front, { table: 'd2', channel: uniq('sse-d2') })
+      await Promise.race([
+        sse.ready,
+        sse.ended.then(() => assert.fail(`SSE ended before ready: ${JSON.stringify(sse.events)}`)),
+        new Promise((_, reject) => setTimeout(() => reject(new Error(`no SSE ready within 15 s: ${JSON.stringify(sse.events)}`)), 15000)),
+      ])
       const got = collector('d1 after drop')
       await subscribed(rt.channel(uniq('keep')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'd1' }, got))
       await env.db.query("INSERT INTO d2 VALUES (1, 'before')")
@@ -286,6 +324,12 @@ for (const source of ['stream', 'poll']) {
       assert.equal(err.extension, 'postgres_changes')
       assert.ok(!(await listed(env, 'd2')), 'd2 still listed')
       assert.ok(await listed(env, 'd1'), 'd1 no longer listed')
+      // The SSE reader of d2 is told the same, then its stream ends.
+      await Promise.race([sse.ended, new Promise((_, reject) => setTimeout(() => reject(new Error(`the SSE stream of d2 did not end: ${JSON.stringify(sse.events)}`)), 15000))])
+      const last = sse.events.at(-1)
+      assert.equal(last.event, 'system', JSON.stringify(sse.events))
+      assert.match(JSON.parse(last.data).message, /public\.d2 was dropped/)
+      assert.deepEqual(sse.events.filter((e) => e.event === 'postgres_changes').map((e) => JSON.parse(e.data).data.record), [{ id: 1, v: 'before' }])
 
       const r = await env.db.query('INSERT INTO d1 (k) VALUES (1) RETURNING id')
       const id = Number(r.rows[0].id)

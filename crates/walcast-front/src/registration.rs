@@ -182,17 +182,25 @@ pub(crate) async fn end_subscriptions(
         let id = sink.as_ref().map(|(_, s)| s.id.clone()).unwrap_or_default();
         tracing::warn!(%id, reason = %why, what, "subscription ended by the worker");
         telemetry::error(what);
-        if let Some((Sink::Ws(chan), _)) = sink {
-            let f = server::system(
-                None,
-                &chan.topic,
-                "postgres_changes",
-                SystemStatus::Error,
-                &why,
-            );
-            if let Some(out) = Out::frame(&f, chan.vsn) {
-                chan.deliver(out);
+        match sink {
+            Some((Sink::Ws(chan), _)) => {
+                let f = server::system(
+                    None,
+                    &chan.topic,
+                    "postgres_changes",
+                    SystemStatus::Error,
+                    &why,
+                );
+                if let Some(out) = Out::frame(&f, chan.vsn) {
+                    chan.deliver(out);
+                }
             }
+            Some((Sink::Sse(sse), _)) => {
+                // A reader coming back registers anew (and is refused with the reason).
+                shared.sse.remove_if(&sse);
+                sse.end(&why);
+            }
+            None => {}
         }
         let removed = shared.registry.remove(&[n]);
         unregister(shared, removed).await;

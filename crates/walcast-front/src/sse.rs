@@ -81,6 +81,8 @@ pub(crate) struct Item {
     pos: Pos,
     id: String,
     data: String,
+    /// The last item: the subscription ended (`data` is the `system` event's).
+    end: bool,
 }
 
 struct Inner {
@@ -119,6 +121,7 @@ impl SseChannel {
             pos,
             id: format!("{}:{}", pos.0, pos.1),
             data: enc.payload_json(ids),
+            end: false,
         });
         g.ring.push_back(item.clone());
         while g.ring.len() > self.cap {
@@ -126,6 +129,23 @@ impl SseChannel {
                 g.evicted = Some(old.pos);
             }
         }
+        let _ = self.live.send(item);
+    }
+
+    /// The worker ended the subscription (its table was dropped): live readers get a
+    /// `system` error event, then their stream ends.
+    pub(crate) fn end(&self, message: &str) {
+        let data = serde_json::json!({
+            "extension": "postgres_changes",
+            "status": "error",
+            "message": message,
+        });
+        let item = Arc::new(Item {
+            pos: (Lsn(u64::MAX), u32::MAX),
+            id: String::new(),
+            data: data.to_string(),
+            end: true,
+        });
         let _ = self.live.send(item);
     }
 }
@@ -140,7 +160,7 @@ impl SseHub {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn remove_if(&self, chan: &Arc<SseChannel>) -> bool {
+    pub(crate) fn remove_if(&self, chan: &Arc<SseChannel>) -> bool {
         let mut g = self.lock();
         if g.get(&chan.key).is_some_and(|c| Arc::ptr_eq(c, chan)) {
             g.remove(&chan.key);
@@ -442,6 +462,10 @@ async fn next_event(mut st: StreamState) -> Option<(Result<Event, Infallible>, S
                 return Some((Ok(Event::default().event("system").data(data)), st));
             }
             r = st.rx.recv() => match r {
+                Ok(item) if item.end => {
+                    st.done = true;
+                    return Some((Ok(Event::default().event("system").data(&item.data)), st));
+                }
                 Ok(item) => {
                     if st.last.is_some_and(|l| item.pos <= l) {
                         continue;
