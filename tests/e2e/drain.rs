@@ -14,6 +14,7 @@ const DRAIN_SECS: u64 = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_a_front_gradually() {
+    let _machine = crate::support::alone().await;
     let stack = Stack::start("stream");
     let mut worker = stack.worker(&[]);
     worker.wait_active(Duration::from_secs(60));

@@ -21,6 +21,7 @@ fn reason(f: &Value) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
+    let _machine = crate::support::alone().await;
     let stack = Stack::start("stream");
     stack.sql("CREATE TABLE t (id int8 PRIMARY KEY, n int8 NOT NULL, note text)");
     stack.sql("CREATE TABLE not_enabled (id int8 PRIMARY KEY)");

@@ -24,6 +24,7 @@ const RSS_BOUND_KB: u64 = 64 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_closed_and_the_fast_one_gets_everything() {
+    let _machine = crate::support::alone().await;
     let stack = Stack::start("stream");
     stack.sql("CREATE TABLE big (id int8 PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)");
     stack.enable("big");

@@ -10,6 +10,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_survive_a_nats_restart_and_receive_what_follows() {
+    let _machine = crate::support::shared().await;
     let mut stack = Stack::start("stream");
     stack.sql("CREATE TABLE n (id int PRIMARY KEY, phase text)");
     stack.enable("n");

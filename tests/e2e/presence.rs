@@ -73,6 +73,7 @@ fn metas<'a>(map: &'a Value, key: &str) -> &'a [Value] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_across_replicas_and_replica_death() {
+    let _machine = crate::support::shared().await;
     let nats = Nats::start().expect("start nats-server");
     let ttl = TTL_SECS.to_string();
     let front = || support::Worker::front(&nats.url(), &[("PRESENCE_TTL_SECS", ttl.as_str())]);

@@ -18,6 +18,7 @@ const STARTUP: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_creates_and_lists_projects() {
+    let _machine = crate::support::shared().await;
     let stack = Stack::start("stream");
     let a = create_project(&stack, "Project A");
     let b = create_project(&stack, "Project B");
@@ -93,6 +94,7 @@ async fn cli_creates_and_lists_projects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else() {
+    let _machine = crate::support::shared().await;
     let stack = Stack::start("stream");
     let mut w = Worker::serve(&stack.pg.url(), &[("CDC_SOURCE", "stream")]);
     w.wait_active(STARTUP);
@@ -391,6 +393,7 @@ async fn assert_join_refused(sock: &mut Ws, topic: &str, schema: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn projects_are_isolated_across_cdc_worker_and_ws_front() {
+    let _machine = crate::support::shared().await;
     let stack = Stack::start("stream");
     let mut worker = stack.worker(&[]);
     worker.wait_active(STARTUP);

@@ -28,6 +28,7 @@ fn wait_subscriptions(worker: &support::Worker, n: f64, within: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_worker_learns_subscriptions_and_a_dead_front_loses_them() {
+    let _machine = crate::support::shared().await;
     let stack = Stack::start("stream");
     stack.sql("CREATE TABLE t (id int PRIMARY KEY, v text)");
     stack.enable("t");

@@ -27,6 +27,7 @@ fn spec(id: &str, schema: &str, table: &str, filter: Option<&str>) -> Subscripti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
+    let _machine = crate::support::shared().await;
     let stack = Stack::start("stream");
     stack.sql("CREATE TABLE t (id int PRIMARY KEY, v text)");
     stack.enable("t");
@@ -133,6 +134,7 @@ async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
 /// with a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
+    let _machine = crate::support::shared().await;
     use crate::support::ws::{token, Ws};
     use crate::support::Worker;
     use walcast_testkit::tls::TestCerts;
@@ -225,6 +227,7 @@ async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
 /// `/health`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_over_tls_with_an_nkey() {
+    let _machine = crate::support::shared().await;
     use crate::support::ws::{anon, Ws};
     use crate::support::Worker;
     use walcast_testkit::tls::TestCerts;

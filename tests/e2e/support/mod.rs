@@ -16,6 +16,20 @@ use walcast_testkit::{free_port, Nats, Postgres};
 pub mod projects;
 pub mod ws;
 
+/// The end-to-end tests run in one binary, two at a time, and share two cores. A test
+/// whose assertions depend on timing under load (a fast reader beside a slow one, a drain
+/// deadline, a thousand joins on one socket) runs alone: it holds [`alone`] while every
+/// other test holds [`shared`].
+static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+pub async fn shared() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().await
+}
+
+pub async fn alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.write().await
+}
+
 /// Generates one test per CDC source (`poll`, `stream`) for each listed async test
 /// function taking the source name: the same test body runs against both.
 #[macro_export]
@@ -25,6 +39,7 @@ macro_rules! both_sources {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _machine = $crate::support::shared().await;
                     super::$name("poll").await
                 }
             )*
@@ -33,6 +48,7 @@ macro_rules! both_sources {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
+                    let _machine = $crate::support::shared().await;
                     super::$name("stream").await
                 }
             )*
