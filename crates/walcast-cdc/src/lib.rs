@@ -128,6 +128,14 @@ pub struct CdcConfig {
 
 /// Default of [`CdcConfig::max_record_bytes`]: 1 MiB, as Supabase's `max_record_bytes`.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// Default of [`pipeline::RlsOptions::max_batch`]: changes authorized together.
+pub const DEFAULT_RLS_BATCH: usize = 1000;
+/// Default of [`pipeline::RlsOptions::shards`]: projects hash onto this many pipelines.
+pub const DEFAULT_SHARDS: u16 = 4;
+/// Default of [`pipeline::RlsOptions::timeout_ms`]: statement_timeout of an RLS check.
+pub const DEFAULT_RLS_CHECK_TIMEOUT_MS: u64 = 5000;
+/// Default of [`pipeline::RlsOptions::connections`]: RLS connections per shard.
+pub const DEFAULT_RLS_CONNECTIONS: u16 = 2;
 
 /// Connect (TLS as the URL's `sslmode` and `sslrootcert` say, see [`walcast_pgtls`]),
 /// logging (not panicking) when the connection ends.

@@ -64,10 +64,10 @@ impl Default for RlsOptions {
     fn default() -> Self {
         RlsOptions {
             mode: RlsMode::Batched,
-            max_batch: 1000,
-            shards: 4,
-            timeout_ms: 5000,
-            connections: 2,
+            max_batch: crate::DEFAULT_RLS_BATCH,
+            shards: usize::from(crate::DEFAULT_SHARDS),
+            timeout_ms: crate::DEFAULT_RLS_CHECK_TIMEOUT_MS,
+            connections: usize::from(crate::DEFAULT_RLS_CONNECTIONS),
         }
     }
 }

@@ -44,22 +44,38 @@ pub struct FrontConfig {
 
 /// Default of [`FrontConfig::drain_window`], in seconds.
 pub const DEFAULT_DRAIN_SECS: u64 = 10;
+/// Default of [`FrontConfig::register_timeout`], in milliseconds.
+pub const DEFAULT_REGISTER_TIMEOUT_MS: u64 = 5000;
+/// Default of [`FrontConfig::outbound_queue`].
+pub const DEFAULT_OUTBOUND_QUEUE: usize = 1024;
+/// Default of [`FrontConfig::max_frame_bytes`].
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 1 << 20;
+/// Default of [`FrontConfig::max_channels_per_socket`].
+pub const DEFAULT_MAX_CHANNELS_PER_SOCKET: usize = 100;
+/// Default of [`FrontConfig::max_bindings_per_channel`].
+pub const DEFAULT_MAX_BINDINGS_PER_CHANNEL: usize = 100;
+/// Default of [`FrontConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
+/// Default of [`FrontConfig::joins_per_second`] (the burst is twice it).
+pub const DEFAULT_JOINS_PER_SECOND: u32 = 100;
+/// Default of [`FrontConfig::history_size`].
+pub const DEFAULT_HISTORY_SIZE: usize = 1000;
 
 impl Default for FrontConfig {
     fn default() -> Self {
         FrontConfig {
             front_id: None,
-            register_timeout: Duration::from_secs(5),
-            outbound_queue: 1024,
-            max_frame_bytes: 1024 * 1024,
-            max_channels_per_socket: 100,
-            max_bindings_per_channel: 100,
-            max_connections: 100_000,
-            join_burst: 200,
-            joins_per_second: 100,
+            register_timeout: Duration::from_millis(DEFAULT_REGISTER_TIMEOUT_MS),
+            outbound_queue: DEFAULT_OUTBOUND_QUEUE,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_channels_per_socket: DEFAULT_MAX_CHANNELS_PER_SOCKET,
+            max_bindings_per_channel: DEFAULT_MAX_BINDINGS_PER_CHANNEL,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            join_burst: DEFAULT_JOINS_PER_SECOND * 2,
+            joins_per_second: DEFAULT_JOINS_PER_SECOND,
             idle_timeout: Duration::from_secs(60),
             token_check_interval: Duration::from_secs(5 * 60),
-            history_size: 1000,
+            history_size: DEFAULT_HISTORY_SIZE,
             sse_linger: Duration::from_secs(60),
             sse_keepalive: Duration::from_secs(15),
             resync_batch: 500,

@@ -76,7 +76,7 @@ pub struct CdcArgs {
     /// Row-level-security checkers, each with its own Postgres connection; a project is
     /// routed to one by hash, so its changes stay in order while projects are checked
     /// side by side.
-    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = walcast_cdc::DEFAULT_SHARDS, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub num_shards: u16,
     /// A change whose values (new and old row, as JSON) are larger is delivered the way
     /// Supabase does: large values dropped, the primary key kept, `errors: ["Error 413:
@@ -84,7 +84,7 @@ pub struct CdcArgs {
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = walcast_cdc::DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
     /// Changes authorized together: one statement per (table, role, claims) covers them all.
-    #[arg(long, env = "CDC_RLS_BATCH", default_value_t = 1000)]
+    #[arg(long, env = "CDC_RLS_BATCH", default_value_t = walcast_cdc::DEFAULT_RLS_BATCH)]
     pub rls_batch: usize,
     /// `batched` (default) or `naive`: one check per subscriber per change, one statement
     /// per round trip. Naive exists to measure what batching saves; do not run it.
@@ -92,11 +92,11 @@ pub struct CdcArgs {
     pub rls_mode: RlsModeArg,
     /// Connections per shard over which a batch with many (role, claims) groups is
     /// spread, so one project's checks can use more than one database core.
-    #[arg(long, env = "CDC_RLS_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, env = "CDC_RLS_CONNECTIONS", default_value_t = walcast_cdc::DEFAULT_RLS_CONNECTIONS, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub rls_connections: u16,
     /// statement_timeout of each RLS check, in milliseconds: a slow policy denies its
     /// subscribers instead of stalling the stream.
-    #[arg(long, env = "CDC_RLS_CHECK_TIMEOUT_MS", default_value_t = 5000)]
+    #[arg(long, env = "CDC_RLS_CHECK_TIMEOUT_MS", default_value_t = walcast_cdc::DEFAULT_RLS_CHECK_TIMEOUT_MS)]
     pub rls_check_timeout_ms: u64,
     /// Rows per peek to start with; the poller grows it while polls come back full.
     #[arg(long, env = "CDC_POLL_BATCH", default_value_t = 1000)]

@@ -17,28 +17,28 @@ pub struct FrontArgs {
     #[arg(long, env = "JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: String,
     /// SSE: changes kept per channel for `Last-Event-ID` resumption.
-    #[arg(long, env = "HISTORY_SIZE", default_value_t = 1000)]
+    #[arg(long, env = "HISTORY_SIZE", default_value_t = walcast_front::config::DEFAULT_HISTORY_SIZE)]
     pub history_size: usize,
     /// Frames queued per connection before a slow client is disconnected.
-    #[arg(long, env = "OUTBOUND_QUEUE", default_value_t = 1024)]
+    #[arg(long, env = "OUTBOUND_QUEUE", default_value_t = walcast_front::config::DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
     /// Largest client frame accepted, in bytes.
-    #[arg(long, env = "MAX_FRAME_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env = "MAX_FRAME_BYTES", default_value_t = walcast_front::config::DEFAULT_MAX_FRAME_BYTES)]
     pub max_frame_bytes: usize,
     /// Channels one socket may join.
-    #[arg(long, env = "MAX_CHANNELS_PER_SOCKET", default_value_t = 100)]
+    #[arg(long, env = "MAX_CHANNELS_PER_SOCKET", default_value_t = walcast_front::config::DEFAULT_MAX_CHANNELS_PER_SOCKET)]
     pub max_channels_per_socket: usize,
     /// postgres_changes bindings per channel.
-    #[arg(long, env = "MAX_BINDINGS_PER_CHANNEL", default_value_t = 100)]
+    #[arg(long, env = "MAX_BINDINGS_PER_CHANNEL", default_value_t = walcast_front::config::DEFAULT_MAX_BINDINGS_PER_CHANNEL)]
     pub max_bindings_per_channel: usize,
     /// WebSocket connections accepted at once.
-    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 100_000)]
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = walcast_front::config::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
     /// Joins per second per socket (after a burst of twice that).
-    #[arg(long, env = "JOINS_PER_SECOND", default_value_t = 100)]
+    #[arg(long, env = "JOINS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_JOINS_PER_SECOND)]
     pub joins_per_second: u32,
     /// How long a join waits for the cdc-worker to confirm its subscriptions, in ms.
-    #[arg(long, env = "REGISTER_TIMEOUT_MS", default_value_t = 5000)]
+    #[arg(long, env = "REGISTER_TIMEOUT_MS", default_value_t = walcast_front::config::DEFAULT_REGISTER_TIMEOUT_MS)]
     pub register_timeout_ms: u64,
     /// Presence over NATS: `max_age` of the `walcast_presence` KV bucket, and how long
     /// another replica's presence lasts without a refresh (its replica died), in seconds.
