@@ -6,6 +6,8 @@
 //! fence closes before anyone else can lead, whatever happened to this process in
 //! between: a leader frozen (SIGSTOP, a stall, a pause) past its deadline finds the fence
 //! closed when it wakes and stops without publishing or acknowledging anything more.
+//! A released lease is the exception: another worker takes it at once, so a leader that
+//! releases revokes its fence before it sends the release.
 //!
 //! [`Fence`] is a cheap handle (an atomic deadline) cloned into everything that acts for
 //! the term. [`Fence::check`] costs one clock read; the first check that finds the fence

@@ -18,8 +18,9 @@
 //!   renewals could not even be sent) finds it closed when it wakes and acts no more.
 //!   The term number is the Lease's `leaseTransitions`.
 //!
-//! On a graceful shutdown, once the leader's work has stopped, the lease is released
-//! (empty holder) so the next worker takes over without waiting.
+//! On a graceful shutdown, once the leader's work has stopped, the fence is closed and
+//! then the lease is released (empty holder), so the next worker takes over without
+//! waiting and never while our fence is open.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -159,9 +160,12 @@ pub async fn run_with_client<F, Fut>(
         let keep = async {
             let reason = renewer.hold().await;
             fence.token().cancel();
-            // Released only once `lead` has returned: the work has stopped.
+            // Released only once `lead` has returned (the work has stopped), and with the
+            // fence already closed: a follower takes a free Lease at its next read, maybe
+            // before the answer to our release reaches us.
             if reason == Ended::Shutdown {
                 work_done.cancelled().await;
+                fence.revoke();
                 renewer.release().await;
             }
             fence.revoke();

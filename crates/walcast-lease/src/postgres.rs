@@ -18,8 +18,8 @@
 //!   the lease session, and — when the cdc-worker tags its connections with the same
 //!   name (see [`tagged_url`]) — its walsender, which keeps the slot active, and the
 //!   session that advances the slot;
-//! * on shutdown the holder releases the row (empty holder), so a follower takes over at
-//!   its next read.
+//! * on shutdown the holder closes its fence, then releases the row (empty holder), so a
+//!   follower takes over at its next read, never while that fence is open.
 //!
 //! A follower reads again when the holder's lease runs out (or every third of the
 //! duration, whichever comes first), so a holder that stops renewing is replaced about
@@ -304,12 +304,15 @@ pub async fn run<F, Fut>(
         let keep = async {
             hold(&mut db, &fence).await;
             fence.token().cancel();
-            // Released only once the work has stopped, and only while still ours.
+            // Released only once the work has stopped, only while still ours, and with the
+            // fence already closed: a follower takes a free row at its next read, maybe
+            // before the answer to our release reaches us.
             work_done.cancelled().await;
-            if fence.is_open() {
-                release(&mut db, &fence).await;
-            }
+            let left = fence.expires_in().filter(|d| !d.is_zero());
             fence.revoke();
+            if let Some(left) = left {
+                release(&mut db, fence.term(), left).await;
+            }
         };
         tokio::join!(work, keep);
         status.following();
@@ -433,21 +436,19 @@ async fn terminate(db: &mut Session, stale: &str, fence: &Fence) {
 }
 
 /// Give the lease up (empty holder) so that a follower need not wait for it to expire.
-async fn release(db: &mut Session, fence: &Fence) {
-    let Some(left) = fence.expires_in().filter(|d| !d.is_zero()) else {
-        return;
-    };
-    let term = i64::try_from(fence.term()).unwrap_or(i64::MAX);
+/// `left`: the time our closed fence had left, the bound of the statement.
+async fn release(db: &mut Session, term: u64, left: Duration) {
+    let fencing = i64::try_from(term).unwrap_or(i64::MAX);
     let released = db
         .with(left, |c, cfg| {
             Box::pin(async move {
-                Ok(c.execute(RELEASE, &[&cfg.name, &term, &cfg.session_tag])
+                Ok(c.execute(RELEASE, &[&cfg.name, &fencing, &cfg.session_tag])
                     .await?)
             })
         })
         .await;
     match released {
-        Ok(1) => tracing::info!(lease = %db.cfg.name, term = fence.term(), "released the lease"),
+        Ok(1) => tracing::info!(lease = %db.cfg.name, term, "released the lease"),
         Ok(_) => tracing::warn!(lease = %db.cfg.name, "the lease was no longer ours to release"),
         Err(e) => tracing::warn!(error = %e, lease = %db.cfg.name, "could not release the lease"),
     }

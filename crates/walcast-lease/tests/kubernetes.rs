@@ -318,6 +318,46 @@ async fn a_stopped_leader_releases_the_lease() {
     terms.assert_exclusive();
 }
 
+/// A released Lease is taken at the next read, so the leader's fence must close before
+/// its release is sent, not once the answer is back: here the answer comes a full
+/// duration late (the releasing worker not scheduled), long after a follower read the
+/// free Lease and began its term, which checks that no other fence is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_closes_its_fence_before_releasing_the_lease() {
+    let d = Duration::from_millis(1000);
+    let api = FakeApi::new();
+    api.delay_release_replies(d);
+    let (terms, mut rx) = Terms::new();
+    let mut electors = three(&api, &terms, d).await;
+    wait_terms(&terms, &mut rx, 5 * d, "a first leader", |t| !t.is_empty()).await;
+    let leader = terms.current().expect("a leader").who;
+    let i = electors
+        .iter()
+        .position(|e| e.name == leader)
+        .expect("leader");
+    let stopped = electors.remove(i);
+    let stopped_at = Instant::now();
+    stopped.shutdown.cancel();
+    wait_terms(&terms, &mut rx, 2 * d, "a new leader", |t| {
+        t.iter().any(|t| t.who != leader)
+    })
+    .await;
+    let next = terms
+        .all()
+        .into_iter()
+        .find(|t| t.who != leader)
+        .expect("a new term");
+    // Taken because it was released, not because it ran out.
+    assert!(
+        next.start - stopped_at < d,
+        "takeover after a graceful stop took {:?}",
+        next.start - stopped_at
+    );
+    stop(vec![stopped]).await;
+    stop(electors).await;
+    terms.assert_exclusive();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_api_stops_before_its_lease_expires() {
     let d = Duration::from_millis(1500);

@@ -9,13 +9,16 @@
 //!
 //! Each client gets its own endpoint (`endpoint(name)`), so faults can target one client:
 //! `cut_off` makes all its requests hang. `chaos` injects 500s and hangs at random (some
-//! hangs after the write was applied, as when a reply is lost).
+//! hangs after the write was applied, as when a reply is lost). `delay_release_replies`
+//! answers a release (a write that empties the holder) only some time after applying it,
+//! as when the releasing worker is not scheduled for a while right after its write.
 //!
 //! `walcast-testenv` serves it to tests in other languages when
 //! `WALCAST_TESTENV_FAKE_KUBE=1` (its URL is `kube_api_url`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -41,6 +44,7 @@ struct Faults {
     fail_per_mille: u64,
     hang_per_mille: u64,
     rng: u64,
+    release_reply_delay: Duration,
 }
 
 impl Faults {
@@ -119,6 +123,13 @@ impl FakeApi {
         let mut f = lock(&self.shared.faults);
         f.fail_per_mille = fail_per_mille;
         f.hang_per_mille = hang_per_mille;
+    }
+
+    /// Answer every release (a write that leaves the holder empty) `delay` after it was
+    /// applied: the others can read the free Lease before the releasing client learns
+    /// that its release went through.
+    pub fn delay_release_replies(&self, delay: Duration) {
+        lock(&self.shared.faults).release_reply_delay = delay;
     }
 
     pub fn writes(&self) -> Vec<Write> {
@@ -342,11 +353,16 @@ async fn replace(
         leases.insert(key, obj.clone());
         rv
     };
+    let released = holder(&obj).unwrap_or_default().is_empty();
     lock(&shared.writes).push(Write {
         client,
         holder: holder(&obj),
         resource_version: rv,
         arrived,
     });
+    if released {
+        let delay = lock(&shared.faults).release_reply_delay;
+        tokio::time::sleep(delay).await;
+    }
     finish(hang_after, StatusCode::OK, obj).await
 }
