@@ -1,5 +1,6 @@
 //! What both sources (SQL polling and the streaming replication protocol) share: the
-//! wal2json options, the table filter, and the source kinds.
+//! wal2json options, the table filter, the source kinds, and the [`Source`] trait through
+//! which the [`crate::driver::Driver`] reads them.
 
 use bytes::Bytes;
 use tokio_postgres::Client;
@@ -97,11 +98,6 @@ pub async fn registry_drift(
     Ok(Some(tables))
 }
 
-/// A source of wal2json lines: reads the slot from its confirmed position, hands each line
-/// to the [`crate::pipeline::Pipeline`] in WAL order, and acknowledges to Postgres only
-/// commit positions whose changes the bus confirmed. Implemented by the poller and the
-/// streamer; everything after the line (decode, route, match, publish) is shared.
-#[allow(async_fn_in_trait)]
 /// What a source yields to the [`crate::driver::Driver`].
 #[derive(Debug)]
 pub enum Input {
