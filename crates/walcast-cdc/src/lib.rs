@@ -284,7 +284,7 @@ async fn session(
     consumers.extend(extra.iter().map(|make| make()));
     let driver = driver::Driver::new(
         driver::DriverOptions {
-            client: &client,
+            client: Some(&client),
             slot: cfg.poller.slot.clone(),
             health,
             fence: fence.clone(),
