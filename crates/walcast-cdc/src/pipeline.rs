@@ -204,7 +204,6 @@ impl Pipeline {
             self.registry_edit(kind, row);
             return Ok(Handled::TablesChanged);
         }
-        metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
         let Some(txn) = self.txn.as_ref() else {
             return Err(CdcError::Decode {
                 error: "row change outside a transaction (is include-transaction on?)".into(),
@@ -213,9 +212,11 @@ impl Pipeline {
         };
         let key = (row.schema.to_string(), row.table.to_string());
         let Some(project) = self.routes.get(&key) else {
-            // Decoded because it was enabled when this batch started, since disabled.
+            // Another consumer's table, or decoded because it was enabled when this batch
+            // started, since disabled.
             return Ok(Handled::Continue);
         };
+        metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
         let unknown_type = row
             .columns
             .iter()
