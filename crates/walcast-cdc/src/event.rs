@@ -9,7 +9,7 @@ use walcast_wal2json::{Column, Lsn, RowChange};
 use crate::types::TypeCache;
 
 /// The transaction a change belongs to.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxnContext {
     pub xid: Option<u32>,
     /// End LSN of the commit record.

@@ -1,12 +1,26 @@
 //! The CDC half of walcast: preflight checks, the replication slot, the realtime table
-//! registry, and the peek → publish → advance poller that never acknowledges a
-//! transaction before all of its changes reached the bus.
+//! registry, and the path from the slot to the bus that never acknowledges a transaction
+//! before all of its changes reached the bus.
+//!
+//! Structure of that path (one session, see [`run_fenced`]):
+//! - a [`source::Source`] ([`poller::Poller`] or [`stream::Streamer`]) only reads wal2json
+//!   lines and "caught up to LSN", and acknowledges what it is told;
+//! - the [`driver::Driver`] frames lines into transactions ([`frame`]), hands them to the
+//!   consumers, and owns the control logic: the table filter (the union of the consumers'
+//!   tables), timers, `/health`, fence checks, and "every consumer's barrier, then
+//!   acknowledge";
+//! - each [`consumer::Consumer`] does something with the decoded transactions. Realtime
+//!   delivery ([`pipeline::Pipeline`]: registry edits, routing, matching, RLS, publishing,
+//!   DDL notices) is one; [`run_with_consumers`] adds others next to it.
 
 pub mod admin;
 pub mod authorize;
 pub mod catalog_change;
 pub mod catalog_read;
+pub mod consumer;
+pub mod driver;
 pub mod event;
+pub mod frame;
 pub mod fronts;
 pub mod health;
 pub mod matcher;
@@ -37,11 +51,16 @@ use walcast_bus::Bus;
 use walcast_lease::{Action, Fence};
 
 pub use authorize::RlsMode;
+pub use consumer::Consumer;
 pub use health::{CdcHealth, CdcHealthReport};
 pub use pipeline::RlsOptions;
 pub use poller::PollerConfig;
 pub use preflight::PreflightError;
 pub use source::{Source, SourceKind};
+
+/// Builds an extra consumer of decoded transactions for each session (see
+/// [`run_with_consumers`]).
+pub type ConsumerFactory = Arc<dyn Fn() -> Box<dyn Consumer> + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdcError {
@@ -169,11 +188,25 @@ pub async fn run_fenced(
     health: Arc<CdcHealth>,
     fence: Fence,
 ) -> Result<(), CdcError> {
+    run_with_consumers(cfg, bus, matcher, health, fence, Vec::new()).await
+}
+
+/// [`run_fenced`] with more consumers of the decoded transactions next to realtime
+/// delivery: each session builds one of each, decodes the union of their tables, and
+/// acknowledges a position only after every consumer's barrier.
+pub async fn run_with_consumers(
+    cfg: CdcConfig,
+    bus: Bus,
+    matcher: Arc<matcher::Matcher>,
+    health: Arc<CdcHealth>,
+    fence: Fence,
+    consumers: Vec<ConsumerFactory>,
+) -> Result<(), CdcError> {
     let cancel = fence.token().clone();
     let mut backoff = Duration::from_millis(100);
     loop {
         let result = tokio::select! {
-            r = session(&cfg, &bus, &matcher, &health, &fence) => r,
+            r = session(&cfg, &bus, &matcher, &health, &fence, &consumers) => r,
             _ = cancel.cancelled() => Ok(()),
         };
         health.set_active(false);
@@ -207,8 +240,8 @@ async fn session(
     matcher: &Arc<matcher::Matcher>,
     health: &Arc<CdcHealth>,
     fence: &Fence,
+    extra: &[ConsumerFactory],
 ) -> Result<(), CdcError> {
-    let cancel = fence.token();
     let client = connect(&cfg.replication_url).await?;
     let catalog = connect(&cfg.database_url).await?;
     let report = match preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal)
@@ -239,7 +272,7 @@ async fn session(
         "replication slot ready"
     );
     let catalog_tracking = catalog_tracking(&client, cfg, &slot, health).await?;
-    let mut pipeline = pipeline::Pipeline::new(
+    let realtime = pipeline::Pipeline::new(
         bus.clone(),
         matcher.clone(),
         catalog,
@@ -255,34 +288,44 @@ async fn session(
         },
     )
     .await?;
+    let mut consumers: Vec<Box<dyn Consumer>> = vec![Box::new(realtime)];
+    consumers.extend(extra.iter().map(|make| make()));
+    let driver = driver::Driver::new(
+        driver::DriverOptions {
+            client: Some(&client),
+            slot: cfg.poller.slot.clone(),
+            health,
+            fence: fence.clone(),
+            refresh: cfg.poller.filter_refresh,
+            confirmed: slot.confirmed_flush,
+        },
+        consumers,
+    );
+    read(cfg, &client, driver, slot.confirmed_flush, fence.token()).await
+}
+
+/// Run the driver on the configured source.
+async fn read(
+    cfg: &CdcConfig,
+    client: &Client,
+    driver: driver::Driver<'_>,
+    confirmed: walcast_wal2json::Lsn,
+    cancel: &CancellationToken,
+) -> Result<(), CdcError> {
     match cfg.source {
         SourceKind::Poll => {
-            let poller = poller::Poller::new(
-                &cfg.poller,
-                &client,
-                &mut pipeline,
-                health,
-                slot.confirmed_flush,
-            )
-            .await?;
-            poller.run(cancel).await
+            let mut poller = poller::Poller::new(&cfg.poller, client, confirmed);
+            driver.run(&mut poller, cancel).await
         }
         SourceKind::Stream => {
             let stream_cfg = stream::StreamConfig {
                 slot: cfg.poller.slot.clone(),
                 url: cfg.replication_url.clone(),
                 ack_interval: cfg.ack_interval,
-                filter_refresh: cfg.poller.filter_refresh,
             };
-            stream::Streamer::new(
-                &stream_cfg,
-                &client,
-                &mut pipeline,
-                health,
-                slot.confirmed_flush,
-            )
-            .run(cancel)
-            .await
+            driver
+                .run(&mut stream::Streamer::new(&stream_cfg), cancel)
+                .await
         }
     }
 }

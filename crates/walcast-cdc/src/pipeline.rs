@@ -1,11 +1,13 @@
-//! The source-independent half of the CDC path: wal2json lines in WAL order → decoded,
-//! routed to a project, turned into events and published, with transaction boundaries
-//! tracked so the source knows which commit LSN is safe to acknowledge.
+//! Realtime delivery, one [`Consumer`] of decoded transactions (see [`crate::driver`]):
+//! registry edits applied at their WAL position, changes routed to a project, turned into
+//! events, matched against subscriptions, authorized (RLS) and published on the bus; DDL
+//! notices (logical messages) handled at their position.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 use walcast_bus::event::Shrink;
 use walcast_bus::{
@@ -13,7 +15,7 @@ use walcast_bus::{
     Bus, BusError, ChangeEvent, ChangeKind, Restriction, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
 };
 use walcast_lease::{Action, Fence};
-use walcast_wal2json::{decode, Change, Lsn, RowChange};
+use walcast_wal2json::{Change, Lsn, RowChange};
 
 #[path = "pipeline_catalog.rs"]
 mod catalog;
@@ -21,28 +23,15 @@ pub use catalog::CatalogTracking;
 
 use crate::authorize::{authorize_batch, Audience, PendingChange, RlsMode};
 use crate::catalog_change::NOTICE_PREFIX;
+use crate::consumer::{Consumer, Handled, Item, Refresh};
 use crate::event::{build_event, TxnContext};
 use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
-use crate::registry::{REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::registry::{self, REGISTRY_SCHEMA, REGISTRY_TABLE};
 use crate::rls::RlsChecker;
 use crate::telemetry;
 use crate::types::TypeCache;
 use crate::CdcError;
-
-/// What a line meant for the source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LineOutcome {
-    /// Inside a transaction, or a line outside any.
-    Continue,
-    /// A transaction ended; everything of it has been handed to the bus.
-    Committed {
-        commit_lsn: Lsn,
-        /// It changed the realtime registry: the table filter must be refreshed before
-        /// decoding anything after it.
-        registry_changed: bool,
-    },
-}
 
 /// How changes are authorized: see [`crate::authorize`].
 #[derive(Clone, Debug)]
@@ -126,7 +115,6 @@ pub struct Pipeline {
     routes: HashMap<(String, String), String>,
     txn: Option<TxnContext>,
     seq: u32,
-    registry_changed: bool,
     slot: String,
     ddl: CatalogTracking,
 }
@@ -158,7 +146,6 @@ impl Pipeline {
             routes: HashMap::new(),
             txn: None,
             seq: 0,
-            registry_changed: false,
             slot: opts.slot,
             ddl: opts.catalog,
         };
@@ -178,11 +165,6 @@ impl Pipeline {
         &self.catalog
     }
 
-    /// True between a transaction's BEGIN and COMMIT lines.
-    pub fn in_transaction(&self) -> bool {
-        self.txn.is_some()
-    }
-
     /// Forget a partial transaction (the source restarts from the last acknowledged commit).
     pub fn reset(&mut self) {
         // Only changes of a transaction cut short can be left here (a commit is always
@@ -190,83 +172,38 @@ impl Pipeline {
         self.pending.clear();
         self.txn = None;
         self.seq = 0;
-        self.registry_changed = false;
     }
 
-    pub async fn on_line(&mut self, data: &str) -> Result<LineOutcome, CdcError> {
-        let change = match decode(data) {
-            Ok(change) => change,
-            Err(e) => {
-                metrics::counter!(crate::telemetry::DECODE_ERRORS).increment(1);
-                let line: String = data.chars().take(300).collect();
-                if self.txn.is_some() {
-                    // A row line of a transaction whose framing we have: reading it again
-                    // gives the same bytes, so skip it rather than stall the slot.
-                    let lsn = self.txn.as_ref().map(|t| t.commit_lsn);
-                    self.skip(&line, lsn, "undecodable", &e.to_string());
-                    return Ok(LineOutcome::Continue);
-                }
-                return Err(CdcError::Decode {
-                    error: e.to_string(),
-                    line,
-                });
-            }
-        };
-        match change {
-            Change::Begin(m) => {
-                let commit_lsn = m.next_lsn.ok_or_else(|| CdcError::Decode {
-                    error: "BEGIN without nextlsn (is include-lsn on?)".into(),
-                    line: data.chars().take(300).collect(),
-                })?;
-                let commit_timestamp = m
-                    .timestamp
-                    .as_deref()
-                    .and_then(|t| walcast_protocol::timestamp::pg_to_rfc3339_millis(t).ok())
-                    .unwrap_or_default();
-                self.txn = Some(TxnContext {
-                    xid: m.xid,
-                    commit_lsn,
-                    commit_timestamp,
-                });
+    /// One step of a decoded transaction (see [`Consumer::handle`]).
+    async fn on_item(&mut self, item: Item<'_>) -> Result<Handled, CdcError> {
+        match item {
+            Item::Begin(txn) => {
+                self.txn = Some(txn.clone());
                 self.seq = 0;
-                self.registry_changed = false;
-                Ok(LineOutcome::Continue)
+                Ok(Handled::Continue)
             }
-            Change::Insert(row) => self.row(ChangeKind::Insert, &row).await,
-            Change::Update(row) => self.row(ChangeKind::Update, &row).await,
-            Change::Delete(row) => self.row(ChangeKind::Delete, &row).await,
-            Change::Message(m) if m.transactional && m.prefix == NOTICE_PREFIX => {
-                self.catalog_notice(&m.content).await?;
-                Ok(LineOutcome::Continue)
-            }
-            Change::Truncate(_) | Change::Message(_) => Ok(LineOutcome::Continue),
-            Change::Commit(m) => {
-                let txn = self.txn.take();
-                let commit_lsn =
-                    m.next_lsn
-                        .or(txn.map(|t| t.commit_lsn))
-                        .ok_or_else(|| CdcError::Decode {
-                            error: "COMMIT without nextlsn".into(),
-                            line: data.chars().take(300).collect(),
-                        })?;
-                Ok(LineOutcome::Committed {
-                    commit_lsn,
-                    registry_changed: std::mem::take(&mut self.registry_changed),
-                })
+            Item::Change(_, change) => match change {
+                Change::Insert(row) => self.row(ChangeKind::Insert, row).await,
+                Change::Update(row) => self.row(ChangeKind::Update, row).await,
+                Change::Delete(row) => self.row(ChangeKind::Delete, row).await,
+                Change::Message(m) if m.transactional && m.prefix == NOTICE_PREFIX => {
+                    self.catalog_notice(&m.content).await?;
+                    Ok(Handled::Continue)
+                }
+                _ => Ok(Handled::Continue),
+            },
+            Item::Commit(_) => {
+                self.txn = None;
+                Ok(Handled::Continue)
             }
         }
     }
 
-    async fn row(
-        &mut self,
-        kind: ChangeKind,
-        row: &RowChange<'_>,
-    ) -> Result<LineOutcome, CdcError> {
+    async fn row(&mut self, kind: ChangeKind, row: &RowChange<'_>) -> Result<Handled, CdcError> {
         if row.schema == REGISTRY_SCHEMA && row.table == REGISTRY_TABLE {
             self.registry_edit(kind, row);
-            return Ok(LineOutcome::Continue);
+            return Ok(Handled::TablesChanged);
         }
-        metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
         let Some(txn) = self.txn.as_ref() else {
             return Err(CdcError::Decode {
                 error: "row change outside a transaction (is include-transaction on?)".into(),
@@ -275,9 +212,11 @@ impl Pipeline {
         };
         let key = (row.schema.to_string(), row.table.to_string());
         let Some(project) = self.routes.get(&key) else {
-            // Decoded because it was enabled when this batch started, since disabled.
-            return Ok(LineOutcome::Continue);
+            // Another consumer's table, or decoded because it was enabled when this batch
+            // started, since disabled.
+            return Ok(Handled::Continue);
         };
+        metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
         let unknown_type = row
             .columns
             .iter()
@@ -292,11 +231,11 @@ impl Pipeline {
             Err(e) => {
                 let table = format!("{}.{}", row.schema, row.table);
                 self.skip(&table, Some(txn.commit_lsn), "event", &e.to_string());
-                return Ok(LineOutcome::Continue);
+                return Ok(Handled::Continue);
             }
         };
         if !self.fit_record(&mut event)? {
-            return Ok(LineOutcome::Continue);
+            return Ok(Handled::Continue);
         }
         // Filters see the old row for a DELETE; otherwise the new one, with unchanged
         // TOASTed values taken from the old row.
@@ -336,12 +275,7 @@ impl Pipeline {
         if self.pending.len() >= limit {
             self.flush().await?;
         }
-        Ok(LineOutcome::Continue)
-    }
-
-    /// Changes are waiting to be authorized and published.
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        Ok(Handled::Continue)
     }
 
     /// Authorize the held changes (each shard one round trip, shards side by side) and
@@ -454,22 +388,7 @@ impl Pipeline {
 
     /// A change that no retry can deliver: log, count, report, move on.
     fn skip(&self, table: &str, commit_lsn: Option<Lsn>, reason: &'static str, error: &str) {
-        metrics::counter!(telemetry::CHANGES_SKIPPED, "reason" => reason).increment(1);
-        tracing::error!(
-            table,
-            ?commit_lsn,
-            reason,
-            error,
-            "change skipped: it cannot be delivered"
-        );
-        self.health.record_skip(
-            SkippedChange {
-                table: table.to_string(),
-                commit_lsn,
-                reason: reason.to_string(),
-            },
-            false,
-        );
+        crate::driver::report_skip(&self.health, table, commit_lsn, reason, error);
     }
 
     /// Publish a change: once, without its audience, on its table's subject (for `walcast
@@ -581,5 +500,55 @@ impl Pipeline {
     pub async fn barrier(&mut self) -> Result<(), CdcError> {
         self.flush().await?;
         Ok(self.bus.barrier().await?)
+    }
+}
+
+impl Consumer for Pipeline {
+    fn name(&self) -> &'static str {
+        "realtime"
+    }
+
+    /// The enabled tables, and the registry itself (so its edits arrive in WAL order).
+    fn tables(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self.routes.keys().cloned().collect();
+        v.push((REGISTRY_SCHEMA.to_string(), REGISTRY_TABLE.to_string()));
+        v
+    }
+
+    /// At start the registry is loaded; later edits arrive in WAL order and are applied
+    /// exactly where they happened. The periodic re-read is a safety net (see
+    /// [`crate::source::registry_drift`]).
+    fn refresh(&mut self, when: Refresh) -> BoxFuture<'_, Result<bool, CdcError>> {
+        Box::pin(async move {
+            let tables = match when {
+                Refresh::Start => Some(registry::list(&self.catalog, None).await?),
+                Refresh::Check { confirmed } => {
+                    let current = self.realtime_tables();
+                    crate::source::registry_drift(&self.catalog, &current, confirmed).await?
+                }
+            };
+            Ok(tables.map(|t| self.set_tables(&t)).is_some())
+        })
+    }
+
+    fn handle<'a>(&'a mut self, item: Item<'a>) -> BoxFuture<'a, Result<Handled, CdcError>> {
+        Box::pin(self.on_item(item))
+    }
+
+    /// Changes are waiting to be authorized and published.
+    fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), CdcError>> {
+        Box::pin(Pipeline::flush(self))
+    }
+
+    fn barrier(&mut self) -> BoxFuture<'_, Result<(), CdcError>> {
+        Box::pin(Pipeline::barrier(self))
+    }
+
+    fn reset(&mut self) {
+        Pipeline::reset(self)
     }
 }

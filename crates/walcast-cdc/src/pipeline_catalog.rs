@@ -116,7 +116,7 @@ impl Pipeline {
     }
 
     /// The streamed tables as the pipeline knows them at its current WAL position.
-    pub fn tables(&self) -> Vec<TableRef> {
+    pub fn realtime_tables(&self) -> Vec<TableRef> {
         let mut v: Vec<TableRef> = self
             .routes
             .iter()
@@ -151,7 +151,6 @@ impl Pipeline {
                 self.routes.insert((t.schema, t.table), t.project);
             }
         }
-        self.registry_changed = true;
     }
 
     /// A DDL notice at its position: what came before is authorized and published with

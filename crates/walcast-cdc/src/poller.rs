@@ -9,18 +9,16 @@
 //! between WAL records and a transaction's changes are all emitted while decoding its
 //! commit record, so a transaction is never split, however large (tested with 50,000 rows).
 
+use std::collections::VecDeque;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::TryStreamExt;
-use tokio_postgres::Client;
-use tokio_util::sync::CancellationToken;
-use walcast_lease::Action;
+use tokio_postgres::{Client, RowStream};
 use walcast_wal2json::Lsn;
 
-use crate::health::CdcHealth;
-use crate::pipeline::{LineOutcome, Pipeline};
-use crate::registry;
-use crate::source::{registry_drift, table_filter, WAL2JSON_OPTIONS};
+use crate::source::{Input, Source, WAL2JSON_OPTIONS};
 use crate::CdcError;
 
 /// WAL behind the slot beyond which a poll starts at the largest batch.
@@ -44,81 +42,54 @@ fn peek_sql() -> String {
     sql
 }
 
+/// One peek in progress.
+struct Peek {
+    /// Boxed so that dropping it really ends the query: rows left unread after an early
+    /// stop are then discarded instead of blocking the connection.
+    rows: Pin<Box<RowStream>>,
+    started: Instant,
+    /// Everything committed before the peek started is in its output, unless the row
+    /// limit cuts it short.
+    flushed: Lsn,
+    count: usize,
+    first_row: Option<Duration>,
+}
+
+/// The polling [`Source`]: each peek's lines, then (if the peek was not cut short by its
+/// row limit) "caught up to the flush position", then a checkpoint at which the driver
+/// acknowledges with `pg_replication_slot_advance`.
 pub struct Poller<'a> {
     cfg: &'a PollerConfig,
     client: &'a Client,
-    pipeline: &'a mut Pipeline,
-    health: &'a CdcHealth,
     confirmed: Lsn,
     limit: usize,
     filter: String,
-    refreshed_at: Instant,
-    stats_at: Option<Instant>,
+    peek: Option<Peek>,
+    queued: VecDeque<Input>,
+    /// The last peek returned nothing: wait `idle` before the next.
+    idle: bool,
 }
 
 impl<'a> Poller<'a> {
-    pub async fn new(
-        cfg: &'a PollerConfig,
-        client: &'a Client,
-        pipeline: &'a mut Pipeline,
-        health: &'a CdcHealth,
-        confirmed: Lsn,
-    ) -> Result<Poller<'a>, CdcError> {
-        let mut p = Poller {
+    pub fn new(cfg: &'a PollerConfig, client: &'a Client, confirmed: Lsn) -> Poller<'a> {
+        Poller {
             cfg,
             client,
-            pipeline,
-            health,
             confirmed,
             limit: cfg.min_batch.max(1),
             filter: String::new(),
-            refreshed_at: Instant::now(),
-            stats_at: None,
-        };
-        p.refresh_tables().await?;
-        Ok(p)
-    }
-
-    /// Load the registry at start. Later edits arrive in WAL order (the registry table is
-    /// always decoded) and are applied by the pipeline exactly where they happened.
-    async fn refresh_tables(&mut self) -> Result<(), CdcError> {
-        let tables = registry::list(self.pipeline.catalog(), None).await?;
-        self.pipeline.set_tables(&tables);
-        self.apply_filter();
-        self.refreshed_at = Instant::now();
-        Ok(())
-    }
-
-    fn apply_filter(&mut self) {
-        let tables = self.pipeline.tables();
-        let filter = table_filter(&tables);
-        if filter != self.filter {
-            tracing::info!(tables = tables.len(), filter = %filter, "table filter updated");
-            self.filter = filter;
+            peek: None,
+            queued: VecDeque::new(),
+            idle: false,
         }
     }
 
-    /// The periodic re-read: a safety net against drift (see [`registry_drift`]).
-    async fn check_registry(&mut self) -> Result<(), CdcError> {
-        self.refreshed_at = Instant::now();
-        let current = self.pipeline.tables();
-        if let Some(tables) =
-            registry_drift(self.pipeline.catalog(), &current, self.confirmed).await?
-        {
-            self.pipeline.set_tables(&tables);
-            self.apply_filter();
-        }
-        Ok(())
-    }
-
-    /// One peek/publish/advance round. Returns the number of rows read.
-    pub async fn poll_once(&mut self) -> Result<usize, CdcError> {
-        if self.refreshed_at.elapsed() >= self.cfg.filter_refresh {
-            self.check_registry().await?;
+    /// Start a peek (after the idle pause when the last one was empty).
+    async fn begin_peek(&mut self) -> Result<(), CdcError> {
+        if std::mem::take(&mut self.idle) {
+            tokio::time::sleep(self.cfg.idle).await;
         }
         let started = Instant::now();
-        // Everything committed before this point is in the peek's output, if the peek
-        // is not cut short by the row limit (the peek reads at least this far).
         let flushed: String = self
             .client
             .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
@@ -132,7 +103,7 @@ impl<'a> Poller<'a> {
             self.limit = self.cfg.max_batch.max(self.cfg.min_batch.max(1));
         }
         let limit = i32::try_from(self.limit).unwrap_or(i32::MAX);
-        let stream = self
+        let rows = self
             .client
             .query_raw(
                 peek_sql().as_str(),
@@ -143,78 +114,38 @@ impl<'a> Poller<'a> {
                 ],
             )
             .await?;
-        // Boxed so that dropping it below really ends the query: rows left unread after
-        // an early break are then discarded instead of blocking the connection.
-        let mut stream = Box::pin(stream);
-        self.pipeline.reset();
-        let mut rows = 0usize;
-        let mut last_commit: Option<Lsn> = None;
-        let mut cut_short = false;
-        let mut first_row = None;
-        while let Some(row) = stream.try_next().await? {
-            if first_row.is_none() {
-                first_row = Some(started.elapsed());
-            }
-            rows += 1;
-            let data: &str = row.try_get(0)?;
-            if let LineOutcome::Committed {
-                commit_lsn,
-                registry_changed,
-            } = self.pipeline.on_line(data).await?
-            {
-                last_commit = Some(commit_lsn);
-                if registry_changed {
-                    // Decode what follows with the new filter: acknowledge up to here,
-                    // refresh, and peek again from this commit.
-                    cut_short = true;
-                    break;
-                }
-            }
-        }
-        drop(stream);
-        let streamed = started.elapsed();
-        let full = rows >= self.limit;
-        let mut target = last_commit;
-        if !full && !cut_short && flushed > target.unwrap_or_default() {
-            target = Some(flushed);
-        }
-        if let Some(target) = target.filter(|t| *t > self.confirmed) {
-            if last_commit.is_some() {
-                self.pipeline.barrier().await?;
-            }
-            let t = Instant::now();
-            self.advance(target).await?;
-            tracing::debug!(
-                rows,
-                limit = self.limit,
-                first_row_ms = first_row.map(|d| d.as_millis() as u64),
-                stream_ms = streamed.as_millis() as u64,
-                advance_ms = t.elapsed().as_millis() as u64,
-                "poll"
-            );
-        }
-        if cut_short {
-            self.apply_filter();
-        }
-        self.adapt(rows, full);
-        metrics::histogram!(crate::telemetry::POLL_SECONDS).record(started.elapsed().as_secs_f64());
-        metrics::histogram!(crate::telemetry::POLL_ROWS).record(rows as f64);
-        self.update_stats(rows > 0).await?;
-        Ok(rows)
+        self.peek = Some(Peek {
+            rows: Box::pin(rows),
+            started,
+            flushed,
+            count: 0,
+            first_row: None,
+        });
+        Ok(())
     }
 
-    async fn advance(&mut self, target: Lsn) -> Result<(), CdcError> {
-        self.pipeline.fence().check(Action::Ack)?;
-        let row = self
-            .client
-            .query_one(
-                "SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                &[&self.cfg.slot, &target.to_string()],
-            )
-            .await?;
-        let end: Option<String> = row.get(0);
-        self.confirmed = end.and_then(|e| e.parse().ok()).unwrap_or(target);
-        Ok(())
+    /// The peek returned its last row: caught up (unless it was full), then a checkpoint.
+    fn end_peek(&mut self, peek: Peek) {
+        let full = peek.count >= self.limit;
+        if !full {
+            self.queued.push_back(Input::CaughtUp(peek.flushed));
+        }
+        self.queued.push_back(Input::Checkpoint {
+            busy: peek.count > 0,
+            reply: false,
+        });
+        tracing::debug!(
+            rows = peek.count,
+            limit = self.limit,
+            first_row_ms = peek.first_row.map(|d| d.as_millis() as u64),
+            stream_ms = peek.started.elapsed().as_millis() as u64,
+            "poll"
+        );
+        self.adapt(peek.count, full);
+        metrics::histogram!(crate::telemetry::POLL_SECONDS)
+            .record(peek.started.elapsed().as_secs_f64());
+        metrics::histogram!(crate::telemetry::POLL_ROWS).record(peek.count as f64);
+        self.idle = peek.count == 0;
     }
 
     fn adapt(&mut self, rows: usize, full: bool) {
@@ -231,37 +162,73 @@ impl<'a> Poller<'a> {
             self.limit = (self.limit / 2).max(min);
         }
     }
-
-    /// Slot position and lag for `/health` and metrics, at most twice a second (and at
-    /// once after a busy poll, so a lost slot is noticed quickly).
-    async fn update_stats(&mut self, busy: bool) -> Result<(), CdcError> {
-        if !busy
-            && self
-                .stats_at
-                .is_some_and(|t| t.elapsed() < Duration::from_millis(500))
-        {
-            return Ok(());
-        }
-        self.stats_at = Some(Instant::now());
-        crate::slot::report_position(self.client, &self.cfg.slot, self.health).await
-    }
 }
 
-impl crate::source::Source for Poller<'_> {
-    /// Poll until cancelled.
-    async fn run(mut self, cancel: &CancellationToken) -> Result<(), CdcError> {
-        while !cancel.is_cancelled() {
-            self.pipeline.fence().check(Action::Read)?;
-            let rows = self.poll_once().await?;
-            self.health.set_active(true);
-            self.health.set_error(None);
-            if rows == 0 {
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(self.cfg.idle) => {}
+impl Source for Poller<'_> {
+    /// A peek's rows are batched for authorization up to `RLS_MAX_BATCH` and flushed at
+    /// its end (the checkpoint's barrier).
+    const FLUSH_WHILE_WAITING: bool = false;
+
+    async fn start(&mut self, _from: Lsn, filter: &str) -> Result<(), CdcError> {
+        // Every peek starts at the slot's confirmed position.
+        if filter != self.filter {
+            tracing::info!(filter = %filter, "table filter updated");
+            self.filter = filter.to_string();
+        }
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Result<Input, CdcError> {
+        loop {
+            if let Some(input) = self.queued.pop_front() {
+                return Ok(input);
+            }
+            let Some(peek) = self.peek.as_mut() else {
+                self.begin_peek().await?;
+                continue;
+            };
+            match peek.rows.try_next().await? {
+                Some(row) => {
+                    peek.first_row.get_or_insert_with(|| peek.started.elapsed());
+                    peek.count += 1;
+                    let data: &str = row.try_get(0)?;
+                    return Ok(Input::Line(Bytes::copy_from_slice(data.as_bytes())));
+                }
+                None => {
+                    if let Some(peek) = self.peek.take() {
+                        self.end_peek(peek);
+                    }
                 }
             }
         }
-        Ok(())
+    }
+
+    /// Called mid-peek only before a restart or at the end: the peek is dropped first (the
+    /// advance could not run on the connection behind it), the next one starts at the new
+    /// position.
+    async fn ack(&mut self, upto: Lsn) -> Result<Lsn, CdcError> {
+        if self.peek.take().is_some() {
+            self.queued.clear();
+        }
+        if upto <= self.confirmed {
+            return Ok(self.confirmed);
+        }
+        let row = self
+            .client
+            .query_one(
+                "SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)",
+                &[&self.cfg.slot, &upto.to_string()],
+            )
+            .await?;
+        let end: Option<String> = row.get(0);
+        self.confirmed = end.and_then(|e| e.parse().ok()).unwrap_or(upto);
+        Ok(self.confirmed)
+    }
+
+    /// Drop the peek in progress (its remaining rows are read again from the confirmed
+    /// position, with the new filter).
+    async fn stop(&mut self) {
+        self.peek = None;
+        self.queued.clear();
     }
 }

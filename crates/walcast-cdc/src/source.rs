@@ -1,8 +1,9 @@
 //! What both sources (SQL polling and the streaming replication protocol) share: the
-//! wal2json options, the table filter, and the source kinds.
+//! wal2json options, the table filter, the source kinds, and the [`Source`] trait through
+//! which the [`crate::driver::Driver`] reads them.
 
+use bytes::Bytes;
 use tokio_postgres::Client;
-use tokio_util::sync::CancellationToken;
 use walcast_wal2json::Lsn;
 
 use crate::registry::{self, TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
@@ -21,17 +22,22 @@ pub const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
     ("add-msg-prefixes", crate::catalog_change::NOTICE_PREFIX),
 ];
 
-/// The `add-tables` value: every enabled table plus our registry (so registry edits
-/// arrive in WAL order).
+/// The `add-tables` value for the realtime registry alone: every enabled table plus the
+/// registry itself (so registry edits arrive in WAL order).
 pub fn table_filter(tables: &[TableRef]) -> String {
-    let mut names: Vec<(&str, &str)> = tables
+    let mut names: Vec<(String, String)> = tables
         .iter()
-        .map(|t| (t.schema.as_str(), t.table.as_str()))
+        .map(|t| (t.schema.clone(), t.table.clone()))
         .collect();
-    names.push((REGISTRY_SCHEMA, REGISTRY_TABLE));
+    names.push((REGISTRY_SCHEMA.to_string(), REGISTRY_TABLE.to_string()));
+    filter_of(names)
+}
+
+/// The `add-tables` value for a set of `(schema, table)`s (sorted, duplicates once).
+pub fn filter_of(mut names: Vec<(String, String)>) -> String {
     names.sort();
     names.dedup();
-    walcast_wal2json::add_tables_option(names)
+    walcast_wal2json::add_tables_option(names.iter().map(|(s, t)| (s.as_str(), t.as_str())))
 }
 
 /// Where changes are read from.
@@ -92,12 +98,41 @@ pub async fn registry_drift(
     Ok(Some(tables))
 }
 
-/// A source of wal2json lines: reads the slot from its confirmed position, hands each line
-/// to the [`crate::pipeline::Pipeline`] in WAL order, and acknowledges to Postgres only
-/// commit positions whose changes the bus confirmed. Implemented by the poller and the
-/// streamer; everything after the line (decode, route, match, publish) is shared.
+/// What a source yields to the [`crate::driver::Driver`].
+#[derive(Debug)]
+pub enum Input {
+    /// One wal2json line, in WAL order.
+    Line(Bytes),
+    /// Everything before this position was yielded: between transactions it may be
+    /// acknowledged (the slot moves through WAL of tables nobody decodes).
+    CaughtUp(Lsn),
+    /// A point to acknowledge what was handled and do the periodic work (fence, slot
+    /// statistics, health, the registry re-check). `busy`: lines were read since the last
+    /// one (statistics are refreshed at once); `reply`: the server expects a status even if
+    /// nothing advanced.
+    Checkpoint { busy: bool, reply: bool },
+}
+
+/// Where wal2json lines come from. A source only reads and acknowledges; the control logic
+/// (framing, timers, health, fence checks, "every consumer's barrier, then acknowledge")
+/// is the driver's.
 #[allow(async_fn_in_trait)]
 pub trait Source {
-    /// Run until cancelled or a failure the caller retries.
-    async fn run(self, cancel: &CancellationToken) -> Result<(), crate::CdcError>;
+    /// Whether consumers' held work is flushed whenever [`Source::next`] waits (streaming:
+    /// yes; polling: no, a peek's rows are batched up to the limit and flushed at its end).
+    const FLUSH_WHILE_WAITING: bool;
+
+    /// Read after the acknowledged position `from`, decoding only the tables in `filter`
+    /// (an `add-tables` value). Called again, after [`Source::stop`], when the filter changes.
+    async fn start(&mut self, from: Lsn, filter: &str) -> Result<(), crate::CdcError>;
+
+    /// The next input. Cancel-safe: the driver drops it to flush or when cancelled.
+    async fn next(&mut self) -> Result<Input, crate::CdcError>;
+
+    /// Tell the server that everything up to `upto` was handled (every consumer's barrier
+    /// passed, the fence checked); returns the position it confirmed.
+    async fn ack(&mut self, upto: Lsn) -> Result<Lsn, crate::CdcError>;
+
+    /// Stop reading (before a restart with a new filter, or at the end).
+    async fn stop(&mut self);
 }
