@@ -139,21 +139,7 @@ impl Pass {
     ) -> Result<(), CdcError> {
         let event = &change.event;
         let key = (event.schema.clone(), event.table.clone());
-        if !self.infos.contains_key(&key) {
-            match rls.table(&event.schema, &event.table).await {
-                Ok(info) => self.infos.insert(key.clone(), info),
-                // The catalog no longer (or not yet) shows the table as of this change:
-                // withheld from everyone rather than judged by another state.
-                Err(e @ CdcError::CatalogMoved { .. }) => {
-                    tracing::warn!(error = %e, table = %event.table, "table facts not at the change's position; withholding it");
-                    let subs = change.matched.iter().flat_map(|m| m.subs());
-                    subs.for_each(|sub| deny(sub, "catalog moved past the change"));
-                    return Ok(());
-                }
-                Err(e) => return Err(e),
-            };
-        }
-        let Some(info) = self.infos.get(&key) else {
+        let Some((rls_on, pk)) = self.table_facts(rls, change).await? else {
             return Ok(());
         };
         let event_cols: BTreeSet<&str> = event.columns.iter().map(|c| c.name.as_str()).collect();
@@ -188,11 +174,11 @@ impl Pass {
                 .filter(|c| access.columns.contains(**c))
                 .map(|c| c.to_string())
                 .collect();
-            let judged = info.rls && !access.bypass_rls && event.kind != ChangeKind::Delete;
+            let judged = rls_on && !access.bypass_rls && event.kind != ChangeKind::Delete;
             if !judged {
-                if info.rls && !access.bypass_rls {
+                if rls_on && !access.bypass_rls {
                     // RLS cannot be checked on a row that is gone: send only its key.
-                    cols.retain(|c| info.pk.iter().any(|(k, _)| k == c));
+                    cols.retain(|c| pk.contains(c));
                 }
                 // The whole class sees it: name the class once per front.
                 for (front, _) in &m.fronts {
@@ -200,23 +186,65 @@ impl Pass {
                 }
                 continue;
             }
-            let gather = self.tables.entry(key.clone()).or_default();
-            gather.row_of(i);
-            for sub in m.subs() {
-                let claims = match mode {
-                    RlsMode::Batched => sub.claims_json.clone(),
-                    // Naive: a check per subscriber, even with claims shared.
-                    RlsMode::Naive => sub.spec.id.clone(),
-                };
-                gather
-                    .groups
-                    .entry((role.to_string(), claims))
-                    .or_default()
-                    .push((i, sub.clone(), cols.clone()));
-            }
+            self.gather(&key, i, m, &cols, mode);
             self.xids.extend(event.xid);
         }
         Ok(())
+    }
+
+    /// Whether RLS is on for the change's table, and its key columns; `None` when the
+    /// catalog no longer (or not yet) shows the table as of this change: it is then
+    /// withheld from everyone rather than judged by another state.
+    async fn table_facts(
+        &mut self,
+        rls: &mut RlsChecker,
+        change: &PendingChange,
+    ) -> Result<Option<(bool, Vec<String>)>, CdcError> {
+        let event = &change.event;
+        let key = (event.schema.clone(), event.table.clone());
+        if !self.infos.contains_key(&key) {
+            match rls.table(&event.schema, &event.table).await {
+                Ok(info) => self.infos.insert(key.clone(), info),
+                Err(e @ CdcError::CatalogMoved { .. }) => {
+                    tracing::warn!(error = %e, table = %event.table, "table facts not at the change's position; withholding it");
+                    let subs = change.matched.iter().flat_map(|m| m.subs());
+                    subs.for_each(|sub| deny(sub, "catalog moved past the change"));
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(self
+            .infos
+            .get(&key)
+            .map(|info| (info.rls, info.pk.iter().map(|(k, _)| k.clone()).collect())))
+    }
+
+    /// Leave each subscriber of class `m` to the row checks of change `i`, grouped by
+    /// (role, claims) — or one group per subscriber in naive mode.
+    fn gather(
+        &mut self,
+        key: &(String, String),
+        i: usize,
+        m: &MatchedClass,
+        cols: &BTreeSet<String>,
+        mode: RlsMode,
+    ) {
+        let role = m.class.role.as_str();
+        let gather = self.tables.entry(key.clone()).or_default();
+        gather.row_of(i);
+        for sub in m.subs() {
+            let claims = match mode {
+                RlsMode::Batched => sub.claims_json.clone(),
+                // Naive: a check per subscriber, even with claims shared.
+                RlsMode::Naive => sub.spec.id.clone(),
+            };
+            gather
+                .groups
+                .entry((role.to_string(), claims))
+                .or_default()
+                .push((i, sub.clone(), cols.clone()));
+        }
     }
 }
 

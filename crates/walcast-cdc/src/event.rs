@@ -98,6 +98,28 @@ fn record<'c>(
     Ok(RawValue::from_string(out)?)
 }
 
+/// The new row in table order; a column wal2json left out as unchanged TOAST is taken
+/// from the old row (present with REPLICA IDENTITY FULL).
+fn full_new_row<'r, 'a>(row: &'r RowChange<'a>, unchanged: &[String]) -> Vec<&'r Column<'a>> {
+    if unchanged.is_empty() {
+        return row.columns.iter().collect();
+    }
+    let missing: HashSet<&str> = unchanged.iter().map(String::as_str).collect();
+    row.identity
+        .iter()
+        .map(|old| {
+            if missing.contains(old.name.as_ref()) {
+                old
+            } else {
+                row.columns
+                    .iter()
+                    .find(|c| c.name == old.name)
+                    .unwrap_or(old)
+            }
+        })
+        .collect()
+}
+
 /// Build the event for an INSERT, UPDATE or DELETE.
 pub fn build_event(
     project: &str,
@@ -128,26 +150,7 @@ pub fn build_event(
             )
         }
         _ => {
-            // New row in table order; a column wal2json left out as unchanged TOAST is
-            // taken from the old row (present with REPLICA IDENTITY FULL).
-            let full: Vec<&Column<'_>> = if unchanged.is_empty() {
-                row.columns.iter().collect()
-            } else {
-                let missing: HashSet<&str> = unchanged.iter().map(String::as_str).collect();
-                row.identity
-                    .iter()
-                    .map(|old| {
-                        if missing.contains(old.name.as_ref()) {
-                            old
-                        } else {
-                            row.columns
-                                .iter()
-                                .find(|c| c.name == old.name)
-                                .unwrap_or(old)
-                        }
-                    })
-                    .collect()
-            };
+            let full = full_new_row(row, &unchanged);
             let cols = full.iter().map(|c| ColumnInfo {
                 name: c.name.to_string(),
                 type_name: type_name(types, c),
