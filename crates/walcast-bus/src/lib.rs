@@ -27,6 +27,11 @@ pub use nats::NatsAuth;
 
 /// Header naming the instance that published a message (a replica ignores its own).
 pub const HEADER_ORIGIN: &str = "Walcast-Origin";
+/// Header with the publishing leader's term (its lease's fencing number, `0` without
+/// election): fronts drop a message of a lower term than one they already received, so a
+/// leader that wakes up after losing its lease reaches no client even with a message it
+/// had already handed to its NATS connection.
+pub const HEADER_TERM: &str = "Walcast-Term";
 /// Header with the commit LSN of the transaction a change belongs to.
 pub const HEADER_LSN: &str = "Walcast-Lsn";
 /// Header with the position of the change inside its transaction (0-based).

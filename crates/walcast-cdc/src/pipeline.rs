@@ -13,6 +13,7 @@ use walcast_bus::event::Shrink;
 use walcast_bus::{
     subject::{change_subject, delivery_subject},
     Bus, BusError, ChangeEvent, ChangeKind, Restriction, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ,
+    HEADER_TERM,
 };
 use walcast_lease::{Action, Fence};
 use walcast_wal2json::{Change, Lsn, RowChange};
@@ -468,6 +469,7 @@ impl Pipeline {
     async fn send(&self, event: &ChangeEvent, messages: Vec<Message>) -> Result<(), CdcError> {
         let lsn = event.commit_lsn.to_string();
         let seq = event.seq.to_string();
+        let term = self.fence.term().to_string();
         for (subject, payload) in messages {
             metrics::counter!(telemetry::PUBLISHED_BYTES).increment(payload.len() as u64);
             metrics::counter!(telemetry::PUBLISHED_MESSAGES).increment(1);
@@ -485,6 +487,7 @@ impl Pipeline {
                     subject,
                     &[
                         (HEADER_ORIGIN, &self.origin),
+                        (HEADER_TERM, &term),
                         (HEADER_LSN, &lsn),
                         (HEADER_SEQ, &seq),
                     ],

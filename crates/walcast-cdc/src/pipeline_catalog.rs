@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use walcast_bus::subject::delivery_subject;
 use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
-use walcast_bus::{HEADER_LSN, HEADER_NOTICE, HEADER_ORIGIN};
+use walcast_bus::{HEADER_LSN, HEADER_NOTICE, HEADER_ORIGIN, HEADER_TERM};
 use walcast_lease::Action;
 
 use super::Pipeline;
@@ -220,11 +220,13 @@ impl Pipeline {
             })
             .map_err(|e| CdcError::Event(crate::event::EventError::Json(e)))?;
             self.fence.check(Action::Publish)?;
+            let term = self.fence.term().to_string();
             self.bus
                 .publish(
                     delivery_subject(&front),
                     &[
                         (HEADER_ORIGIN, &self.origin),
+                        (HEADER_TERM, &term),
                         (HEADER_LSN, &lsn),
                         (HEADER_NOTICE, NOTICE_SUBS_ENDED),
                     ],

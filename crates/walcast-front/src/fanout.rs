@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
+use walcast_bus::HEADER_TERM;
 use walcast_bus::{BusMessage, ChangeEvent, ChangeKind, Subscription, HEADER_NOTICE};
 use walcast_protocol::{ChangeData, ChangeType, Column, ColumnValue, EncodedChange, Vsn};
 
@@ -26,7 +27,11 @@ use crate::telemetry;
 
 pub(crate) async fn run(shared: Arc<Shared>, mut sub: Subscription, cancel: CancellationToken) {
     let mut replays = ReplayGuard::default();
+    let mut terms = TermGuard::default();
     while let Some(m) = crate::next_message(&mut sub, &cancel, "change").await {
+        if !terms.admit(m.header(HEADER_TERM), std::time::Instant::now()) {
+            continue;
+        }
         match m.header(HEADER_NOTICE) {
             None => deliver(&shared, &m, &mut replays),
             Some(NOTICE_SUBS_ENDED) => subs_ended(&shared, &m).await,
@@ -56,6 +61,47 @@ async fn subs_ended(shared: &Arc<Shared>, m: &BusMessage) {
         .map(|n| (n, notice.message.clone()))
         .collect();
     crate::registration::end_subscriptions(shared, ended, "table_dropped").await;
+}
+
+/// Drops messages of a leader term older than the newest one received: a leader frozen
+/// past its lease may release, when it wakes, a message it had handed to its NATS
+/// connection before its fence closed; by then its successor's messages (a higher term)
+/// reached us, and the old leader's judgement (its subscriptions, privileges) is stale.
+/// A lower term is adopted only after the newest has been silent for
+/// [`STALE_TERM_WINDOW`] (the lease state was reset by hand, say), never within it.
+#[derive(Default)]
+pub(crate) struct TermGuard {
+    newest: Option<(u64, std::time::Instant)>,
+}
+
+/// How long the newest term must have been silent before a lower one is accepted.
+pub(crate) const STALE_TERM_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl TermGuard {
+    /// True if a message of `term` (the header; absent from workers without it) may be
+    /// delivered, seen at `now`.
+    pub(crate) fn admit(&mut self, term: Option<&str>, now: std::time::Instant) -> bool {
+        let Some(term) = term.and_then(|t| t.parse::<u64>().ok()) else {
+            return true;
+        };
+        match self.newest {
+            Some((newest, at)) if term < newest => {
+                if now.saturating_duration_since(at) < STALE_TERM_WINDOW {
+                    metrics::counter!(telemetry::STALE_TERM_DROPPED).increment(1);
+                    tracing::warn!(term, newest, "dropped a message of an older leader term");
+                    return false;
+                }
+                tracing::warn!(
+                    term,
+                    newest,
+                    "the newest leader term went silent; accepting a lower one"
+                );
+            }
+            _ => {}
+        }
+        self.newest = Some((term, now));
+        true
+    }
 }
 
 /// Drops what this front already delivered. Changes leave the leader in commit order, so
@@ -249,5 +295,27 @@ mod tests {
         assert_eq!(v["old_record"]["id"], 1);
         assert_eq!(v["type"], "UPDATE");
         assert_eq!(v["columns"][1]["type"], "jsonb");
+    }
+
+    #[test]
+    fn an_older_term_is_dropped_unless_the_newest_went_silent() {
+        let t0 = std::time::Instant::now();
+        let mut g = TermGuard::default();
+        assert!(g.admit(None, t0), "no header: no election");
+        assert!(g.admit(Some("3"), t0));
+        assert!(g.admit(Some("3"), t0));
+        assert!(g.admit(Some("4"), t0), "a new leader");
+        assert!(
+            !g.admit(Some("3"), t0 + std::time::Duration::from_secs(1)),
+            "the old one woke up"
+        );
+        assert!(g.admit(Some("4"), t0 + std::time::Duration::from_secs(2)));
+        assert!(g.admit(Some("junk"), t0), "unparsable: not judged");
+        let later = t0 + std::time::Duration::from_secs(2) + STALE_TERM_WINDOW;
+        assert!(
+            g.admit(Some("1"), later),
+            "term 4 silent for the window: lease reset by hand"
+        );
+        assert!(!g.admit(Some("0"), later), "and 1 is now the newest");
     }
 }

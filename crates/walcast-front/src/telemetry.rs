@@ -27,6 +27,10 @@ pub const BROADCASTS: &str = "walcast_front_broadcasts_total";
 /// replay after a leader change or a worker restart).
 pub const REPLAYS_DROPPED: &str = "walcast_front_replays_dropped_total";
 
+/// Counter: messages dropped because they came from a leader term older than one this
+/// front already received (a leader that woke up after losing its lease).
+pub const STALE_TERM_DROPPED: &str = "walcast_front_stale_term_dropped_total";
+
 /// Counter: subscriptions registered, by `path`: `worker` (the join waited for the
 /// worker's answer) or `ready_class` (joined at once: its class was already delivered by
 /// class to this front; registered with the worker in the background).
