@@ -93,6 +93,10 @@ impl<'a> Driver<'a> {
             let filter = self.filter();
             tracing::info!(filter = %filter, from = %self.confirmed, "reading the slot");
             source.start(self.confirmed, &filter).await?;
+            // Reading: active from now on, not only after the first round (a first poll
+            // of a long backlog can take a while).
+            self.opts.health.set_active(true);
+            self.opts.health.set_error(None);
             self.reset();
             match self.read(source, cancel).await? {
                 Stop::Cancelled => return Ok(()),
