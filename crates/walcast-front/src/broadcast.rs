@@ -8,8 +8,8 @@
 //! Bus payload: one line of JSON `{"event":…,"binary":bool,"meta":…}`, a `\n`, then the
 //! body bytes (JSON text, or raw bytes for binary broadcasts) — no re-encoding of bodies.
 //!
-//! REST authorisation: the token is `Authorization: Bearer …`, else the `apikey` header,
-//! else the `apikey` query parameter. Any valid token of the project may broadcast to
+//! REST authorisation: the acting token (see [`crate::credentials`]: `access_token`, else
+//! `Authorization: Bearer …`, else the project key). Any valid token of the project may broadcast to
 //! public channels (as anyone holding the anon key can through a socket); private
 //! channels need a `service_role` token (RLS on `realtime.messages` is not evaluated).
 
@@ -28,6 +28,7 @@ use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
 
+use crate::credentials::Credentials;
 use crate::http::error_response;
 use crate::outbound::Out;
 use crate::state::Shared;
@@ -194,19 +195,8 @@ async fn rest_auth(
     headers: &HeaderMap,
     query: &HashMap<String, String>,
 ) -> Result<(String, bool), (StatusCode, String)> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        });
-    let apikey = headers.get("apikey").and_then(|v| v.to_str().ok());
-    let token = bearer
-        .or(apikey)
-        .or(query.get("apikey").map(String::as_str))
-        .map(str::trim)
-        .unwrap_or("");
+    let creds = Credentials::from_request(query, headers);
+    let token = creds.token().unwrap_or("");
     match shared.projects.verify(token).await {
         Ok(v) => {
             let service = v.role() == Some("service_role");

@@ -16,7 +16,8 @@ use crate::auth::{now_secs, AuthError, Verified};
 use crate::conn::Conn;
 use crate::outbound::{ChanOut, Out};
 use crate::registration;
-use crate::registry::{self, Sink, Target};
+use crate::sink::SinkRef;
+use crate::subscribe::{self, Subscribed};
 use crate::telemetry;
 use crate::topics::TopicKey;
 use crate::{broadcast, presence};
@@ -171,10 +172,11 @@ impl Conn {
             self.shared.cfg.outbound_queue,
         ));
         let bindings = req.config.postgres_changes;
-        let (subs, refused) = match self.subscribe(&out, &key, &bindings, &claims).await {
-            Ok(v) => v,
-            Err(e) => return self.join_error(f, "UnableToSubscribe", &e),
-        };
+        let Subscribed { subs, refused } =
+            match self.subscribe(&out, &key, &bindings, &claims).await {
+                Ok(v) => v,
+                Err(e) => return self.join_error(f, "UnableToSubscribe", &e),
+            };
         let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
         let presence = req.config.presence.enabled.then_some(&key);
         let first = self.first_frames(f, &bindings, &refused, presence).await;
@@ -255,86 +257,37 @@ impl Conn {
         Ok(())
     }
 
-    /// The join's token (its `access_token`, else the socket's apikey), verified, with the
-    /// bindings' schemas checked: tenant isolation allows only the project's own schema
-    /// (the worker also refuses any table not enabled for this project).
+    /// The join's token (its `access_token`, else the socket's: see
+    /// [`crate::credentials`]), verified as the subscriber of its bindings.
     async fn join_credentials(&self, req: &JoinRequest) -> Result<(String, Verified), AuthError> {
-        let token = req
-            .access_token
-            .clone()
-            .filter(|t| !t.is_empty() && !t.starts_with("sb_"))
-            .unwrap_or_else(|| self.apikey.clone());
-        let auth = self
-            .verify(&token)
-            .await
-            .inspect_err(|_| telemetry::error("auth"))?;
-        for b in &req.config.postgres_changes {
-            auth.check_schema(&b.schema)
-                .inspect_err(|_| telemetry::error("schema_not_allowed"))?;
-        }
+        let token = self
+            .creds
+            .token_for_join(req.access_token.as_deref())
+            .unwrap_or_default();
+        let bindings = &req.config.postgres_changes;
+        let auth =
+            subscribe::verify_subscriber(&self.shared, &self.project, &token, bindings).await?;
         Ok((token, auth))
     }
 
-    /// Make the bindings routable to `out` (changes matched before the join reply wait in
-    /// its gate), register them, and keep the accepted ones: their numbers, and the
-    /// refused ids with the worker's reasons. `Err`: the registration itself failed
-    /// (nothing is left behind).
+    /// Route the topic's broadcasts and the bindings' changes to `out`; `Err` leaves
+    /// nothing behind.
     async fn subscribe(
         &self,
         out: &Arc<ChanOut>,
         key: &TopicKey,
         bindings: &[PgChangeBinding],
         claims: &Value,
-    ) -> Result<(Vec<u64>, registration::Refused), String> {
+    ) -> Result<Subscribed, String> {
         let shared = &self.shared;
-        let mut subs = Vec::with_capacity(bindings.len());
-        let mut specs = Vec::with_capacity(bindings.len());
-        for b in bindings {
-            let (n, sid) = shared.registry.alloc();
-            let spec = registry::spec_for(sid, &shared.front_id, &self.project, b, claims);
-            specs.push(spec.clone());
-            let sink = Sink::Ws(out.clone());
-            shared.registry.insert(
-                n,
-                Target {
-                    sink,
-                    binding: b.id,
-                    spec,
-                },
-            );
-            subs.push(n);
-        }
         shared.topics.add(key, out.clone());
-        let refused = match registration::register_join(shared, &subs, specs.clone()).await {
-            Ok(r) => r,
-            Err(e) => {
-                out.close(Vec::new());
-                shared.topics.remove(key, out.id);
-                // The worker may still register them late: drop them there too.
-                let removed = shared.registry.remove(&subs);
-                registration::unregister(shared, removed).await;
-                return Err(e);
-            }
-        };
-        let refused_ns: Vec<u64> = subs
-            .iter()
-            .zip(&specs)
-            .filter(|(_, s)| refused.contains_key(&s.id))
-            .map(|(n, _)| *n)
-            .collect();
-        shared.registry.remove(&refused_ns);
-        subs.retain(|n| !refused_ns.contains(n));
-        Ok((subs, refused))
-    }
-
-    async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
-        let v = self
-            .shared
-            .projects
-            .verify_for(&self.project, token)
-            .await?;
-        v.require_role_and_exp()?;
-        Ok(v)
+        let sink: SinkRef = out.clone();
+        let result = subscribe::subscribe(shared, &self.project, bindings, claims, sink).await;
+        if result.is_err() {
+            out.close(Vec::new());
+            shared.topics.remove(key, out.id);
+        }
+        result
     }
 
     async fn leave(&mut self, f: &Frame) {
@@ -405,12 +358,10 @@ impl Conn {
         if ch.token == token {
             return;
         }
-        let auth = match self.verify(&token).await {
+        let verified = subscribe::verify_subscriber(&self.shared, &self.project, &token, &[]).await;
+        let auth = match verified {
             Ok(v) => v,
-            Err(e) => {
-                telemetry::error("auth");
-                return self.shut(topic, &e.to_string()).await;
-            }
+            Err(e) => return self.shut(topic, &e.to_string()).await,
         };
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);

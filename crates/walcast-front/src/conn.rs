@@ -20,6 +20,7 @@ use walcast_protocol::{server, Frame, Vsn};
 
 use crate::auth::Verified;
 use crate::channel::Channel;
+use crate::credentials::Credentials;
 use crate::limits::{ConnSlot, TokenBucket};
 use crate::outbound::{ConnHandle, Out};
 use crate::state::Shared;
@@ -35,7 +36,8 @@ pub(crate) struct Conn {
     pub handle: Arc<ConnHandle>,
     pub vsn: Vsn,
     pub project: String,
-    pub apikey: String,
+    /// The upgrade request's credentials (a join without its own token acts with them).
+    pub creds: Credentials,
     pub channels: HashMap<String, Channel>,
     pub joins: TokenBucket,
     pub last_seen: Instant,
@@ -46,7 +48,7 @@ pub(crate) async fn run(
     socket: WebSocket,
     vsn: Vsn,
     auth: Verified,
-    apikey: String,
+    creds: Credentials,
     slot: ConnSlot,
 ) {
     let (sink, mut stream) = socket.split();
@@ -59,7 +61,7 @@ pub(crate) async fn run(
         handle: handle.clone(),
         vsn,
         project: auth.project,
-        apikey,
+        creds,
         channels: HashMap::new(),
         last_seen: Instant::now(),
     };
@@ -204,7 +206,8 @@ fn salvage(text: &str, vsn: Vsn) -> Salvage {
     }
 }
 
-type Sink = SplitSink<WebSocket, Message>;
+/// The socket's writing half.
+type WsWriter = SplitSink<WebSocket, Message>;
 
 fn to_message(o: Out) -> Message {
     match o {
@@ -214,7 +217,7 @@ fn to_message(o: Out) -> Message {
 }
 
 /// Write queued frames (batched: feed everything ready, then flush) until killed.
-async fn write_loop(mut sink: Sink, mut rx: mpsc::Receiver<Out>, handle: Arc<ConnHandle>) {
+async fn write_loop(mut sink: WsWriter, mut rx: mpsc::Receiver<Out>, handle: Arc<ConnHandle>) {
     loop {
         let first = tokio::select! {
             biased;

@@ -6,11 +6,9 @@
 //! share the bytes). Frames go into each connection's bounded queue without waiting.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use axum::extract::ws::Utf8Bytes;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -18,10 +16,9 @@ use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
 use walcast_bus::HEADER_TERM;
 use walcast_bus::{BusMessage, ChangeEvent, ChangeKind, Subscription, HEADER_NOTICE};
-use walcast_protocol::{ChangeData, ChangeType, Column, ColumnValue, EncodedChange, Vsn};
+use walcast_protocol::{ChangeData, ChangeType, Column, ColumnValue, EncodedChange};
 
-use crate::outbound::Out;
-use crate::registry::Sink;
+use crate::sink::Change;
 use crate::state::Shared;
 use crate::telemetry;
 
@@ -161,27 +158,10 @@ fn deliver_event(shared: &Shared, ev: &ChangeEvent) {
     let Some(encoded) = encode(ev) else {
         return;
     };
-    let mut cache: HashMap<(Vsn, Arc<str>, Vec<u32>), Utf8Bytes> = HashMap::new();
+    let mut change = Change::new(ev, &encoded);
     for (sink, ids) in groups {
-        match sink {
-            Sink::Ws(chan) => {
-                let key = (chan.vsn, chan.topic.clone(), ids);
-                let text = match cache.get(&key) {
-                    Some(t) => t.clone(),
-                    None => {
-                        let t: Utf8Bytes = encoded.frame_text(key.0, &key.1, &key.2).into();
-                        cache.insert(key, t.clone());
-                        t
-                    }
-                };
-                if chan.deliver(Out::Text(text)) {
-                    metrics::counter!(telemetry::DELIVERIES).increment(1);
-                }
-            }
-            Sink::Sse(sse) => {
-                sse.push(ev, &encoded, &ids);
-                metrics::counter!(telemetry::DELIVERIES).increment(1);
-            }
+        if sink.deliver(&mut change, ids) {
+            metrics::counter!(telemetry::DELIVERIES).increment(1);
         }
     }
 }

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use walcast_protocol::Vsn;
 
 use crate::auth::AuthError;
+use crate::credentials::Credentials;
 use crate::limits::ConnSlot;
 use crate::state::Shared;
 use crate::{broadcast, conn, realtime_api, sse};
@@ -62,10 +63,12 @@ pub(crate) fn draining_response() -> Response {
     )
 }
 
-/// `GET /realtime/v1/websocket?apikey=<jwt>&vsn=<1.0.0|2.0.0>`.
+/// `GET /realtime/v1/websocket?apikey=<jwt>&vsn=<1.0.0|2.0.0>` (the key may also come
+/// from the headers: see [`crate::credentials`]).
 async fn websocket(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     if shared.is_draining() {
@@ -75,8 +78,8 @@ async fn websocket(
         Ok(v) => v,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    let apikey = q.get("apikey").cloned().unwrap_or_default();
-    let socket_auth = match shared.projects.verify(&apikey).await {
+    let creds = Credentials::from_request(&q, &headers);
+    let socket_auth = match shared.projects.verify(creds.key().unwrap_or("")).await {
         Ok(v) => v,
         Err(e) => {
             crate::telemetry::error("auth");
@@ -97,6 +100,6 @@ async fn websocket(
         .write_buffer_size(8 * 1024)
         .on_upgrade(move |socket| {
             let tracker = shared.tracker.clone();
-            tracker.track_future(conn::run(shared, socket, vsn, socket_auth, apikey, slot))
+            tracker.track_future(conn::run(shared, socket, vsn, socket_auth, creds, slot))
         })
 }

@@ -36,6 +36,7 @@ mod broadcast;
 mod channel;
 pub mod config;
 mod conn;
+mod credentials;
 mod fanout;
 mod http;
 pub mod kv_presence;
@@ -46,8 +47,10 @@ pub mod projects;
 mod realtime_api;
 mod registration;
 mod registry;
+mod sink;
 mod sse;
 mod state;
+mod subscribe;
 pub mod telemetry;
 mod topics;
 

@@ -13,8 +13,11 @@ use axum::extract::ws::Utf8Bytes;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{Frame, Vsn, WireMessage};
 
+use crate::sink::{Change, Sink};
+use crate::state::Shared;
 use crate::telemetry;
 
 /// Close code for a slow consumer ("try again later").
@@ -202,5 +205,25 @@ impl ChanOut {
 
     pub(crate) fn presence_enabled(&self) -> bool {
         self.presence.load(Ordering::Relaxed)
+    }
+}
+
+impl Sink for ChanOut {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool {
+        let text = change.phoenix_frame(self.vsn, &self.topic, ids);
+        ChanOut::deliver(self, Out::Text(text))
+    }
+
+    /// The channel stays open (as for a refused join) with a `system` error.
+    fn end(&self, _shared: &Shared, why: &str) {
+        let status = SystemStatus::Error;
+        let f = server::system(None, &self.topic, "postgres_changes", status, why);
+        if let Some(out) = Out::frame(&f, self.vsn) {
+            ChanOut::deliver(self, out);
+        }
     }
 }

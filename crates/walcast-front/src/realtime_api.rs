@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use walcast_bus::admin::{AdminClient, AdminError, AdminErrorKind, AdminReply};
 
 use crate::auth::AuthError;
+use crate::credentials::Credentials;
 use crate::state::Shared;
 use crate::telemetry;
 
@@ -99,28 +100,6 @@ impl From<AdminError> for ApiError {
     }
 }
 
-fn nonempty(v: &str) -> Option<&str> {
-    Some(v.trim()).filter(|k| !k.is_empty())
-}
-
-/// The key: `apikey` header, else `Authorization: Bearer`.
-fn key_of(headers: &HeaderMap) -> Option<&str> {
-    let apikey = headers
-        .get("apikey")
-        .and_then(|v| v.to_str().ok())
-        .and_then(nonempty);
-    apikey.or_else(|| {
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .and_then(nonempty)
-    })
-}
-
 /// Check that the request carries a `service_role` key of `project`; the client to the
 /// worker.
 async fn authorize(
@@ -128,7 +107,8 @@ async fn authorize(
     headers: &HeaderMap,
     project: &str,
 ) -> Result<AdminClient, ApiError> {
-    let Some(key) = key_of(headers) else {
+    let creds = Credentials::from_headers(headers);
+    let Some(key) = creds.key() else {
         return Err(ApiError::unauthorized(
             "an apikey header (or Authorization: Bearer) with the project's service_role key is required",
         ));
@@ -312,19 +292,5 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-    }
-
-    #[test]
-    fn keys_come_from_apikey_then_bearer() {
-        let mut h = HeaderMap::new();
-        assert_eq!(key_of(&h), None);
-        h.insert(header::AUTHORIZATION, "Bearer b".parse().unwrap());
-        assert_eq!(key_of(&h), Some("b"));
-        h.insert("apikey", "a".parse().unwrap());
-        assert_eq!(key_of(&h), Some("a"));
-        h.insert("apikey", " ".parse().unwrap());
-        assert_eq!(key_of(&h), Some("b"));
-        h.insert(header::AUTHORIZATION, "Basic x".parse().unwrap());
-        assert_eq!(key_of(&h), None);
     }
 }

@@ -19,10 +19,8 @@ use walcast_bus::subs::{
     UnregisterRequest, SYNC_INTERVAL,
 };
 use walcast_bus::Subscription;
-use walcast_protocol::server::{self, SystemStatus};
 
-use crate::outbound::Out;
-use crate::registry::{Removed, Sink};
+use crate::registry::Removed;
 use crate::state::Shared;
 use crate::telemetry;
 
@@ -169,9 +167,8 @@ async fn register_in_background(shared: &Arc<Shared>, subs: Vec<(u64, Subscripti
     end_subscriptions(shared, ended, "refused_after_join").await;
 }
 
-/// End subscriptions already in effect: tell each WebSocket channel why with a `system`
-/// error (the channel stays open, as for a refused join), remove them and tell the
-/// worker. `what` names the cause in the error counter.
+/// End subscriptions already in effect: tell each sink why ([`crate::sink::Sink::end`]),
+/// remove them and tell the worker. `what` names the cause in the error counter.
 pub(crate) async fn end_subscriptions(
     shared: &Arc<Shared>,
     ended: Vec<(u64, String)>,
@@ -182,25 +179,8 @@ pub(crate) async fn end_subscriptions(
         let id = sink.as_ref().map(|(_, s)| s.id.clone()).unwrap_or_default();
         tracing::warn!(%id, reason = %why, what, "subscription ended by the worker");
         telemetry::error(what);
-        match sink {
-            Some((Sink::Ws(chan), _)) => {
-                let f = server::system(
-                    None,
-                    &chan.topic,
-                    "postgres_changes",
-                    SystemStatus::Error,
-                    &why,
-                );
-                if let Some(out) = Out::frame(&f, chan.vsn) {
-                    chan.deliver(out);
-                }
-            }
-            Some((Sink::Sse(sse), _)) => {
-                // A reader coming back registers anew (and is refused with the reason).
-                shared.sse.remove_if(&sse);
-                sse.end(&why);
-            }
-            None => {}
+        if let Some((sink, _)) = sink {
+            sink.end(shared, &why);
         }
         let removed = shared.registry.remove(&[n]);
         unregister(shared, removed).await;

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -19,8 +19,7 @@ use walcast_bus::subs::{class_key, is_class_key, SubscriptionSpec, SYNC_INTERVAL
 use walcast_protocol::PgChangeBinding;
 use walcast_wal2json::Lsn;
 
-use crate::outbound::ChanOut;
-use crate::sse::SseChannel;
+use crate::sink::SinkRef;
 use crate::telemetry;
 
 /// How long the worker's word that a class is delivered by class is trusted without
@@ -28,24 +27,8 @@ use crate::telemetry;
 /// on row-level security since is noticed within this time.
 pub(crate) const READY_TTL: Duration = SYNC_INTERVAL;
 
-/// Where a subscription's changes go.
-#[derive(Clone)]
-pub(crate) enum Sink {
-    Ws(Arc<ChanOut>),
-    Sse(Arc<SseChannel>),
-}
-
-impl Sink {
-    pub(crate) fn id(&self) -> u64 {
-        match self {
-            Sink::Ws(c) => c.id,
-            Sink::Sse(s) => s.id,
-        }
-    }
-}
-
 pub(crate) struct Target {
-    pub sink: Sink,
+    pub sink: SinkRef,
     /// The binding id the client knows (the join reply's `id`).
     pub binding: u32,
     pub spec: SubscriptionSpec,
@@ -254,7 +237,7 @@ impl Registry {
     }
 
     /// The target a subscription number points to, if still there.
-    pub(crate) fn sink_of(&self, n: u64) -> Option<(Sink, SubscriptionSpec)> {
+    pub(crate) fn sink_of(&self, n: u64) -> Option<(SinkRef, SubscriptionSpec)> {
         let g = self.read();
         g.targets.get(&n).map(|t| (t.sink.clone(), t.spec.clone()))
     }
@@ -279,11 +262,11 @@ impl Registry {
     /// that class that was in effect at the change: registered, and from a position
     /// before it). Targets of another project, table or event are skipped (tenant
     /// isolation does not rest on the worker alone).
-    pub(crate) fn groups(&self, ev: &walcast_bus::ChangeEvent) -> Vec<(Sink, Vec<u32>)> {
+    pub(crate) fn groups(&self, ev: &walcast_bus::ChangeEvent) -> Vec<(SinkRef, Vec<u32>)> {
         let (project, ids, at) = (ev.project.as_str(), &ev.subs, ev.commit_lsn);
         let g = self.read();
         let mut index: HashMap<u64, usize> = HashMap::new();
-        let mut out: Vec<(Sink, Vec<u32>)> = Vec::new();
+        let mut out: Vec<(SinkRef, Vec<u32>)> = Vec::new();
         let targets = ids
             .iter()
             .flat_map(|id| -> Box<dyn Iterator<Item = &Target>> {
@@ -330,13 +313,6 @@ impl Registry {
                 t.spec.from.get_or_insert(at);
             }
         }
-    }
-
-    pub(crate) fn specs_of(&self, ns: &[u64]) -> Vec<SubscriptionSpec> {
-        let g = self.read();
-        ns.iter()
-            .filter_map(|n| g.targets.get(n).map(|t| t.spec.clone()))
-            .collect()
     }
 
     pub(crate) fn all_ids(&self) -> Vec<String> {
@@ -400,7 +376,8 @@ pub(crate) fn spec_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound::ConnHandle;
+    use crate::outbound::{ChanOut, ConnHandle};
+    use std::sync::Arc;
 
     fn todos_insert(id: &str) -> SubscriptionSpec {
         SubscriptionSpec {
@@ -436,7 +413,7 @@ mod tests {
             r.insert(
                 k,
                 Target {
-                    sink: Sink::Ws(out.clone()),
+                    sink: out.clone(),
                     binding: 1,
                     spec,
                 },

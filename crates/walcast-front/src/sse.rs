@@ -9,7 +9,7 @@
 //! | name | meaning | default |
 //! |---|---|---|
 //! | `apikey` | the project's JWT (anon or service_role key); also accepted as the `apikey` header or `Authorization: Bearer` | — |
-//! | `access_token` | the user's JWT whose claims (`role`, …) the worker uses for RLS; needs `role` and `exp` | `apikey` |
+//! | `access_token` | the user's JWT whose claims (`role`, …) the worker uses for RLS; needs `role` and `exp` | `Authorization: Bearer`, else the key ([`crate::credentials`]) |
 //! | `channel` | a name for the stream (echoed in `ready`); streams with the same name, parameters and claims share one subscription and one history | `sse` |
 //! | `event` | `*`, `INSERT`, `UPDATE` or `DELETE` | `*` |
 //! | `schema` | schema name (`*` = all) | `public` |
@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -60,11 +60,13 @@ use walcast_bus::ChangeEvent;
 use walcast_protocol::{EncodedChange, PgChangeBinding, RawValue};
 use walcast_wal2json::Lsn;
 
-use crate::auth::{now_secs, Verified};
+use crate::auth::{now_secs, AuthError, Verified};
+use crate::credentials::Credentials;
 use crate::http::error_response;
 use crate::registration;
-use crate::registry::{self, Sink, Target};
+use crate::sink::{Change, Sink, SinkRef};
 use crate::state::Shared;
+use crate::subscribe;
 use crate::telemetry;
 
 type Pos = (Lsn, u32);
@@ -97,15 +99,21 @@ struct Inner {
 pub(crate) struct SseChannel {
     pub id: u64,
     key: SseKey,
-    sub: u64,
     binding: PgChangeBinding,
     cap: usize,
-    ready: OnceCell<Result<(), (StatusCode, String)>>,
+    /// Its subscription's number, once its first reader subscribed (the others wait for
+    /// the same answer).
+    sub: OnceCell<Result<u64, (StatusCode, String)>>,
     inner: Mutex<Inner>,
     live: broadcast::Sender<Arc<Item>>,
 }
 
 impl SseChannel {
+    /// Its subscription's number, if it has one.
+    fn sub(&self) -> Option<u64> {
+        self.sub.get().and_then(|r| r.as_ref().ok()).copied()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -150,6 +158,24 @@ impl SseChannel {
     }
 }
 
+impl Sink for SseChannel {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool {
+        self.push(change.event, change.encoded, &ids);
+        true
+    }
+
+    /// Live readers get the reason and their streams end; a reader coming back
+    /// subscribes anew (and is refused with the reason).
+    fn end(&self, shared: &Shared, why: &str) {
+        shared.sse.remove_if(self);
+        SseChannel::end(self, why);
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct SseHub {
     map: Mutex<HashMap<SseKey, Arc<SseChannel>>>,
@@ -160,9 +186,11 @@ impl SseHub {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn remove_if(&self, chan: &Arc<SseChannel>) -> bool {
+    pub(crate) fn remove_if(&self, chan: &SseChannel) -> bool {
         let mut g = self.lock();
-        if g.get(&chan.key).is_some_and(|c| Arc::ptr_eq(c, chan)) {
+        if g.get(&chan.key)
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), chan))
+        {
             g.remove(&chan.key);
             true
         } else {
@@ -173,8 +201,6 @@ impl SseHub {
 
 #[derive(Deserialize, Default)]
 pub(crate) struct SseParams {
-    apikey: Option<String>,
-    access_token: Option<String>,
     channel: Option<String>,
     event: Option<String>,
     schema: Option<String>,
@@ -231,23 +257,16 @@ fn parse_pos(s: &str) -> Option<Pos> {
 pub(crate) async fn handler(
     State(shared): State<Arc<Shared>>,
     Query(p): Query<SseParams>,
+    Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
     if shared.is_draining() {
         return crate::http::draining_response();
     }
-    let (socket, user) = match credentials(&shared, &p, &headers).await {
+    let (socket, user, binding) = match subscriber(&shared, &p, &q, &headers).await {
         Ok(v) => v,
         Err(r) => return r,
     };
-    let binding = match binding_from(&p, &socket.schema) {
-        Ok(b) => b,
-        Err(e) => return bad(e),
-    };
-    if let Err(e) = socket.check_schema(&binding.schema) {
-        crate::telemetry::error("schema_not_allowed");
-        return error_response(StatusCode::FORBIDDEN, &e.to_string());
-    }
     let resume = match resume_from(&p, &headers) {
         Ok(r) => r,
         Err(e) => return bad(e),
@@ -260,8 +279,8 @@ pub(crate) async fn handler(
         identity: identity(&user.claims),
     };
     let claims = Value::Object(user.claims.clone());
-    let (chan, guard) = open_channel(&shared, key, &binding, &claims);
-    if let Err((status, why)) = subscribe(&shared, &chan).await {
+    let (chan, guard) = open_channel(&shared, key, &binding);
+    if let Err((status, why)) = subscribe(&shared, &chan, &claims).await {
         drop(guard);
         discard(&shared, &chan).await;
         return error_response(status, &why);
@@ -285,34 +304,28 @@ pub(crate) async fn handler(
         .into_response()
 }
 
-/// The project's key (`apikey` parameter, else the `apikey` header, else `Authorization:
-/// Bearer`) and the user's token (`access_token`, else the key), both verified.
-async fn credentials(
+/// The project's key and the subscriber's token (see [`crate::credentials`]) verified,
+/// and the binding asked for (in a schema the project may use).
+async fn subscriber(
     shared: &Shared,
     p: &SseParams,
+    query: &HashMap<String, String>,
     headers: &HeaderMap,
-) -> Result<(Verified, Verified), Response> {
-    let header_key = headers
-        .get("apikey")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| {
-            headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-        });
-    let apikey = p.apikey.as_deref().or(header_key).unwrap_or("");
-    let refuse =
-        |e: crate::auth::AuthError| error_response(crate::http::auth_status(&e), &e.to_string());
-    let socket = shared.projects.verify(apikey).await.map_err(refuse)?;
-    let token = p.access_token.as_deref().unwrap_or(apikey);
-    let user = shared
+) -> Result<(Verified, Verified, PgChangeBinding), Response> {
+    let refuse = |e: AuthError| error_response(crate::http::auth_status(&e), &e.to_string());
+    let creds = Credentials::from_request(query, headers);
+    let socket = shared
         .projects
-        .verify_for(&socket.project, token)
+        .verify(creds.key().unwrap_or(""))
         .await
-        .and_then(|v| v.require_role_and_exp().map(|_| v))
         .map_err(refuse)?;
-    Ok((socket, user))
+    let binding = binding_from(p, &socket.schema).map_err(bad)?;
+    let token = creds.token().unwrap_or("");
+    let bindings = std::slice::from_ref(&binding);
+    let user = subscribe::verify_subscriber(shared, &socket.project, token, bindings)
+        .await
+        .map_err(refuse)?;
+    Ok((socket, user, binding))
 }
 
 /// Where a reconnecting reader resumes: `Last-Event-ID` (header, else parameter).
@@ -329,28 +342,23 @@ fn resume_from(p: &SseParams, headers: &HeaderMap) -> Result<Option<Pos>, String
     }
 }
 
-/// The shared channel for `key` (created, with its subscription in the registry, by its
-/// first reader), and this reader's guard. The reader is counted under the hub lock, so
-/// the reaper never drops a stream in use.
+/// The shared channel for `key` (created by its first reader), and this reader's guard.
+/// The reader is counted under the hub lock, so the reaper never drops a stream in use.
 fn open_channel(
     shared: &Arc<Shared>,
     key: SseKey,
     binding: &PgChangeBinding,
-    claims: &Value,
 ) -> (Arc<SseChannel>, Reader) {
     let mut hub = shared.sse.lock();
     let chan = hub
         .entry(key.clone())
         .or_insert_with(|| {
-            let (sub, sub_id) = shared.registry.alloc();
-            let spec = registry::spec_for(sub_id, &shared.front_id, &key.project, binding, claims);
-            let chan = Arc::new(SseChannel {
+            Arc::new(SseChannel {
                 id: shared.next_id(),
-                key: key.clone(),
-                sub,
+                key,
                 binding: binding.clone(),
                 cap: shared.cfg.history_size.max(1),
-                ready: OnceCell::new(),
+                sub: OnceCell::new(),
                 inner: Mutex::new(Inner {
                     ring: VecDeque::new(),
                     evicted: None,
@@ -358,39 +366,37 @@ fn open_channel(
                     idle_since: Some(Instant::now()),
                 }),
                 live: broadcast::channel(shared.cfg.outbound_queue.max(1)).0,
-            });
-            let sink = Sink::Sse(chan.clone());
-            shared.registry.insert(
-                sub,
-                Target {
-                    sink,
-                    binding: binding.id,
-                    spec,
-                },
-            );
-            chan
+            })
         })
         .clone();
     let guard = Reader::new(shared.clone(), chan.clone());
     (chan, guard)
 }
 
-/// Register the channel's subscription once (its first reader does; the others wait for
-/// the same answer).
-async fn subscribe(shared: &Arc<Shared>, chan: &SseChannel) -> Result<(), (StatusCode, String)> {
-    chan.ready
+/// Subscribe the channel once (its first reader does, with its claims; the others wait
+/// for the same answer). A refusal is the client's error (400), a failed registration
+/// the server's (503).
+async fn subscribe(
+    shared: &Arc<Shared>,
+    chan: &Arc<SseChannel>,
+    claims: &Value,
+) -> Result<(), (StatusCode, String)> {
+    chan.sub
         .get_or_init(|| async {
-            let specs = shared.registry.specs_of(&[chan.sub]);
-            match registration::register(shared, specs).await {
-                Ok(refused) => match refused.into_values().next() {
-                    None => Ok(()),
-                    Some(why) => Err((StatusCode::BAD_REQUEST, why)),
+            let bindings = std::slice::from_ref(&chan.binding);
+            let sink: SinkRef = chan.clone();
+            let project = &chan.key.project;
+            match subscribe::subscribe(shared, project, bindings, claims, sink).await {
+                Ok(s) => match (s.subs.first(), s.refused.into_values().next()) {
+                    (Some(n), _) => Ok(*n),
+                    (None, why) => Err((StatusCode::BAD_REQUEST, why.unwrap_or_default())),
                 },
                 Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, e)),
             }
         })
         .await
         .clone()
+        .map(|_| ())
 }
 
 /// The stream's first events (`ready`, a `gap` if the history no longer reaches back to
@@ -523,7 +529,7 @@ impl Drop for Reader {
 /// Drop a channel and its subscription.
 async fn discard(shared: &Arc<Shared>, chan: &Arc<SseChannel>) {
     if shared.sse.remove_if(chan) {
-        let removed = shared.registry.remove(&[chan.sub]);
+        let removed = shared.registry.remove(chan.sub().as_slice());
         registration::unregister(shared, removed).await;
     }
 }
@@ -551,7 +557,7 @@ pub(crate) async fn reaper(shared: Arc<Shared>, cancel: CancellationToken) {
             keys.iter().filter_map(|k| hub.remove(k)).collect()
         };
         for c in idle {
-            let removed = shared.registry.remove(&[c.sub]);
+            let removed = shared.registry.remove(c.sub().as_slice());
             registration::unregister(&shared, removed).await;
         }
     }

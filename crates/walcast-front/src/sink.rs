@@ -1,0 +1,60 @@
+//! Where a subscription's changes go: one [`Sink`] per transport.
+//!
+//! The registry ([`crate::registry`]) maps each subscription to a sink; fan-out
+//! ([`crate::fanout`]) hands every change to the sinks its subscriptions point to. A
+//! WebSocket channel ([`crate::outbound::ChanOut`]) and an SSE stream
+//! ([`crate::sse::SseChannel`]) are the two today; a third transport implements this
+//! trait in its own module and subscribes through [`crate::subscribe`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::Utf8Bytes;
+use walcast_bus::ChangeEvent;
+use walcast_protocol::{EncodedChange, Vsn};
+
+use crate::state::Shared;
+
+/// One change on its way to its sinks: the event, its `data` encoded once, and the
+/// Phoenix frames made of it so far (shared by channels of the same version, topic and
+/// bindings).
+pub(crate) struct Change<'a> {
+    pub event: &'a ChangeEvent,
+    pub encoded: &'a EncodedChange,
+    frames: HashMap<(Vsn, Arc<str>, Vec<u32>), Utf8Bytes>,
+}
+
+impl<'a> Change<'a> {
+    pub(crate) fn new(event: &'a ChangeEvent, encoded: &'a EncodedChange) -> Self {
+        Change {
+            event,
+            encoded,
+            frames: HashMap::new(),
+        }
+    }
+
+    /// The `postgres_changes` frame text for a channel, made once per distinct channel.
+    pub(crate) fn phoenix_frame(&mut self, vsn: Vsn, topic: &Arc<str>, ids: Vec<u32>) -> Utf8Bytes {
+        let key = (vsn, topic.clone(), ids);
+        if let Some(t) = self.frames.get(&key) {
+            return t.clone();
+        }
+        let text: Utf8Bytes = self.encoded.frame_text(vsn, topic, &key.2).into();
+        self.frames.insert(key, text.clone());
+        text
+    }
+}
+
+/// A destination of changes.
+pub(crate) trait Sink: Send + Sync {
+    /// Unique among this front's sinks (changes are grouped by it).
+    fn id(&self) -> u64;
+    /// Queue `change` for the client's bindings `ids` without waiting; `true` when it
+    /// was queued (it counts as a delivery).
+    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool;
+    /// The worker ended a subscription of this sink (`why` is its reason, for the client).
+    fn end(&self, shared: &Shared, why: &str);
+}
+
+/// A shared sink, as the registry keeps it.
+pub(crate) type SinkRef = Arc<dyn Sink>;

@@ -1,0 +1,95 @@
+//! Subscribing to `postgres_changes`, the same way for every transport: verify the
+//! subscriber, make each binding a subscription that delivers to the transport's
+//! [`Sink`](crate::sink::Sink), register them with the cdc-worker, keep the accepted.
+//!
+//! A WebSocket join ([`crate::channel`]) and an SSE stream ([`crate::sse`]) both go
+//! through here; they differ only in how they answer (a join reply and a `system`
+//! message, or `ready` and an HTTP status).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use walcast_protocol::PgChangeBinding;
+
+use crate::auth::{AuthError, Verified};
+use crate::registration::{self, Refused};
+use crate::registry::{self, Target};
+use crate::sink::SinkRef;
+use crate::state::Shared;
+use crate::telemetry;
+
+/// The accepted subscriptions (their numbers in the registry) and the refused ones (the
+/// subscription id → the worker's reason).
+pub(crate) struct Subscribed {
+    pub subs: Vec<u64>,
+    pub refused: Refused,
+}
+
+/// The subscriber: `token` verified as a token of `project` that carries `role` and
+/// `exp`, with every binding in a schema the project may use (tenant isolation; the
+/// worker also refuses any table not enabled for the project).
+pub(crate) async fn verify_subscriber(
+    shared: &Shared,
+    project: &str,
+    token: &str,
+    bindings: &[PgChangeBinding],
+) -> Result<Verified, AuthError> {
+    let auth = shared
+        .projects
+        .verify_for(project, token)
+        .await
+        .and_then(|v| v.require_role_and_exp().map(|_| v))
+        .inspect_err(|_| telemetry::error("auth"))?;
+    for b in bindings {
+        auth.check_schema(&b.schema)
+            .inspect_err(|_| telemetry::error("schema_not_allowed"))?;
+    }
+    Ok(auth)
+}
+
+/// Make `bindings` routable to `sink` (changes matched before the transport answers the
+/// client wait in the sink), register them, and drop the refused ones.
+/// `Err`: the registration itself failed (nothing is left behind).
+pub(crate) async fn subscribe(
+    shared: &Arc<Shared>,
+    project: &str,
+    bindings: &[PgChangeBinding],
+    claims: &Value,
+    sink: SinkRef,
+) -> Result<Subscribed, String> {
+    let mut subs = Vec::with_capacity(bindings.len());
+    let mut specs = Vec::with_capacity(bindings.len());
+    for b in bindings {
+        let (n, sid) = shared.registry.alloc();
+        let spec = registry::spec_for(sid, &shared.front_id, project, b, claims);
+        specs.push(spec.clone());
+        let target = Target {
+            sink: sink.clone(),
+            binding: b.id,
+            spec,
+        };
+        shared.registry.insert(n, target);
+        subs.push(n);
+    }
+    let refused = match registration::register_join(shared, &subs, specs.clone()).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The worker may still register them late: drop them there too.
+            let removed = shared.registry.remove(&subs);
+            registration::unregister(shared, removed).await;
+            return Err(e);
+        }
+    };
+    let refused_ns: Vec<u64> = subs
+        .iter()
+        .zip(&specs)
+        .filter(|(_, s)| refused.contains_key(&s.id))
+        .map(|(n, _)| *n)
+        .collect();
+    // The worker keeps nothing of a refused subscription; saying it is gone anyway keeps
+    // the worker's view and ours the same whatever it did.
+    let removed = shared.registry.remove(&refused_ns);
+    registration::unregister(shared, removed).await;
+    subs.retain(|n| !refused_ns.contains(n));
+    Ok(Subscribed { subs, refused })
+}
