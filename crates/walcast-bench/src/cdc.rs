@@ -14,7 +14,7 @@ use clap::Args;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
-use walcast_cdc::{CdcConfig, CdcHealth, PollerConfig, SourceKind};
+use walcast_cdc::{CdcConfig, CdcHealth, ReadConfig, SourceKind};
 
 #[derive(Args)]
 pub struct CdcBench {
@@ -130,7 +130,7 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
 /// Postgres; returns changes/s.
 async fn raw_drain(admin: &tokio_postgres::Client, rows: usize) -> anyhow::Result<f64> {
     let filter =
-        walcast_cdc::source::table_filter(&walcast_cdc::registry::list(admin, None).await?);
+        walcast_cdc::source::table_filter(&walcast_cdc::realtime_tables::list(admin, None).await?);
     let t = Instant::now();
     let row = admin
         .query_one(
@@ -194,7 +194,7 @@ async fn drain(
         take_over_slot: false,
         rls: walcast_cdc::RlsOptions::default(),
         max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
-        poller: PollerConfig {
+        read: ReadConfig {
             slot: slot.to_string(),
             min_batch: min,
             max_batch: max,

@@ -18,6 +18,6 @@ pub async fn start(setup_sql: &str, table: &str) -> anyhow::Result<BenchEnv> {
     let mut migr = walcast_cdc::connect(&pg.url()).await?;
     walcast_cdc::migrate::migrate(&mut migr).await?;
     admin.batch_execute(setup_sql).await?;
-    walcast_cdc::registry::enable(&admin, "default", "public", table).await?;
+    walcast_cdc::realtime_tables::enable(&admin, "default", "public", table).await?;
     Ok(BenchEnv { pg, nats, admin })
 }

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::{Bus, ChangeEvent};
-use walcast_cdc::{CdcConfig, CdcHealth, PollerConfig, SourceKind};
+use walcast_cdc::{CdcConfig, CdcHealth, ReadConfig, SourceKind};
 
 #[derive(Args)]
 pub struct LatencyBench {
@@ -148,7 +148,7 @@ async fn start_worker(
         take_over_slot: false,
         rls: walcast_cdc::RlsOptions::default(),
         max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
-        poller: PollerConfig {
+        read: ReadConfig {
             slot: "walcast_cdc_slot".into(),
             min_batch: 1000,
             max_batch: 100_000,

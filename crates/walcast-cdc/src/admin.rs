@@ -15,7 +15,7 @@ use walcast_bus::admin::{
 use walcast_bus::subs::BoxFuture;
 
 use crate::projects::{self, ProjectError};
-use crate::registry::{self, RegistryError};
+use crate::realtime_tables::{self, RealtimeTablesError};
 use crate::CdcError;
 
 /// Statements of an admin request wait this long for a table lock.
@@ -99,17 +99,17 @@ impl From<ProjectError> for AdminError {
     }
 }
 
-impl From<RegistryError> for AdminError {
-    fn from(e: RegistryError) -> AdminError {
+impl From<RealtimeTablesError> for AdminError {
+    fn from(e: RealtimeTablesError) -> AdminError {
         match e {
-            RegistryError::UnknownTable(_) => {
+            RealtimeTablesError::UnknownTable(_) => {
                 AdminError::new(AdminErrorKind::UnknownTable, e.to_string())
             }
-            RegistryError::NoPrimaryKey(_) => {
+            RealtimeTablesError::NoPrimaryKey(_) => {
                 AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
             }
-            RegistryError::OtherProject { .. } => internal(e),
-            RegistryError::Db(d) => internal(format!("database: {}", crate::db_message(&d))),
+            RealtimeTablesError::OtherProject { .. } => internal(e),
+            RealtimeTablesError::Db(d) => internal(format!("database: {}", crate::db_message(&d))),
         }
     }
 }
@@ -146,23 +146,24 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
             let schema = schema_of(client, &project).await?;
             if table.is_empty() || table.contains('\0') {
                 // Postgres text cannot hold NUL: no such table can exist.
-                return Err(
-                    RegistryError::UnknownTable(crate::sql::qualified(&schema, &table)).into(),
-                );
+                return Err(RealtimeTablesError::UnknownTable(crate::sql::qualified(
+                    &schema, &table,
+                ))
+                .into());
             }
             let changed = if enabled {
-                let changed = registry::enable(client, &project, &schema, &table).await?;
+                let changed = realtime_tables::enable(client, &project, &schema, &table).await?;
                 tracing::info!(%project, %schema, %table, changed, "realtime enabled");
                 changed
             } else {
-                let changed = registry::disable(client, &project, &schema, &table).await?;
+                let changed = realtime_tables::disable(client, &project, &schema, &table).await?;
                 if !changed
-                    && registry::inspect(client, &schema, &table)
+                    && realtime_tables::inspect(client, &schema, &table)
                         .await
-                        .map_err(RegistryError::Db)?
+                        .map_err(RealtimeTablesError::Db)?
                         .is_none()
                 {
-                    return Err(RegistryError::UnknownTable(crate::sql::qualified(
+                    return Err(RealtimeTablesError::UnknownTable(crate::sql::qualified(
                         &schema, &table,
                     ))
                     .into());
@@ -179,7 +180,7 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
         }
         AdminRequest::ListTables { project } => {
             schema_of(client, &project).await?;
-            let tables = registry::list(client, Some(&project))
+            let tables = realtime_tables::list(client, Some(&project))
                 .await?
                 .into_iter()
                 .map(|t| TableName {

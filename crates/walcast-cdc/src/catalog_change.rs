@@ -7,7 +7,7 @@
 //! it is decoded exactly at that statement's commit position. The pipeline then
 //! authorizes and publishes everything before it with the state it has, drops what it
 //! knows of the named tables (all tables when the statement does not say which), and
-//! handles dropped tables (see `pipeline_catalog.rs`).
+//! handles dropped tables (see `realtime_catalog.rs`).
 //!
 //! Each notice also carries the **epoch**: a counter the trigger increments in the same
 //! transaction (`walcast.catalog_epoch`), so commit order and epoch order agree. A catalog

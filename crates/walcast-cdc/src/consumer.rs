@@ -1,7 +1,7 @@
 //! The seam between decoding and what is done with the changes: a [`Consumer`] receives
 //! every decoded transaction, in WAL order, from the [`crate::driver::Driver`].
 //!
-//! Realtime delivery ([`crate::pipeline::Pipeline`]: registry edits, routing, matching,
+//! Realtime delivery ([`crate::realtime::RealtimeConsumer`]: registry edits, routing, matching,
 //! RLS, publishing) is one consumer; another capability that needs the WAL (an outbox
 //! relay, database broadcast) is another, added next to it without touching the sources
 //! or the other consumers. A consumer:

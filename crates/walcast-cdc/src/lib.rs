@@ -1,5 +1,4 @@
-//! The CDC half of walcast: preflight checks, the replication slot, the realtime table
-//! registry, and the path from the slot to the bus that never acknowledges a transaction
+//! The CDC half of walcast: preflight checks, the replication slot, the realtime tables, and the path from the slot to the bus that never acknowledges a transaction
 //! before all of its changes reached the bus.
 //!
 //! Structure of that path (one session, see [`run_fenced`]):
@@ -10,7 +9,7 @@
 //!   tables), timers, `/health`, fence checks, and "every consumer's barrier, then
 //!   acknowledge";
 //! - each [`consumer::Consumer`] does something with the decoded transactions. Realtime
-//!   delivery ([`pipeline::Pipeline`]: registry edits, routing, matching, RLS, publishing,
+//!   delivery ([`realtime::RealtimeConsumer`]: registry edits, routing, matching, RLS, publishing,
 //!   DDL notices) is one; [`run_with_consumers`] adds others next to it.
 
 pub mod admin;
@@ -25,12 +24,12 @@ pub mod fronts;
 pub mod health;
 pub mod matcher;
 pub mod migrate;
-pub mod pipeline;
 pub mod poller;
 pub mod preflight;
 pub mod projects;
+pub mod realtime;
+pub mod realtime_tables;
 pub mod registrar;
-pub mod registry;
 pub mod rls;
 pub mod rls_check;
 pub mod rls_policy;
@@ -53,9 +52,9 @@ use walcast_lease::{Action, Fence};
 pub use authorize::RlsMode;
 pub use consumer::Consumer;
 pub use health::{CdcHealth, CdcHealthReport};
-pub use pipeline::RlsOptions;
-pub use poller::PollerConfig;
 pub use preflight::PreflightError;
+pub use realtime::RlsOptions;
+pub use source::ReadConfig;
 pub use source::{Source, SourceKind};
 
 /// Builds an extra consumer of decoded transactions for each session (see
@@ -68,8 +67,8 @@ pub enum CdcError {
     Preflight(#[from] PreflightError),
     #[error("database: {}", db_message(.0))]
     Db(#[from] tokio_postgres::Error),
-    #[error("registry: {0}")]
-    Registry(#[from] registry::RegistryError),
+    #[error("realtime tables: {0}")]
+    RealtimeTables(#[from] realtime_tables::RealtimeTablesError),
     #[error("migrations: {0}")]
     Migrate(#[from] migrate::MigrateError),
     #[error("cannot decode wal2json output ({error}): {line}")]
@@ -128,8 +127,10 @@ pub struct CdcConfig {
     /// For the slot (preflight, slot management, polling or streaming): a role with
     /// `REPLICATION`; `POSTGRES_REPLICATION_URL`, else `DATABASE_URL`.
     pub replication_url: String,
+    /// Which source reads the slot: SQL polling or the streaming protocol.
     pub source: SourceKind,
-    pub poller: PollerConfig,
+    /// How either source reads it (slot, batch sizes, idle wait, table-filter refresh).
+    pub read: ReadConfig,
     /// Stream mode: how often progress is acknowledged.
     pub ack_interval: Duration,
     pub allow_unbounded_wal: bool,
@@ -140,20 +141,20 @@ pub struct CdcConfig {
     /// query), so terminate it instead of waiting for it.
     pub take_over_slot: bool,
     /// How row-level security is checked (batching, shards, timeout).
-    pub rls: pipeline::RlsOptions,
+    pub rls: realtime::RlsOptions,
     /// A change whose values are larger is delivered without them (`Error 413`).
     pub max_record_bytes: usize,
 }
 
 /// Default of [`CdcConfig::max_record_bytes`]: 1 MiB, as Supabase's `max_record_bytes`.
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
-/// Default of [`pipeline::RlsOptions::max_batch`]: changes authorized together.
+/// Default of [`realtime::RlsOptions::max_batch`]: changes authorized together.
 pub const DEFAULT_RLS_BATCH: usize = 1000;
-/// Default of [`pipeline::RlsOptions::shards`]: projects hash onto this many pipelines.
+/// Default of [`realtime::RlsOptions::shards`]: projects hash onto this many pipelines.
 pub const DEFAULT_SHARDS: u16 = 4;
-/// Default of [`pipeline::RlsOptions::timeout_ms`]: statement_timeout of an RLS check.
+/// Default of [`realtime::RlsOptions::timeout_ms`]: statement_timeout of an RLS check.
 pub const DEFAULT_RLS_CHECK_TIMEOUT_MS: u64 = 5000;
-/// Default of [`pipeline::RlsOptions::connections`]: RLS connections per shard.
+/// Default of [`realtime::RlsOptions::connections`]: RLS connections per shard.
 pub const DEFAULT_RLS_CONNECTIONS: u16 = 2;
 
 /// Connect (TLS as the URL's `sslmode` and `sslrootcert` say, see [`walcast_pgtls`]),
@@ -244,17 +245,16 @@ async fn session(
 ) -> Result<(), CdcError> {
     let client = connect(&cfg.replication_url).await?;
     let catalog = connect(&cfg.database_url).await?;
-    let report = match preflight::preflight(&client, &cfg.poller.slot, cfg.allow_unbounded_wal)
-        .await
+    let report = match preflight::preflight(&client, &cfg.read.slot, cfg.allow_unbounded_wal).await
     {
         Err(PreflightError::SlotInUse { pid, .. }) if cfg.take_over_slot => {
             fence.check(Action::Slot)?;
-            tracing::warn!(pid, slot = %cfg.poller.slot, "slot still held by a former leader's session: terminating it");
+            tracing::warn!(pid, slot = %cfg.read.slot, "slot still held by a former leader's session: terminating it");
             client
                 .execute("SELECT pg_terminate_backend($1)", &[&pid])
                 .await?;
             return Err(PreflightError::SlotInUse {
-                slot: cfg.poller.slot.clone(),
+                slot: cfg.read.slot.clone(),
                 pid,
             }
             .into());
@@ -263,27 +263,27 @@ async fn session(
     };
     // Creating, or dropping a lost slot to recreate it, only while we may lead.
     fence.check(Action::Slot)?;
-    let slot = slot::ensure_slot(&client, &cfg.poller.slot, report.major, health).await?;
+    let slot = slot::ensure_slot(&client, &cfg.read.slot, report.major, health).await?;
     tracing::info!(
-        slot = %cfg.poller.slot,
+        slot = %cfg.read.slot,
         confirmed_flush = %slot.confirmed_flush,
         created = slot.created,
         server = %report.server_version,
         "replication slot ready"
     );
     let catalog_tracking = catalog_tracking(&client, cfg, &slot, health).await?;
-    let realtime = pipeline::Pipeline::new(
+    let realtime = realtime::RealtimeConsumer::new(
         bus.clone(),
         matcher.clone(),
         catalog,
-        pipeline::PipelineOptions {
+        realtime::RealtimeOptions {
             origin: cfg.origin.clone(),
             database_url: cfg.database_url.clone(),
             rls: cfg.rls.clone(),
             max_record_bytes: cfg.max_record_bytes,
             health: health.clone(),
             fence: fence.clone(),
-            slot: cfg.poller.slot.clone(),
+            slot: cfg.read.slot.clone(),
             catalog: catalog_tracking,
         },
     )
@@ -293,10 +293,10 @@ async fn session(
     let driver = driver::Driver::new(
         driver::DriverOptions {
             client: Some(&client),
-            slot: cfg.poller.slot.clone(),
+            slot: cfg.read.slot.clone(),
             health,
             fence: fence.clone(),
-            refresh: cfg.poller.filter_refresh,
+            refresh: cfg.read.filter_refresh,
             confirmed: slot.confirmed_flush,
         },
         consumers,
@@ -314,12 +314,12 @@ async fn read(
 ) -> Result<(), CdcError> {
     match cfg.source {
         SourceKind::Poll => {
-            let mut poller = poller::Poller::new(&cfg.poller, client, confirmed);
+            let mut poller = poller::Poller::new(&cfg.read, client, confirmed);
             driver.run(&mut poller, cancel).await
         }
         SourceKind::Stream => {
             let stream_cfg = stream::StreamConfig {
-                slot: cfg.poller.slot.clone(),
+                slot: cfg.read.slot.clone(),
                 url: cfg.replication_url.clone(),
                 ack_interval: cfg.ack_interval,
             };
@@ -337,7 +337,7 @@ async fn catalog_tracking(
     cfg: &CdcConfig,
     slot: &slot::SlotState,
     health: &CdcHealth,
-) -> Result<pipeline::CatalogTracking, CdcError> {
+) -> Result<realtime::CatalogTracking, CdcError> {
     let tracking = catalog_change::ensure_triggers(client).await?;
     let changed = health.set_ddl_tracking(tracking.name());
     metrics::gauge!(telemetry::DDL_EVENT_TRIGGER).set(match tracking {
@@ -348,7 +348,7 @@ async fn catalog_tracking(
         catalog_change::Tracking::EventTrigger => {
             let resume = catalog_change::resume_at(
                 client,
-                &cfg.poller.slot,
+                &cfg.read.slot,
                 slot.confirmed_flush,
                 slot.created,
             )
@@ -365,5 +365,5 @@ async fn catalog_tracking(
             catalog_change::Resume::default()
         }
     };
-    Ok(pipeline::CatalogTracking::new(tracking, resume))
+    Ok(realtime::CatalogTracking::new(tracking, resume))
 }

@@ -18,20 +18,11 @@ use futures_util::TryStreamExt;
 use tokio_postgres::{Client, RowStream};
 use walcast_wal2json::Lsn;
 
-use crate::source::{Input, Source, WAL2JSON_OPTIONS};
+use crate::source::{Input, ReadConfig, Source, WAL2JSON_OPTIONS};
 use crate::CdcError;
 
 /// WAL behind the slot beyond which a poll starts at the largest batch.
 const BACKLOG_BYTES: u64 = 1 << 20;
-
-#[derive(Clone, Debug)]
-pub struct PollerConfig {
-    pub slot: String,
-    pub min_batch: usize,
-    pub max_batch: usize,
-    pub idle: Duration,
-    pub filter_refresh: Duration,
-}
 
 fn peek_sql() -> String {
     let mut sql = String::from("SELECT data FROM pg_logical_slot_peek_changes($1, NULL, $2");
@@ -59,7 +50,7 @@ struct Peek {
 /// row limit) "caught up to the flush position", then a checkpoint at which the driver
 /// acknowledges with `pg_replication_slot_advance`.
 pub struct Poller<'a> {
-    cfg: &'a PollerConfig,
+    cfg: &'a ReadConfig,
     client: &'a Client,
     confirmed: Lsn,
     limit: usize,
@@ -71,7 +62,7 @@ pub struct Poller<'a> {
 }
 
 impl<'a> Poller<'a> {
-    pub fn new(cfg: &'a PollerConfig, client: &'a Client, confirmed: Lsn) -> Poller<'a> {
+    pub fn new(cfg: &'a ReadConfig, client: &'a Client, confirmed: Lsn) -> Poller<'a> {
         Poller {
             cfg,
             client,

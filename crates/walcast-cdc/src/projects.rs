@@ -5,7 +5,7 @@
 
 use tokio_postgres::{Client, GenericClient, Row};
 
-use crate::registry::DEFAULT_PROJECT;
+use crate::realtime_tables::DEFAULT_PROJECT;
 use crate::sql::quote_ident;
 
 /// Schema of the default project.

@@ -15,7 +15,7 @@ use walcast_wal2json::Lsn;
 
 use crate::fronts::FrontsRecord;
 use crate::matcher::{Matcher, Sub};
-use crate::{registry, CdcError};
+use crate::{realtime_tables, CdcError};
 
 #[derive(Clone)]
 pub struct Registrar {
@@ -127,7 +127,7 @@ impl Registrar {
         let Some(client) = guard.as_ref() else {
             return Ok(RegisterReply::default());
         };
-        let mut enabled: HashMap<String, Vec<registry::TableRef>> = HashMap::new();
+        let mut enabled: HashMap<String, Vec<realtime_tables::TableRef>> = HashMap::new();
         // A join's bindings mostly share table and role: read their columns once.
         let mut columns: ColumnCache = HashMap::new();
         let mut unchecked: RowCheckCache = HashMap::new();
@@ -135,7 +135,7 @@ impl Registrar {
         let mut accepted = Vec::new();
         for spec in &req.subs {
             if !enabled.contains_key(&spec.project) {
-                let tables = registry::list(client, Some(&spec.project)).await?;
+                let tables = realtime_tables::list(client, Some(&spec.project)).await?;
                 enabled.insert(spec.project.clone(), tables);
             }
             let tables = enabled
@@ -267,7 +267,7 @@ async fn by_class(
 async fn validate(
     client: &Client,
     spec: &SubscriptionSpec,
-    enabled: &[registry::TableRef],
+    enabled: &[realtime_tables::TableRef],
     columns: &mut ColumnCache,
 ) -> Result<Result<Option<Filter>, String>, tokio_postgres::Error> {
     let unable = || {
@@ -312,7 +312,7 @@ async fn validate(
 async fn check_filter(
     client: &Client,
     spec: &SubscriptionSpec,
-    enabled: &[registry::TableRef],
+    enabled: &[realtime_tables::TableRef],
     f: &Filter,
     columns: &mut ColumnCache,
 ) -> Result<Result<(), String>, tokio_postgres::Error> {
@@ -357,7 +357,7 @@ async fn check_filter(
 /// A table's columns (name, type, readable by `role`), read once per request.
 async fn table_columns<'a>(
     client: &Client,
-    t: &registry::TableRef,
+    t: &realtime_tables::TableRef,
     role: &str,
     columns: &'a mut ColumnCache,
 ) -> Result<&'a [(String, String, bool)], tokio_postgres::Error> {

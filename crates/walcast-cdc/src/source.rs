@@ -2,11 +2,24 @@
 //! wal2json options, the table filter, the source kinds, and the [`Source`] trait through
 //! which the [`crate::driver::Driver`] reads them.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use tokio_postgres::Client;
 use walcast_wal2json::Lsn;
 
-use crate::registry::{self, TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::realtime_tables::{self, TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
+
+/// How a source reads the slot (both sources: the stream source uses the slot and the
+/// filter refresh; the batch sizes and idle wait are the polling source's).
+#[derive(Clone, Debug)]
+pub struct ReadConfig {
+    pub slot: String,
+    pub min_batch: usize,
+    pub max_batch: usize,
+    pub idle: Duration,
+    pub filter_refresh: Duration,
+}
 
 /// The wal2json options every source uses (`add-tables` is appended).
 pub const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
@@ -85,7 +98,7 @@ pub async fn registry_drift(
 ) -> Result<Option<Vec<TableRef>>, crate::CdcError> {
     // Tables dropped while no sql_drop trigger ran leave the registry (in WAL order).
     crate::catalog_change::prune_dropped(client).await?;
-    let tables = registry::list(client, None).await?;
+    let tables = realtime_tables::list(client, None).await?;
     let at: String = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?

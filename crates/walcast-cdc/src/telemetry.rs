@@ -31,7 +31,7 @@ pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
 /// no longer that state when checked.
 pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
 
-// Pipeline, slot and registry.
+// RealtimeConsumer, slot and registry.
 
 /// Gauge: 1 while this worker reads the slot (leader, connected), else 0.
 pub const ACTIVE: &str = "walcast_cdc_active";
@@ -39,7 +39,7 @@ pub const ACTIVE: &str = "walcast_cdc_active";
 pub const SLOT_LAG: &str = "walcast_cdc_slot_lag_bytes";
 /// Counter: Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated.
 pub const SLOT_LOST: &str = "walcast_cdc_slot_lost_total";
-/// Counter: Pipeline failures that were retried (Postgres or NATS unreachable, slot busy), in either source.
+/// Counter: RealtimeConsumer failures that were retried (Postgres or NATS unreachable, slot busy), in either source.
 pub const SOURCE_ERRORS: &str = "walcast_cdc_source_errors_total";
 /// Counter: wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too).
 pub const DECODE_ERRORS: &str = "walcast_cdc_decode_errors_total";
@@ -181,7 +181,7 @@ fn describe_pipeline() {
         "Bytes of WAL between the server's current position and the slot's confirmed position"
     );
     metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
-    metrics::describe_counter!(SOURCE_ERRORS, "Pipeline failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
+    metrics::describe_counter!(SOURCE_ERRORS, "RealtimeConsumer failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
     metrics::describe_counter!(DECODE_ERRORS, "wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too)");
     metrics::describe_counter!(
         CHANGES_DECODED,

@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_cdc::consumer::{Consumer, Handled, Item};
-use walcast_cdc::{matcher::Matcher, CdcConfig, CdcHealth, PollerConfig, SourceKind};
+use walcast_cdc::{matcher::Matcher, CdcConfig, CdcHealth, ReadConfig, SourceKind};
 use walcast_lease::Fence;
 use walcast_testkit::{Nats, Postgres};
 use walcast_wal2json::Change;
@@ -78,7 +78,7 @@ fn config(url: String, source: SourceKind) -> CdcConfig {
         take_over_slot: true,
         rls: walcast_cdc::RlsOptions::default(),
         max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
-        poller: PollerConfig {
+        read: ReadConfig {
             slot: "consumer_slot".into(),
             min_batch: 100,
             max_batch: 1000,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::{Bus, ChangeEvent};
-use walcast_cdc::{matcher::Matcher, CdcConfig, CdcHealth, PollerConfig, SourceKind};
+use walcast_cdc::{matcher::Matcher, CdcConfig, CdcHealth, ReadConfig, SourceKind};
 use walcast_lease::Fence;
 use walcast_testkit::{Nats, Postgres};
 use walcast_wal2json::Lsn;
@@ -121,7 +121,7 @@ fn config(url: String, source: SourceKind) -> CdcConfig {
         take_over_slot: true,
         rls: walcast_cdc::RlsOptions::default(),
         max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
-        poller: PollerConfig {
+        read: ReadConfig {
             slot: "fence_slot".into(),
             min_batch: 100,
             max_batch: 1000,

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use walcast_bus::Bus;
-use walcast_cdc::registry;
+use walcast_cdc::realtime_tables;
 use walcast_cdc::sql::parse_qualified_name;
 
 use crate::config::redact_url;
@@ -16,7 +16,7 @@ pub struct RealtimeArgs {
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
     /// Project the table belongs to.
-    #[arg(long, env = "WALCAST_PROJECT", default_value = registry::DEFAULT_PROJECT)]
+    #[arg(long, env = "WALCAST_PROJECT", default_value = realtime_tables::DEFAULT_PROJECT)]
     pub project: String,
     #[command(subcommand)]
     pub action: RealtimeAction,
@@ -42,7 +42,7 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
         RealtimeAction::Enable { table } => {
             let (schema, name) =
                 parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
-            registry::enable(&client, &args.project, &schema, &name).await?;
+            realtime_tables::enable(&client, &args.project, &schema, &name).await?;
             let q = walcast_cdc::sql::qualified(&schema, &name);
             println!("realtime enabled for {q}");
             // Subscribers read as their JWT role: say so when the usual roles cannot.
@@ -67,7 +67,7 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
         RealtimeAction::Disable { table } => {
             let (schema, name) =
                 parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
-            let was = registry::disable(&client, &args.project, &schema, &name).await?;
+            let was = realtime_tables::disable(&client, &args.project, &schema, &name).await?;
             let q = walcast_cdc::sql::qualified(&schema, &name);
             if was {
                 println!("realtime disabled for {q}");
@@ -76,7 +76,7 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
             }
         }
         RealtimeAction::List => {
-            for t in registry::list(&client, Some(&args.project)).await? {
+            for t in realtime_tables::list(&client, Some(&args.project)).await? {
                 println!("{t}");
             }
         }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use walcast_cdc::{CdcConfig, PollerConfig, RlsMode, RlsOptions, SourceKind};
+use walcast_cdc::{CdcConfig, ReadConfig, RlsMode, RlsOptions, SourceKind};
 use walcast_lease::LeaseMode;
 
 /// How to trust and authenticate to NATS beyond `NATS_URL` (which may carry a user and
@@ -176,7 +176,7 @@ impl CdcArgs {
                 timeout_ms: self.rls_check_timeout_ms,
                 connections: usize::from(self.rls_connections),
             },
-            poller: PollerConfig {
+            read: ReadConfig {
                 slot: self.slot_name.clone(),
                 min_batch: self.poll_batch,
                 max_batch: self.poll_max_batch,

@@ -18,7 +18,7 @@ use walcast_bus::{
 use walcast_lease::{Action, Fence};
 use walcast_wal2json::{Change, Lsn, RowChange};
 
-#[path = "pipeline_catalog.rs"]
+#[path = "realtime_catalog.rs"]
 mod catalog;
 pub use catalog::CatalogTracking;
 
@@ -28,7 +28,7 @@ use crate::consumer::{Consumer, Handled, Item, Refresh};
 use crate::event::{build_event, TxnContext};
 use crate::health::{CdcHealth, SkippedChange};
 use crate::matcher::{Matcher, RowView};
-use crate::registry::{self, REGISTRY_SCHEMA, REGISTRY_TABLE};
+use crate::realtime_tables::{self, REGISTRY_SCHEMA, REGISTRY_TABLE};
 use crate::rls::RlsChecker;
 use crate::telemetry;
 use crate::types::TypeCache;
@@ -72,8 +72,8 @@ pub fn shard_of(project: &str, shards: usize) -> usize {
     (h % shards.max(1) as u64) as usize
 }
 
-/// What a [`Pipeline`] is built with besides its connections.
-pub struct PipelineOptions {
+/// What a [`RealtimeConsumer`] is built with besides its connections.
+pub struct RealtimeOptions {
     /// This instance's id, sent as `Walcast-Origin`.
     pub origin: String,
     /// For the RLS checkers' connections.
@@ -98,7 +98,7 @@ type Message = (String, Vec<u8>);
 /// Room left in a bus message for the subject, headers and framing.
 const MESSAGE_OVERHEAD: usize = 1024;
 
-pub struct Pipeline {
+pub struct RealtimeConsumer {
     bus: Bus,
     matcher: Arc<Matcher>,
     shards: Vec<RlsChecker>,
@@ -120,16 +120,16 @@ pub struct Pipeline {
     ddl: CatalogTracking,
 }
 
-impl Pipeline {
+impl RealtimeConsumer {
     pub async fn new(
         bus: Bus,
         matcher: Arc<Matcher>,
         catalog: Client,
-        opts: PipelineOptions,
-    ) -> Result<Pipeline, CdcError> {
+        opts: RealtimeOptions,
+    ) -> Result<RealtimeConsumer, CdcError> {
         let types = TypeCache::load(&catalog).await?;
         let rls_opts = opts.rls;
-        let mut pipeline = Pipeline {
+        let mut pipeline = RealtimeConsumer {
             bus,
             matcher,
             shards: (0..rls_opts.shards.max(1))
@@ -506,7 +506,7 @@ impl Pipeline {
     }
 }
 
-impl Consumer for Pipeline {
+impl Consumer for RealtimeConsumer {
     fn name(&self) -> &'static str {
         "realtime"
     }
@@ -524,7 +524,7 @@ impl Consumer for Pipeline {
     fn refresh(&mut self, when: Refresh) -> BoxFuture<'_, Result<bool, CdcError>> {
         Box::pin(async move {
             let tables = match when {
-                Refresh::Start => Some(registry::list(&self.catalog, None).await?),
+                Refresh::Start => Some(realtime_tables::list(&self.catalog, None).await?),
                 Refresh::Check { confirmed } => {
                     let current = self.realtime_tables();
                     crate::source::registry_drift(&self.catalog, &current, confirmed).await?
@@ -544,14 +544,14 @@ impl Consumer for Pipeline {
     }
 
     fn flush(&mut self) -> BoxFuture<'_, Result<(), CdcError>> {
-        Box::pin(Pipeline::flush(self))
+        Box::pin(RealtimeConsumer::flush(self))
     }
 
     fn barrier(&mut self) -> BoxFuture<'_, Result<(), CdcError>> {
-        Box::pin(Pipeline::barrier(self))
+        Box::pin(RealtimeConsumer::barrier(self))
     }
 
     fn reset(&mut self) {
-        Pipeline::reset(self)
+        RealtimeConsumer::reset(self)
     }
 }

@@ -12,9 +12,9 @@ use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
 use walcast_bus::{HEADER_LSN, HEADER_NOTICE, HEADER_ORIGIN, HEADER_TERM};
 use walcast_lease::Action;
 
-use super::Pipeline;
+use super::RealtimeConsumer;
 use crate::catalog_change::{self, Notice, NoticeTable, Resume, TableState, Tracking, View};
-use crate::registry::TableRef;
+use crate::realtime_tables::TableRef;
 use crate::{telemetry, CdcError};
 use walcast_bus::ChangeKind;
 use walcast_wal2json::RowChange;
@@ -83,7 +83,7 @@ impl CatalogTracking {
     }
 }
 
-impl Pipeline {
+impl RealtimeConsumer {
     /// At start: the checkers know the states carried before the resume position.
     pub(super) fn seed_carried(&mut self) {
         if let Tracking::EventTrigger = self.ddl.tracking {
@@ -142,12 +142,12 @@ impl Pipeline {
     /// is then exact, whatever the registry holds by the time we read it.
     pub(super) fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
         if kind != ChangeKind::Insert {
-            if let Some(t) = crate::registry::registry_row(&row.identity) {
+            if let Some(t) = crate::realtime_tables::registry_row(&row.identity) {
                 self.routes.remove(&(t.schema, t.table));
             }
         }
         if kind != ChangeKind::Delete {
-            if let Some(t) = crate::registry::registry_row(&row.columns) {
+            if let Some(t) = crate::realtime_tables::registry_row(&row.columns) {
                 self.routes.insert((t.schema, t.table), t.project);
             }
         }

@@ -23,7 +23,7 @@ impl std::fmt::Display for TableRef {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
+pub enum RealtimeTablesError {
     #[error("table {0} does not exist (or is not a plain or partitioned table)")]
     UnknownTable(String),
     #[error("table {0} has no primary key; realtime needs one to identify rows")]
@@ -59,11 +59,11 @@ pub async fn enable<C: GenericClient>(
     project: &str,
     schema: &str,
     table: &str,
-) -> Result<bool, RegistryError> {
+) -> Result<bool, RealtimeTablesError> {
     let name = qualified(schema, table);
     match inspect(client, schema, table).await? {
-        None => return Err(RegistryError::UnknownTable(name)),
-        Some(false) => return Err(RegistryError::NoPrimaryKey(name)),
+        None => return Err(RealtimeTablesError::UnknownTable(name)),
+        Some(false) => return Err(RealtimeTablesError::NoPrimaryKey(name)),
         Some(true) => {}
     }
     let other = client
@@ -74,7 +74,7 @@ pub async fn enable<C: GenericClient>(
         )
         .await?;
     if let Some(row) = other {
-        return Err(RegistryError::OtherProject {
+        return Err(RealtimeTablesError::OtherProject {
             table: name,
             project: row.get(0),
         });
@@ -98,7 +98,7 @@ pub async fn disable<C: GenericClient>(
     project: &str,
     schema: &str,
     table: &str,
-) -> Result<bool, RegistryError> {
+) -> Result<bool, RealtimeTablesError> {
     let n = client
         .execute(
             "DELETE FROM walcast.realtime_tables
@@ -113,7 +113,7 @@ pub async fn disable<C: GenericClient>(
 pub async fn list<C: GenericClient>(
     client: &C,
     project: Option<&str>,
-) -> Result<Vec<TableRef>, RegistryError> {
+) -> Result<Vec<TableRef>, RealtimeTablesError> {
     let rows = client
         .query(
             "SELECT project_id, schema_name, table_name FROM walcast.realtime_tables
