@@ -468,3 +468,7 @@ fn audience(event: &ChangeEvent, allowed: Vec<Allowed>) -> Audience {
         })
         .collect()
 }
+
+#[cfg(test)]
+#[path = "authorize_tests.rs"]
+mod tests;
