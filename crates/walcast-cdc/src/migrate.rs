@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "catalog_changes",
         include_str!("../../../sql/0007_catalog_changes.sql"),
     ),
+    (8, "outbox", include_str!("../../../sql/0008_outbox.sql")),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.
