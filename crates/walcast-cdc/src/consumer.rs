@@ -61,6 +61,18 @@ pub trait Consumer: Send {
     /// The `(schema, table)`s this consumer needs decoded, as of its current position.
     fn tables(&self) -> Vec<(String, String)>;
 
+    /// Schemas whose every table this consumer needs decoded (tables created later
+    /// included, without a restart).
+    fn schemas(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// The prefixes of the transactional logical messages this consumer needs decoded
+    /// (`pg_logical_emit_message`): the sources decode the union of every consumer's.
+    fn message_prefixes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Load or re-check state; `true` if [`Consumer::tables`] changed.
     fn refresh(&mut self, _when: Refresh) -> BoxFuture<'_, Result<bool, CdcError>> {
         Box::pin(async { Ok(false) })

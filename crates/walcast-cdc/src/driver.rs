@@ -19,7 +19,7 @@ use walcast_wal2json::Lsn;
 use crate::consumer::{Consumer, Handled, Item, Refresh};
 use crate::frame::{Framed, Framer};
 use crate::health::{CdcHealth, SkippedChange};
-use crate::source::{filter_of, Input, Source};
+use crate::source::{Filter, Input, Source};
 use crate::{telemetry, CdcError};
 
 /// Slot statistics are read at most this often (and at once after a busy checkpoint).
@@ -105,9 +105,12 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// The `add-tables` value: the union of the consumers' tables.
-    fn filter(&self) -> String {
-        filter_of(self.consumers.iter().flat_map(|c| c.tables()).collect())
+    /// The union of the consumers' tables, schemas and message prefixes.
+    fn filter(&self) -> Filter {
+        let tables = self.consumers.iter().flat_map(|c| c.tables()).collect();
+        let schemas = self.consumers.iter().flat_map(|c| c.schemas()).collect();
+        let prefixes = self.consumers.iter().flat_map(|c| c.message_prefixes());
+        Filter::new(tables, schemas, prefixes.collect())
     }
 
     fn reset(&mut self) {

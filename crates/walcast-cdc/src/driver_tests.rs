@@ -12,6 +12,7 @@ use walcast_wal2json::{Change, Lsn};
 use super::{Driver, DriverOptions};
 use crate::consumer::{Consumer, Handled, Item};
 use crate::health::CdcHealth;
+use crate::source::Filter;
 use crate::source::{Input, Source};
 use crate::CdcError;
 
@@ -26,7 +27,7 @@ struct Scripted {
 impl Source for Scripted {
     const FLUSH_WHILE_WAITING: bool = true;
 
-    async fn start(&mut self, from: Lsn, filter: &str) -> Result<(), CdcError> {
+    async fn start(&mut self, from: Lsn, filter: &Filter) -> Result<(), CdcError> {
         self.log
             .lock()
             .unwrap()

@@ -18,7 +18,7 @@ use futures_util::TryStreamExt;
 use tokio_postgres::{Client, RowStream};
 use walcast_wal2json::Lsn;
 
-use crate::source::{Input, ReadConfig, Source, WAL2JSON_OPTIONS};
+use crate::source::{Filter, Input, ReadConfig, Source, WAL2JSON_OPTIONS};
 use crate::CdcError;
 
 /// WAL behind the slot beyond which a poll starts at the largest batch.
@@ -29,7 +29,7 @@ fn peek_sql() -> String {
     for (k, v) in WAL2JSON_OPTIONS {
         sql.push_str(&format!(", '{k}', '{v}'"));
     }
-    sql.push_str(", 'add-tables', $3)");
+    sql.push_str(", 'add-tables', $3, 'add-msg-prefixes', $4)");
     sql
 }
 
@@ -54,7 +54,7 @@ pub struct Poller<'a> {
     client: &'a Client,
     confirmed: Lsn,
     limit: usize,
-    filter: String,
+    filter: Filter,
     peek: Option<Peek>,
     queued: VecDeque<Input>,
     /// The last peek returned nothing: wait `idle` before the next.
@@ -68,7 +68,7 @@ impl<'a> Poller<'a> {
             client,
             confirmed,
             limit: cfg.min_batch.max(1),
-            filter: String::new(),
+            filter: Filter::default(),
             peek: None,
             queued: VecDeque::new(),
             idle: false,
@@ -101,7 +101,8 @@ impl<'a> Poller<'a> {
                 [
                     &self.cfg.slot as &(dyn tokio_postgres::types::ToSql + Sync),
                     &limit,
-                    &self.filter,
+                    &self.filter.tables,
+                    &self.filter.messages,
                 ],
             )
             .await?;
@@ -160,11 +161,11 @@ impl Source for Poller<'_> {
     /// its end (the checkpoint's barrier).
     const FLUSH_WHILE_WAITING: bool = false;
 
-    async fn start(&mut self, _from: Lsn, filter: &str) -> Result<(), CdcError> {
+    async fn start(&mut self, _from: Lsn, filter: &Filter) -> Result<(), CdcError> {
         // Every peek starts at the slot's confirmed position.
-        if filter != self.filter {
-            tracing::info!(filter = %filter, "table filter updated");
-            self.filter = filter.to_string();
+        if *filter != self.filter {
+            tracing::info!(filter = %filter, messages = %filter.messages, "filter updated");
+            self.filter = filter.clone();
         }
         Ok(())
     }

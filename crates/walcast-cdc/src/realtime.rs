@@ -518,6 +518,11 @@ impl Consumer for RealtimeConsumer {
         v
     }
 
+    /// The DDL notices (see [`crate::catalog_change`]).
+    fn message_prefixes(&self) -> Vec<String> {
+        vec![NOTICE_PREFIX.to_string()]
+    }
+
     /// At start the registry is loaded; later edits arrive in WAL order and are applied
     /// exactly where they happened. The periodic re-read is a safety net (see
     /// [`crate::source::registry_drift`]).

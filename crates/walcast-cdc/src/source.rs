@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio_postgres::Client;
-use walcast_wal2json::Lsn;
+use walcast_wal2json::{add_tables_and_schemas, Lsn};
 
 use crate::realtime_tables::{self, TableRef, REGISTRY_SCHEMA, REGISTRY_TABLE};
 
@@ -21,7 +21,7 @@ pub struct ReadConfig {
     pub filter_refresh: Duration,
 }
 
-/// The wal2json options every source uses (`add-tables` is appended).
+/// The wal2json options every source uses (the [`Filter`]'s are appended).
 pub const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
     ("format-version", "2"),
     ("include-transaction", "1"),
@@ -31,9 +31,59 @@ pub const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
     ("include-pk", "1"),
     ("include-type-oids", "1"),
     ("include-typmod", "0"),
-    // Of the logical messages, only the DDL notices (see `catalog_change`).
-    ("add-msg-prefixes", crate::catalog_change::NOTICE_PREFIX),
 ];
+
+/// The `add-msg-prefixes` value when no consumer wants logical messages (an empty value
+/// would let every message through).
+const NO_MESSAGES: &str = "walcast.none";
+
+/// What the sources decode: the union of the consumers' tables and whole schemas
+/// (`add-tables`) and of their logical-message prefixes (`add-msg-prefixes`). `Display` is the tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub tables: String,
+    pub messages: String,
+}
+
+impl Filter {
+    /// The filter of these tables, whole schemas and message prefixes (each sorted,
+    /// duplicates once).
+    pub fn new(
+        mut tables: Vec<(String, String)>,
+        mut schemas: Vec<String>,
+        mut prefixes: Vec<String>,
+    ) -> Filter {
+        tables.sort();
+        tables.dedup();
+        schemas.sort();
+        schemas.dedup();
+        prefixes.sort();
+        prefixes.dedup();
+        let messages = match prefixes.is_empty() {
+            true => NO_MESSAGES.to_string(),
+            false => prefixes.join(","),
+        };
+        let tables = tables.iter().map(|(s, t)| (s.as_str(), t.as_str()));
+        Filter {
+            tables: add_tables_and_schemas(tables, schemas.iter().map(String::as_str)),
+            messages,
+        }
+    }
+
+    /// Every wal2json option, this filter's included.
+    pub fn options(&self) -> Vec<(&str, &str)> {
+        let mut options = WAL2JSON_OPTIONS.to_vec();
+        options.push(("add-tables", &self.tables));
+        options.push(("add-msg-prefixes", &self.messages));
+        options
+    }
+}
+
+impl std::fmt::Display for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.tables)
+    }
+}
 
 /// The `add-tables` value for the realtime registry alone: every enabled table plus the
 /// registry itself (so registry edits arrive in WAL order).
@@ -135,9 +185,9 @@ pub trait Source {
     /// yes; polling: no, a peek's rows are batched up to the limit and flushed at its end).
     const FLUSH_WHILE_WAITING: bool;
 
-    /// Read after the acknowledged position `from`, decoding only the tables in `filter`
-    /// (an `add-tables` value). Called again, after [`Source::stop`], when the filter changes.
-    async fn start(&mut self, from: Lsn, filter: &str) -> Result<(), crate::CdcError>;
+    /// Read after the acknowledged position `from`, decoding only what `filter` names.
+    /// Called again, after [`Source::stop`], when the filter changes.
+    async fn start(&mut self, from: Lsn, filter: &Filter) -> Result<(), crate::CdcError>;
 
     /// The next input. Cancel-safe: the driver drops it to flush or when cancelled.
     async fn next(&mut self) -> Result<Input, crate::CdcError>;

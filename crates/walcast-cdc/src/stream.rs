@@ -19,7 +19,7 @@ use tokio::time::{Interval, MissedTickBehavior};
 use walcast_pgrepl::{ReplEvent, ReplicationClient, ReplicationStream};
 use walcast_wal2json::Lsn;
 
-use crate::source::{Input, Source, WAL2JSON_OPTIONS};
+use crate::source::{Filter, Input, Source};
 use crate::CdcError;
 
 #[derive(Clone, Debug)]
@@ -55,11 +55,10 @@ impl<'a> Streamer<'a> {
 impl Source for Streamer<'_> {
     const FLUSH_WHILE_WAITING: bool = true;
 
-    async fn start(&mut self, from: Lsn, filter: &str) -> Result<(), CdcError> {
-        tracing::info!(filter = %filter, from = %from, "starting replication stream");
+    async fn start(&mut self, from: Lsn, filter: &Filter) -> Result<(), CdcError> {
+        tracing::info!(filter = %filter, messages = %filter.messages, from = %from, "starting replication stream");
         let repl = ReplicationClient::connect(&self.cfg.url).await?;
-        let mut options: Vec<(&str, &str)> = WAL2JSON_OPTIONS.to_vec();
-        options.push(("add-tables", filter));
+        let options = filter.options();
         self.stream = Some(repl.start_logical(&self.cfg.slot, from, &options).await?);
         // The first tick is at once: the driver reports the stream as active.
         let mut tick = tokio::time::interval(self.cfg.ack_interval);

@@ -42,6 +42,23 @@ pub fn add_tables_option<'a>(tables: impl IntoIterator<Item = (&'a str, &'a str)
     out
 }
 
+/// [`add_tables_option`] plus every table of each of `schemas` (`schema.*`: tables
+/// created later included).
+pub fn add_tables_and_schemas<'a>(
+    tables: impl IntoIterator<Item = (&'a str, &'a str)>,
+    schemas: impl IntoIterator<Item = &'a str>,
+) -> String {
+    let mut out = add_tables_option(tables);
+    for schema in schemas {
+        if !out.is_empty() {
+            out.push(',');
+        }
+        push_escaped(&mut out, schema);
+        out.push_str(".*");
+    }
+    out
+}
+
 /// Whether C's `isspace` (as wal2json calls it on each byte) is true: ASCII white
 /// space including vertical tab. Bytes of multi-byte UTF-8 sequences never are.
 fn is_c_space(c: char) -> bool {
@@ -214,6 +231,17 @@ mod tests {
         assert!(!wild[1].all_schemas && wild[1].all_tables);
         assert_eq!(wild[0].table, b"*");
         assert_eq!(wild[1].schema, b"*");
+    }
+
+    #[test]
+    fn whole_schemas_use_the_unescaped_wildcard() {
+        let v = add_tables_and_schemas([("public", "*")], ["walcast_outbox_parts", "a.b"]);
+        assert_eq!(v, r"public.\*,walcast_outbox_parts.*,a\.b.*");
+        let parsed = reference_parse(&v).unwrap();
+        assert!(!parsed[0].all_tables && parsed[0].table == b"*");
+        assert!(parsed[1].all_tables && parsed[1].schema == b"walcast_outbox_parts");
+        assert!(parsed[2].all_tables && parsed[2].schema == b"a.b");
+        assert_eq!(add_tables_and_schemas([], ["s"]), "s.*");
     }
 
     fn name() -> impl Strategy<Value = String> {

@@ -52,7 +52,7 @@ mod lsn;
 #[cfg(test)]
 mod decode_tests;
 
-pub use add_tables::add_tables_option;
+pub use add_tables::{add_tables_and_schemas, add_tables_option};
 pub use change::{Action, Change, Column, Message, PkColumn, RowChange, Truncate, TxnMarker};
 pub use decode::{decode, decode_bytes, DecodeError};
 pub use lsn::{Lsn, ParseLsnError};
