@@ -12,6 +12,7 @@ mod front_slow;
 mod lease;
 mod nats_outage;
 mod oracle;
+mod outbox;
 mod pipeline;
 mod presence;
 mod projects;

@@ -98,6 +98,12 @@ pub enum CdcError {
         snapshot: Option<i64>,
         ahead: bool,
     },
+    /// A consumer other than realtime delivery failed (retried like any transient fault).
+    #[error("{consumer}: {message}")]
+    Consumer {
+        consumer: &'static str,
+        message: String,
+    },
     /// Our leadership term's fence closed: stop, publish and acknowledge nothing more.
     #[error(transparent)]
     Fenced(#[from] walcast_lease::Fenced),

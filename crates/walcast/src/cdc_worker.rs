@@ -70,6 +70,7 @@ pub fn describe(
         "lease_duration_secs": cdc.lease.lease_duration_secs,
         "lease_kube_api_url": cdc.lease.lease_kube_api_url,
         "listen": format!("{}:{}", http.host, http.port),
+        "outbox": cdc.outbox.describe(),
     })
 }
 
@@ -145,6 +146,7 @@ pub async fn run(
     cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
     cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
+    let (outbox, outbox_health) = outbox_consumer(cdc, &cfg, &bus, &health);
     let tracker = TaskTracker::new();
     spawn_front_expiry(&tracker, registrar.matcher().clone(), cancel.clone());
     let known_fronts = KnownFronts::default();
@@ -153,6 +155,7 @@ pub async fn run(
     let status = Arc::new(LeaseStatus::default());
     let state = OpsState {
         cdc: Some(health.clone()),
+        outbox: outbox_health,
         front: front.clone(),
         bus: bus.clone(),
         metrics,
@@ -172,6 +175,7 @@ pub async fn run(
         admin,
         health,
         known_fronts,
+        consumers: outbox.into_iter().collect(),
         failure: Default::default(),
         root: cancel.clone(),
     });
@@ -189,6 +193,30 @@ pub async fn run(
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
     }
+}
+
+/// The outbox relay's consumer and health, when enabled (and the bus is NATS).
+fn outbox_consumer(
+    cdc: &CdcArgs,
+    cfg: &walcast_cdc::CdcConfig,
+    bus: &Bus,
+    health: &Arc<CdcHealth>,
+) -> (
+    Option<walcast_cdc::ConsumerFactory>,
+    Option<Arc<walcast_outbox::OutboxHealth>>,
+) {
+    let (Some(config), Bus::Nats(nats)) = (cdc.outbox.to_config(&cfg.database_url), bus) else {
+        return (None, None);
+    };
+    walcast_outbox::telemetry::describe();
+    let outbox_health = Arc::new(walcast_outbox::OutboxHealth::new());
+    let factory = walcast_outbox::consumer_factory(
+        config,
+        nats.client().clone(),
+        outbox_health.clone(),
+        health.clone(),
+    );
+    (Some(factory), Some(outbox_health))
 }
 
 /// Drop subscriptions of fronts that stopped syncing (died).
@@ -247,6 +275,8 @@ struct Leader {
     admin: Arc<dyn AdminHandler>,
     health: Arc<CdcHealth>,
     known_fronts: KnownFronts,
+    /// Consumers of the WAL next to realtime delivery (the outbox relay).
+    consumers: Vec<walcast_cdc::ConsumerFactory>,
     failure: std::sync::Mutex<Option<walcast_cdc::CdcError>>,
     /// Cancelled when the pipeline fails for good: the process stops.
     root: CancellationToken,
@@ -258,12 +288,13 @@ impl Leader {
         self.health.set_leader(true);
         let responder = self.serve_fronts(&term).await;
         let matcher = self.registrar.matcher().clone();
-        let run = walcast_cdc::run_fenced(
+        let run = walcast_cdc::run_with_consumers(
             self.cfg.clone(),
             self.bus.clone(),
             matcher,
             self.health.clone(),
             fence.clone(),
+            self.consumers.clone(),
         );
         if let Err(e) = run.await {
             if let Ok(mut f) = self.failure.lock() {

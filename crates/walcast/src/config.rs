@@ -116,6 +116,72 @@ pub struct CdcArgs {
     pub allow_unbounded_wal: bool,
     #[command(flatten)]
     pub lease: LeaseArgs,
+    #[command(flatten)]
+    pub outbox: OutboxArgs,
+}
+
+/// The transactional outbox relay (docs/outbox.md).
+#[derive(Args, Clone, Debug)]
+pub struct OutboxArgs {
+    /// Relay `walcast.emit` events and outbox-table rows to NATS JetStream. The stream is
+    /// created at the first event, so a deployment that never emits needs no JetStream.
+    #[arg(long = "outbox-enabled", env = "OUTBOX_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// The JetStream stream (created, or updated to these settings, when first used).
+    #[arg(long = "outbox-stream", env = "OUTBOX_STREAM", default_value = walcast_outbox::config::DEFAULT_STREAM)]
+    pub stream: String,
+    /// The stream's replicas (1 for a single NATS server, 3 for a cluster).
+    #[arg(long = "outbox-stream-replicas", env = "OUTBOX_STREAM_REPLICAS", default_value_t = walcast_outbox::config::DEFAULT_REPLICAS)]
+    pub replicas: usize,
+    /// How long the stream keeps events, in seconds (how far `walcast outbox replay`
+    /// reaches back).
+    #[arg(long = "outbox-max-age-secs", env = "OUTBOX_MAX_AGE_SECS", default_value_t = walcast_outbox::config::DEFAULT_MAX_AGE.as_secs())]
+    pub max_age_secs: u64,
+    /// JetStream's duplicate window, in seconds: replays after a crash or failover within
+    /// it are dropped by event id. Must exceed the worst replay (docs/outbox.md).
+    #[arg(long = "outbox-duplicate-window-secs", env = "OUTBOX_DUPLICATE_WINDOW_SECS", default_value_t = walcast_outbox::config::DEFAULT_DUPLICATE_WINDOW.as_secs())]
+    pub duplicate_window_secs: u64,
+    /// How long to wait for one PubAck before retrying, in milliseconds.
+    #[arg(long = "outbox-ack-timeout-ms", env = "OUTBOX_ACK_TIMEOUT_MS", default_value_t = walcast_outbox::config::DEFAULT_ACK_TIMEOUT.as_millis() as u64)]
+    pub ack_timeout_ms: u64,
+    /// Events sent and not yet acknowledged, at most (beyond, reading the WAL waits).
+    #[arg(long = "outbox-max-in-flight", env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = walcast_outbox::config::DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+    /// Longest wait between retries of a transient failure, in milliseconds (waits
+    /// double from 100 ms up to it).
+    #[arg(long = "outbox-retry-max-ms", env = "OUTBOX_RETRY_MAX_MS", default_value_t = walcast_outbox::config::DEFAULT_RETRY_MAX.as_millis() as u64)]
+    pub retry_max_ms: u64,
+}
+
+impl OutboxArgs {
+    /// The relay's settings (`None` when disabled).
+    pub fn to_config(&self, database_url: &str) -> Option<walcast_outbox::OutboxConfig> {
+        if !self.enabled {
+            return None;
+        }
+        let mut c = walcast_outbox::OutboxConfig::new(database_url);
+        c.stream = self.stream.clone();
+        c.replicas = self.replicas;
+        c.max_age = std::time::Duration::from_secs(self.max_age_secs);
+        c.duplicate_window = std::time::Duration::from_secs(self.duplicate_window_secs);
+        c.ack_timeout = std::time::Duration::from_millis(self.ack_timeout_ms);
+        c.max_in_flight = self.max_in_flight.max(1);
+        c.retry.cap = std::time::Duration::from_millis(self.retry_max_ms);
+        Some(c)
+    }
+
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "enabled": self.enabled,
+            "stream": self.stream,
+            "replicas": self.replicas,
+            "max_age_secs": self.max_age_secs,
+            "duplicate_window_secs": self.duplicate_window_secs,
+            "ack_timeout_ms": self.ack_timeout_ms,
+            "max_in_flight": self.max_in_flight,
+            "retry_max_ms": self.retry_max_ms,
+        })
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

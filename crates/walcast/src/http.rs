@@ -21,6 +21,8 @@ use walcast_lease::LeaseStatus;
 pub struct OpsState {
     /// The CDC pipeline, in processes that run one.
     pub cdc: Option<Arc<CdcHealth>>,
+    /// The outbox relay, where enabled.
+    pub outbox: Option<Arc<walcast_outbox::OutboxHealth>>,
     /// The realtime front, in processes that run one.
     pub front: Option<Front>,
     pub bus: Bus,
@@ -47,6 +49,8 @@ struct HealthBody {
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     cdc: Option<CdcHealthReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    outbox: Option<walcast_outbox::OutboxHealthReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     lease_mode: Option<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     lease: Option<LeaseHealth>,
@@ -59,6 +63,10 @@ struct HealthBody {
 async fn health(State(s): State<OpsState>) -> impl IntoResponse {
     Json(HealthBody {
         cdc: s.cdc.as_ref().map(|c| c.report()),
+        outbox: s
+            .outbox
+            .as_ref()
+            .map(|o| o.report(walcast_outbox::time::now_ms())),
         lease_mode: s.cdc.as_ref().map(|_| s.lease_mode.clone()),
         lease: s.lease.as_ref().map(|l| {
             let r = l.report();

@@ -1,0 +1,56 @@
+//! The relay's settings; every default defined once, here (the binaries' flags use them).
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+
+pub const DEFAULT_STREAM: &str = "WALCAST_OUTBOX";
+pub const DEFAULT_SUBJECTS: &str = "walcast.outbox.>";
+pub const DEFAULT_REPLICAS: usize = 1;
+/// How long the stream keeps events (what `walcast outbox replay` can reach back to).
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
+/// JetStream's duplicate window: must be longer than the worst replay (see docs/outbox.md).
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long to wait for one PubAck before the publish counts as failed (and is retried).
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Events sent and not yet acknowledged, at most; beyond, sending waits for acks.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The relay's settings.
+#[derive(Clone, Debug)]
+pub struct OutboxConfig {
+    /// The JetStream stream, created or updated at the first publish of a session.
+    pub stream: String,
+    pub subjects: Vec<String>,
+    pub replicas: usize,
+    pub max_age: Duration,
+    pub duplicate_window: Duration,
+    pub ack_timeout: Duration,
+    pub max_in_flight: usize,
+    /// Transient failures are retried after `min(max, base · 2ⁿ)`.
+    pub retry: Backoff,
+    /// For the outbox-table list and the quarantine (`DATABASE_URL`).
+    pub database_url: String,
+}
+
+impl OutboxConfig {
+    /// The defaults, with the database to use.
+    pub fn new(database_url: impl Into<String>) -> OutboxConfig {
+        OutboxConfig {
+            stream: DEFAULT_STREAM.into(),
+            subjects: vec![DEFAULT_SUBJECTS.into()],
+            replicas: DEFAULT_REPLICAS,
+            max_age: DEFAULT_MAX_AGE,
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            retry: Backoff {
+                base: DEFAULT_RETRY_BASE,
+                cap: DEFAULT_RETRY_MAX,
+            },
+            database_url: database_url.into(),
+        }
+    }
+}

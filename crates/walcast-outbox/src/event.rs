@@ -1,0 +1,253 @@
+//! Outbox events, pure: parsed from a `walcast.emit` message or an outbox-table row, and
+//! turned into a JetStream message (subject, headers, body). No IO.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use walcast_wal2json::{Column, Lsn};
+
+/// The logical-message prefix of `walcast.emit`.
+pub const MESSAGE_PREFIX: &str = "walcast.outbox";
+/// Subjects: `walcast.outbox.<project>.<topic>`.
+pub const SUBJECT_PREFIX: &str = "walcast.outbox";
+
+/// Headers the relay sets (a user header may not use the `Nats-` or `Walcast-` prefix).
+pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
+pub const HEADER_EVENT_ID: &str = "Walcast-Event-Id";
+pub const HEADER_KEY: &str = "Walcast-Key";
+pub const HEADER_COMMIT_LSN: &str = "Walcast-Commit-Lsn";
+pub const HEADER_PROJECT: &str = "Walcast-Project";
+pub const HEADER_TOPIC: &str = "Walcast-Topic";
+pub const HEADER_EVENT_TYPE: &str = "Walcast-Event-Type";
+pub const HEADER_SCHEMA_VERSION: &str = "Walcast-Schema-Version";
+pub const HEADER_OCCURRED_AT: &str = "Walcast-Occurred-At";
+
+/// Why an event cannot be relayed as it is. Deterministic: retrying gives the same answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    #[error("not an outbox event: {0}")]
+    Malformed(String),
+    #[error("topic {0:?} is not dot-separated tokens of letters, digits, _ or -")]
+    Topic(String),
+    #[error("project {0:?} cannot be a subject token")]
+    Project(String),
+    #[error("header {name:?}: {why}")]
+    Header { name: String, why: &'static str },
+}
+
+/// One event to relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent {
+    /// A UUID: the JetStream `Nats-Msg-Id`.
+    pub id: String,
+    pub project: String,
+    pub topic: String,
+    /// The ordering key (per-key order holds on the stream).
+    pub key: Option<String>,
+    /// JSON text.
+    pub payload: String,
+    /// The user's headers, then ours for outbox-table rows (event type …).
+    pub headers: Vec<(String, String)>,
+    /// End of the commit record of its transaction.
+    pub commit_lsn: Lsn,
+    /// Its transaction's commit time (UTC, ms, `Z`).
+    pub committed_at: String,
+}
+
+#[derive(Deserialize)]
+struct EmitContent<'a> {
+    id: String,
+    project: String,
+    topic: String,
+    key: Option<String>,
+    #[serde(borrow)]
+    payload: &'a RawValue,
+    headers: Option<serde_json::Map<String, Value>>,
+}
+
+/// Whether a topic (or project) is dot-separated tokens of `[A-Za-z0-9_-]`.
+pub fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.split('.').all(|t| {
+            !t.is_empty()
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
+fn check_header(name: &str, value: &str) -> Result<(), EventError> {
+    let bad = |why| {
+        Err(EventError::Header {
+            name: name.to_string(),
+            why,
+        })
+    };
+    let lower = name.to_ascii_lowercase();
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return bad("a name is printable ASCII without ':' or spaces");
+    }
+    if lower.starts_with("nats-") || lower.starts_with("walcast-") {
+        return bad("the Nats- and Walcast- prefixes are reserved");
+    }
+    if value.contains(['\r', '\n']) {
+        return bad("a value cannot contain a line break");
+    }
+    Ok(())
+}
+
+/// The user's `headers` object as header pairs: strings as they are, other values as JSON.
+fn user_headers(
+    h: Option<serde_json::Map<String, Value>>,
+) -> Result<Vec<(String, String)>, EventError> {
+    let mut out = Vec::new();
+    for (name, value) in h.unwrap_or_default() {
+        let value = match value {
+            Value::String(s) => s,
+            Value::Null => continue,
+            other => other.to_string(),
+        };
+        check_header(&name, &value)?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+impl OutboxEvent {
+    /// The event of a `walcast.emit` message's content.
+    pub fn from_message(
+        content: &str,
+        commit_lsn: Lsn,
+        committed_at: &str,
+    ) -> Result<Self, EventError> {
+        let c: EmitContent<'_> =
+            serde_json::from_str(content).map_err(|e| EventError::Malformed(e.to_string()))?;
+        let ev = OutboxEvent {
+            id: c.id,
+            project: c.project,
+            topic: c.topic,
+            key: c.key,
+            payload: c.payload.get().to_string(),
+            headers: user_headers(c.headers)?,
+            commit_lsn,
+            committed_at: committed_at.to_string(),
+        };
+        ev.validate()?;
+        Ok(ev)
+    }
+
+    /// The event of a row inserted into an outbox table of `project`: topic =
+    /// `aggregate_type`, key = `aggregate_id`, the event type, schema version and time of
+    /// occurrence as headers.
+    pub fn from_row(
+        project: &str,
+        columns: &[Column<'_>],
+        commit_lsn: Lsn,
+        committed_at: &str,
+    ) -> Result<Self, EventError> {
+        let row = Row(columns);
+        let headers = match row.text("headers")? {
+            Some(h) => {
+                serde_json::from_str(&h).map_err(|e| EventError::Malformed(e.to_string()))?
+            }
+            None => None,
+        };
+        let mut headers = user_headers(headers)?;
+        for (name, column) in [
+            (HEADER_EVENT_TYPE, "event_type"),
+            (HEADER_SCHEMA_VERSION, "schema_version"),
+            (HEADER_OCCURRED_AT, "occurred_at"),
+        ] {
+            if let Some(v) = row.text(column)? {
+                headers.push((name.to_string(), v));
+            }
+        }
+        let required = |c: &str| {
+            row.text(c)?
+                .ok_or_else(|| EventError::Malformed(format!("{c} is missing")))
+        };
+        let ev = OutboxEvent {
+            id: required("id")?,
+            project: project.to_string(),
+            topic: required("aggregate_type")?,
+            key: row.text("aggregate_id")?,
+            payload: required("payload")?,
+            headers,
+            commit_lsn,
+            committed_at: committed_at.to_string(),
+        };
+        ev.validate()?;
+        Ok(ev)
+    }
+
+    fn validate(&self) -> Result<(), EventError> {
+        if !valid_topic(&self.topic) {
+            return Err(EventError::Topic(self.topic.clone()));
+        }
+        if !valid_topic(&self.project) || self.project.contains('.') {
+            return Err(EventError::Project(self.project.clone()));
+        }
+        if let Some(k) = &self.key {
+            if k.contains(['\r', '\n']) {
+                return Err(EventError::Header {
+                    name: HEADER_KEY.into(),
+                    why: "a value cannot contain a line break",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `walcast.outbox.<project>.<topic>`.
+    pub fn subject(&self) -> String {
+        format!("{SUBJECT_PREFIX}.{}.{}", self.project, self.topic)
+    }
+
+    /// Every header of its JetStream message: ours (the id twice: `Nats-Msg-Id` for
+    /// JetStream's duplicate window, `Walcast-Event-Id` for consumers), then the user's.
+    pub fn message_headers(&self) -> Vec<(&str, String)> {
+        let mut h = vec![
+            (HEADER_MSG_ID, self.id.clone()),
+            (HEADER_EVENT_ID, self.id.clone()),
+            (HEADER_COMMIT_LSN, self.commit_lsn.to_string()),
+            (HEADER_PROJECT, self.project.clone()),
+            (HEADER_TOPIC, self.topic.clone()),
+        ];
+        if let Some(k) = &self.key {
+            h.push((HEADER_KEY, k.clone()));
+        }
+        h.extend(self.headers.iter().map(|(n, v)| (n.as_str(), v.clone())));
+        h
+    }
+}
+
+/// The columns of an inserted row, by name.
+struct Row<'a>(&'a [Column<'a>]);
+
+impl Row<'_> {
+    /// A column's value as text (JSON strings unquoted, numbers as written); `None` for
+    /// SQL NULL or a missing column.
+    fn text(&self, name: &str) -> Result<Option<String>, EventError> {
+        let Some(raw) = self.0.iter().find(|c| c.name == name).and_then(|c| c.value) else {
+            return Ok(None);
+        };
+        let v: Value = serde_json::from_str(raw.get())
+            .map_err(|e| EventError::Malformed(format!("{name}: {e}")))?;
+        Ok(match v {
+            Value::Null => None,
+            Value::String(s) => Some(s),
+            other => Some(other.to_string()),
+        })
+    }
+}
+
+/// The outbox id of a partition named `o<id>_<yyyymmdd>`.
+pub fn partition_outbox(name: &str) -> Option<i32> {
+    let (id, day) = name.strip_prefix('o')?.split_once('_')?;
+    (day.len() == 8 && day.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| id.parse().ok())
+        .flatten()
+}
+
+#[cfg(test)]
+#[path = "event_tests.rs"]
+mod tests;

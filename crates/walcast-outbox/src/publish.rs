@@ -1,0 +1,122 @@
+//! Sending events to JetStream and telling transient failures from permanent ones.
+
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::{self, stream, ErrorCode};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
+use crate::config::OutboxConfig;
+use crate::event::OutboxEvent;
+
+/// Why a publish failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Retry it (no answer in time, connection lost, JetStream busy or restarting).
+    Transient(String),
+    /// JetStream will never take it: quarantine it. `kind` labels the metric.
+    Permanent { kind: &'static str, error: String },
+}
+
+impl Failure {
+    pub fn message(&self) -> &str {
+        match self {
+            Failure::Transient(e) | Failure::Permanent { error: e, .. } => e,
+        }
+    }
+}
+
+/// Classify a publish error. `StreamNotFound` (no stream listens on the subject) is
+/// transient here: the caller re-creates the stream and only then calls it permanent.
+pub fn classify(e: &PublishError) -> Failure {
+    let text = e.to_string();
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => Failure::Permanent {
+            kind: "too_large",
+            error: text,
+        },
+        PublishErrorKind::Other => {
+            let code = std::error::Error::source(e)
+                .and_then(|s| s.downcast_ref::<jetstream::Error>())
+                .map(|j| j.error_code());
+            match code {
+                Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => Failure::Permanent {
+                    kind: "too_large",
+                    error: text,
+                },
+                _ => Failure::Transient(text),
+            }
+        }
+        _ => Failure::Transient(text),
+    }
+}
+
+/// The relay's JetStream context.
+pub struct Publisher {
+    js: jetstream::Context,
+    cfg: OutboxConfig,
+    stream_ready: bool,
+}
+
+impl Publisher {
+    pub fn new(client: async_nats::Client, cfg: OutboxConfig) -> Publisher {
+        let js = jetstream::ContextBuilder::new()
+            .timeout(cfg.ack_timeout)
+            .max_ack_inflight(cfg.max_in_flight.max(1))
+            .backpressure_on_inflight(true)
+            .build(client);
+        Publisher {
+            js,
+            cfg,
+            stream_ready: false,
+        }
+    }
+
+    fn stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.cfg.stream.clone(),
+            subjects: self.cfg.subjects.clone(),
+            num_replicas: self.cfg.replicas,
+            max_age: self.cfg.max_age,
+            duplicate_window: self.cfg.duplicate_window,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        }
+    }
+
+    /// Create the stream, or update it to the configured settings (once per session,
+    /// and again after JetStream said no stream listens on a subject).
+    pub async fn ensure_stream(&mut self) -> Result<(), Failure> {
+        if self.stream_ready {
+            return Ok(());
+        }
+        self.js
+            .create_or_update_stream(self.stream_config())
+            .await
+            .map_err(|e| Failure::Transient(format!("creating stream {}: {e}", self.cfg.stream)))?;
+        tracing::info!(stream = %self.cfg.stream, subjects = ?self.cfg.subjects, "outbox stream ready");
+        self.stream_ready = true;
+        Ok(())
+    }
+
+    /// The stream is to be checked again before the next publish.
+    pub fn stream_lost(&mut self) {
+        self.stream_ready = false;
+    }
+
+    pub fn stream_checked(&self) -> bool {
+        self.stream_ready
+    }
+
+    /// Send one event (waits only when `max_in_flight` acks are outstanding); the future
+    /// resolves to JetStream's answer.
+    pub async fn send(&self, ev: &OutboxEvent) -> Result<PublishAckFuture, PublishError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in ev.message_headers() {
+            headers.insert(name, value.as_str());
+        }
+        let payload = Bytes::from(ev.payload.clone());
+        self.js
+            .publish_with_headers(ev.subject(), headers, payload)
+            .await
+    }
+}

@@ -1,0 +1,58 @@
+//! Metric names and descriptions of the outbox relay.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+/// Counter: events JetStream acknowledged (`duplicate` = `true` for a replay it had).
+pub const PUBLISHED: &str = "walcast_outbox_published_total";
+/// Counter: publish attempts that failed, by `kind` (`transient`, `too_large`, `no_stream`,
+/// `refused`).
+pub const PUBLISH_FAILURES: &str = "walcast_outbox_publish_failures_total";
+/// Histogram: seconds from sending an event to JetStream's acknowledgement.
+pub const ACK_SECONDS: &str = "walcast_outbox_ack_seconds";
+/// Histogram: seconds from the event's commit to JetStream's acknowledgement.
+pub const COMMIT_TO_ACK_SECONDS: &str = "walcast_outbox_commit_to_ack_seconds";
+/// Gauge: age in seconds of the oldest event handed to the relay and not yet acknowledged
+/// by JetStream (0 when none waits).
+pub const OLDEST_UNPUBLISHED_SECONDS: &str = "walcast_outbox_oldest_unpublished_seconds";
+/// Counter: events quarantined (refused by JetStream for good).
+pub const QUARANTINED: &str = "walcast_outbox_quarantined_total";
+/// Gauge: rows in the quarantine table (read periodically).
+pub const QUARANTINE_SIZE: &str = "walcast_outbox_quarantine_size";
+/// Counter: events that could not be read at all (not an outbox event), skipped.
+pub const MALFORMED: &str = "walcast_outbox_malformed_total";
+
+/// Register the descriptions (once per process).
+pub fn describe() {
+    describe_counter!(
+        PUBLISHED,
+        "Outbox events JetStream acknowledged (label duplicate)"
+    );
+    describe_counter!(
+        PUBLISH_FAILURES,
+        "Outbox publish attempts that failed, by kind (transient ones are retried)"
+    );
+    describe_histogram!(
+        ACK_SECONDS,
+        Unit::Seconds,
+        "Outbox event send to JetStream ack"
+    );
+    describe_histogram!(
+        COMMIT_TO_ACK_SECONDS,
+        Unit::Seconds,
+        "Outbox event commit to JetStream ack"
+    );
+    describe_gauge!(
+        OLDEST_UNPUBLISHED_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest outbox event not yet acknowledged by JetStream"
+    );
+    describe_counter!(
+        QUARANTINED,
+        "Outbox events quarantined (refused by JetStream for good)"
+    );
+    describe_gauge!(QUARANTINE_SIZE, "Rows in walcast.outbox_quarantine");
+    describe_counter!(
+        MALFORMED,
+        "Outbox messages or rows that are not events (skipped)"
+    );
+}

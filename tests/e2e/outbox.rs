@@ -1,0 +1,277 @@
+//! The transactional outbox relay, end to end: `walcast.emit` and outbox-table rows reach
+//! JetStream in commit order, only once committed; a crash in either window loses
+//! nothing and duplicates nothing on the stream; a poison event is quarantined while the
+//! others flow.
+
+both_sources!(
+    committed_events_reach_jetstream_in_commit_order,
+    a_crash_in_either_window_loses_nothing,
+    a_poison_event_is_quarantined_and_the_rest_flow,
+);
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use walcast_testkit::{Nats, Postgres};
+
+use crate::support::Stack;
+
+const STREAM: &str = "WALCAST_OUTBOX";
+
+/// One message of the outbox stream.
+#[derive(Debug, Clone)]
+struct Stored {
+    subject: String,
+    headers: HashMap<String, String>,
+    payload: serde_json::Value,
+}
+
+impl Stored {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+    fn n(&self) -> i64 {
+        self.payload["n"].as_i64().unwrap_or(-1)
+    }
+}
+
+/// Every message of the stream, in stream order, once it holds at least `n` (bounded).
+async fn stream_with(nats_url: &str, n: u64, timeout: Duration) -> Vec<Stored> {
+    let client = async_nats::connect(nats_url)
+        .await
+        .expect("connect to NATS");
+    let js = jetstream::new(client);
+    let deadline = Instant::now() + timeout;
+    let mut stream = loop {
+        match js.get_stream(STREAM).await {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the outbox stream {STREAM} was not created within {timeout:?}: {e}"),
+        }
+    };
+    loop {
+        let info = stream.info().await.expect("stream info");
+        let have = info.state.messages;
+        if have >= n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the outbox stream holds {have} messages, {n} expected within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last = stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let Ok(m) = stream.get_raw_message(seq).await else {
+            continue;
+        };
+        let headers = m
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v.first().map(|v| v.to_string()).unwrap_or_default(),
+                )
+            })
+            .collect();
+        out.push(Stored {
+            subject: m.subject.to_string(),
+            headers,
+            payload: serde_json::from_slice(&m.payload).expect("payload is JSON"),
+        });
+    }
+    out
+}
+
+async fn client(pg: &Postgres) -> tokio_postgres::Client {
+    walcast_cdc::connect(&pg.url()).await.expect("connect")
+}
+
+/// `walcast.emit` in its own transaction; the event id.
+async fn emit(c: &tokio_postgres::Client, topic: &str, key: &str, payload: &str) -> String {
+    let row = c
+        .query_one(
+            "SELECT walcast.emit($1, $2, $3::text::jsonb)::text",
+            &[&topic, &key, &payload],
+        )
+        .await
+        .expect("walcast.emit");
+    row.get(0)
+}
+
+async fn committed_events_reach_jetstream_in_commit_order(source: &'static str) {
+    let stack = Stack::start(source);
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    stack.sql("SELECT walcast.outbox_create('default', 'public', 'orders_outbox')");
+    let (a, b) = (client(&stack.pg).await, client(&stack.pg).await);
+    // `a` starts first and commits last: the stream follows commit order.
+    a.batch_execute("BEGIN").await.unwrap();
+    let late = emit(&a, "orders.created", "k1", r#"{"n": 3}"#).await;
+    let first = emit(&b, "orders.created", "k1", r#"{"n": 1}"#).await;
+    b.batch_execute(
+        "BEGIN;
+         SELECT walcast.emit('orders.created', 'k2', '{\"n\": 99}');
+         ROLLBACK;
+         INSERT INTO orders_outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('orders', 'k2', 'shipped', '{\"n\": 2}', '{\"trace\": \"t-2\"}');",
+    )
+    .await
+    .unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    b.batch_execute("SET walcast.project = 'acme'")
+        .await
+        .unwrap();
+    let acme = emit(&b, "billing", "k9", r#"{"n": 4}"#).await;
+
+    let got = stream_with(&stack.nats.url(), 4, Duration::from_secs(30)).await;
+    let ns: Vec<i64> = got.iter().map(Stored::n).collect();
+    assert_eq!(
+        ns,
+        [1, 2, 3, 4],
+        "commit order, the rolled-back event absent: {got:?}"
+    );
+    assert_eq!(got[0].subject, "walcast.outbox.default.orders.created");
+    assert_eq!(got[0].header("Nats-Msg-Id"), Some(first.as_str()));
+    assert_eq!(got[0].header("Walcast-Event-Id"), Some(first.as_str()));
+    assert_eq!(got[0].header("Walcast-Key"), Some("k1"));
+    assert!(got[0]
+        .header("Walcast-Commit-Lsn")
+        .is_some_and(|l| l.contains('/')));
+    assert_eq!(got[1].subject, "walcast.outbox.default.orders");
+    assert_eq!(got[1].header("Walcast-Key"), Some("k2"));
+    assert_eq!(got[1].header("Walcast-Event-Type"), Some("shipped"));
+    assert_eq!(got[1].header("trace"), Some("t-2"));
+    assert_eq!(got[2].header("Nats-Msg-Id"), Some(late.as_str()));
+    assert_eq!(got[3].subject, "walcast.outbox.acme.billing");
+    assert_eq!(got[3].header("Nats-Msg-Id"), Some(acme.as_str()));
+
+    // Outbox rows are never updated or deleted.
+    let err = stack
+        .pg
+        .psql("UPDATE orders_outbox SET event_type = 'x'")
+        .expect_err("an UPDATE of an outbox must fail");
+    assert!(err.to_string().contains("insert-only"), "{err}");
+    let bad = stack
+        .pg
+        .psql("SELECT walcast.emit('no spaces please', 'k', '{}')")
+        .expect_err("a bad topic must fail at the caller");
+    assert!(bad.to_string().contains("topic"), "{bad}");
+    let health = worker.health().expect("health");
+    assert_eq!(health["outbox"]["published_total"], 4, "{health}");
+    assert_eq!(health["outbox"]["oldest_unpublished_ms"], 0, "{health}");
+}
+
+/// Emit `n` events with `n` in `from..from+count`, one transaction each; their ids.
+async fn emit_many(c: &tokio_postgres::Client, from: i64, count: i64) -> Vec<String> {
+    let mut ids = Vec::new();
+    for n in from..from + count {
+        ids.push(emit(c, "t", &format!("k{}", n % 3), &format!(r#"{{"n": {n}}}"#)).await);
+    }
+    ids
+}
+
+async fn a_crash_in_either_window_loses_nothing(source: &'static str) {
+    let stack = Stack::start(source);
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let c = client(&stack.pg).await;
+    let mut ids = emit_many(&c, 0, 5).await;
+    stream_with(&stack.nats.url(), 5, Duration::from_secs(30)).await;
+
+    // Window 1: committed, not yet relayed (the worker is frozen), then killed.
+    worker.signal("STOP");
+    ids.extend(emit_many(&c, 5, 50).await);
+    worker.kill9();
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    stream_with(&stack.nats.url(), 55, Duration::from_secs(60)).await;
+
+    // Window 2: JetStream acknowledged, the slot not yet advanced.
+    worker.kill9();
+    let mut crashing = stack.worker(&[("WALCAST_FAILPOINT", "outbox-after-ack")]);
+    crashing.wait_active(Duration::from_secs(60));
+    ids.extend(emit_many(&c, 55, 50).await);
+    let (clean, log) = crashing.wait_exit(Duration::from_secs(60));
+    assert!(!clean, "the failpoint should abort the worker:\n{log}");
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let got = stream_with(&stack.nats.url(), 105, Duration::from_secs(60)).await;
+
+    let stored: Vec<String> = got
+        .iter()
+        .map(|s| s.header("Nats-Msg-Id").unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(stored, ids, "every event once, in commit order");
+    // The replay after the second crash was sent again and dropped as a duplicate.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while worker
+        .health()
+        .map_or(0, |h| h["outbox"]["published_total"].as_u64().unwrap_or(0))
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the replay was not relayed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dups = worker
+        .get("/metrics")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("walcast_outbox_published_total{duplicate=\"true\"}"));
+    assert!(
+        dups,
+        "the replayed events reached JetStream again as duplicates"
+    );
+}
+
+async fn a_poison_event_is_quarantined_and_the_rest_flow(source: &'static str) {
+    let pg = Postgres::builder().start().expect("start postgres");
+    let stack = Stack {
+        pg,
+        nats: Nats::start_with_max_payload(Some(16 * 1024)).expect("start nats-server"),
+        source,
+    };
+    let mut worker = stack.worker(&[("TABLE_FILTER_REFRESH_MS", "300")]);
+    worker.wait_active(Duration::from_secs(60));
+    let c = client(&stack.pg).await;
+    emit(&c, "t", "a", r#"{"n": 1}"#).await;
+    let big = format!(r#"{{"n": 2, "pad": "{}"}}"#, "x".repeat(64 * 1024));
+    let poison = emit(&c, "t", "b", &big).await;
+    emit(&c, "t", "c", r#"{"n": 3}"#).await;
+
+    let got = stream_with(&stack.nats.url(), 2, Duration::from_secs(30)).await;
+    let ns: Vec<i64> = got.iter().map(Stored::n).collect();
+    assert_eq!(ns, [1, 3], "the others flow past the poison");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = worker.health().expect("health");
+        if h["outbox"]["quarantined_total"] == 1 && h["outbox"]["quarantine_size"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "health does not show the quarantine: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let row = stack.sql(&format!(
+        "SELECT key || ' ' || subject || ' ' || (error LIKE '%max payload%')::text
+         FROM walcast.outbox_quarantine WHERE id = '{poison}'"
+    ));
+    assert_eq!(
+        row.trim(),
+        "b walcast.outbox.default.t true",
+        "quarantined with its error"
+    );
+}
