@@ -205,7 +205,11 @@ fn outbox_consumer(
     Option<walcast_cdc::ConsumerFactory>,
     Option<Arc<walcast_outbox::OutboxHealth>>,
 ) {
-    let (Some(config), Bus::Nats(nats)) = (cdc.outbox.to_config(&cfg.database_url), bus) else {
+    let Some(config) = cdc.outbox.to_config(&cfg.database_url) else {
+        return (None, None);
+    };
+    let Bus::Nats(nats) = bus else {
+        tracing::warn!("the outbox relay needs NATS with JetStream (NATS_URL): walcast.emit events and outbox rows are NOT relayed by this process");
         return (None, None);
     };
     walcast_outbox::telemetry::describe();
