@@ -17,6 +17,15 @@ pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
 pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
 pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Retention of a new outbox table (as `walcast.outbox_create`'s default).
+pub const DEFAULT_RETENTION_DAYS: u32 = 7;
+/// How often the leading cdc-worker runs `walcast.outbox_maintain()` (and once at the
+/// start of each term): partitions for the next days, expired ones dropped.
+pub const DEFAULT_MAINTAIN_INTERVAL: Duration = Duration::from_secs(600);
+/// `lock_timeout` of the maintenance: creating or dropping a partition needs a lock on
+/// the outbox table that queues writers behind it, so it gives up rather than wait
+/// long (and tries again at the next interval).
+pub const MAINTAIN_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The relay's settings.
 #[derive(Clone, Debug)]
@@ -31,6 +40,8 @@ pub struct OutboxConfig {
     pub max_in_flight: usize,
     /// Transient failures are retried after `min(max, base · 2ⁿ)`.
     pub retry: Backoff,
+    /// Partition maintenance interval (see [`DEFAULT_MAINTAIN_INTERVAL`]).
+    pub maintain_interval: Duration,
     /// For the outbox-table list and the quarantine (`DATABASE_URL`).
     pub database_url: String,
 }
@@ -50,6 +61,7 @@ impl OutboxConfig {
                 base: DEFAULT_RETRY_BASE,
                 cap: DEFAULT_RETRY_MAX,
             },
+            maintain_interval: DEFAULT_MAINTAIN_INTERVAL,
             database_url: database_url.into(),
         }
     }

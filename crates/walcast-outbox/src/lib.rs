@@ -11,12 +11,14 @@
 //! - [`event`]: the events and their JetStream messages (pure);
 //! - [`publish`]: the stream, sending, and transient vs permanent failures;
 //! - [`quarantine`]: refused events, kept until `walcast outbox redrive`;
-//! - [`backoff`], [`time`]: pure helpers; [`health`], [`telemetry`]: what operators see.
+//! - [`backoff`], [`time`]: pure helpers; [`health`], [`telemetry`]: what operators see;
+//! - [`maintain`]: partition maintenance (the leading cdc-worker runs it).
 
 pub mod backoff;
 pub mod config;
 pub mod event;
 pub mod health;
+pub mod maintain;
 pub mod publish;
 pub mod quarantine;
 pub mod relay;

@@ -21,6 +21,12 @@ pub const QUARANTINE_SIZE: &str = "walcast_outbox_quarantine_size";
 /// Counter: events that could not be read at all (not an outbox event), skipped.
 pub const MALFORMED: &str = "walcast_outbox_malformed_total";
 
+/// Counter: outbox partitions dropped by retention (partition maintenance).
+pub const PARTITIONS_DROPPED: &str = "walcast_outbox_partitions_dropped_total";
+/// Counter: partition maintenance runs that failed (lock timeout, database down …);
+/// the next interval tries again.
+pub const MAINTENANCE_FAILURES: &str = "walcast_outbox_maintenance_failures_total";
+
 /// Register the descriptions (once per process).
 pub fn describe() {
     describe_counter!(
@@ -54,5 +60,13 @@ pub fn describe() {
     describe_counter!(
         MALFORMED,
         "Outbox messages or rows that are not events (skipped)"
+    );
+    describe_counter!(
+        PARTITIONS_DROPPED,
+        "Outbox partitions dropped by retention (walcast.outbox_maintain)"
+    );
+    describe_counter!(
+        MAINTENANCE_FAILURES,
+        "Outbox partition maintenance runs that failed (retried at the next interval)"
     );
 }

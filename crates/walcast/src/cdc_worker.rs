@@ -147,6 +147,7 @@ pub async fn run(
     cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
     let health = Arc::new(CdcHealth::new(&cdc.slot_name));
     let (outbox, outbox_health) = outbox_consumer(cdc, &cfg, &bus, &health);
+    let maintenance = outbox_maintenance(cdc, &cfg);
     let tracker = TaskTracker::new();
     spawn_front_expiry(&tracker, registrar.matcher().clone(), cancel.clone());
     let known_fronts = KnownFronts::default();
@@ -176,6 +177,7 @@ pub async fn run(
         health,
         known_fronts,
         consumers: outbox.into_iter().collect(),
+        maintenance,
         failure: Default::default(),
         root: cancel.clone(),
     });
@@ -221,6 +223,22 @@ fn outbox_consumer(
         health.clone(),
     );
     (Some(factory), Some(outbox_health))
+}
+
+/// Partition maintenance of the outbox tables, when the outbox is enabled (whatever the
+/// bus: inserts into an outbox table need the next day's partition even where nothing
+/// relays them).
+fn outbox_maintenance(
+    cdc: &CdcArgs,
+    cfg: &walcast_cdc::CdcConfig,
+) -> Option<walcast_outbox::maintain::Maintenance> {
+    let config = cdc.outbox.to_config(&cfg.database_url)?;
+    walcast_outbox::telemetry::describe();
+    Some(walcast_outbox::maintain::Maintenance {
+        database_url: config.database_url,
+        interval: config.maintain_interval,
+        lock_timeout: walcast_outbox::config::MAINTAIN_LOCK_TIMEOUT,
+    })
 }
 
 /// Drop subscriptions of fronts that stopped syncing (died).
@@ -281,6 +299,8 @@ struct Leader {
     known_fronts: KnownFronts,
     /// Consumers of the WAL next to realtime delivery (the outbox relay).
     consumers: Vec<walcast_cdc::ConsumerFactory>,
+    /// The outbox tables' partition maintenance, run by each term.
+    maintenance: Option<walcast_outbox::maintain::Maintenance>,
     failure: std::sync::Mutex<Option<walcast_cdc::CdcError>>,
     /// Cancelled when the pipeline fails for good: the process stops.
     root: CancellationToken,
@@ -290,6 +310,7 @@ impl Leader {
     async fn term(self: Arc<Self>, fence: Fence) {
         let term = fence.token().clone();
         self.health.set_leader(true);
+        let maintenance = self.spawn_maintenance(&fence);
         let responder = self.serve_fronts(&term).await;
         let matcher = self.registrar.matcher().clone();
         let run = walcast_cdc::run_with_consumers(
@@ -310,7 +331,20 @@ impl Leader {
         if let Some(t) = responder {
             let _ = t.await;
         }
+        if let Some(t) = maintenance {
+            let _ = t.await;
+        }
         self.health.set_leader(false);
+    }
+
+    /// The outbox partition maintenance of this term: at once, then every interval, while
+    /// the fence is open; it ends with the term.
+    fn spawn_maintenance(&self, fence: &Fence) -> Option<tokio::task::JoinHandle<()>> {
+        let m = self.maintenance.clone()?;
+        let (gate, stop) = (fence.clone(), fence.token().clone());
+        Some(tokio::spawn(
+            m.run(move || gate.is_open(), stop.cancelled_owned()),
+        ))
     }
 
     /// Over NATS: answer the fronts' registrations and admin requests for this term, and
