@@ -12,7 +12,8 @@
 //! - [`publish`]: the stream, sending, and transient vs permanent failures;
 //! - [`quarantine`]: refused events, kept until `walcast outbox redrive`;
 //! - [`backoff`], [`time`]: pure helpers; [`health`], [`telemetry`]: what operators see;
-//! - [`maintain`]: partition maintenance (the leading cdc-worker runs it).
+//! - [`maintain`]: partition maintenance (the leading cdc-worker runs it);
+//! - [`redrive`], [`replay`] (paced by [`rate`]): what `walcast outbox redrive|replay` do.
 
 pub mod backoff;
 pub mod config;
@@ -21,7 +22,10 @@ pub mod health;
 pub mod maintain;
 pub mod publish;
 pub mod quarantine;
+pub mod rate;
+pub mod redrive;
 pub mod relay;
+pub mod replay;
 pub mod telemetry;
 pub mod time;
 

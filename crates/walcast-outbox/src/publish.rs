@@ -98,6 +98,21 @@ impl Publisher {
         Ok(())
     }
 
+    /// Create the stream with the configured settings if it is missing; leave an existing
+    /// one as it is (for tools beside the relay, such as `walcast outbox redrive`, which
+    /// must not change the settings the relay gave it).
+    pub async fn ensure_stream_exists(&mut self) -> Result<(), Failure> {
+        if self.stream_ready {
+            return Ok(());
+        }
+        self.js
+            .get_or_create_stream(self.stream_config())
+            .await
+            .map_err(|e| Failure::Transient(format!("stream {}: {e}", self.cfg.stream)))?;
+        self.stream_ready = true;
+        Ok(())
+    }
+
     /// The stream is to be checked again before the next publish.
     pub fn stream_lost(&mut self) {
         self.stream_ready = false;
