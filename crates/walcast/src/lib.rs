@@ -5,6 +5,7 @@ pub mod cdc_worker;
 pub mod config;
 pub mod front;
 pub mod http;
+pub mod outbox;
 pub mod project;
 pub mod serve;
 pub mod shutdown;

@@ -33,6 +33,9 @@ enum Command {
     Key(walcast::admin::KeyArgs),
     /// Inspect or drop the logical replication slot (to remove walcast cleanly).
     Slot(walcast::slot::SlotArgs),
+    /// The transactional outbox: create and list outbox tables, redrive quarantined
+    /// events, replay retained ones.
+    Outbox(walcast::outbox::OutboxCmd),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -94,5 +97,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Tail(args) => walcast::admin::tail(args).await,
         Command::Key(args) => walcast::admin::key(args),
         Command::Slot(args) => walcast::slot::slot(args).await,
+        Command::Outbox(cmd) => walcast::outbox::outbox(cmd).await,
     }
 }
