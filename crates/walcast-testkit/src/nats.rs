@@ -121,6 +121,13 @@ impl Nats {
         self.boot()
     }
 
+    /// Start again on the same port and store, with another `max_payload` (`None`: the
+    /// server's default), e.g. to let a message through that the first server refused.
+    pub fn restart_with_max_payload(&mut self, max_payload: Option<usize>) -> Result<(), KitError> {
+        self.conf = max_payload.map(|max| format!("max_payload: {max}\n"));
+        self.restart()
+    }
+
     pub fn log_tail(&self) -> String {
         crate::process::log_tail(&self.dir.path().join("nats.log"))
     }
