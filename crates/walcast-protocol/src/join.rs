@@ -47,7 +47,7 @@ pub struct PgChangeBinding {
     pub event: String,
     /// `schema` (`*` = all schemas).
     pub schema: String,
-    /// `table` (absent = all tables).
+    /// `table` (absent or `*` = all tables).
     pub table: Option<String>,
     /// `filter` string (absent or empty = no filter).
     pub filter: Option<String>,
@@ -137,7 +137,8 @@ impl PgChangeBinding {
         let event = opt_string(rb.event, "event")?.ok_or(BindingError::MissingField("event"))?;
         let schema =
             opt_string(rb.schema, "schema")?.ok_or(BindingError::MissingField("schema"))?;
-        let table = opt_string(rb.table, "table")?;
+        // `table: '*'` means every table of the schema, as an absent table does.
+        let table = opt_string(rb.table, "table")?.filter(|t| t != "*");
         let filter = opt_string(rb.filter, "filter")?;
         let select = match rb.select {
             None | Some(Value::Null) => None,
@@ -280,6 +281,15 @@ mod tests {
 
     fn b(s: &str) -> Result<PgChangeBinding, BindingError> {
         PgChangeBinding::from_raw(RawValue::from_string(s.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn a_star_table_is_every_table() {
+        let star = b(r#"{"event":"*","schema":"public","table":"*"}"#).unwrap();
+        let absent = b(r#"{"event":"*","schema":"public"}"#).unwrap();
+        assert_eq!(star.table, None);
+        assert_eq!(star.id, absent.id);
+        assert_eq!(star.raw.get(), r#"{"event":"*","schema":"public","table":"*"}"#);
     }
 
     #[test]
