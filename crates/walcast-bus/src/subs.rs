@@ -512,7 +512,10 @@ mod tests {
             ..spec.clone()
         };
         assert_ne!(class_key(&sel(&["title"])), class_key(&spec));
-        assert_eq!(class_key(&sel(&["a", "b"])), class_key(&sel(&["b", " a", "b"])));
+        assert_eq!(
+            class_key(&sel(&["a", "b"])),
+            class_key(&sel(&["b", " a", "b"]))
+        );
         assert_ne!(class_key(&sel(&["a", "b"])), class_key(&sel(&["ab"])));
     }
 

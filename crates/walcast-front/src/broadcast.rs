@@ -1,12 +1,9 @@
 //! Broadcast: local delivery, relay between fronts over the bus, and the REST API.
 //!
 //! A broadcast is delivered directly to this front's channels of the topic and published
-//! on `walcast.broadcast.<project>.<public|private>.<channel name>` (tokens encoded with
-//! [`encode_token`]) with header `Walcast-Origin` = this front's id. Every front relays
-//! the messages of the others to its own channels and drops its own echo.
-//!
-//! Bus payload: one line of JSON `{"event":…,"binary":bool,"meta":…}`, a `\n`, then the
-//! body bytes (JSON text, or raw bytes for binary broadcasts) — no re-encoding of bodies.
+//! on the bus (subject and envelope: [`walcast_bus::broadcast`]) with header
+//! `Walcast-Origin` = this front's id. Every front relays the messages of the others (and
+//! the database's, sent by the cdc-worker) to its own channels and drops its own echo.
 //!
 //! REST authorisation: the acting token (see [`crate::credentials`]: `access_token`, else
 //! `Authorization: Bearer …`, else the project key). Any valid token of the project may broadcast to
@@ -20,10 +17,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::subject::{decode_token, encode_token};
+use walcast_bus::broadcast::{BroadcastTarget, Envelope};
 use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
@@ -35,46 +32,24 @@ use crate::state::Shared;
 use crate::telemetry;
 use crate::topics::TopicKey;
 
-/// Prefix of broadcast relay subjects.
-pub const BROADCAST_PREFIX: &str = "walcast.broadcast";
-/// Subscription pattern for every relayed broadcast.
-pub const BROADCAST_ALL: &str = "walcast.broadcast.>";
+pub use walcast_bus::broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 
 fn subject(key: &TopicKey) -> String {
-    format!(
-        "{BROADCAST_PREFIX}.{}.{}.{}",
-        encode_token(&key.project),
-        if key.private { "private" } else { "public" },
-        encode_token(channel_name(&key.topic))
-    )
+    BroadcastTarget {
+        project: key.project.clone(),
+        private: key.private,
+        name: channel_name(&key.topic).to_string(),
+    }
+    .subject()
 }
 
 fn parse_subject(subject: &str) -> Option<TopicKey> {
-    let rest = subject.strip_prefix(BROADCAST_PREFIX)?.strip_prefix('.')?;
-    let mut it = rest.split('.');
-    let (p, ns, name) = (it.next()?, it.next()?, it.next()?);
-    if it.next().is_some() {
-        return None;
-    }
-    let private = match ns {
-        "private" => true,
-        "public" => false,
-        _ => return None,
-    };
+    let t = BroadcastTarget::parse(subject)?;
     Some(TopicKey {
-        project: decode_token(p).ok()?,
-        private,
-        topic: format!("{TOPIC_PREFIX}{}", decode_token(name).ok()?),
+        project: t.project,
+        private: t.private,
+        topic: format!("{TOPIC_PREFIX}{}", t.name),
     })
-}
-
-#[derive(Serialize, Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow)]
-    event: std::borrow::Cow<'a, str>,
-    binary: bool,
-    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
-    meta: Option<&'a RawValue>,
 }
 
 fn encode_envelope(b: &UserBroadcast) -> Option<Bytes> {
@@ -82,23 +57,16 @@ fn encode_envelope(b: &UserBroadcast) -> Option<Bytes> {
         BroadcastBody::Json(v) => (false, v.get().as_bytes()),
         BroadcastBody::Binary(bytes) => (true, bytes),
     };
-    let head = serde_json::to_vec(&Envelope {
+    let env = Envelope {
         event: std::borrow::Cow::Borrowed(&b.event),
         binary,
         meta: b.meta.as_deref(),
-    })
-    .ok()?;
-    let mut out = Vec::with_capacity(head.len() + 1 + body.len());
-    out.extend_from_slice(&head);
-    out.push(b'\n');
-    out.extend_from_slice(body);
-    Some(Bytes::from(out))
+    };
+    walcast_bus::broadcast::encode_envelope(&env, body)
 }
 
 fn decode_envelope(payload: &Bytes) -> Option<UserBroadcast> {
-    let nl = payload.iter().position(|&c| c == b'\n')?;
-    let env: Envelope<'_> = serde_json::from_slice(&payload[..nl]).ok()?;
-    let body = payload.slice(nl + 1..);
+    let (env, body) = walcast_bus::broadcast::decode_envelope(payload)?;
     let body = if env.binary {
         BroadcastBody::Binary(body)
     } else {

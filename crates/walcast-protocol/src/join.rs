@@ -289,7 +289,10 @@ mod tests {
         let absent = b(r#"{"event":"*","schema":"public"}"#).unwrap();
         assert_eq!(star.table, None);
         assert_eq!(star.id, absent.id);
-        assert_eq!(star.raw.get(), r#"{"event":"*","schema":"public","table":"*"}"#);
+        assert_eq!(
+            star.raw.get(),
+            r#"{"event":"*","schema":"public","table":"*"}"#
+        );
     }
 
     #[test]
