@@ -39,6 +39,7 @@ mod conn;
 mod credentials;
 mod fanout;
 mod http;
+pub mod keys;
 pub mod kv_presence;
 mod limits;
 mod outbound;

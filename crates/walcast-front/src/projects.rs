@@ -1,4 +1,4 @@
-//! The project directory: project id → (schema, HS256 secret).
+//! The project directory: project id → (schema, verification keys).
 //!
 //! A token selects its project through its `ref` claim (absent or `"default"` = the
 //! default project) and is verified with that project's secret.
@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminError};
 
 use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
+use crate::keys::ProjectKeys;
 
-/// Project id → (schema, HS256 secret). Cheap to clone.
+/// Project id → (schema, verification keys). Cheap to clone.
 #[derive(Clone)]
 pub struct Projects {
     inner: Arc<Inner>,
@@ -35,7 +36,7 @@ struct Inner {
 #[derive(Clone)]
 struct Entry {
     schema: Arc<str>,
-    secret: Arc<[u8]>,
+    keys: ProjectKeys,
 }
 
 /// How the directory keeps up with the worker's project list.
@@ -70,19 +71,19 @@ struct Directory {
 impl Projects {
     /// Only the default project (id [`DEFAULT_PROJECT`], schema `public`) with this
     /// secret; no directory.
-    pub fn new(default_secret: impl AsRef<[u8]>) -> Projects {
-        Projects::build(default_secret, None)
+    pub fn new(default_keys: impl Into<ProjectKeys>) -> Projects {
+        Projects::build(default_keys.into(), None)
     }
 
     /// The default project plus the stored projects, learnt from the cdc-worker through
     /// `admin`. Start [`Projects::refresh_loop`] to load them and keep them current.
     pub fn with_directory(
-        default_secret: impl AsRef<[u8]>,
+        default_keys: impl Into<ProjectKeys>,
         admin: AdminClient,
         cfg: DirectoryConfig,
     ) -> Projects {
         Projects::build(
-            default_secret,
+            default_keys.into(),
             Some(Directory {
                 admin,
                 cfg,
@@ -91,10 +92,10 @@ impl Projects {
         )
     }
 
-    fn build(default_secret: impl AsRef<[u8]>, directory: Option<Directory>) -> Projects {
+    fn build(default_keys: ProjectKeys, directory: Option<Directory>) -> Projects {
         let default = Entry {
             schema: Arc::from(DEFAULT_SCHEMA),
-            secret: Arc::from(default_secret.as_ref()),
+            keys: default_keys,
         };
         let mut map = HashMap::new();
         map.insert(DEFAULT_PROJECT.to_string(), default.clone());
@@ -117,7 +118,7 @@ impl Projects {
     pub fn insert(&self, id: impl Into<String>, schema: &str, secret: impl AsRef<[u8]>) {
         let entry = Entry {
             schema: Arc::from(schema),
-            secret: Arc::from(secret.as_ref()),
+            keys: ProjectKeys::secret(secret),
         };
         self.write().insert(id.into(), entry);
     }
@@ -202,7 +203,7 @@ impl Projects {
             .map(|p| {
                 let entry = Entry {
                     schema: Arc::from(p.schema.as_str()),
-                    secret: Arc::from(p.jwt_secret.as_bytes()),
+                    keys: ProjectKeys::secret(p.jwt_secret.as_bytes()),
                 };
                 (p.id, entry)
             })
@@ -242,7 +243,7 @@ impl Projects {
             Some(_) => return Err(AuthError::Malformed("`ref` must be a string".into())),
         };
         let entry = self.resolve(&project).await?;
-        verify_with(project, &entry.schema, &entry.secret, token)
+        verify_with(project, &entry.schema, &entry.keys, token)
     }
 
     /// Verify a token for a known project: its `ref` claim, if any, must name it.
@@ -389,7 +390,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn refuses_expired_none_and_other_algorithms() {
+    async fn refuses_expired_and_none_accepts_every_hmac_size() {
         let p = Projects::new("s1");
         let e = p
             .verify(&token("s1", json!({"role":"anon","exp":now_secs() - 12})))
@@ -405,10 +406,9 @@ mod tests {
             &EncodingKey::from_secret(b"s1"),
         )
         .unwrap();
-        assert!(matches!(
-            p.verify(&hs512).await,
-            Err(AuthError::Malformed(_))
-        ));
+        // HS384/512 are accepted with the project's secret (#14); public-key algorithms
+        // need a JWKS key (see auth_tests).
+        assert_eq!(p.verify(&hs512).await.unwrap().role(), Some("anon"));
         assert!(matches!(
             p.verify("garbage").await,
             Err(AuthError::Malformed(_))
