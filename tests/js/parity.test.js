@@ -1,6 +1,7 @@
-// Supabase parity of postgres_changes bindings, through the unmodified client, with both
-// sources: `table: '*'` is every enabled table of the schema (as an absent table is), and
-// `select` limits the record to those columns plus the primary key.
+// Supabase parity of postgres_changes, through the unmodified client, with both sources:
+// `table: '*'` is every enabled table of the schema (as an absent table is), `select`
+// limits the record to those columns plus the primary key, and adding a table to the
+// `supabase_realtime` publication enables it with no walcast command.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribed, uniq } from './lib/harness.js'
@@ -13,6 +14,7 @@ for (const source of ['stream', 'poll']) {
         setupSql: [
           'CREATE TABLE pa (id int8 PRIMARY KEY, title text, body text, secret text)',
           'CREATE TABLE pb (id int8 PRIMARY KEY, title text)',
+          'CREATE TABLE pubt (id int8 PRIMARY KEY, title text)',
         ],
         tables: ['pa', 'pb'],
         serverEnv: { CDC_SOURCE: source },
@@ -40,6 +42,29 @@ for (const source of ['stream', 'poll']) {
             ['pb', 2],
           ],
         )
+      } finally {
+        rt.disconnect()
+      }
+    })
+
+    test('a table added to the supabase_realtime publication streams, no walcast command run', async () => {
+      await db.query('CREATE PUBLICATION supabase_realtime')
+      await db.query('ALTER PUBLICATION supabase_realtime ADD TABLE pubt')
+      await db.query('GRANT SELECT ON pubt TO anon, authenticated, service_role')
+      const rt = client(st.server, { vsn: '2.0.0' })
+      const got = collector('publication')
+      try {
+        await subscribed(rt.channel(uniq('pub')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'pubt' }, got))
+        await db.query("INSERT INTO pubt VALUES (1, 'published')")
+        await got.wait(1)
+        assert.deepEqual(got.items[0].new, { id: 1, title: 'published' })
+        const { rows } = await db.query(
+          "SELECT via_publication FROM walcast.realtime_tables WHERE table_name = 'pubt'",
+        )
+        assert.deepEqual(rows, [{ via_publication: true }])
+        await db.query('ALTER PUBLICATION supabase_realtime DROP TABLE pubt')
+        const after = await db.query("SELECT count(*)::int AS n FROM walcast.realtime_tables WHERE table_name = 'pubt'")
+        assert.equal(after.rows[0].n, 0, 'removed from the publication: disabled')
       } finally {
         rt.disconnect()
       }

@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "realtime_messages",
         include_str!("../../../sql/0009_realtime_messages.sql"),
     ),
+    (
+        10,
+        "supabase_realtime_publication",
+        include_str!("../../../sql/0010_supabase_realtime_publication.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.
