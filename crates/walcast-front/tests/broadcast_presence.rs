@@ -88,7 +88,7 @@ async fn broadcast_v2_binary_self_and_ack() {
     b.send_binary(kind3("2", "8", "realtime:room", "move", "[1,2]"))
         .await;
     assert_eq!(decode_kind4(&a.recv().await).2, "[1,2]");
-    assert!(b.try_recv(Duration::from_millis(200)).await.is_none());
+    b.assert_silent(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -130,7 +130,7 @@ async fn broadcast_crosses_fronts_and_rest_api_answers_202() {
     a.send_binary(kind3(&jr, "3", "realtime:room", "ping", "{}"))
         .await;
     assert_eq!(decode_kind4(&b.recv().await).1, "ping");
-    assert!(a.try_recv(Duration::from_millis(200)).await.is_none());
+    a.assert_silent(Duration::from_millis(200)).await;
 
     let key = anon();
     let body =
@@ -206,7 +206,7 @@ async fn broadcast_crosses_fronts_and_rest_api_answers_202() {
         .await;
     assert_eq!(status, 400);
     // The public channel did not get the private message.
-    assert!(a.try_recv(Duration::from_millis(200)).await.is_none());
+    a.assert_silent(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
