@@ -123,7 +123,7 @@ async fn access_token_refresh_reregisters_with_new_claims() {
         )
         .await;
     }
-    assert!(c.try_recv(Duration::from_millis(200)).await.is_none());
+    c.assert_silent(Duration::from_millis(200)).await;
     assert_eq!(s.worker.register_calls().len(), 1);
 
     let t2 = token(json!({"role":"authenticated","sub":"u1","exp": now() + 7200, "v": 2}));
@@ -216,7 +216,7 @@ async fn projects_are_selected_by_ref_and_isolated() {
         "p2-secret",
         json!({"role":"anon","exp": now() + 60, "ref": "p2"}),
     );
-    let mut c = Client::connect(&s.ws_url("2.0.0", &key2), "2.0.0").await;
+    let mut c = connect(&s.ws_url("2.0.0", &key2)).await;
     // A default-project token cannot join on a p2 socket.
     let (_, f) = c
         .join("realtime:x", pg_config(json!([])), Some(&anon()))
@@ -253,5 +253,5 @@ async fn projects_are_selected_by_ref_and_isolated() {
     assert_eq!(c.recv().await.event(), "system");
     s.change("t", "INSERT", json!({"id": 1}), &s.worker.ids_for("t"))
         .await;
-    assert!(c.try_recv(Duration::from_millis(200)).await.is_none());
+    c.assert_silent(Duration::from_millis(200)).await;
 }

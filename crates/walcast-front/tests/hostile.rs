@@ -112,8 +112,12 @@ async fn oversized_frames_close_with_1009_others_unaffected() {
             .await;
     })
     .await;
+    // The server may stop reading and close before our write completes: nothing may
+    // come, or the stream may end without a close frame.
     if let Some(m) = c2.try_recv(Duration::from_secs(5)).await {
-        assert!(matches!(m, Msg::Close(1009, _)), "{m:?}");
+        if !matches!(m, Msg::Ended(_)) {
+            assert!(matches!(m, Msg::Close(1009, _)), "{m:?}");
+        }
     }
     assert_eq!(other.recv().await.event(), "system");
     s.change("t", "INSERT", json!({"id": 1}), &s.worker.ids_for("t"))
@@ -252,9 +256,13 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
     // The slow socket ends with 1013 (or, if even the close frame could not be written, EOF).
     let mut saw_close = None;
     while let Some(m) = slow.try_recv(Duration::from_secs(3)).await {
-        if let Msg::Close(code, reason) = m {
-            saw_close = Some((code, reason));
-            break;
+        match m {
+            Msg::Close(code, reason) => {
+                saw_close = Some((code, reason));
+                break;
+            }
+            Msg::Ended(_) => break,
+            Msg::Frame(_) | Msg::Binary(_) => {}
         }
     }
     if let Some((code, reason)) = saw_close {
