@@ -188,7 +188,7 @@ impl Projects {
 
     /// Replace every project but the default one with the worker's list.
     async fn fetch(&self, dir: &Directory) -> Result<(), AdminError> {
-        metrics::counter!("walcast_front_project_refreshes_total").increment(1);
+        metrics::counter!(crate::telemetry::PROJECT_REFRESHES).increment(1);
         let list = match dir.admin.projects(dir.cfg.timeout).await {
             Ok(l) => l,
             Err(e) => {
