@@ -324,37 +324,46 @@ impl InboxConsumer {
         loop {
             let next = tokio::select! {
                 biased;
-                _ = cancel.cancelled() => {
-                    self.release(&mut batch).await;
+                _ = cancel.cancelled() => None,
+                next = batch.next() => Some(next),
+            };
+            let message = match next {
+                None => {
+                    self.release(batch, None).await;
                     return Ok(());
                 }
-                next = batch.next() => next,
+                Some(None) => return Ok(()),
+                Some(Some(Err(e))) => return Err(Stop::Fetch(e)),
+                Some(Some(Ok(message))) => message,
             };
-            match next {
-                None => return Ok(()),
-                Some(Err(e)) => return Err(Stop::Fetch(e)),
-                Some(Ok(message)) => {
-                    if let Err(e) = self.process(handler, message).await {
-                        self.release(&mut batch).await;
-                        return Err(Stop::Fatal(e));
-                    }
-                }
+            if let Err((e, message)) = self.process(handler, message).await {
+                // Its commit may or may not have happened: let it come back now, the
+                // inbox tells.
+                self.release(batch, Some(message)).await;
+                return Err(Stop::Fatal(e));
             }
         }
     }
 
-    /// Nak (without delay) the messages of `batch` already received but not handled, in
-    /// order: JetStream delivers them again before any later message, so whoever
-    /// consumes next keeps the stream's order. (One still in flight comes back only
-    /// after the ack wait.)
-    async fn release(&self, batch: &mut Batch) {
-        let mut released = 0;
+    /// Nak (without delay) `failed` and the messages of `batch` already received but
+    /// not handled, in order: JetStream delivers them again before any later message, so
+    /// whoever consumes next keeps the stream's order. The batch's subscription goes
+    /// first, or JetStream could hand a nak'd message straight back to this pull
+    /// request. (A message still in flight comes back only after the ack wait.)
+    async fn release(&self, mut batch: Batch, failed: Option<jetstream::Message>) {
+        let mut unhandled = Vec::from_iter(failed);
         while let Some(Some(Ok(message))) = batch.next().now_or_never() {
-            self.settle(&message, AckKind::Nak(None)).await;
-            released += 1;
+            unhandled.push(message);
         }
-        if released > 0 {
-            debug!(released, "released the batch's unhandled messages");
+        drop(batch);
+        for message in &unhandled {
+            self.settle(message, AckKind::Nak(None)).await;
+        }
+        if !unhandled.is_empty() {
+            debug!(
+                released = unhandled.len(),
+                "released the batch's unhandled messages"
+            );
         }
     }
 
@@ -363,7 +372,7 @@ impl InboxConsumer {
         &mut self,
         handler: &H,
         message: jetstream::Message,
-    ) -> Result<(), InboxError> {
+    ) -> Result<(), (InboxError, jetstream::Message)> {
         let event = match Event::from_message(&message) {
             Ok(event) => event,
             Err(e) => {
@@ -376,12 +385,8 @@ impl InboxConsumer {
         async {
             let outcome = match self.apply(handler, &event).await {
                 Ok(outcome) => outcome,
-                Err(e) => {
-                    // The commit may or may not have happened: let it come back now,
-                    // the inbox tells.
-                    self.settle(&message, AckKind::Nak(None)).await;
-                    return Err(e);
-                }
+                // Not settled here: released with the rest of the batch.
+                Err(e) => return Err((e, message)),
             };
             if let Some(hook) = &self.before_settle {
                 hook(&event, &outcome).await;
@@ -461,14 +466,10 @@ impl InboxConsumer {
         self.settle(message, AckKind::Term).await;
     }
 
-    /// Ack (waiting for JetStream's confirmation), nak or terminate; a failure is
+    /// Ack, nak or terminate, waiting for JetStream's confirmation; a failure is
     /// logged and counted: the message comes back after the ack wait.
     async fn settle(&self, message: &jetstream::Message, kind: AckKind) {
-        let result = match kind {
-            AckKind::Ack => message.double_ack().await,
-            other => message.ack_with(other).await,
-        };
-        if let Err(e) = result {
+        if let Err(e) = message.double_ack_with(kind).await {
             metrics::counter!(telemetry::SETTLE_ERRORS, "consumer" => self.config.durable.clone())
                 .increment(1);
             warn!(?kind, error = %e, "could not settle the delivery; it comes back after the ack wait");
