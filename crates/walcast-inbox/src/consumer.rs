@@ -9,7 +9,7 @@ use async_nats::jetstream::consumer::pull::{self, Batch};
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::future::BoxFuture;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use tokio_postgres::{Client, Statement, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -61,7 +61,8 @@ pub struct ConsumerConfig {
     pub max_ack_pending: Option<i64>,
     /// Messages asked for per pull request.
     pub batch_size: usize,
-    /// How long a pull request waits for messages when there are none.
+    /// How long a pull request waits for messages when there are none; also how long
+    /// a cancelled consumer may take to stop. Less than `ack_wait`.
     pub fetch_wait: Duration,
     /// Delay of the nak after a delivery's first failure, doubled after each further
     /// failure of the same message …
@@ -123,6 +124,13 @@ impl ConsumerConfig {
         ];
         if let Some((what, _)) = zero.iter().find(|(_, d)| d.is_zero()) {
             return bad(format!("{what} must be more than zero"));
+        }
+        if self.fetch_wait >= self.ack_wait {
+            return bad(
+                "fetch_wait must be less than ack_wait (messages held while a stopping \
+                 consumer waits for its pull request to end must not expire)"
+                    .into(),
+            );
         }
         if self.retry_max < self.retry_base {
             return bad("retry_max must not be less than retry_base".into());
@@ -269,7 +277,8 @@ impl InboxConsumer {
     }
 
     /// Fetch batches and handle their messages one after the other until `cancel`.
-    /// Cancelling lets the message being handled finish (commit and ack), naks the
+    /// Cancelling lets the message being handled finish (commit and ack), waits for the
+    /// open pull request to end (at most [`ConsumerConfig::fetch_wait`]), naks the
     /// fetched messages not started (they come back first, in order) and returns `Ok`. Returns an
     /// error only when retrying cannot help (the Postgres connection is lost: connect
     /// again and bind a new consumer); pull request failures are retried with a backoff.
@@ -316,11 +325,9 @@ impl InboxConsumer {
             .max_messages(self.config.batch_size)
             .expires(self.config.fetch_wait)
             .messages();
-        let mut batch = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Ok(()),
-            batch = request => batch.map_err(|e| Stop::Fetch(Box::new(e)))?,
-        };
+        // Not abandoned on cancel: a request sent and forgotten would still be handed
+        // messages, which would come back only after the ack wait.
+        let mut batch = request.await.map_err(|e| Stop::Fetch(Box::new(e)))?;
         loop {
             let next = tokio::select! {
                 biased;
@@ -345,14 +352,17 @@ impl InboxConsumer {
         }
     }
 
-    /// Nak (without delay) `failed` and the messages of `batch` already received but
-    /// not handled, in order: JetStream delivers them again before any later message, so
-    /// whoever consumes next keeps the stream's order. The batch's subscription goes
-    /// first, or JetStream could hand a nak'd message straight back to this pull
-    /// request. (A message still in flight comes back only after the ack wait.)
+    /// Nak (without delay) `failed` and every other message of `batch` not handled, in
+    /// order, once the batch's pull request is over: JetStream delivers them again
+    /// before any later message, so whoever consumes next keeps the stream's order.
+    /// Waiting for the end of the request (its count reached, or `fetch_wait`) matters:
+    /// nak'd while it is open, a message could be handed straight back to it, and a
+    /// request abandoned while open is still handed new messages, which then come back
+    /// only after the ack wait (nats-server 2.9 does not drop it when the subscription
+    /// goes).
     async fn release(&self, mut batch: Batch, failed: Option<jetstream::Message>) {
         let mut unhandled = Vec::from_iter(failed);
-        while let Some(Some(Ok(message))) = batch.next().now_or_never() {
+        while let Some(Ok(message)) = batch.next().await {
             unhandled.push(message);
         }
         drop(batch);
@@ -422,8 +432,8 @@ impl InboxConsumer {
                 return Ok(outcome);
             }
             Err(Failure::Handler(e)) => ("handler", e),
-            Err(Failure::Database(context, e)) if self.db.is_closed() => {
-                return Err(InboxError::postgres(context, e));
+            Err(Failure::Database(context, source)) if self.db.is_closed() => {
+                return Err(InboxError::ConnectionLost { context, source });
             }
             Err(Failure::Database(context, e)) => ("database", format!("{context}: {e}").into()),
         };
@@ -538,7 +548,7 @@ mod tests {
     #[test]
     fn invalid_settings_are_config_errors() {
         type Change = fn(&mut ConsumerConfig);
-        let cases: [(&str, Change); 8] = [
+        let cases: [(&str, Change); 9] = [
             ("durable", |c| c.durable = "a.b".into()),
             ("stream", |c| c.stream = String::new()),
             ("max_deliver", |c| c.max_deliver = 0),
@@ -547,6 +557,7 @@ mod tests {
             ("retry_max", |c| c.retry_max = Duration::from_millis(1)),
             ("max_ack_pending", |c| c.max_ack_pending = Some(0)),
             ("filter_subject", |c| c.filter_subject = String::new()),
+            ("fetch_wait", |c| c.fetch_wait = c.ack_wait),
         ];
         for (what, change) in cases {
             let mut c = ConsumerConfig::new("billing");

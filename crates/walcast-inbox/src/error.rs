@@ -36,9 +36,20 @@ pub enum InboxError {
         #[source]
         source: ConsumerError,
     },
-    /// A Postgres statement of this crate failed where retrying the delivery cannot
-    /// help: the connection is closed (reconnect and run again; deliveries not acked come
-    /// back after the ack wait), or the inbox table is missing or unusable.
+    /// The Postgres connection of [`InboxConsumer::run`](crate::InboxConsumer::run) is
+    /// closed (the server went away, the session was terminated): connect again and bind
+    /// a new consumer. The delivery being handled and the rest of its batch were nak'd;
+    /// whether its commit happened, the inbox tells on the redelivery.
+    #[error("Postgres connection lost: {context}: {source}")]
+    ConnectionLost {
+        /// What was being done.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A Postgres statement of this crate failed: the inbox table is missing or
+    /// unusable, or the connection failed (see [`InboxError::is_connection_lost`]).
     #[error("Postgres: {context}: {source}")]
     Postgres {
         /// What was being done.
@@ -61,8 +72,12 @@ impl InboxError {
                 if e.error_code() == ErrorCode::STREAM_NOT_FOUND))
     }
 
-    /// The Postgres connection is closed: connect again and start a new consumer.
+    /// The Postgres connection is closed: connect again (and bind a new consumer).
     pub fn is_connection_lost(&self) -> bool {
-        matches!(self, InboxError::Postgres { source, .. } if source.is_closed())
+        match self {
+            InboxError::ConnectionLost { .. } => true,
+            InboxError::Postgres { source, .. } => source.is_closed(),
+            _ => false,
+        }
     }
 }

@@ -84,14 +84,17 @@ async fn binding_errors_say_what_is_wrong() {
     assert!(err.to_string().contains("Inbox::migrate"), "{err}");
 }
 
-/// Cancelling an idle consumer (waiting in a long pull request) returns `Ok` at once.
+/// Cancelling an idle consumer (waiting in a pull request) returns `Ok` once that
+/// request ends, within `fetch_wait`; a message published meanwhile is released to the
+/// next consumer at once, not after the ack wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_stops_an_idle_consumer_promptly() {
+async fn cancel_stops_an_idle_consumer_within_fetch_wait() {
     let env = Env::start(Duration::from_secs(120)).await;
     let mut config = test_config("idle");
-    config.fetch_wait = Duration::from_secs(60);
-    let (hook, _rx) = report();
-    let (task, cancel) = env.spawn(config, Effects::default(), hook).await;
+    config.ack_wait = Duration::from_secs(60);
+    config.fetch_wait = Duration::from_secs(2);
+    let (hook, mut rx) = report();
+    let (task, cancel) = env.spawn(config.clone(), Effects::default(), hook).await;
     // Its pull request is waiting once the server counts it.
     within(10, "the pull request", async {
         loop {
@@ -108,11 +111,27 @@ async fn cancel_stops_an_idle_consumer_promptly() {
     })
     .await;
     let started = Instant::now();
+    cancel.cancel();
+    let id = publish_event(&env.js, "k", 1).await;
+    within(10, "the consumer to stop", task)
+        .await
+        .expect("task")
+        .expect("run returns Ok on cancel");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+    assert!(
+        rx.try_recv().is_err(),
+        "a cancelled consumer starts nothing"
+    );
+
+    let (hook, mut rx) = report();
+    let (task, cancel) = env.spawn(config, Effects::default(), hook).await;
+    // Well before the 60 s ack wait.
+    let seen = collect_until(&mut rx, 10, "the released event", |s| !s.is_empty()).await;
     stop(task, cancel).await;
     assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
+        matches!(&seen[..], [(i, 1, _, Outcome::Applied)] if *i == id),
+        "{seen:?}"
     );
 }
 
@@ -142,7 +161,10 @@ async fn a_lost_database_connection_stops_the_consumer_and_nothing_is_lost() {
         .await
         .expect("task")
         .expect_err("the connection is gone");
-    assert!(err.is_connection_lost(), "{err}");
+    assert!(
+        matches!(err, InboxError::ConnectionLost { .. }) && err.is_connection_lost(),
+        "{err}"
+    );
 
     let (hook, mut rx) = report();
     let (task, cancel) = env

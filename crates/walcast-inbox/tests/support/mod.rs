@@ -297,10 +297,11 @@ pub async fn collect_until(
     seen
 }
 
-/// A config for tests: short ack wait and retries, small batches.
+/// A config for tests: short ack wait (a killed consumer's events come back after it)
+/// and retries, small batches.
 pub fn test_config(durable: &str) -> ConsumerConfig {
     let mut c = ConsumerConfig::new(durable);
-    c.ack_wait = Duration::from_secs(1);
+    c.ack_wait = Duration::from_secs(2);
     c.batch_size = 5;
     c.fetch_wait = Duration::from_millis(500);
     c.retry_base = Duration::from_millis(50);
