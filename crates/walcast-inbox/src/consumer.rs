@@ -279,9 +279,10 @@ impl InboxConsumer {
     /// Fetch batches and handle their messages one after the other until `cancel`.
     /// Cancelling lets the message being handled finish (commit and ack), waits for the
     /// open pull request to end (at most [`ConsumerConfig::fetch_wait`]), naks the
-    /// fetched messages not started (they come back first, in order) and returns `Ok`. Returns an
-    /// error only when retrying cannot help (the Postgres connection is lost: connect
-    /// again and bind a new consumer); pull request failures are retried with a backoff.
+    /// fetched messages not started (they come back first, in order) and returns `Ok`.
+    /// Returns an error only when retrying cannot help ([`InboxError::ConnectionLost`]:
+    /// connect again and bind a new consumer); failed pull requests are retried with a
+    /// backoff.
     pub async fn run<H: Handler>(
         &mut self,
         handler: &H,
