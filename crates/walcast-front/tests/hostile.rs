@@ -226,6 +226,10 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
     assert_eq!(ids.len(), 2);
     const N: usize = 3000;
     let pad = "z".repeat(16 * 1024);
+    // The fast client reads as it goes; the writer never gets more than half the queue
+    // ahead of it, so only the client that never reads can fill its queue (on a loaded
+    // machine a fixed pace let the fast one fall behind too).
+    let (progress, mut read) = tokio::sync::watch::channel(0usize);
     let reader = tokio::spawn(async move {
         let mut got = 0;
         while got < N {
@@ -233,16 +237,20 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
             if m.event() == "postgres_changes" {
                 assert_eq!(m.payload()["data"]["record"]["n"], got as u64);
                 got += 1;
+                progress.send_replace(got);
             }
         }
         fast
     });
     for n in 0..N {
+        let ahead = tokio::time::timeout(Duration::from_secs(30), read.wait_for(|g| n < g + 32));
+        assert!(
+            matches!(ahead.await, Ok(Ok(_))),
+            "the fast client stopped reading at {}",
+            *read.borrow()
+        );
         s.change("t", "INSERT", json!({"id": n, "n": n, "pad": pad}), &ids)
             .await;
-        if n.is_multiple_of(50) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
     }
     let mut fast = tokio::time::timeout(Duration::from_secs(60), reader)
         .await
