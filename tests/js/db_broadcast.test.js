@@ -25,7 +25,10 @@ for (const source of ['stream', 'poll']) {
           RETURN NULL;
         END $$;
         CREATE TRIGGER notes_broadcast AFTER INSERT OR UPDATE OR DELETE ON notes
-          FOR EACH ROW EXECUTE FUNCTION notes_broadcast()`)
+          FOR EACH ROW EXECUTE FUNCTION notes_broadcast();
+        -- The private notes channels are readable by anyone with the anon key.
+        CREATE POLICY notes_read ON realtime.messages FOR SELECT TO anon
+          USING (realtime.topic() LIKE 'notes:%')`)
     })
     after(async () => {
       await st?.stop()

@@ -37,6 +37,15 @@ pub enum AdminRequest {
     },
     /// The realtime-enabled tables of a project.
     ListTables { project: String },
+    /// Whether a subscriber (its claims; `role` chooses the database role) may read
+    /// (`write` false: SELECT) or write (INSERT) the private channel `topic`, under the
+    /// app's policies on `realtime.messages` with `realtime.topic()` = `topic`.
+    AuthorizeChannel {
+        project: String,
+        topic: String,
+        claims: serde_json::Value,
+        write: bool,
+    },
 }
 
 /// A stored project, as the worker tells the fronts.
@@ -74,6 +83,9 @@ pub enum AdminReply {
     },
     Tables {
         tables: Vec<TableName>,
+    },
+    Authorized {
+        allowed: bool,
     },
 }
 
@@ -214,6 +226,29 @@ impl AdminClient {
         };
         match self.request(req, timeout).await? {
             AdminReply::Tables { tables } => Ok(tables),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl AdminClient {
+    /// See [`AdminRequest::AuthorizeChannel`].
+    pub async fn authorize_channel(
+        &self,
+        project: &str,
+        topic: &str,
+        claims: &serde_json::Value,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<bool, AdminError> {
+        let req = AdminRequest::AuthorizeChannel {
+            project: project.to_string(),
+            topic: topic.to_string(),
+            claims: claims.clone(),
+            write,
+        };
+        match self.request(req, timeout).await? {
+            AdminReply::Authorized { allowed } => Ok(allowed),
             other => Err(unexpected(&other)),
         }
     }

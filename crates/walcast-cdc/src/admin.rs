@@ -178,6 +178,17 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
                 changed,
             })
         }
+        AdminRequest::AuthorizeChannel {
+            topic,
+            claims,
+            write,
+            ..
+        } => {
+            let allowed = crate::channel_auth::may(client, &topic, &claims, write)
+                .await
+                .map_err(|e| internal(format!("database: {}", crate::db_message(&e))))?;
+            Ok(AdminReply::Authorized { allowed })
+        }
         AdminRequest::ListTables { project } => {
             schema_of(client, &project).await?;
             let tables = realtime_tables::list(client, Some(&project))

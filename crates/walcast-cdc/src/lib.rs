@@ -16,6 +16,7 @@ pub mod admin;
 pub mod authorize;
 pub mod catalog_change;
 pub mod catalog_read;
+pub mod channel_auth;
 pub mod consumer;
 pub mod db_broadcast;
 pub mod driver;

@@ -8,7 +8,7 @@ use tokio::time::{Duration, Instant};
 use walcast_protocol::message::{events, TOPIC_PREFIX};
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{
-    BroadcastPush, ClientMessage, Frame, JoinRequest, MessageError, PgChangeBinding,
+    channel_name, BroadcastPush, ClientMessage, Frame, JoinRequest, MessageError, PgChangeBinding,
     PresenceAction, UserBroadcast,
 };
 
@@ -20,7 +20,7 @@ use crate::sink::SinkRef;
 use crate::subscribe::{self, Subscribed};
 use crate::telemetry;
 use crate::topics::TopicKey;
-use crate::{broadcast, presence};
+use crate::{broadcast, presence, private};
 
 /// `system` message after a successful subscription.
 pub const SUBSCRIBED: &str = "Subscribed to PostgreSQL";
@@ -39,6 +39,10 @@ pub(crate) struct Channel {
     pub presence_key: String,
     pub tracked: bool,
     pub ack: bool,
+    /// The subscriber's claims (a private channel's write check needs them).
+    pub claims: Value,
+    /// Private channel: whether it may send (asked at its first send).
+    pub may_write: Option<bool>,
 }
 
 fn uuid_v4() -> String {
@@ -156,6 +160,38 @@ impl Conn {
         };
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);
+        if req.config.private && !self.may_read(f, name, &claims).await {
+            return;
+        }
+        self.open_channel(f, req, token, exp, claims).await;
+    }
+
+    /// A private channel's read check; `false` once the join was refused.
+    async fn may_read(&self, f: &Frame, name: &str, claims: &Value) -> bool {
+        match private::may(&self.shared, &self.project, name, claims, false).await {
+            Ok(true) => true,
+            Ok(false) => {
+                self.join_error(f, "Unauthorized", &private::read_refused(name));
+                false
+            }
+            Err(e) => {
+                self.join_error(f, "UnableToConnectToProject", &e);
+                false
+            }
+        }
+    }
+
+    /// Open the channel of an accepted join: route its topic and subscribe its bindings,
+    /// answer, keep it.
+    async fn open_channel(
+        &mut self,
+        f: &Frame,
+        req: JoinRequest,
+        token: String,
+        exp: i64,
+        claims: Value,
+    ) {
+        let topic = f.topic.as_str();
         let id = self.shared.next_id();
         let key = TopicKey {
             project: self.project.clone(),
@@ -204,6 +240,8 @@ impl Conn {
             presence_key,
             tracked: false,
             ack: req.config.broadcast.ack,
+            claims,
+            may_write: None,
         };
         self.channels.insert(topic.to_string(), channel);
     }
@@ -421,6 +459,10 @@ impl Conn {
     }
 
     async fn broadcast(&mut self, f: &Frame, b: BroadcastPush) {
+        if !self.may_write(&f.topic).await {
+            // Dropped, as Supabase drops a send its policies refuse.
+            return;
+        }
         let Some(ch) = self.channels.get(&f.topic) else {
             return;
         };
@@ -436,6 +478,29 @@ impl Conn {
         if ack {
             self.reply_ok(f);
         }
+    }
+
+    /// Whether the channel may send: public channels always; a private one if its
+    /// policies allow it (asked once, kept for the channel's life).
+    async fn may_write(&mut self, topic: &str) -> bool {
+        let Some(ch) = self.channels.get(topic) else {
+            return false;
+        };
+        if !ch.key.private {
+            return true;
+        }
+        if let Some(known) = ch.may_write {
+            return known;
+        }
+        let name = channel_name(topic).to_string();
+        let claims = ch.claims.clone();
+        let allowed = private::may(&self.shared, &self.project, &name, &claims, true)
+            .await
+            .unwrap_or(false);
+        if let Some(ch) = self.channels.get_mut(topic) {
+            ch.may_write = Some(allowed);
+        }
+        allowed
     }
 
     async fn presence(&mut self, f: &Frame, action: PresenceAction) {

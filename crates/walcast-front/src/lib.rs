@@ -44,6 +44,7 @@ pub mod kv_presence;
 mod limits;
 mod outbound;
 pub mod presence;
+mod private;
 pub mod projects;
 mod realtime_api;
 mod registration;
