@@ -2,10 +2,11 @@
 // app's SELECT policy on realtime.messages (with realtime.topic() = the channel's topic)
 // and sending needs its INSERT policy, evaluated as the user. Anon and another user are
 // refused with Supabase's message; a reader who may not write has its sends dropped; the
-// owner's sends and the database's reach the readers.
+// owner's sends and the database's reach the readers; a reader whose read the policies
+// revoked is closed out at its next token refresh.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { startStack, client, collector, subscribeTracked, jwt } from './lib/harness.js'
+import { startStack, client, collector, subscribeTracked, until, jwt } from './lib/harness.js'
 
 const OWNER = '00000000-0000-4000-8000-0000000000a1'
 const READER = '00000000-0000-4000-8000-0000000000b2'
@@ -66,6 +67,8 @@ for (const source of ['stream', 'poll']) {
         owner.ch.on('broadcast', { event: 'msg' }, ownerGot)
         await reader.ch.send({ type: 'broadcast', event: 'msg', payload: { from: 'reader' } })
         await owner.ch.send({ type: 'broadcast', event: 'msg', payload: { from: 'owner' } })
+        // Two senders have no order between them: the database sends once the owner's arrived.
+        await got.wait(1)
         await db.query("SELECT realtime.send('{\"from\": \"db\"}', 'msg', $1, true)", [TOPIC])
         await got.wait(2)
         assert.deepEqual(got.items.map((m) => m.payload.from), ['owner', 'db'])
@@ -76,6 +79,27 @@ for (const source of ['stream', 'poll']) {
           await c.rt.removeAllChannels()
           await c.rt.disconnect()
         }
+      }
+    })
+
+    test('revoking the read policy then refreshing the token closes the channel', async () => {
+      const reader = await join(st.server, user(READER))
+      const sys = collector('system')
+      try {
+        assert.equal(reader.first.status, 'SUBSCRIBED')
+        reader.ch.on('system', {}, sys)
+        await db.query(`ALTER POLICY room_read ON realtime.messages
+          USING (realtime.topic() = 'room:${OWNER}' AND auth.uid() = '${OWNER}')`)
+        await reader.rt.setAuth(jwt({ role: 'authenticated', sub: READER, refreshed: 1 }))
+        await until('the channel closed after the refresh', () => reader.ch.state === 'closed')
+        await sys.wait(1)
+        assert.equal(sys.items[0].status, 'error')
+        assert.match(sys.items[0].message, /You do not have permissions to read from this Channel topic/)
+      } finally {
+        await reader.rt.removeAllChannels()
+        await reader.rt.disconnect()
+        await db.query(`ALTER POLICY room_read ON realtime.messages
+          USING (realtime.topic() = 'room:${OWNER}' AND auth.uid() IN ('${OWNER}', '${READER}'))`)
       }
     })
   })

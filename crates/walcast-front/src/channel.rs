@@ -403,6 +403,10 @@ impl Conn {
         };
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);
+        if !self.still_may_read(topic, &claims).await {
+            let name = channel_name(topic).to_string();
+            return self.shut(topic, &private::read_refused(&name)).await;
+        }
         let check_at = self.check_at(exp);
         let shared = self.shared.clone();
         let Some(ch) = self.channels.get_mut(topic) else {
@@ -411,6 +415,8 @@ impl Conn {
         ch.token = token;
         ch.exp = exp;
         ch.check_at = check_at;
+        ch.claims = claims.clone();
+        ch.may_write = None;
         if ch.bindings.is_empty() {
             return;
         }
@@ -503,7 +509,25 @@ impl Conn {
         allowed
     }
 
+    /// A refreshed token of a private channel: are its new claims still allowed to read?
+    /// (Public channels: always.) A failure to ask counts as no.
+    async fn still_may_read(&self, topic: &str, claims: &Value) -> bool {
+        if !self.channels.get(topic).is_some_and(|c| c.key.private) {
+            return true;
+        }
+        let name = channel_name(topic);
+        let asked = private::may(&self.shared, &self.project, name, claims, false).await;
+        asked.unwrap_or(false)
+    }
+
     async fn presence(&mut self, f: &Frame, action: PresenceAction) {
+        if matches!(action, PresenceAction::Track { .. }) && !self.may_write(&f.topic).await {
+            // Tracking on a private channel needs the write policy, as sending does.
+            return self.reply_error(
+                f,
+                "Unauthorized: You do not have permissions to write to this Channel topic",
+            );
+        }
         let shared = self.shared.clone();
         let Some(ch) = self.channels.get_mut(&f.topic) else {
             return;
