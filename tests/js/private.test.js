@@ -74,6 +74,11 @@ for (const source of ['stream', 'poll']) {
         assert.deepEqual(got.items.map((m) => m.payload.from), ['owner', 'db'])
         await ownerGot.wait(1)
         assert.deepEqual(ownerGot.items.map((m) => m.payload.from), ['db'], "the reader's send was dropped")
+        // Over REST (httpSend) the same policies apply: the reader's is dropped (still 202).
+        assert.deepEqual(await reader.ch.httpSend('msg', { from: 'reader-http' }), { success: true })
+        assert.deepEqual(await owner.ch.httpSend('msg', { from: 'owner-http' }), { success: true })
+        await got.wait(3)
+        assert.deepEqual(got.items.map((m) => m.payload.from), ['owner', 'db', 'owner-http'])
       } finally {
         for (const c of [owner, reader]) {
           await c.rt.removeAllChannels()

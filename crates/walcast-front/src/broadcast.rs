@@ -6,9 +6,10 @@
 //! the database's, sent by the cdc-worker) to its own channels and drops its own echo.
 //!
 //! REST authorisation: the acting token (see [`crate::credentials`]: `access_token`, else
-//! `Authorization: Bearer …`, else the project key). Any valid token of the project may broadcast to
-//! public channels (as anyone holding the anon key can through a socket); private
-//! channels need a `service_role` token (RLS on `realtime.messages` is not evaluated).
+//! `Authorization: Bearer …`, else the project key). Any valid token of the project may
+//! broadcast to public channels (as anyone holding the anon key can through a socket);
+//! to a private channel, a `service_role` token or one the app's INSERT policy on
+//! `realtime.messages` allows ([`crate::private`]); refused messages are dropped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -157,19 +158,46 @@ fn relay_one(shared: &Shared, msg: &BusMessage) {
     deliver_local(shared, &key, &b, None);
 }
 
-/// Authorise a REST broadcast: `(project, may_send_private)`.
+/// Who sends a REST broadcast.
+struct RestSender {
+    project: String,
+    claims: serde_json::Value,
+    /// Private topics already judged in this request.
+    judged: HashMap<String, bool>,
+}
+
+impl RestSender {
+    /// May it send to `topic`? Public topics: yes; private ones: a `service_role` token,
+    /// or the app's INSERT policy on `realtime.messages` (asked once per topic).
+    async fn may_send(&mut self, shared: &Shared, private: bool, topic: &str) -> bool {
+        if !private || self.claims["role"] == "service_role" {
+            return true;
+        }
+        let name = channel_name(topic).to_string();
+        if let Some(known) = self.judged.get(&name) {
+            return *known;
+        }
+        let asked = crate::private::may(shared, &self.project, &name, &self.claims, true).await;
+        let allowed = asked.unwrap_or(false);
+        self.judged.insert(name, allowed);
+        allowed
+    }
+}
+
+/// Authorise a REST broadcast: the acting token (see [`crate::credentials`]), verified.
 async fn rest_auth(
     shared: &Shared,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
-) -> Result<(String, bool), (StatusCode, String)> {
+) -> Result<RestSender, (StatusCode, String)> {
     let creds = Credentials::from_request(query, headers);
     let token = creds.token().unwrap_or("");
     match shared.projects.verify(token).await {
-        Ok(v) => {
-            let service = v.role() == Some("service_role");
-            Ok((v.project, service))
-        }
+        Ok(v) => Ok(RestSender {
+            project: v.project,
+            claims: serde_json::Value::Object(v.claims),
+            judged: HashMap::new(),
+        }),
         Err(e) => Err((crate::http::auth_status(&e), e.to_string())),
     }
 }
@@ -187,6 +215,9 @@ struct RestMessage {
     payload: Option<Box<RawValue>>,
     #[serde(default)]
     private: Option<bool>,
+    /// Becomes the broadcast's `meta.id`.
+    #[serde(default)]
+    id: Option<String>,
 }
 
 /// `POST /realtime/v1/api/broadcast` with `{"messages":[{topic,event,payload,private}]}`.
@@ -196,7 +227,7 @@ pub(crate) async fn rest_batch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (project, service) = match rest_auth(&shared, &headers, &query).await {
+    let mut sender = match rest_auth(&shared, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
@@ -209,22 +240,22 @@ pub(crate) async fn rest_batch(
     let mut out = Vec::with_capacity(batch.messages.len());
     for m in batch.messages {
         let private = m.private.unwrap_or(false);
-        if private && !service {
-            return error_response(
-                StatusCode::FORBIDDEN,
-                "private channels need a service_role token",
-            );
-        }
         let payload = m.payload.unwrap_or_else(crate::state::empty_object);
         if payload.get().len() > shared.cfg.max_frame_bytes {
             return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
         }
-        let key = rest_key(&project, private, &m.topic);
+        if !sender.may_send(&shared, private, &m.topic).await {
+            // Dropped, as Supabase drops what the policies refuse (the reply stays 202).
+            continue;
+        }
+        let meta = m
+            .id
+            .and_then(|id| RawValue::from_string(serde_json::json!({ "id": id }).to_string()).ok());
         out.push((
-            key,
+            rest_key(&sender.project, private, &m.topic),
             UserBroadcast {
                 event: m.event,
-                meta: None,
+                meta,
                 body: BroadcastBody::Json(payload),
             },
         ));
@@ -253,16 +284,13 @@ pub(crate) async fn rest_single(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (project, service) = match rest_auth(&shared, &headers, &query).await {
+    let mut sender = match rest_auth(&shared, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
     let private = query.get("private").map(String::as_str) == Some("true");
-    if private && !service {
-        return error_response(
-            StatusCode::FORBIDDEN,
-            "private channels need a service_role token",
-        );
+    if !sender.may_send(&shared, private, &topic).await {
+        return StatusCode::ACCEPTED.into_response();
     }
     if body.len() > shared.cfg.max_frame_bytes {
         return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
@@ -285,7 +313,7 @@ pub(crate) async fn rest_single(
         }
         None => BroadcastBody::Binary(body),
     };
-    let key = rest_key(&project, private, &topic);
+    let key = rest_key(&sender.project, private, &topic);
     metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
     send(
         &shared,
