@@ -3,7 +3,8 @@
 // and sending needs its INSERT policy, evaluated as the user. Anon and another user are
 // refused with Supabase's message; a reader who may not write has its sends dropped; the
 // owner's sends and the database's reach the readers; a reader whose read the policies
-// revoked is closed out at its next token refresh.
+// revoked is closed out at its next token refresh; a join asking for replay gets the stored
+// messages first.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribeTracked, until, jwt } from './lib/harness.js'
@@ -84,6 +85,33 @@ for (const source of ['stream', 'poll']) {
           await c.rt.removeAllChannels()
           await c.rt.disconnect()
         }
+      }
+    })
+
+    test('a join with broadcast replay gets the stored messages first, marked replayed', async () => {
+      // From the database's clock, after every earlier message of the topic: `since` has
+      // millisecond resolution, so step past the millisecond of the last one (no event to
+      // await here, only the clock).
+      await new Promise((r) => setTimeout(r, 5))
+      const { rows } = await db.query('SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms')
+      const since = Number(rows[0].ms)
+      for (const n of [1, 2, 3]) {
+        await db.query("SELECT realtime.send(jsonb_build_object('n', $2::int), 'stored', $1, true)", [TOPIC, n])
+      }
+      const rt = client(st.server)
+      const got = collector('replay')
+      try {
+        await rt.setAuth(user(READER))
+        const ch = rt.channel(TOPIC, { config: { private: true, broadcast: { replay: { since, limit: 2 } } } })
+        ch.on('broadcast', { event: 'stored' }, got)
+        const s = subscribeTracked(ch)
+        assert.equal((await s.first).status, 'SUBSCRIBED')
+        await got.wait(2)
+        assert.deepEqual(got.items.map((m) => [m.payload.n, m.meta?.replayed]), [[1, true], [2, true]])
+        assert.equal(got.items[0].meta.id, got.items[0].payload.id)
+      } finally {
+        await rt.removeAllChannels()
+        await rt.disconnect()
       }
     })
 

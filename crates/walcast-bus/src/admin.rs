@@ -46,6 +46,23 @@ pub enum AdminRequest {
         claims: serde_json::Value,
         write: bool,
     },
+    /// The broadcasts stored for a private channel `topic` since `since_ms` (Unix ms),
+    /// oldest first, at most `limit` (broadcast replay).
+    Replay {
+        project: String,
+        topic: String,
+        since_ms: i64,
+        limit: u32,
+    },
+}
+
+/// A stored broadcast, replayed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StoredBroadcast {
+    pub id: String,
+    pub event: String,
+    /// JSON text of the payload (with its `id`).
+    pub payload: String,
 }
 
 /// A stored project, as the worker tells the fronts.
@@ -86,6 +103,9 @@ pub enum AdminReply {
     },
     Authorized {
         allowed: bool,
+    },
+    Replayed {
+        messages: Vec<StoredBroadcast>,
     },
 }
 
@@ -249,6 +269,29 @@ impl AdminClient {
         };
         match self.request(req, timeout).await? {
             AdminReply::Authorized { allowed } => Ok(allowed),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl AdminClient {
+    /// See [`AdminRequest::Replay`].
+    pub async fn replay(
+        &self,
+        project: &str,
+        topic: &str,
+        since_ms: i64,
+        limit: u32,
+        timeout: Duration,
+    ) -> Result<Vec<StoredBroadcast>, AdminError> {
+        let req = AdminRequest::Replay {
+            project: project.to_string(),
+            topic: topic.to_string(),
+            since_ms,
+            limit,
+        };
+        match self.request(req, timeout).await? {
+            AdminReply::Replayed { messages } => Ok(messages),
             other => Err(unexpected(&other)),
         }
     }

@@ -88,3 +88,37 @@ async fn check(
         None => client.execute(INSERT, &[&topic]).await.map(|_| true),
     }
 }
+
+/// The broadcasts stored for private channel `topic` since `since_ms` (Unix ms), oldest
+/// first, at most `limit`; each payload with its `id`, as they were delivered.
+pub async fn stored(
+    client: &Client,
+    topic: &str,
+    since_ms: i64,
+    limit: u32,
+) -> Result<Vec<walcast_bus::admin::StoredBroadcast>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT id::text, coalesce(event, ''),
+                    CASE WHEN jsonb_typeof(payload) = 'object'
+                         THEN jsonb_build_object('id', id) || payload ELSE payload END::text
+             FROM realtime.messages
+             WHERE topic = $1 AND extension = 'broadcast' AND private
+               AND inserted_at >= to_timestamp($2::float8 / 1000) AT TIME ZONE 'UTC'
+               AND event IS DISTINCT FROM 'walcast:authorize'
+             ORDER BY inserted_at, id
+             LIMIT $3",
+            &[&topic, &(since_ms as f64), &i64::from(limit)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| walcast_bus::admin::StoredBroadcast {
+            id: r.get(0),
+            event: r.get(1),
+            payload: r
+                .get::<_, Option<String>>(2)
+                .unwrap_or_else(|| "null".into()),
+        })
+        .collect())
+}

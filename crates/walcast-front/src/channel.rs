@@ -8,8 +8,8 @@ use tokio::time::{Duration, Instant};
 use walcast_protocol::message::{events, TOPIC_PREFIX};
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{
-    channel_name, BroadcastPush, ClientMessage, Frame, JoinRequest, MessageError, PgChangeBinding,
-    PresenceAction, UserBroadcast,
+    channel_name, BroadcastBody, BroadcastPush, ClientMessage, Frame, JoinRequest, MessageError,
+    PgChangeBinding, PresenceAction, RawValue, Replay, UserBroadcast,
 };
 
 use crate::auth::{now_secs, AuthError, Verified};
@@ -215,7 +215,10 @@ impl Conn {
             };
         let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
         let presence = req.config.presence.enabled.then_some(&key);
-        let first = self.first_frames(f, &bindings, &refused, presence).await;
+        let mut first = self.first_frames(f, &bindings, &refused, presence).await;
+        if let Some(replay) = req.config.broadcast.replay.filter(|_| key.private) {
+            first.extend(self.replayed(&key, replay).await);
+        }
         out.open(first);
         metrics::counter!(telemetry::JOINS, "result" => "ok").increment(1);
         self.shared
@@ -271,6 +274,37 @@ impl Conn {
             first.extend(self.out(&server::presence_state(join_ref, topic, &state)));
         }
         first
+    }
+
+    /// A private channel's stored broadcasts since the replay's start, as broadcasts with
+    /// `meta: {id, replayed: true}` (none if the worker cannot be asked: logged).
+    async fn replayed(&self, key: &TopicKey, replay: Replay) -> Vec<Out> {
+        let Some(admin) = self.shared.projects.admin() else {
+            return Vec::new();
+        };
+        let name = channel_name(&key.topic);
+        let timeout = self.shared.cfg.register_timeout;
+        let asked = admin.replay(&key.project, name, replay.since_ms, replay.limit, timeout);
+        let messages = match asked.await {
+            Ok(m) => m,
+            Err(e) => {
+                telemetry::error("replay");
+                tracing::warn!(error = %e, topic = %key.topic, "broadcast replay failed");
+                return Vec::new();
+            }
+        };
+        messages
+            .into_iter()
+            .filter_map(|m| {
+                let meta = serde_json::json!({ "id": m.id, "replayed": true }).to_string();
+                let b = UserBroadcast {
+                    event: m.event,
+                    meta: RawValue::from_string(meta).ok(),
+                    body: BroadcastBody::Json(RawValue::from_string(m.payload).ok()?),
+                };
+                self.out(&server::broadcast(&key.topic, b))
+            })
+            .collect()
     }
 
     /// The socket's channel limit and the channel's binding limit.

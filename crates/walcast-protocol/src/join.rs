@@ -14,7 +14,22 @@ pub struct BroadcastConfig {
     pub ack: bool,
     /// Deliver the channel's own broadcasts back to it (`self` on the wire).
     pub self_: bool,
+    /// `replay`: the private channel's stored messages to send first.
+    pub replay: Option<Replay>,
 }
+
+/// `config.broadcast.replay`: messages stored since `since_ms` (Unix milliseconds), at
+/// most `limit` ([`REPLAY_MAX`] when absent or larger).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// Messages inserted at or after this time (Unix milliseconds).
+    pub since_ms: i64,
+    /// At most this many (1 to [`REPLAY_MAX`]).
+    pub limit: u32,
+}
+
+/// The most messages a replay sends, as Supabase caps it.
+pub const REPLAY_MAX: u32 = 25;
 
 /// `config.presence` of a join.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
