@@ -74,6 +74,12 @@ pub struct ProjectRecord {
     pub schema: String,
     /// HS256 secret of its keys and tokens.
     pub jwt_secret: String,
+    /// Accepted too during a secret rotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_secret_previous: Option<String>,
+    /// A JWKS (JSON text) for its users' public-key tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks: Option<String>,
 }
 
 /// A table of a project.

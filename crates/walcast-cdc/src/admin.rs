@@ -166,6 +166,8 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
                     name: p.name,
                     schema: p.schema,
                     jwt_secret: p.jwt_secret,
+                    jwt_secret_previous: p.jwt_secret_previous,
+                    jwks: p.jwks,
                 })
                 .collect();
             Ok(AdminReply::Projects { projects })

@@ -43,6 +43,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "supabase_realtime_publication",
         include_str!("../../../sql/0010_supabase_realtime_publication.sql"),
     ),
+    (
+        11,
+        "project_keys",
+        include_str!("../../../sql/0011_project_keys.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::admin::{AdminClient, AdminError};
+use walcast_bus::admin::{AdminClient, AdminError, ProjectRecord};
 
 use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 use crate::keys::ProjectKeys;
@@ -203,7 +203,7 @@ impl Projects {
             .map(|p| {
                 let entry = Entry {
                     schema: Arc::from(p.schema.as_str()),
-                    keys: ProjectKeys::secret(p.jwt_secret.as_bytes()),
+                    keys: record_keys(&p),
                 };
                 (p.id, entry)
             })
@@ -259,6 +259,21 @@ impl Projects {
     }
 }
 
+/// A stored project's keys: its secret, its previous one, its JWKS (a JWKS that does not
+/// parse is left out, with an error in the log: the secrets still work).
+fn record_keys(p: &ProjectRecord) -> ProjectKeys {
+    let jwks = match p.jwks.as_deref().map(crate::keys::parse_jwks) {
+        None => Vec::new(),
+        Some(Ok(keys)) => keys,
+        Some(Err(e)) => {
+            tracing::error!(project = %p.id, error = %e, "the project's JWKS is unusable; its public-key tokens are refused");
+            Vec::new()
+        }
+    };
+    let previous = p.jwt_secret_previous.as_deref().map(str::as_bytes);
+    ProjectKeys::secret(p.jwt_secret.as_bytes()).with(previous, jwks)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +319,8 @@ mod tests {
                 name: id.into(),
                 schema: format!("project_{id}"),
                 jwt_secret: secret.into(),
+                jwt_secret_previous: None,
+                jwks: None,
             });
         }
         fn requests(&self) -> usize {
@@ -340,6 +357,28 @@ mod tests {
                 refresh_every: Duration::from_secs(3600),
             },
         )
+    }
+
+    #[tokio::test]
+    async fn a_stored_project_accepts_its_previous_secret_and_survives_a_bad_jwks() {
+        let worker = Arc::new(Worker::default());
+        worker.projects.lock().unwrap().push(ProjectRecord {
+            id: "p3".into(),
+            name: "p3".into(),
+            schema: "project_p3".into(),
+            jwt_secret: "new".into(),
+            jwt_secret_previous: Some("old".into()),
+            jwks: Some(r#"{"keys":[{"kty":"oct","kid":"x","k":"c2VjcmV0"}]}"#.into()),
+        });
+        let p = directory(&worker);
+        for secret in ["new", "old"] {
+            let v = p.verify(&anon_of("p3", secret)).await.unwrap();
+            assert_eq!(v.project, "p3", "{secret}");
+        }
+        assert_eq!(
+            p.verify(&anon_of("p3", "other")).await.unwrap_err(),
+            AuthError::Signature
+        );
     }
 
     #[tokio::test]
