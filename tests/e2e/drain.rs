@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::ws::{anon, Ws};
+use crate::support::ws::anon;
 use crate::support::{Stack, Worker};
 use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
+use walcast_testkit::phoenix::PhoenixClient;
 
 const CLIENTS: usize = 1000;
 const DRAIN_SECS: u64 = 4;
@@ -26,7 +27,7 @@ async fn sigterm_drains_a_front_gradually() {
 
     let mut sockets = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
-        sockets.push(Ws::connect(&url).await);
+        sockets.push(PhoenixClient::connect(&url).await);
     }
     // Each socket reports when and how it was closed.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

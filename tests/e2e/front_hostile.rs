@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::ws::{anon, pg_config, Msg, Ws};
+use crate::support::ws::anon;
 use crate::support::{Stack, Worker};
 use serde_json::{json, Value};
+use walcast_testkit::phoenix::{pg_config, Msg, PhoenixClient};
 
 const MAX_FRAME: usize = 64 * 1024;
 const MIN_ROWS: i64 = 300;
@@ -38,7 +39,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
 
     // The well-behaved client and a steady writer (a row every 2 ms, until told to stop
     // and at least MIN_ROWS written).
-    let mut good = Ws::connect(&url).await;
+    let mut good = PhoenixClient::connect(&url).await;
     good.join_subscribed("realtime:good", t_all.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -74,7 +75,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
     });
 
     // 1. Invalid JSON: an error reply on `phoenix`, and the socket lives on.
-    let mut c = Ws::connect(&url).await;
+    let mut c = PhoenixClient::connect(&url).await;
     c.send_text("{not json").await;
     let f = c.recv_frame().await;
     assert_eq!(f[2], "phoenix", "{f}");
@@ -99,7 +100,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
     )
     .await;
     assert_eq!(reason(&c.reply_to("20").await), "unmatched topic");
-    let (jr, reply) = c.join("realtime:plain", json!({})).await;
+    let (jr, reply) = c.join("realtime:plain", json!({}), None).await;
     assert_eq!(reply[4]["status"], "ok", "{reply}");
     c.send(
         Some(&jr),
@@ -146,7 +147,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
         if !filter.is_empty() {
             b["filter"] = json!(filter);
         }
-        let (_, reply) = c.join(&topic, pg_config(json!([b]))).await;
+        let (_, reply) = c.join(&topic, pg_config(json!([b])), None).await;
         assert_eq!(reply[4]["status"], "ok", "{reply}");
         let sys = c.recv_frame().await;
         assert_eq!(
@@ -182,7 +183,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
     c.heartbeat_ok().await;
 
     // 5. Oversized frames: closed with 1009.
-    let mut big = Ws::connect(&url).await;
+    let mut big = PhoenixClient::connect(&url).await;
     let pad = "x".repeat(MAX_FRAME + 1024);
     big.send(
         None,
@@ -199,7 +200,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
         }
         m => panic!("expected a 1009 close, got {m:?}"),
     }
-    let mut huge = Ws::connect(&url).await;
+    let mut huge = PhoenixClient::connect(&url).await;
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         use futures_util::SinkExt;
         let msg = tokio_tungstenite::tungstenite::Message::Binary(vec![3u8; 4 * MAX_FRAME].into());
@@ -218,7 +219,7 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
     //    table nobody writes: 100 channels of the steady stream on a socket that is busy
     //    sending would, rightly, be closed as a slow consumer.)
     let quiet = json!([{"event": "*", "schema": "public", "table": "quiet"}]);
-    let mut many = Ws::connect(&url).await;
+    let mut many = PhoenixClient::connect(&url).await;
     let (mut ok, mut channels, mut rate, mut replies) = (0, 0, 0, 0);
     let mut sent = 0;
     while replies < 1000 {

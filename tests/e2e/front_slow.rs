@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::ws::{anon, Msg, Ws};
+use crate::support::ws::anon;
 use crate::support::{Stack, Worker};
 use serde_json::json;
+use walcast_testkit::phoenix::{Msg, PhoenixClient};
 
 /// Rows written (one change each), in transactions of `PER_TXN`, one transaction every
 /// `TXN_EVERY` (1,000 rows/s, 8 MB/s: a rate a reading client keeps up with even in a
@@ -34,10 +35,10 @@ async fn a_client_that_never_reads_is_closed_and_the_fast_one_gets_everything() 
     let url = server.ws_url(&anon());
     let bindings = json!([{"event": "*", "schema": "public", "table": "big"}]);
 
-    let mut slow = Ws::connect_small(&url, server.port, 4096).await;
+    let mut slow = PhoenixClient::connect_small(&url, server.port, 4096).await;
     slow.join_subscribed("realtime:room", bindings.clone())
         .await;
-    let mut fast = Ws::connect(&url).await;
+    let mut fast = PhoenixClient::connect(&url).await;
     fast.join_subscribed("realtime:room", bindings).await;
     assert_eq!(
         server.metric("walcast_front_slow_consumer_disconnects_total"),

@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::ws::{anon, Msg, Ws};
+use crate::support::ws::anon;
 use crate::support::{Stack, Worker};
 use serde_json::json;
+use walcast_testkit::phoenix::{Msg, PhoenixClient};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_survive_a_nats_restart_and_receive_what_follows() {
@@ -22,7 +23,7 @@ async fn clients_survive_a_nats_restart_and_receive_what_follows() {
         ],
     );
     server.wait_active(Duration::from_secs(60));
-    let mut ws = Ws::connect(&server.ws_url(&anon())).await;
+    let mut ws = PhoenixClient::connect(&server.ws_url(&anon())).await;
     ws.join_subscribed(
         "realtime:n",
         json!([{"event": "INSERT", "schema": "public", "table": "n"}]),

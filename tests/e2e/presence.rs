@@ -7,8 +7,9 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use crate::support::ws::{anon, Msg, Ws};
+use crate::support::ws::anon;
 use serde_json::{json, Value};
+use walcast_testkit::phoenix::{Msg, PhoenixClient};
 use walcast_testkit::Nats;
 
 const TTL_SECS: u64 = 4;
@@ -24,10 +25,12 @@ fn presence_config(key: &str) -> Value {
 }
 
 /// Join `TOPIC` with presence on; returns the presence_state payload.
-async fn join_presence(ws: &mut Ws, key: &str) -> Value {
-    let (jr, reply) = ws.join(TOPIC, presence_config(key)).await;
+async fn join_presence(ws: &mut PhoenixClient, key: &str) -> Value {
+    let (jr, reply) = ws.join(TOPIC, presence_config(key), None).await;
     assert_eq!(reply[4]["status"], "ok", "{reply}");
-    let state = wait_frame(ws, "presence_state", Duration::from_secs(10), |_| true).await;
+    let state = ws
+        .wait_frame("presence_state", Duration::from_secs(10), |_| true)
+        .await;
     assert_eq!(
         state[0],
         json!(jr),
@@ -36,27 +39,7 @@ async fn join_presence(ws: &mut Ws, key: &str) -> Value {
     state[4].clone()
 }
 
-/// The next frame with `event` whose payload satisfies `pred`, skipping others; panics
-/// after `within`.
-async fn wait_frame(
-    ws: &mut Ws,
-    event: &str,
-    within: Duration,
-    pred: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match ws.try_recv(left).await {
-            None => panic!("no {event} matching within {within:?}"),
-            Some(Msg::Frame(f)) if f[3] == event && pred(&f[4]) => return f,
-            Some(Msg::Frame(_)) => continue,
-            Some(other) => panic!("socket ended while waiting for {event}: {other:?}"),
-        }
-    }
-}
-
-async fn push(ws: &mut Ws, jr: &str, payload: Value) {
+async fn push(ws: &mut PhoenixClient, jr: &str, payload: Value) {
     let r = ws.next_ref();
     ws.send(Some(jr), Some(&r), TOPIC, "presence", payload)
         .await;
@@ -82,11 +65,11 @@ async fn presence_across_replicas_and_replica_death() {
     b.wait_http(Duration::from_secs(20));
 
     // A watcher on B, then a tracker on A.
-    let mut watcher = Ws::connect(&b.ws_url(&anon())).await;
+    let mut watcher = PhoenixClient::connect(&b.ws_url(&anon())).await;
     let state = join_presence(&mut watcher, "watcher").await;
     assert_eq!(state, json!({}), "nothing tracked yet");
 
-    let mut ann = Ws::connect(&a.ws_url(&anon())).await;
+    let mut ann = PhoenixClient::connect(&a.ws_url(&anon())).await;
     join_presence(&mut ann, "ann").await;
     let jr_ann = "1"; // the first join of this socket
     push(
@@ -96,19 +79,17 @@ async fn presence_across_replicas_and_replica_death() {
     )
     .await;
 
-    let diff = wait_frame(
-        &mut watcher,
-        "presence_diff",
-        Duration::from_secs(10),
-        |p| !metas(&p["joins"], "ann").is_empty(),
-    )
-    .await;
+    let diff = watcher
+        .wait_frame("presence_diff", Duration::from_secs(10), |p| {
+            !metas(&p["joins"], "ann").is_empty()
+        })
+        .await;
     let meta = &metas(&diff[4]["joins"], "ann")[0];
     assert_eq!(meta["user"], "ann", "{diff}");
     let phx_ref = meta["phx_ref"].as_str().expect("phx_ref").to_string();
 
     // A later join on B lists A's presence in presence_state.
-    let mut late = Ws::connect(&b.ws_url(&anon())).await;
+    let mut late = PhoenixClient::connect(&b.ws_url(&anon())).await;
     let state = join_presence(&mut late, "late").await;
     assert_eq!(metas(&state, "ann").len(), 1, "{state}");
     assert_eq!(
@@ -124,13 +105,11 @@ async fn presence_across_replicas_and_replica_death() {
         json!({"type": "presence", "event": "untrack"}),
     )
     .await;
-    let diff = wait_frame(
-        &mut watcher,
-        "presence_diff",
-        Duration::from_secs(10),
-        |p| !metas(&p["leaves"], "ann").is_empty(),
-    )
-    .await;
+    let diff = watcher
+        .wait_frame("presence_diff", Duration::from_secs(10), |p| {
+            !metas(&p["leaves"], "ann").is_empty()
+        })
+        .await;
     assert_eq!(
         metas(&diff[4]["leaves"], "ann")[0]["phx_ref"],
         json!(phx_ref),
@@ -144,13 +123,11 @@ async fn presence_across_replicas_and_replica_death() {
         json!({"type": "presence", "event": "track", "payload": {"user": "ann", "n": 2}}),
     )
     .await;
-    let diff = wait_frame(
-        &mut watcher,
-        "presence_diff",
-        Duration::from_secs(10),
-        |p| !metas(&p["joins"], "ann").is_empty(),
-    )
-    .await;
+    let diff = watcher
+        .wait_frame("presence_diff", Duration::from_secs(10), |p| {
+            !metas(&p["joins"], "ann").is_empty()
+        })
+        .await;
     let phx_ref2 = metas(&diff[4]["joins"], "ann")[0]["phx_ref"].clone();
     let quiet = Duration::from_secs(TTL_SECS * 2);
     let deadline = Instant::now() + quiet;
@@ -173,10 +150,11 @@ async fn presence_across_replicas_and_replica_death() {
     a.kill9();
     let killed = Instant::now();
     let bound = Duration::from_secs(TTL_SECS + 4);
-    let diff = wait_frame(&mut watcher, "presence_diff", bound, |p| {
-        !metas(&p["leaves"], "ann").is_empty()
-    })
-    .await;
+    let diff = watcher
+        .wait_frame("presence_diff", bound, |p| {
+            !metas(&p["leaves"], "ann").is_empty()
+        })
+        .await;
     assert_eq!(
         metas(&diff[4]["leaves"], "ann")[0]["phx_ref"],
         phx_ref2,
@@ -188,7 +166,7 @@ async fn presence_across_replicas_and_replica_death() {
         killed.elapsed()
     );
     // And a fresh join on B no longer lists it.
-    let mut after = Ws::connect(&b.ws_url(&anon())).await;
+    let mut after = PhoenixClient::connect(&b.ws_url(&anon())).await;
     let state = join_presence(&mut after, "after").await;
     assert!(
         metas(&state, "ann").is_empty(),

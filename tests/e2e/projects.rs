@@ -10,9 +10,10 @@ use crate::support::projects::{
     binding, call, create_project, keys, next_change, realtime_path, refused, set, sign, walcast,
     Project,
 };
-use crate::support::ws::{self, pg_config, Ws};
+use crate::support::ws;
 use crate::support::{Stack, Worker};
 use serde_json::{json, Value};
+use walcast_testkit::phoenix::{pg_config, PhoenixClient};
 
 const STARTUP: Duration = Duration::from_secs(60);
 
@@ -148,7 +149,7 @@ async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else
     );
 
     // A subscriber of A gets the newly enabled table's changes: no restart.
-    let mut sub = Ws::connect(&w.ws_url(&a.anon)).await;
+    let mut sub = PhoenixClient::connect(&w.ws_url(&a.anon)).await;
     sub.join_subscribed("realtime:items", binding(&a.schema, "items"))
         .await;
     sub.join_subscribed("realtime:other", binding(&a.schema, "other"))
@@ -377,9 +378,9 @@ async fn assert_ws_refused(w: &Worker, key: &str, what: &str) {
 }
 
 /// A join refused with the protocol's error reply, for schema `schema`.
-async fn assert_join_refused(sock: &mut Ws, topic: &str, schema: &str) {
+async fn assert_join_refused(sock: &mut PhoenixClient, topic: &str, schema: &str) {
     let (_, reply) = sock
-        .join(topic, pg_config(binding(schema, "messages")))
+        .join(topic, pg_config(binding(schema, "messages")), None)
         .await;
     assert_eq!(reply[4]["status"], "error", "{reply}");
     let reason = reply[4]["response"]["reason"].as_str().unwrap_or_default();
@@ -418,12 +419,12 @@ async fn projects_are_isolated_across_cdc_worker_and_ws_front() {
         assert_eq!(status, 200, "{v}");
     }
 
-    let mut sa = Ws::connect(&front.ws_url(&a.anon)).await;
+    let mut sa = PhoenixClient::connect(&front.ws_url(&a.anon)).await;
     sa.join_subscribed("realtime:a", binding(&a.schema, "messages"))
         .await;
     sa.join_subscribed("realtime:any", binding("*", "messages"))
         .await;
-    let mut sb = Ws::connect(&front.ws_url(&b.anon)).await;
+    let mut sb = PhoenixClient::connect(&front.ws_url(&b.anon)).await;
     sb.join_subscribed("realtime:b", binding(&b.schema, "messages"))
         .await;
 
@@ -472,7 +473,7 @@ async fn projects_are_isolated_across_cdc_worker_and_ws_front() {
     // Another project's schema is refused at join, whoever asks.
     assert_join_refused(&mut sa, "realtime:steal", &b.schema).await;
     assert_join_refused(&mut sa, "realtime:public", "public").await;
-    let mut sd = Ws::connect(&front.ws_url(&ws::anon())).await;
+    let mut sd = PhoenixClient::connect(&front.ws_url(&ws::anon())).await;
     assert_join_refused(&mut sd, "realtime:steal", &a.schema).await;
     // A's socket is still served, B's did not get A's rows.
     insert(&a, 4, "a4");

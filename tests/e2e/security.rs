@@ -135,8 +135,9 @@ async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
     let _machine = crate::support::shared().await;
-    use crate::support::ws::{token, Ws};
+    use crate::support::ws::token;
     use crate::support::Worker;
+    use walcast_testkit::phoenix::PhoenixClient;
     use walcast_testkit::tls::TestCerts;
     use walcast_testkit::Postgres;
 
@@ -170,7 +171,7 @@ async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
         }
         let exp = support::ws::now() + 3600;
         let alice = token(serde_json::json!({"role": "authenticated", "sub": "alice", "exp": exp}));
-        let mut ws = Ws::connect(&server.ws_url(&alice)).await;
+        let mut ws = PhoenixClient::connect(&server.ws_url(&alice)).await;
         ws.join_subscribed(
             "realtime:s",
             serde_json::json!([{"event": "INSERT", "schema": "public", "table": "s"}]),
@@ -228,8 +229,9 @@ async fn every_connection_uses_verified_tls_to_a_tls_only_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_over_tls_with_an_nkey() {
     let _machine = crate::support::shared().await;
-    use crate::support::ws::{anon, Ws};
+    use crate::support::ws::anon;
     use crate::support::Worker;
+    use walcast_testkit::phoenix::PhoenixClient;
     use walcast_testkit::tls::TestCerts;
     use walcast_testkit::{Nats, Postgres};
 
@@ -272,7 +274,7 @@ async fn nats_over_tls_with_an_nkey() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut ws = Ws::connect(&front.ws_url(&anon())).await;
+    let mut ws = PhoenixClient::connect(&front.ws_url(&anon())).await;
     ws.join_subscribed(
         "realtime:t",
         serde_json::json!([{"event": "INSERT", "schema": "public", "table": "t"}]),

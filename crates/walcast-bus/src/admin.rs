@@ -37,6 +37,32 @@ pub enum AdminRequest {
     },
     /// The realtime-enabled tables of a project.
     ListTables { project: String },
+    /// Whether a subscriber (its claims; `role` chooses the database role) may read
+    /// (`write` false: SELECT) or write (INSERT) the private channel `topic`, under the
+    /// app's policies on `realtime.messages` with `realtime.topic()` = `topic`.
+    AuthorizeChannel {
+        project: String,
+        topic: String,
+        claims: serde_json::Value,
+        write: bool,
+    },
+    /// The broadcasts stored for a private channel `topic` since `since_ms` (Unix ms),
+    /// oldest first, at most `limit` (broadcast replay).
+    Replay {
+        project: String,
+        topic: String,
+        since_ms: i64,
+        limit: u32,
+    },
+}
+
+/// A stored broadcast, replayed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct StoredBroadcast {
+    pub id: String,
+    pub event: String,
+    /// JSON text of the payload (with its `id`).
+    pub payload: String,
 }
 
 /// A stored project, as the worker tells the fronts.
@@ -48,6 +74,12 @@ pub struct ProjectRecord {
     pub schema: String,
     /// HS256 secret of its keys and tokens.
     pub jwt_secret: String,
+    /// Accepted too during a secret rotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_secret_previous: Option<String>,
+    /// A JWKS (JSON text) for its users' public-key tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks: Option<String>,
 }
 
 /// A table of a project.
@@ -74,6 +106,12 @@ pub enum AdminReply {
     },
     Tables {
         tables: Vec<TableName>,
+    },
+    Authorized {
+        allowed: bool,
+    },
+    Replayed {
+        messages: Vec<StoredBroadcast>,
     },
 }
 
@@ -214,6 +252,52 @@ impl AdminClient {
         };
         match self.request(req, timeout).await? {
             AdminReply::Tables { tables } => Ok(tables),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl AdminClient {
+    /// See [`AdminRequest::AuthorizeChannel`].
+    pub async fn authorize_channel(
+        &self,
+        project: &str,
+        topic: &str,
+        claims: &serde_json::Value,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<bool, AdminError> {
+        let req = AdminRequest::AuthorizeChannel {
+            project: project.to_string(),
+            topic: topic.to_string(),
+            claims: claims.clone(),
+            write,
+        };
+        match self.request(req, timeout).await? {
+            AdminReply::Authorized { allowed } => Ok(allowed),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl AdminClient {
+    /// See [`AdminRequest::Replay`].
+    pub async fn replay(
+        &self,
+        project: &str,
+        topic: &str,
+        since_ms: i64,
+        limit: u32,
+        timeout: Duration,
+    ) -> Result<Vec<StoredBroadcast>, AdminError> {
+        let req = AdminRequest::Replay {
+            project: project.to_string(),
+            topic: topic.to_string(),
+            since_ms,
+            limit,
+        };
+        match self.request(req, timeout).await? {
+            AdminReply::Replayed { messages } => Ok(messages),
             other => Err(unexpected(&other)),
         }
     }

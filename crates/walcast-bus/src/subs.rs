@@ -78,8 +78,18 @@ pub struct SubscriptionSpec {
     pub from: Option<Lsn>,
 }
 
+/// The selected columns of a subscription, sorted and once each (`None`: every column).
+pub fn selected(spec: &SubscriptionSpec) -> Option<Vec<String>> {
+    spec.select.as_ref().map(|s| {
+        let mut cols: Vec<String> = s.iter().map(|c| c.trim().to_string()).collect();
+        cols.sort();
+        cols.dedup();
+        cols
+    })
+}
+
 /// The class of a subscription: subscriptions with the same project, schema, table,
-/// event, filter and role see the same changes of tables they can read without row-level
+/// event, filter, selected columns and role see the same changes of tables they can read without row-level
 /// security, so the worker matches and names them once per class (`c` and 16 hex digits;
 /// a subscription id always has a `:`). Fronts and worker compute it the same way.
 pub fn class_key(spec: &SubscriptionSpec) -> String {
@@ -92,14 +102,18 @@ pub fn class_key(spec: &SubscriptionSpec) -> String {
     let filter = spec.filter.as_deref().map(str::trim).unwrap_or_default();
     let table = spec.table.as_deref().unwrap_or("\u{1}*");
     let event = spec.event.to_ascii_uppercase();
-    for part in [
+    // `\u{1}` separates selected columns (never in a name); no `select` adds nothing, so
+    // classes without one keep their keys.
+    let select = selected(spec).map(|c| format!("\u{1}{}", c.join("\u{1}")));
+    let parts = [
         spec.project.as_str(),
         spec.schema.as_str(),
         table,
         event.as_str(),
         filter,
         role,
-    ] {
+    ];
+    for part in parts.into_iter().chain(select.as_deref()) {
         for b in part.as_bytes().iter().chain([&0u8]) {
             h ^= u64::from(*b);
             h = h.wrapping_mul(0x0100_0000_01b3);
@@ -488,6 +502,21 @@ mod tests {
         assert!(chunks_by_size(Vec::<String>::new(), 10).is_empty());
         let old: SyncMessage = serde_json::from_str(r#"{"front":"f","ids":["f:1"]}"#).unwrap();
         assert!(old.last, "a message without parts is whole");
+    }
+
+    #[test]
+    fn a_select_makes_its_own_class_whatever_its_order() {
+        let spec = todos_spec();
+        let sel = |cols: &[&str]| SubscriptionSpec {
+            select: Some(cols.iter().map(|c| c.to_string()).collect()),
+            ..spec.clone()
+        };
+        assert_ne!(class_key(&sel(&["title"])), class_key(&spec));
+        assert_eq!(
+            class_key(&sel(&["a", "b"])),
+            class_key(&sel(&["b", " a", "b"]))
+        );
+        assert_ne!(class_key(&sel(&["a", "b"])), class_key(&sel(&["ab"])));
     }
 
     #[test]

@@ -123,6 +123,38 @@ async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError>
     })
 }
 
+/// Private channels: a policy check, or a replay (see [`crate::channel_auth`]).
+async fn private_channel(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
+    let db = |e: tokio_postgres::Error| internal(format!("database: {}", crate::db_message(&e)));
+    match req {
+        AdminRequest::AuthorizeChannel {
+            topic,
+            claims,
+            write,
+            ..
+        } => {
+            let allowed = crate::channel_auth::may(client, &topic, &claims, write)
+                .await
+                .map_err(db)?;
+            Ok(AdminReply::Authorized { allowed })
+        }
+        AdminRequest::Replay {
+            topic,
+            since_ms,
+            limit,
+            ..
+        } => {
+            let messages = crate::channel_auth::stored(client, &topic, since_ms, limit)
+                .await
+                .map_err(db)?;
+            Ok(AdminReply::Replayed { messages })
+        }
+        other => Err(internal(format!(
+            "not a private-channel request: {other:?}"
+        ))),
+    }
+}
+
 async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
     match req {
         AdminRequest::Projects => {
@@ -134,6 +166,8 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
                     name: p.name,
                     schema: p.schema,
                     jwt_secret: p.jwt_secret,
+                    jwt_secret_previous: p.jwt_secret_previous,
+                    jwks: p.jwks,
                 })
                 .collect();
             Ok(AdminReply::Projects { projects })
@@ -177,6 +211,9 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
                 enabled,
                 changed,
             })
+        }
+        req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
+            private_channel(client, req).await
         }
         AdminRequest::ListTables { project } => {
             schema_of(client, &project).await?;

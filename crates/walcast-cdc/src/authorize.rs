@@ -174,6 +174,10 @@ impl Pass {
                 .filter(|c| access.columns.contains(**c))
                 .map(|c| c.to_string())
                 .collect();
+            if let Some(select) = &m.class.select {
+                // The binding's `select`: those columns and the key, as Supabase sends.
+                cols.retain(|c| select.contains(c) || pk.contains(c));
+            }
             let judged = rls_on && !access.bypass_rls && event.kind != ChangeKind::Delete;
             if !judged {
                 if rls_on && !access.bypass_rls {

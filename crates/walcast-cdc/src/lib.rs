@@ -16,7 +16,9 @@ pub mod admin;
 pub mod authorize;
 pub mod catalog_change;
 pub mod catalog_read;
+pub mod channel_auth;
 pub mod consumer;
+pub mod db_broadcast;
 pub mod driver;
 pub mod event;
 pub mod frame;
@@ -294,7 +296,8 @@ async fn session(
         },
     )
     .await?;
-    let mut consumers: Vec<Box<dyn Consumer>> = vec![Box::new(realtime)];
+    let db_broadcast = db_broadcast::DbBroadcast::new(bus.clone());
+    let mut consumers: Vec<Box<dyn Consumer>> = vec![Box::new(realtime), Box::new(db_broadcast)];
     consumers.extend(extra.iter().map(|make| make()));
     let driver = driver::Driver::new(
         driver::DriverOptions {

@@ -66,6 +66,8 @@ pub struct Class {
     pub role: String,
     filter: Option<Filter>,
     kinds: [bool; 3],
+    /// The binding's `select`: only these columns (and the key) are sent.
+    pub select: Option<BTreeSet<String>>,
 }
 
 impl Class {
@@ -76,6 +78,7 @@ impl Class {
             key: sub.class.clone(),
             role: sub.role().unwrap_or_default().to_string(),
             filter: sub.filter.clone(),
+            select: walcast_bus::subs::selected(&sub.spec).map(|c| c.into_iter().collect()),
             kinds: [
                 all || e == "INSERT",
                 all || e == "UPDATE",

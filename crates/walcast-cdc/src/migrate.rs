@@ -33,6 +33,21 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../sql/0007_catalog_changes.sql"),
     ),
     (8, "outbox", include_str!("../../../sql/0008_outbox.sql")),
+    (
+        9,
+        "realtime_messages",
+        include_str!("../../../sql/0009_realtime_messages.sql"),
+    ),
+    (
+        10,
+        "supabase_realtime_publication",
+        include_str!("../../../sql/0010_supabase_realtime_publication.sql"),
+    ),
+    (
+        11,
+        "project_keys",
+        include_str!("../../../sql/0011_project_keys.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -22,6 +22,10 @@ pub struct Project {
     pub jwt_secret: String,
     /// RFC 3339, UTC, milliseconds.
     pub created_at: String,
+    /// Accepted too during a secret rotation.
+    pub jwt_secret_previous: Option<String>,
+    /// A JWKS (JSON text) verifying its users' public-key tokens by `kid`.
+    pub jwks: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +37,8 @@ pub enum ProjectError {
 }
 
 const COLUMNS: &str = "id, name, schema_name, jwt_secret,
-    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    jwt_secret_previous, jwks::text";
 
 fn from_row(r: &Row) -> Project {
     Project {
@@ -42,7 +47,27 @@ fn from_row(r: &Row) -> Project {
         schema: r.get(2),
         jwt_secret: r.get(3),
         created_at: r.get(4),
+        jwt_secret_previous: r.get(5),
+        jwks: r.get(6),
     }
+}
+
+/// Set a project's previous secret and JWKS (`None` clears them). The JWKS must be a
+/// JSON object with a `keys` array (the fronts check each key). `false`: no such project.
+pub async fn set_keys<C: GenericClient>(
+    client: &C,
+    id: &str,
+    previous: Option<&str>,
+    jwks: Option<&str>,
+) -> Result<bool, ProjectError> {
+    let n = client
+        .execute(
+            "UPDATE walcast.projects SET jwt_secret_previous = $2, jwks = $3::text::jsonb
+              WHERE id = $1",
+            &[&id, &previous, &jwks],
+        )
+        .await?;
+    Ok(n > 0)
 }
 
 /// Create a project: a new uuid id, its schema `project_<uuid hex>` (usable by `anon`,

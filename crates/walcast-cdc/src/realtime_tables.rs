@@ -82,14 +82,49 @@ pub async fn enable<C: GenericClient>(
     client
         .batch_execute(&format!("ALTER TABLE {name} REPLICA IDENTITY FULL"))
         .await?;
+    let via = project == DEFAULT_PROJECT && publication_exists(client).await?;
     let n = client
         .execute(
-            "INSERT INTO walcast.realtime_tables (project_id, schema_name, table_name)
-             VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            &[&project, &schema, &table],
+            "INSERT INTO walcast.realtime_tables (project_id, schema_name, table_name, via_publication)
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            &[&project, &schema, &table, &via],
         )
         .await?;
+    if via && !in_publication(client, schema, table).await? {
+        client
+            .batch_execute(&format!("ALTER PUBLICATION {PUBLICATION} ADD TABLE {name}"))
+            .await?;
+    }
     Ok(n > 0)
+}
+
+/// The publication Supabase apps enable realtime with; for the default project its
+/// membership and walcast's registry agree (see `sql/0010_supabase_realtime_publication.sql`).
+pub const PUBLICATION: &str = "supabase_realtime";
+
+async fn publication_exists<C: GenericClient>(client: &C) -> Result<bool, RealtimeTablesError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&PUBLICATION],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+async fn in_publication<C: GenericClient>(
+    client: &C,
+    schema: &str,
+    table: &str,
+) -> Result<bool, RealtimeTablesError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+                             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+            &[&PUBLICATION, &schema, &table],
+        )
+        .await?;
+    Ok(row.get(0))
 }
 
 /// Stop streaming a table. Returns whether it was enabled.
@@ -106,6 +141,14 @@ pub async fn disable<C: GenericClient>(
             &[&project, &schema, &table],
         )
         .await?;
+    if project == DEFAULT_PROJECT && in_publication(client, schema, table).await? {
+        let name = qualified(schema, table);
+        client
+            .batch_execute(&format!(
+                "ALTER PUBLICATION {PUBLICATION} DROP TABLE {name}"
+            ))
+            .await?;
+    }
     Ok(n > 0)
 }
 

@@ -6,6 +6,8 @@
 pub const CHANGES_SKIPPED: &str = "walcast_cdc_changes_skipped_total";
 /// Counter: changes delivered without their large values, with `Error 413`.
 pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
+/// Counter: broadcasts from the database (`realtime.send`) published to the fronts.
+pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
 /// Counter: changes whose audience was split over several messages to fit the bus.
 pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
 
@@ -31,7 +33,7 @@ pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
 /// no longer that state when checked.
 pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
 
-// RealtimeConsumer, slot and registry.
+// Pipeline, slot and registry.
 
 /// Gauge: 1 while this worker reads the slot (leader, connected), else 0.
 pub const ACTIVE: &str = "walcast_cdc_active";
@@ -39,7 +41,7 @@ pub const ACTIVE: &str = "walcast_cdc_active";
 pub const SLOT_LAG: &str = "walcast_cdc_slot_lag_bytes";
 /// Counter: Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated.
 pub const SLOT_LOST: &str = "walcast_cdc_slot_lost_total";
-/// Counter: RealtimeConsumer failures that were retried (Postgres or NATS unreachable, slot busy), in either source.
+/// Counter: cdc session failures that were retried (Postgres or NATS unreachable, slot busy), in either source.
 pub const SOURCE_ERRORS: &str = "walcast_cdc_source_errors_total";
 /// Counter: wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too).
 pub const DECODE_ERRORS: &str = "walcast_cdc_decode_errors_total";
@@ -172,6 +174,10 @@ fn describe_publishing() {
 }
 
 fn describe_pipeline() {
+    metrics::describe_counter!(
+        DB_BROADCASTS,
+        "Broadcasts from the database (realtime.send, realtime.broadcast_changes) published to the fronts"
+    );
     metrics::describe_gauge!(
         ACTIVE,
         "1 while this worker reads the slot (leader, connected), else 0"
@@ -181,7 +187,7 @@ fn describe_pipeline() {
         "Bytes of WAL between the server's current position and the slot's confirmed position"
     );
     metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
-    metrics::describe_counter!(SOURCE_ERRORS, "RealtimeConsumer failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
+    metrics::describe_counter!(SOURCE_ERRORS, "cdc session failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
     metrics::describe_counter!(DECODE_ERRORS, "wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too)");
     metrics::describe_counter!(
         CHANGES_DECODED,

@@ -108,20 +108,7 @@ async fn collect(bus: &Bus) -> Arc<Mutex<Vec<i64>>> {
 async fn feeds_an_added_consumer(source: SourceKind) {
     let pg = Postgres::start().expect("postgres");
     let nats = Nats::start().expect("nats");
-    let mut db = pg.connect().await.expect("connect");
-    walcast_cdc::migrate::migrate(&mut db)
-        .await
-        .expect("migrate");
-    db.batch_execute(
-        "CREATE TABLE rt (i int PRIMARY KEY);
-         CREATE TABLE counted (i int PRIMARY KEY);
-         INSERT INTO walcast.realtime_tables (schema_name, table_name) VALUES ('public', 'rt');",
-    )
-    .await
-    .expect("setup");
-    db.batch_execute("SELECT pg_create_logical_replication_slot('consumer_slot', 'wal2json')")
-        .await
-        .expect("slot");
+    let db = prepare(&pg).await;
     let collector = Bus::nats(&nats.url(), "consumer-test-collector")
         .await
         .expect("collector");
@@ -148,7 +135,46 @@ async fn feeds_an_added_consumer(source: SourceKind) {
         vec![count],
     ));
 
-    // 20 transactions on `counted` (two rows each), 10 on `rt`, 5 on both.
+    write_transactions(&db).await;
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (committed.load(Ordering::SeqCst) < 25 || got.lock().unwrap().len() < 15)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nothing more arrives (no duplicates from restarts).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cancel.cancel();
+    run.await.expect("join").expect("run");
+
+    assert_eq!(committed.load(Ordering::SeqCst), 25, "transactions counted");
+    let mut received = got.lock().unwrap().clone();
+    received.sort();
+    assert_eq!(received, (0..15).collect::<Vec<i64>>(), "realtime changes");
+}
+
+/// A migrated database with `rt` (a realtime table), `counted` (not one) and the slot.
+async fn prepare(pg: &Postgres) -> tokio_postgres::Client {
+    let mut db = pg.connect().await.expect("connect");
+    walcast_cdc::migrate::migrate(&mut db)
+        .await
+        .expect("migrate");
+    db.batch_execute(
+        "CREATE TABLE rt (i int PRIMARY KEY);
+         CREATE TABLE counted (i int PRIMARY KEY);
+         INSERT INTO walcast.realtime_tables (schema_name, table_name) VALUES ('public', 'rt');",
+    )
+    .await
+    .expect("setup");
+    db.batch_execute("SELECT pg_create_logical_replication_slot('consumer_slot', 'wal2json')")
+        .await
+        .expect("slot");
+    db
+}
+
+/// 20 transactions on `counted` (two rows each), 10 on `rt`, 5 on both.
+async fn write_transactions(db: &tokio_postgres::Client) {
     for i in 0..20 {
         db.batch_execute(&format!(
             "INSERT INTO counted VALUES ({}), ({})",
@@ -171,20 +197,4 @@ async fn feeds_an_added_consumer(source: SourceKind) {
         .await
         .expect("both");
     }
-
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while (committed.load(Ordering::SeqCst) < 25 || got.lock().unwrap().len() < 15)
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Nothing more arrives (no duplicates from restarts).
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    cancel.cancel();
-    run.await.expect("join").expect("run");
-
-    assert_eq!(committed.load(Ordering::SeqCst), 25, "transactions counted");
-    let mut received = got.lock().unwrap().clone();
-    received.sort();
-    assert_eq!(received, (0..15).collect::<Vec<i64>>(), "realtime changes");
 }

@@ -1,10 +1,13 @@
-//! JWT verification: HS256 only. `alg: none`, every algorithm other than HS256, bad
-//! signatures and expired tokens are refused. Which secret verifies a token is the
+//! JWT verification: HS256/384/512 with the project's secrets, and RS/PS/ES/EdDSA with
+//! its JWKS keys chosen by `kid` (see [`crate::keys`]). `alg: none`, algorithm confusion,
+//! bad signatures and expired tokens are refused. Which keys verify a token is the
 //! business of [`crate::projects::Projects`] (its `ref` claim names the project).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+
+use crate::keys::{is_hmac, ProjectKeys};
 use serde_json::{Map, Value};
 
 /// Id of the default project.
@@ -78,6 +81,15 @@ pub enum AuthError {
     /// The signature does not verify with the project's secret.
     #[error("Invalid token: signature verification failed")]
     Signature,
+    /// Signed with a public-key algorithm, and the project's JWKS has no key with its
+    /// `kid` for that algorithm.
+    #[error("Invalid token: no key {kid:?} for {alg}")]
+    UnknownKey {
+        /// The token's `kid` (empty: none).
+        kid: String,
+        /// The token's algorithm.
+        alg: String,
+    },
     /// `exp` is in the past.
     #[error("Token has expired {0} seconds ago")]
     Expired(i64),
@@ -135,28 +147,64 @@ pub fn is_project_schema(schema: &str) -> bool {
     })
 }
 
-/// Verify `token` with `secret` as a token of `project` (whose schema is `schema`).
-pub(crate) fn verify_with(
-    project: String,
-    schema: &str,
-    secret: &[u8],
-    token: &str,
-) -> Result<Verified, AuthError> {
-    let mut validation = Validation::new(Algorithm::HS256);
+fn validation(alg: Algorithm) -> Validation {
+    let mut validation = Validation::new(alg);
     validation.required_spec_claims.clear();
     validation.validate_exp = false;
     validation.validate_nbf = false;
     validation.validate_aud = false;
-    let data = jsonwebtoken::decode::<Map<String, Value>>(
-        token,
-        &DecodingKey::from_secret(secret),
-        &validation,
-    )
-    .map_err(map_jwt_error)?;
+    validation
+}
+
+/// The token's header (any algorithm jsonwebtoken knows; `none` is not one of them).
+fn header_of(token: &str) -> Result<jsonwebtoken::Header, AuthError> {
+    if token.is_empty() {
+        return Err(AuthError::Missing);
+    }
+    jsonwebtoken::decode_header(token).map_err(|_| {
+        AuthError::Malformed("not a JWT with a known algorithm (alg none is refused)".into())
+    })
+}
+
+/// The claims of `token` if one of `keys` verifies it (see [`crate::keys`]).
+fn verified_claims(keys: &ProjectKeys, token: &str) -> Result<Map<String, Value>, AuthError> {
+    let header = header_of(token)?;
+    let decode = |key: &DecodingKey| {
+        jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation(header.alg))
+            .map(|d| d.claims)
+            .map_err(map_jwt_error)
+    };
+    if !is_hmac(header.alg) {
+        let kid = header.kid.clone().unwrap_or_default();
+        let key = keys
+            .public_key(&kid, header.alg)
+            .ok_or(AuthError::UnknownKey {
+                kid,
+                alg: format!("{:?}", header.alg),
+            })?;
+        return decode(&key.key);
+    }
+    let mut result = Err(AuthError::Signature);
+    for secret in keys.secrets.iter() {
+        result = decode(&DecodingKey::from_secret(secret));
+        if !matches!(result, Err(AuthError::Signature)) {
+            break;
+        }
+    }
+    result
+}
+
+/// Verify `token` with `keys` as a token of `project` (whose schema is `schema`).
+pub(crate) fn verify_with(
+    project: String,
+    schema: &str,
+    keys: &ProjectKeys,
+    token: &str,
+) -> Result<Verified, AuthError> {
     let v = Verified {
         project,
         schema: schema.to_string(),
-        claims: data.claims,
+        claims: verified_claims(keys, token)?,
     };
     if let Some(exp) = v.exp() {
         let now = now_secs();
@@ -169,27 +217,12 @@ pub(crate) fn verify_with(
     Ok(v)
 }
 
-/// Decode the claims without checking anything but the header (HS256 only).
+/// Decode the claims without checking anything but the header.
 pub(crate) fn peek_claims(token: &str) -> Result<Map<String, Value>, AuthError> {
-    if token.is_empty() {
-        return Err(AuthError::Missing);
-    }
-    let header = jsonwebtoken::decode_header(token).map_err(|_| {
-        AuthError::Malformed("not a JWT with an HS256 header (alg none is refused)".into())
-    })?;
-    if header.alg != Algorithm::HS256 {
-        return Err(AuthError::Malformed(format!(
-            "algorithm {:?} is not accepted (only HS256)",
-            header.alg
-        )));
-    }
-    let mut validation = Validation::new(Algorithm::HS256);
-    validation.insecure_disable_signature_validation();
-    validation.required_spec_claims.clear();
-    validation.validate_exp = false;
-    validation.validate_nbf = false;
-    validation.validate_aud = false;
-    jsonwebtoken::decode::<Map<String, Value>>(token, &DecodingKey::from_secret(&[]), &validation)
+    let header = header_of(token)?;
+    let mut v = validation(header.alg);
+    v.insecure_disable_signature_validation();
+    jsonwebtoken::decode::<Map<String, Value>>(token, &DecodingKey::from_secret(&[]), &v)
         .map(|d| d.claims)
         .map_err(map_jwt_error)
 }
@@ -199,8 +232,12 @@ fn map_jwt_error(e: jsonwebtoken::errors::Error) -> AuthError {
     match e.kind() {
         ErrorKind::InvalidSignature => AuthError::Signature,
         ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
-            AuthError::Malformed("algorithm is not accepted (only HS256)".into())
+            AuthError::Malformed("the algorithm does not match the key".into())
         }
         _ => AuthError::Malformed(format!("{e}")),
     }
 }
+
+#[cfg(test)]
+#[path = "auth_tests.rs"]
+mod tests;

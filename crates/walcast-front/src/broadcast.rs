@@ -1,17 +1,15 @@
 //! Broadcast: local delivery, relay between fronts over the bus, and the REST API.
 //!
 //! A broadcast is delivered directly to this front's channels of the topic and published
-//! on `walcast.broadcast.<project>.<public|private>.<channel name>` (tokens encoded with
-//! [`encode_token`]) with header `Walcast-Origin` = this front's id. Every front relays
-//! the messages of the others to its own channels and drops its own echo.
-//!
-//! Bus payload: one line of JSON `{"event":…,"binary":bool,"meta":…}`, a `\n`, then the
-//! body bytes (JSON text, or raw bytes for binary broadcasts) — no re-encoding of bodies.
+//! on the bus (subject and envelope: [`walcast_bus::broadcast`]) with header
+//! `Walcast-Origin` = this front's id. Every front relays the messages of the others (and
+//! the database's, sent by the cdc-worker) to its own channels and drops its own echo.
 //!
 //! REST authorisation: the acting token (see [`crate::credentials`]: `access_token`, else
-//! `Authorization: Bearer …`, else the project key). Any valid token of the project may broadcast to
-//! public channels (as anyone holding the anon key can through a socket); private
-//! channels need a `service_role` token (RLS on `realtime.messages` is not evaluated).
+//! `Authorization: Bearer …`, else the project key). Any valid token of the project may
+//! broadcast to public channels (as anyone holding the anon key can through a socket);
+//! to a private channel, a `service_role` token or one the app's INSERT policy on
+//! `realtime.messages` allows ([`crate::private`]); refused messages are dropped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,10 +18,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::subject::{decode_token, encode_token};
+use walcast_bus::broadcast::{BroadcastTarget, Envelope};
 use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
@@ -35,46 +33,24 @@ use crate::state::Shared;
 use crate::telemetry;
 use crate::topics::TopicKey;
 
-/// Prefix of broadcast relay subjects.
-pub const BROADCAST_PREFIX: &str = "walcast.broadcast";
-/// Subscription pattern for every relayed broadcast.
-pub const BROADCAST_ALL: &str = "walcast.broadcast.>";
+pub use walcast_bus::broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 
 fn subject(key: &TopicKey) -> String {
-    format!(
-        "{BROADCAST_PREFIX}.{}.{}.{}",
-        encode_token(&key.project),
-        if key.private { "private" } else { "public" },
-        encode_token(channel_name(&key.topic))
-    )
+    BroadcastTarget {
+        project: key.project.clone(),
+        private: key.private,
+        name: channel_name(&key.topic).to_string(),
+    }
+    .subject()
 }
 
 fn parse_subject(subject: &str) -> Option<TopicKey> {
-    let rest = subject.strip_prefix(BROADCAST_PREFIX)?.strip_prefix('.')?;
-    let mut it = rest.split('.');
-    let (p, ns, name) = (it.next()?, it.next()?, it.next()?);
-    if it.next().is_some() {
-        return None;
-    }
-    let private = match ns {
-        "private" => true,
-        "public" => false,
-        _ => return None,
-    };
+    let t = BroadcastTarget::parse(subject)?;
     Some(TopicKey {
-        project: decode_token(p).ok()?,
-        private,
-        topic: format!("{TOPIC_PREFIX}{}", decode_token(name).ok()?),
+        project: t.project,
+        private: t.private,
+        topic: format!("{TOPIC_PREFIX}{}", t.name),
     })
-}
-
-#[derive(Serialize, Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow)]
-    event: std::borrow::Cow<'a, str>,
-    binary: bool,
-    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
-    meta: Option<&'a RawValue>,
 }
 
 fn encode_envelope(b: &UserBroadcast) -> Option<Bytes> {
@@ -82,23 +58,16 @@ fn encode_envelope(b: &UserBroadcast) -> Option<Bytes> {
         BroadcastBody::Json(v) => (false, v.get().as_bytes()),
         BroadcastBody::Binary(bytes) => (true, bytes),
     };
-    let head = serde_json::to_vec(&Envelope {
+    let env = Envelope {
         event: std::borrow::Cow::Borrowed(&b.event),
         binary,
         meta: b.meta.as_deref(),
-    })
-    .ok()?;
-    let mut out = Vec::with_capacity(head.len() + 1 + body.len());
-    out.extend_from_slice(&head);
-    out.push(b'\n');
-    out.extend_from_slice(body);
-    Some(Bytes::from(out))
+    };
+    walcast_bus::broadcast::encode_envelope(&env, body)
 }
 
 fn decode_envelope(payload: &Bytes) -> Option<UserBroadcast> {
-    let nl = payload.iter().position(|&c| c == b'\n')?;
-    let env: Envelope<'_> = serde_json::from_slice(&payload[..nl]).ok()?;
-    let body = payload.slice(nl + 1..);
+    let (env, body) = walcast_bus::broadcast::decode_envelope(payload)?;
     let body = if env.binary {
         BroadcastBody::Binary(body)
     } else {
@@ -189,19 +158,46 @@ fn relay_one(shared: &Shared, msg: &BusMessage) {
     deliver_local(shared, &key, &b, None);
 }
 
-/// Authorise a REST broadcast: `(project, may_send_private)`.
+/// Who sends a REST broadcast.
+struct RestSender {
+    project: String,
+    claims: serde_json::Value,
+    /// Private topics already judged in this request.
+    judged: HashMap<String, bool>,
+}
+
+impl RestSender {
+    /// May it send to `topic`? Public topics: yes; private ones: a `service_role` token,
+    /// or the app's INSERT policy on `realtime.messages` (asked once per topic).
+    async fn may_send(&mut self, shared: &Shared, private: bool, topic: &str) -> bool {
+        if !private || self.claims["role"] == "service_role" {
+            return true;
+        }
+        let name = channel_name(topic).to_string();
+        if let Some(known) = self.judged.get(&name) {
+            return *known;
+        }
+        let asked = crate::private::may(shared, &self.project, &name, &self.claims, true).await;
+        let allowed = asked.unwrap_or(false);
+        self.judged.insert(name, allowed);
+        allowed
+    }
+}
+
+/// Authorise a REST broadcast: the acting token (see [`crate::credentials`]), verified.
 async fn rest_auth(
     shared: &Shared,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
-) -> Result<(String, bool), (StatusCode, String)> {
+) -> Result<RestSender, (StatusCode, String)> {
     let creds = Credentials::from_request(query, headers);
     let token = creds.token().unwrap_or("");
     match shared.projects.verify(token).await {
-        Ok(v) => {
-            let service = v.role() == Some("service_role");
-            Ok((v.project, service))
-        }
+        Ok(v) => Ok(RestSender {
+            project: v.project,
+            claims: serde_json::Value::Object(v.claims),
+            judged: HashMap::new(),
+        }),
         Err(e) => Err((crate::http::auth_status(&e), e.to_string())),
     }
 }
@@ -219,6 +215,9 @@ struct RestMessage {
     payload: Option<Box<RawValue>>,
     #[serde(default)]
     private: Option<bool>,
+    /// Becomes the broadcast's `meta.id`.
+    #[serde(default)]
+    id: Option<String>,
 }
 
 /// `POST /realtime/v1/api/broadcast` with `{"messages":[{topic,event,payload,private}]}`.
@@ -228,7 +227,7 @@ pub(crate) async fn rest_batch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (project, service) = match rest_auth(&shared, &headers, &query).await {
+    let mut sender = match rest_auth(&shared, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
@@ -241,22 +240,22 @@ pub(crate) async fn rest_batch(
     let mut out = Vec::with_capacity(batch.messages.len());
     for m in batch.messages {
         let private = m.private.unwrap_or(false);
-        if private && !service {
-            return error_response(
-                StatusCode::FORBIDDEN,
-                "private channels need a service_role token",
-            );
-        }
         let payload = m.payload.unwrap_or_else(crate::state::empty_object);
         if payload.get().len() > shared.cfg.max_frame_bytes {
             return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
         }
-        let key = rest_key(&project, private, &m.topic);
+        if !sender.may_send(&shared, private, &m.topic).await {
+            // Dropped, as Supabase drops what the policies refuse (the reply stays 202).
+            continue;
+        }
+        let meta = m
+            .id
+            .and_then(|id| RawValue::from_string(serde_json::json!({ "id": id }).to_string()).ok());
         out.push((
-            key,
+            rest_key(&sender.project, private, &m.topic),
             UserBroadcast {
                 event: m.event,
-                meta: None,
+                meta,
                 body: BroadcastBody::Json(payload),
             },
         ));
@@ -285,16 +284,13 @@ pub(crate) async fn rest_single(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (project, service) = match rest_auth(&shared, &headers, &query).await {
+    let mut sender = match rest_auth(&shared, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
     let private = query.get("private").map(String::as_str) == Some("true");
-    if private && !service {
-        return error_response(
-            StatusCode::FORBIDDEN,
-            "private channels need a service_role token",
-        );
+    if !sender.may_send(&shared, private, &topic).await {
+        return StatusCode::ACCEPTED.into_response();
     }
     if body.len() > shared.cfg.max_frame_bytes {
         return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
@@ -317,7 +313,7 @@ pub(crate) async fn rest_single(
         }
         None => BroadcastBody::Binary(body),
     };
-    let key = rest_key(&project, private, &topic);
+    let key = rest_key(&sender.project, private, &topic);
     metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
     send(
         &shared,

@@ -8,8 +8,8 @@ use tokio::time::{Duration, Instant};
 use walcast_protocol::message::{events, TOPIC_PREFIX};
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{
-    BroadcastPush, ClientMessage, Frame, JoinRequest, MessageError, PgChangeBinding,
-    PresenceAction, UserBroadcast,
+    channel_name, BroadcastBody, BroadcastPush, ClientMessage, Frame, JoinRequest, MessageError,
+    PgChangeBinding, PresenceAction, RawValue, Replay, UserBroadcast,
 };
 
 use crate::auth::{now_secs, AuthError, Verified};
@@ -20,7 +20,7 @@ use crate::sink::SinkRef;
 use crate::subscribe::{self, Subscribed};
 use crate::telemetry;
 use crate::topics::TopicKey;
-use crate::{broadcast, presence};
+use crate::{broadcast, presence, private};
 
 /// `system` message after a successful subscription.
 pub const SUBSCRIBED: &str = "Subscribed to PostgreSQL";
@@ -39,6 +39,10 @@ pub(crate) struct Channel {
     pub presence_key: String,
     pub tracked: bool,
     pub ack: bool,
+    /// The subscriber's claims (a private channel's write check needs them).
+    pub claims: Value,
+    /// Private channel: whether it may send (asked at its first send).
+    pub may_write: Option<bool>,
 }
 
 fn uuid_v4() -> String {
@@ -156,6 +160,38 @@ impl Conn {
         };
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);
+        if req.config.private && !self.may_read(f, name, &claims).await {
+            return;
+        }
+        self.open_channel(f, req, token, exp, claims).await;
+    }
+
+    /// A private channel's read check; `false` once the join was refused.
+    async fn may_read(&self, f: &Frame, name: &str, claims: &Value) -> bool {
+        match private::may(&self.shared, &self.project, name, claims, false).await {
+            Ok(true) => true,
+            Ok(false) => {
+                self.join_error(f, "Unauthorized", &private::read_refused(name));
+                false
+            }
+            Err(e) => {
+                self.join_error(f, "UnableToConnectToProject", &e);
+                false
+            }
+        }
+    }
+
+    /// Open the channel of an accepted join: route its topic and subscribe its bindings,
+    /// answer, keep it.
+    async fn open_channel(
+        &mut self,
+        f: &Frame,
+        req: JoinRequest,
+        token: String,
+        exp: i64,
+        claims: Value,
+    ) {
+        let topic = f.topic.as_str();
         let id = self.shared.next_id();
         let key = TopicKey {
             project: self.project.clone(),
@@ -179,7 +215,10 @@ impl Conn {
             };
         let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
         let presence = req.config.presence.enabled.then_some(&key);
-        let first = self.first_frames(f, &bindings, &refused, presence).await;
+        let mut first = self.first_frames(f, &bindings, &refused, presence).await;
+        if let Some(replay) = req.config.broadcast.replay.filter(|_| key.private) {
+            first.extend(self.replayed(&key, replay).await);
+        }
         out.open(first);
         metrics::counter!(telemetry::JOINS, "result" => "ok").increment(1);
         self.shared
@@ -204,6 +243,8 @@ impl Conn {
             presence_key,
             tracked: false,
             ack: req.config.broadcast.ack,
+            claims,
+            may_write: None,
         };
         self.channels.insert(topic.to_string(), channel);
     }
@@ -233,6 +274,37 @@ impl Conn {
             first.extend(self.out(&server::presence_state(join_ref, topic, &state)));
         }
         first
+    }
+
+    /// A private channel's stored broadcasts since the replay's start, as broadcasts with
+    /// `meta: {id, replayed: true}` (none if the worker cannot be asked: logged).
+    async fn replayed(&self, key: &TopicKey, replay: Replay) -> Vec<Out> {
+        let Some(admin) = self.shared.projects.admin() else {
+            return Vec::new();
+        };
+        let name = channel_name(&key.topic);
+        let timeout = self.shared.cfg.register_timeout;
+        let asked = admin.replay(&key.project, name, replay.since_ms, replay.limit, timeout);
+        let messages = match asked.await {
+            Ok(m) => m,
+            Err(e) => {
+                telemetry::error("replay");
+                tracing::warn!(error = %e, topic = %key.topic, "broadcast replay failed");
+                return Vec::new();
+            }
+        };
+        messages
+            .into_iter()
+            .filter_map(|m| {
+                let meta = serde_json::json!({ "id": m.id, "replayed": true }).to_string();
+                let b = UserBroadcast {
+                    event: m.event,
+                    meta: RawValue::from_string(meta).ok(),
+                    body: BroadcastBody::Json(RawValue::from_string(m.payload).ok()?),
+                };
+                self.out(&server::broadcast(&key.topic, b))
+            })
+            .collect()
     }
 
     /// The socket's channel limit and the channel's binding limit.
@@ -365,6 +437,10 @@ impl Conn {
         };
         let exp = auth.exp().unwrap_or(i64::MAX);
         let claims = Value::Object(auth.claims);
+        if !self.still_may_read(topic, &claims).await {
+            let name = channel_name(topic).to_string();
+            return self.shut(topic, &private::read_refused(&name)).await;
+        }
         let check_at = self.check_at(exp);
         let shared = self.shared.clone();
         let Some(ch) = self.channels.get_mut(topic) else {
@@ -373,6 +449,8 @@ impl Conn {
         ch.token = token;
         ch.exp = exp;
         ch.check_at = check_at;
+        ch.claims = claims.clone();
+        ch.may_write = None;
         if ch.bindings.is_empty() {
             return;
         }
@@ -421,6 +499,10 @@ impl Conn {
     }
 
     async fn broadcast(&mut self, f: &Frame, b: BroadcastPush) {
+        if !self.may_write(&f.topic).await {
+            // Dropped, as Supabase drops a send its policies refuse.
+            return;
+        }
         let Some(ch) = self.channels.get(&f.topic) else {
             return;
         };
@@ -438,7 +520,48 @@ impl Conn {
         }
     }
 
+    /// Whether the channel may send: public channels always; a private one if its
+    /// policies allow it (asked once, kept for the channel's life).
+    async fn may_write(&mut self, topic: &str) -> bool {
+        let Some(ch) = self.channels.get(topic) else {
+            return false;
+        };
+        if !ch.key.private {
+            return true;
+        }
+        if let Some(known) = ch.may_write {
+            return known;
+        }
+        let name = channel_name(topic).to_string();
+        let claims = ch.claims.clone();
+        let allowed = private::may(&self.shared, &self.project, &name, &claims, true)
+            .await
+            .unwrap_or(false);
+        if let Some(ch) = self.channels.get_mut(topic) {
+            ch.may_write = Some(allowed);
+        }
+        allowed
+    }
+
+    /// A refreshed token of a private channel: are its new claims still allowed to read?
+    /// (Public channels: always.) A failure to ask counts as no.
+    async fn still_may_read(&self, topic: &str, claims: &Value) -> bool {
+        if !self.channels.get(topic).is_some_and(|c| c.key.private) {
+            return true;
+        }
+        let name = channel_name(topic);
+        let asked = private::may(&self.shared, &self.project, name, claims, false).await;
+        asked.unwrap_or(false)
+    }
+
     async fn presence(&mut self, f: &Frame, action: PresenceAction) {
+        if matches!(action, PresenceAction::Track { .. }) && !self.may_write(&f.topic).await {
+            // Tracking on a private channel needs the write policy, as sending does.
+            return self.reply_error(
+                f,
+                "Unauthorized: You do not have permissions to write to this Channel topic",
+            );
+        }
         let shared = self.shared.clone();
         let Some(ch) = self.channels.get_mut(&f.topic) else {
             return;

@@ -1,4 +1,4 @@
-//! The project directory: project id → (schema, HS256 secret).
+//! The project directory: project id → (schema, verification keys).
 //!
 //! A token selects its project through its `ref` claim (absent or `"default"` = the
 //! default project) and is verified with that project's secret.
@@ -16,11 +16,12 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::admin::{AdminClient, AdminError};
+use walcast_bus::admin::{AdminClient, AdminError, ProjectRecord};
 
 use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
+use crate::keys::ProjectKeys;
 
-/// Project id → (schema, HS256 secret). Cheap to clone.
+/// Project id → (schema, verification keys). Cheap to clone.
 #[derive(Clone)]
 pub struct Projects {
     inner: Arc<Inner>,
@@ -35,7 +36,7 @@ struct Inner {
 #[derive(Clone)]
 struct Entry {
     schema: Arc<str>,
-    secret: Arc<[u8]>,
+    keys: ProjectKeys,
 }
 
 /// How the directory keeps up with the worker's project list.
@@ -70,19 +71,19 @@ struct Directory {
 impl Projects {
     /// Only the default project (id [`DEFAULT_PROJECT`], schema `public`) with this
     /// secret; no directory.
-    pub fn new(default_secret: impl AsRef<[u8]>) -> Projects {
-        Projects::build(default_secret, None)
+    pub fn new(default_keys: impl Into<ProjectKeys>) -> Projects {
+        Projects::build(default_keys.into(), None)
     }
 
     /// The default project plus the stored projects, learnt from the cdc-worker through
     /// `admin`. Start [`Projects::refresh_loop`] to load them and keep them current.
     pub fn with_directory(
-        default_secret: impl AsRef<[u8]>,
+        default_keys: impl Into<ProjectKeys>,
         admin: AdminClient,
         cfg: DirectoryConfig,
     ) -> Projects {
         Projects::build(
-            default_secret,
+            default_keys.into(),
             Some(Directory {
                 admin,
                 cfg,
@@ -91,10 +92,10 @@ impl Projects {
         )
     }
 
-    fn build(default_secret: impl AsRef<[u8]>, directory: Option<Directory>) -> Projects {
+    fn build(default_keys: ProjectKeys, directory: Option<Directory>) -> Projects {
         let default = Entry {
             schema: Arc::from(DEFAULT_SCHEMA),
-            secret: Arc::from(default_secret.as_ref()),
+            keys: default_keys,
         };
         let mut map = HashMap::new();
         map.insert(DEFAULT_PROJECT.to_string(), default.clone());
@@ -117,7 +118,7 @@ impl Projects {
     pub fn insert(&self, id: impl Into<String>, schema: &str, secret: impl AsRef<[u8]>) {
         let entry = Entry {
             schema: Arc::from(schema),
-            secret: Arc::from(secret.as_ref()),
+            keys: ProjectKeys::secret(secret),
         };
         self.write().insert(id.into(), entry);
     }
@@ -187,7 +188,7 @@ impl Projects {
 
     /// Replace every project but the default one with the worker's list.
     async fn fetch(&self, dir: &Directory) -> Result<(), AdminError> {
-        metrics::counter!("walcast_front_project_refreshes_total").increment(1);
+        metrics::counter!(crate::telemetry::PROJECT_REFRESHES).increment(1);
         let list = match dir.admin.projects(dir.cfg.timeout).await {
             Ok(l) => l,
             Err(e) => {
@@ -202,7 +203,7 @@ impl Projects {
             .map(|p| {
                 let entry = Entry {
                     schema: Arc::from(p.schema.as_str()),
-                    secret: Arc::from(p.jwt_secret.as_bytes()),
+                    keys: record_keys(&p),
                 };
                 (p.id, entry)
             })
@@ -242,7 +243,7 @@ impl Projects {
             Some(_) => return Err(AuthError::Malformed("`ref` must be a string".into())),
         };
         let entry = self.resolve(&project).await?;
-        verify_with(project, &entry.schema, &entry.secret, token)
+        verify_with(project, &entry.schema, &entry.keys, token)
     }
 
     /// Verify a token for a known project: its `ref` claim, if any, must name it.
@@ -256,6 +257,21 @@ impl Projects {
         }
         Ok(v)
     }
+}
+
+/// A stored project's keys: its secret, its previous one, its JWKS (a JWKS that does not
+/// parse is left out, with an error in the log: the secrets still work).
+fn record_keys(p: &ProjectRecord) -> ProjectKeys {
+    let jwks = match p.jwks.as_deref().map(crate::keys::parse_jwks) {
+        None => Vec::new(),
+        Some(Ok(keys)) => keys,
+        Some(Err(e)) => {
+            tracing::error!(project = %p.id, error = %e, "the project's JWKS is unusable; its public-key tokens are refused");
+            Vec::new()
+        }
+    };
+    let previous = p.jwt_secret_previous.as_deref().map(str::as_bytes);
+    ProjectKeys::secret(p.jwt_secret.as_bytes()).with(previous, jwks)
 }
 
 #[cfg(test)]
@@ -303,6 +319,8 @@ mod tests {
                 name: id.into(),
                 schema: format!("project_{id}"),
                 jwt_secret: secret.into(),
+                jwt_secret_previous: None,
+                jwks: None,
             });
         }
         fn requests(&self) -> usize {
@@ -339,6 +357,28 @@ mod tests {
                 refresh_every: Duration::from_secs(3600),
             },
         )
+    }
+
+    #[tokio::test]
+    async fn a_stored_project_accepts_its_previous_secret_and_survives_a_bad_jwks() {
+        let worker = Arc::new(Worker::default());
+        worker.projects.lock().unwrap().push(ProjectRecord {
+            id: "p3".into(),
+            name: "p3".into(),
+            schema: "project_p3".into(),
+            jwt_secret: "new".into(),
+            jwt_secret_previous: Some("old".into()),
+            jwks: Some(r#"{"keys":[{"kty":"oct","kid":"x","k":"c2VjcmV0"}]}"#.into()),
+        });
+        let p = directory(&worker);
+        for secret in ["new", "old"] {
+            let v = p.verify(&anon_of("p3", secret)).await.unwrap();
+            assert_eq!(v.project, "p3", "{secret}");
+        }
+        assert_eq!(
+            p.verify(&anon_of("p3", "other")).await.unwrap_err(),
+            AuthError::Signature
+        );
     }
 
     #[tokio::test]
@@ -389,7 +429,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn refuses_expired_none_and_other_algorithms() {
+    async fn refuses_expired_and_none_accepts_every_hmac_size() {
         let p = Projects::new("s1");
         let e = p
             .verify(&token("s1", json!({"role":"anon","exp":now_secs() - 12})))
@@ -405,10 +445,9 @@ mod tests {
             &EncodingKey::from_secret(b"s1"),
         )
         .unwrap();
-        assert!(matches!(
-            p.verify(&hs512).await,
-            Err(AuthError::Malformed(_))
-        ));
+        // HS384/512 are accepted with the project's secret (#14); public-key algorithms
+        // need a JWKS key (see auth_tests).
+        assert_eq!(p.verify(&hs512).await.unwrap().role(), Some("anon"));
         assert!(matches!(
             p.verify("garbage").await,
             Err(AuthError::Malformed(_))

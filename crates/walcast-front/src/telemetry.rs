@@ -1,4 +1,5 @@
-//! Metric names (all through the `metrics` crate facade).
+//! Every metric name of the front, each with its description (registered by
+//! [`describe`]); code records metrics only through these names.
 
 /// Gauge: open WebSocket connections.
 pub const CONNECTIONS: &str = "walcast_front_connections";
@@ -35,6 +36,76 @@ pub const STALE_TERM_DROPPED: &str = "walcast_front_stale_term_dropped_total";
 /// worker's answer) or `ready_class` (joined at once: its class was already delivered by
 /// class to this front; registered with the worker in the background).
 pub const REGISTRATIONS: &str = "walcast_front_registrations_total";
+
+/// Counter: reloads of the project list from the worker.
+pub const PROJECT_REFRESHES: &str = "walcast_front_project_refreshes_total";
+
+/// Register the descriptions with the installed recorder.
+pub fn describe() {
+    describe_sockets();
+    describe_delivery();
+    describe_failures();
+}
+
+fn describe_sockets() {
+    metrics::describe_gauge!(
+        CONNECTIONS,
+        "Open WebSocket connections (compare with MAX_CONNECTIONS)"
+    );
+    metrics::describe_gauge!(CHANNELS, "Joined channels over all WebSocket connections");
+    metrics::describe_gauge!(SSE_STREAMS, "Open SSE streams");
+    metrics::describe_counter!(JOINS, "Channel joins, by result (ok, error)");
+    metrics::describe_counter!(FRAMES_IN, "Frames received from clients");
+    metrics::describe_counter!(FRAMES_OUT, "Frames written to clients");
+    metrics::describe_counter!(
+        REGISTRATIONS,
+        "Subscriptions registered, by path: worker (the join waited for the worker's answer) or \
+         ready_class (joined at once: its class is already delivered to this front)"
+    );
+    metrics::describe_counter!(
+        PROJECT_REFRESHES,
+        "Reloads of the project list from the worker"
+    );
+}
+
+fn describe_delivery() {
+    metrics::describe_counter!(
+        DELIVERIES,
+        "postgres_changes messages queued to a channel or SSE stream"
+    );
+    metrics::describe_counter!(
+        BROADCASTS,
+        "Broadcasts received, by source (socket, rest, bus)"
+    );
+    metrics::describe_counter!(
+        REPLAYS_DROPPED,
+        "Change messages dropped because this front already delivered them (a replay after a \
+         leader change or a worker restart)"
+    );
+    metrics::describe_counter!(
+        STALE_TERM_DROPPED,
+        "Change messages dropped because they came from an older leader term than one already \
+         received (a leader that woke up after losing its lease)"
+    );
+}
+
+fn describe_failures() {
+    metrics::describe_counter!(ERRORS, "Errors, by kind");
+    metrics::describe_counter!(
+        LIMITS,
+        "Requests refused by a limit, by limit (connections, frame_size, join_rate, channels, \
+         bindings)"
+    );
+    metrics::describe_counter!(
+        SLOW_CONSUMERS,
+        "WebSocket connections closed (1013) or SSE streams ended because their outbound queue \
+         (OUTBOUND_QUEUE) was full"
+    );
+    metrics::describe_counter!(
+        crate::realtime_api::API_ERRORS,
+        "Refused or failed REST API requests, by status and error"
+    );
+}
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);

@@ -39,7 +39,7 @@ async fn join_registers_before_reply_and_echoes_ids_in_order() {
     // The worker got the registration; no reply while it has not answered.
     s.wait_for("register", |s| s.worker.registered().len() == 2)
         .await;
-    assert!(c.try_recv(Duration::from_millis(300)).await.is_none());
+    c.assert_silent(Duration::from_millis(300)).await;
     let specs = s.worker.registered();
     assert_eq!(specs[0].event, "INSERT");
     assert_eq!(specs[0].filter.as_deref(), Some("user_id=eq.42"));
@@ -79,7 +79,7 @@ async fn join_without_bindings_replies_empty_array_and_no_system() {
         f[4],
         json!({"status":"ok","response":{"postgres_changes":[]}})
     );
-    assert!(c.try_recv(Duration::from_millis(200)).await.is_none());
+    c.assert_silent(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -186,7 +186,7 @@ async fn delivery(vsn: &str) {
         &["other-front:1".into(), format!("{}:999999", s.front.id())],
     )
     .await;
-    assert!(c.try_recv(Duration::from_millis(200)).await.is_none());
+    c.assert_silent(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -226,7 +226,7 @@ async fn two_channels_on_one_socket_each_get_only_their_own() {
     assert_eq!(m1.payload()["data"]["record"]["id"], 1);
     assert_eq!(m2.frame()[2], "realtime:b");
     assert_eq!(m2.payload()["data"]["record"]["id"], 2);
-    assert!(c.try_recv(Duration::from_millis(200)).await.is_none());
+    c.assert_silent(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]
@@ -264,7 +264,7 @@ async fn leave_replies_ok_then_closes_and_unregisters() {
     c.send(None, Some("13"), "realtime:never", "phx_leave", json!({}))
         .await;
     assert_eq!(c.recv().await.payload()["status"], "ok");
-    assert!(c.try_recv(Duration::from_millis(200)).await.is_none());
+    c.assert_silent(Duration::from_millis(200)).await;
 }
 
 #[tokio::test]

@@ -112,8 +112,12 @@ async fn oversized_frames_close_with_1009_others_unaffected() {
             .await;
     })
     .await;
+    // The server may stop reading and close before our write completes: nothing may
+    // come, or the stream may end without a close frame.
     if let Some(m) = c2.try_recv(Duration::from_secs(5)).await {
-        assert!(matches!(m, Msg::Close(1009, _)), "{m:?}");
+        if !matches!(m, Msg::Ended(_)) {
+            assert!(matches!(m, Msg::Close(1009, _)), "{m:?}");
+        }
     }
     assert_eq!(other.recv().await.event(), "system");
     s.change("t", "INSERT", json!({"id": 1}), &s.worker.ids_for("t"))
@@ -222,6 +226,10 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
     assert_eq!(ids.len(), 2);
     const N: usize = 3000;
     let pad = "z".repeat(16 * 1024);
+    // The fast client reads as it goes; the writer never gets more than half the queue
+    // ahead of it, so only the client that never reads can fill its queue (on a loaded
+    // machine a fixed pace let the fast one fall behind too).
+    let (progress, mut read) = tokio::sync::watch::channel(0usize);
     let reader = tokio::spawn(async move {
         let mut got = 0;
         while got < N {
@@ -229,16 +237,20 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
             if m.event() == "postgres_changes" {
                 assert_eq!(m.payload()["data"]["record"]["n"], got as u64);
                 got += 1;
+                progress.send_replace(got);
             }
         }
         fast
     });
     for n in 0..N {
+        let ahead = tokio::time::timeout(Duration::from_secs(30), read.wait_for(|g| n < g + 32));
+        assert!(
+            matches!(ahead.await, Ok(Ok(_))),
+            "the fast client stopped reading at {}",
+            *read.borrow()
+        );
         s.change("t", "INSERT", json!({"id": n, "n": n, "pad": pad}), &ids)
             .await;
-        if n.is_multiple_of(50) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
     }
     let mut fast = tokio::time::timeout(Duration::from_secs(60), reader)
         .await
@@ -252,9 +264,13 @@ async fn a_client_that_never_reads_is_disconnected_and_others_get_everything() {
     // The slow socket ends with 1013 (or, if even the close frame could not be written, EOF).
     let mut saw_close = None;
     while let Some(m) = slow.try_recv(Duration::from_secs(3)).await {
-        if let Msg::Close(code, reason) = m {
-            saw_close = Some((code, reason));
-            break;
+        match m {
+            Msg::Close(code, reason) => {
+                saw_close = Some((code, reason));
+                break;
+            }
+            Msg::Ended(_) => break,
+            Msg::Frame(_) | Msg::Binary(_) => {}
         }
     }
     if let Some((code, reason)) = saw_close {

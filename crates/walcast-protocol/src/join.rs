@@ -14,7 +14,22 @@ pub struct BroadcastConfig {
     pub ack: bool,
     /// Deliver the channel's own broadcasts back to it (`self` on the wire).
     pub self_: bool,
+    /// `replay`: the private channel's stored messages to send first.
+    pub replay: Option<Replay>,
 }
+
+/// `config.broadcast.replay`: messages stored since `since_ms` (Unix milliseconds), at
+/// most `limit` ([`REPLAY_MAX`] when absent or larger).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// Messages inserted at or after this time (Unix milliseconds).
+    pub since_ms: i64,
+    /// At most this many (1 to [`REPLAY_MAX`]).
+    pub limit: u32,
+}
+
+/// The most messages a replay sends, as Supabase caps it.
+pub const REPLAY_MAX: u32 = 25;
 
 /// `config.presence` of a join.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,7 +62,7 @@ pub struct PgChangeBinding {
     pub event: String,
     /// `schema` (`*` = all schemas).
     pub schema: String,
-    /// `table` (absent = all tables).
+    /// `table` (absent or `*` = all tables).
     pub table: Option<String>,
     /// `filter` string (absent or empty = no filter).
     pub filter: Option<String>,
@@ -137,7 +152,8 @@ impl PgChangeBinding {
         let event = opt_string(rb.event, "event")?.ok_or(BindingError::MissingField("event"))?;
         let schema =
             opt_string(rb.schema, "schema")?.ok_or(BindingError::MissingField("schema"))?;
-        let table = opt_string(rb.table, "table")?;
+        // `table: '*'` means every table of the schema, as an absent table does.
+        let table = opt_string(rb.table, "table")?.filter(|t| t != "*");
         let filter = opt_string(rb.filter, "filter")?;
         let select = match rb.select {
             None | Some(Value::Null) => None,
@@ -280,6 +296,18 @@ mod tests {
 
     fn b(s: &str) -> Result<PgChangeBinding, BindingError> {
         PgChangeBinding::from_raw(RawValue::from_string(s.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn a_star_table_is_every_table() {
+        let star = b(r#"{"event":"*","schema":"public","table":"*"}"#).unwrap();
+        let absent = b(r#"{"event":"*","schema":"public"}"#).unwrap();
+        assert_eq!(star.table, None);
+        assert_eq!(star.id, absent.id);
+        assert_eq!(
+            star.raw.get(),
+            r#"{"event":"*","schema":"public","table":"*"}"#
+        );
     }
 
     #[test]

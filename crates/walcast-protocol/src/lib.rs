@@ -52,7 +52,7 @@ pub use frame::{
 };
 pub use join::{
     binding_id, BindingError, BroadcastConfig, EventFilter, JoinConfig, PgChangeBinding,
-    PresenceConfig,
+    PresenceConfig, Replay, REPLAY_MAX,
 };
 pub use message::{
     channel_name, BroadcastPush, ClientMessage, JoinRequest, MessageError, PresenceAction,

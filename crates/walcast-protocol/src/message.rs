@@ -173,6 +173,32 @@ fn flag(v: Option<&Value>, event: &'static str, name: &str) -> Result<bool, Mess
     }
 }
 
+/// `config.broadcast.replay`: `{since: <ms>, limit?: <n>}`.
+fn replay(v: Option<&Value>) -> Result<Option<crate::join::Replay>, MessageError> {
+    let ev = events::JOIN;
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let since = v.get("since").and_then(Value::as_f64);
+    let Some(since) = since.filter(|s| s.is_finite()) else {
+        return Err(invalid(
+            ev,
+            "`config.broadcast.replay.since` must be a number (ms)",
+        ));
+    };
+    let limit = match v.get("limit") {
+        None | Some(Value::Null) => crate::join::REPLAY_MAX,
+        Some(l) => l
+            .as_u64()
+            .map(|l| l.min(u64::from(crate::join::REPLAY_MAX)) as u32)
+            .ok_or_else(|| invalid(ev, "`config.broadcast.replay.limit` must be a count"))?,
+    };
+    Ok(Some(crate::join::Replay {
+        since_ms: since as i64,
+        limit,
+    }))
+}
+
 fn token(v: Option<Value>, event: &'static str) -> Result<Option<String>, MessageError> {
     match v {
         None | Some(Value::Null) => Ok(None),
@@ -233,6 +259,7 @@ fn parse_join(p: &RawValue) -> Result<JoinRequest, MessageError> {
         config.broadcast = BroadcastConfig {
             ack: flag(b.get("ack"), ev, "config.broadcast.ack")?,
             self_: flag(b.get("self"), ev, "config.broadcast.self")?,
+            replay: replay(b.get("replay"))?,
         };
     }
     if let Some(pr) = sub_object(&rc.presence, "presence")? {

@@ -6,6 +6,8 @@
 //! * [`Nats`]: `nats-server -js` on a free 127.0.0.1 port with its own store directory.
 //! * [`fake_kube::FakeApi`]: an honest fake of the Kubernetes API server for Leases
 //!   (the only fake: Kubernetes is not something a test can start).
+//! * [`phoenix::PhoenixClient`]: a raw Phoenix (Supabase Realtime) WebSocket client, vsn
+//!   1.0.0 and 2.0.0, for tests against a front.
 //!
 //! Each service is owned by its handle: dropping it (also while unwinding from a panic)
 //! stops the process and removes its directory. Each process is started under a small
@@ -17,6 +19,7 @@
 mod error;
 pub mod fake_kube;
 mod nats;
+pub mod phoenix;
 mod ports;
 mod postgres;
 mod process;

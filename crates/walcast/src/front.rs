@@ -3,19 +3,30 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::AdminClient;
 use walcast_bus::Bus;
+use walcast_front::keys::ProjectKeys;
 use walcast_front::{
     DirectoryConfig, FrontConfig, KvPresence, MemoryPresence, PresenceStore, Projects,
 };
 
 #[derive(Args, Clone, Debug)]
 pub struct FrontArgs {
-    /// HS256 secret of the default project's JWTs (apikey and access tokens).
+    /// HMAC secret of the default project's JWTs (apikey and access tokens; HS256, HS384
+    /// or HS512).
     #[arg(long, env = "JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: String,
+    /// During a secret rotation: the previous secret, still accepted.
+    #[arg(long, env = "JWT_SECRET_PREVIOUS", hide_env_values = true)]
+    pub jwt_secret_previous: Option<String>,
+    /// Public keys of the default project's tokens signed with RS/PS/ES/EdDSA (user
+    /// sessions of projects using asymmetric keys), chosen by `kid`: a JWKS as JSON, or
+    /// the path of a file holding one.
+    #[arg(long, env = "JWT_JWKS", hide_env_values = true)]
+    pub jwt_jwks: Option<String>,
     /// SSE: changes kept per channel for `Last-Event-ID` resumption.
     #[arg(long, env = "HISTORY_SIZE", default_value_t = walcast_front::config::DEFAULT_HISTORY_SIZE)]
     pub history_size: usize,
@@ -68,9 +79,32 @@ impl FrontArgs {
         }
     }
 
-    /// The default project (`JWT_SECRET`) plus the stored ones, learnt through `admin`.
-    pub fn projects(&self, admin: AdminClient) -> Projects {
-        Projects::with_directory(&self.jwt_secret, admin, DirectoryConfig::default())
+    /// The default project's keys: `JWT_SECRET`, `JWT_SECRET_PREVIOUS`, `JWT_JWKS`.
+    pub fn default_keys(&self) -> anyhow::Result<ProjectKeys> {
+        let jwks = match self.jwt_jwks.as_deref().map(str::trim) {
+            None | Some("") => Vec::new(),
+            Some(v) if v.starts_with('{') => {
+                walcast_front::keys::parse_jwks(v).context("JWT_JWKS")?
+            }
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading JWT_JWKS file {path}"))?;
+                walcast_front::keys::parse_jwks(&text)
+                    .with_context(|| format!("JWT_JWKS file {path}"))?
+            }
+        };
+        let previous = self.jwt_secret_previous.as_deref().map(str::as_bytes);
+        Ok(ProjectKeys::secret(&self.jwt_secret).with(previous, jwks))
+    }
+
+    /// The default project (its keys) plus the stored ones, learnt through `admin`.
+    pub fn projects(&self, admin: AdminClient) -> anyhow::Result<Projects> {
+        let keys = self.default_keys()?;
+        Ok(Projects::with_directory(
+            keys,
+            admin,
+            DirectoryConfig::default(),
+        ))
     }
 
     /// The presence store for `bus`: shared through JetStream KV on NATS, per front in
@@ -95,6 +129,8 @@ impl FrontArgs {
     pub fn describe(&self) -> serde_json::Value {
         serde_json::json!({
             "jwt_secret": "***",
+            "jwt_secret_previous": self.jwt_secret_previous.as_ref().map(|_| "***"),
+            "jwt_jwks": self.jwt_jwks.as_ref().map(|_| "(set)"),
             "history_size": self.history_size,
             "outbound_queue": self.outbound_queue,
             "max_frame_bytes": self.max_frame_bytes,

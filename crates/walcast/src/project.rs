@@ -28,6 +28,18 @@ pub enum ProjectAction {
     },
     /// Print the projects as a JSON array (no secrets).
     List,
+    /// Set a project's other verification keys: the previous secret (accepted during a
+    /// rotation) and a JWKS for its users' RS/PS/ES/EdDSA tokens. Omitted ones are cleared.
+    Keys {
+        /// The project id.
+        id: String,
+        /// The previous JWT secret.
+        #[arg(long, env = "JWT_SECRET_PREVIOUS", hide_env_values = true)]
+        previous_secret: Option<String>,
+        /// A JWKS, as JSON or the path of a file holding one.
+        #[arg(long)]
+        jwks: Option<String>,
+    },
 }
 
 /// The two keys of a project: `(anon, service_role)`, valid ten years.
@@ -62,6 +74,11 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
+        ProjectAction::Keys {
+            id,
+            previous_secret,
+            jwks,
+        } => set_keys(&client, &id, previous_secret.as_deref(), jwks.as_deref()).await?,
         ProjectAction::List => {
             let list: Vec<serde_json::Value> = projects::list(&client)
                 .await
@@ -74,5 +91,31 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&list)?);
         }
     }
+    Ok(())
+}
+
+/// `walcast project keys`: the JWKS checked here (every key usable) before it is stored.
+async fn set_keys(
+    client: &tokio_postgres::Client,
+    id: &str,
+    previous: Option<&str>,
+    jwks: Option<&str>,
+) -> anyhow::Result<()> {
+    let jwks = match jwks.map(str::trim) {
+        None | Some("") => None,
+        Some(v) if v.starts_with('{') => Some(v.to_string()),
+        Some(path) => {
+            Some(std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?)
+        }
+    };
+    if let Some(j) = &jwks {
+        let keys = walcast_front::keys::parse_jwks(j).context("the JWKS")?;
+        eprintln!("JWKS: {} key(s)", keys.len());
+    }
+    let found = projects::set_keys(client, id, previous, jwks.as_deref())
+        .await
+        .context("storing the keys")?;
+    anyhow::ensure!(found, "no project {id:?}");
+    println!("keys of project {id} updated; fronts use them within their refresh (30 s)");
     Ok(())
 }

@@ -45,7 +45,7 @@ pub async fn run(
         front_args.config(&front_id),
         bus.clone(),
         subs,
-        front_args.projects(admin_client),
+        front_args.projects(admin_client)?,
         presence,
         cancel.clone(),
     )

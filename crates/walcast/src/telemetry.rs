@@ -36,6 +36,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
     walcast_cdc::telemetry::describe();
     walcast_lease::telemetry::describe();
+    walcast_front::telemetry::describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

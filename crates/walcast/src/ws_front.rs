@@ -58,7 +58,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         cfg.front.config(&id),
         bus.clone(),
         subs,
-        cfg.front.projects(admin),
+        cfg.front.projects(admin)?,
         presence,
         cancel.clone(),
     )

@@ -6,8 +6,9 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-use super::ws::{self, Ws};
+use super::ws;
 use super::{Stack, Worker};
+use walcast_testkit::phoenix::PhoenixClient;
 
 /// What `walcast project create` printed.
 pub struct Project {
@@ -143,7 +144,7 @@ pub fn refused(got: (u16, Value), status: u16, code: &str, what: &str) -> String
 }
 
 /// Wait for the next `postgres_changes` frame; returns its `data`.
-pub async fn next_change(ws: &mut Ws) -> Value {
+pub async fn next_change(ws: &mut PhoenixClient) -> Value {
     loop {
         let f = ws.recv_frame().await;
         if f[3] == "postgres_changes" {

@@ -1,5 +1,5 @@
-//! Test harness: a front on 127.0.0.1:0 with an in-process bus, a recording stand-in for
-//! the worker's registry, and a raw Phoenix WebSocket client.
+//! Test harness: a front on 127.0.0.1:0 with an in-process bus and a recording stand-in
+//! for the worker's registry; sockets are the test kit's Phoenix client.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -7,13 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{
     BoxFuture, RegisterReply, RegisterRequest, RegisterResult, SubsClient, SubsHandler,
@@ -21,6 +18,9 @@ use walcast_bus::subs::{
 };
 use walcast_bus::Bus;
 use walcast_front::{Front, FrontConfig, Projects};
+// What each test binary takes of the client (not all of them use everything).
+#[allow(unused_imports)]
+pub use walcast_testkit::phoenix::{pg_config, Msg, PhoenixClient};
 
 pub const SECRET: &str = "test-secret-with-enough-bytes-0123456789";
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -224,6 +224,11 @@ pub fn anon() -> String {
     token(json!({"role":"anon","exp":now() + 3600}))
 }
 
+/// A socket on `url` (its vsn from the URL), each wait bounded by [`TIMEOUT`].
+pub async fn connect(url: &str) -> PhoenixClient {
+    PhoenixClient::connect(url).await.with_timeout(TIMEOUT)
+}
+
 impl Server {
     pub fn ws_url(&self, vsn: &str, apikey: &str) -> String {
         format!(
@@ -232,8 +237,9 @@ impl Server {
         )
     }
 
-    pub async fn client(&self, vsn: &str) -> Client {
-        Client::connect(&self.ws_url(vsn, &anon()), vsn).await
+    /// A socket with an `anon` apikey.
+    pub async fn client(&self, vsn: &str) -> PhoenixClient {
+        connect(&self.ws_url(vsn, &anon())).await
     }
 
     /// Publish a change the way the worker does, matched to `subs`, at a position after
@@ -312,180 +318,6 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-}
-
-/// A decoded server message.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Msg {
-    /// Normalised to `[join_ref, ref, topic, event, payload]` whatever the vsn.
-    Frame(Value),
-    Binary(Vec<u8>),
-    Close(u16, String),
-}
-
-impl Msg {
-    pub fn frame(&self) -> &Value {
-        match self {
-            Msg::Frame(v) => v,
-            other => panic!("expected a text frame, got {other:?}"),
-        }
-    }
-    pub fn event(&self) -> &str {
-        self.frame()[3].as_str().unwrap()
-    }
-    pub fn payload(&self) -> &Value {
-        &self.frame()[4]
-    }
-}
-
-pub struct Client {
-    pub ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
-    pub vsn: String,
-    next_ref: u64,
-}
-
-impl Client {
-    pub async fn connect(url: &str, vsn: &str) -> Client {
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
-        Client {
-            ws,
-            vsn: vsn.to_string(),
-            next_ref: 1,
-        }
-    }
-
-    pub fn next_ref(&mut self) -> String {
-        self.next_ref += 1;
-        self.next_ref.to_string()
-    }
-
-    /// Send `[join_ref, ref, topic, event, payload]` in this client's vsn.
-    pub async fn send(
-        &mut self,
-        join_ref: Option<&str>,
-        r: Option<&str>,
-        topic: &str,
-        event: &str,
-        payload: Value,
-    ) {
-        let text = if self.vsn == "1.0.0" {
-            json!({"topic": topic, "event": event, "payload": payload, "ref": r, "join_ref": join_ref}).to_string()
-        } else {
-            json!([join_ref, r, topic, event, payload]).to_string()
-        };
-        self.send_text(&text).await;
-    }
-
-    pub async fn send_text(&mut self, text: &str) {
-        self.ws.send(Message::Text(text.into())).await.unwrap();
-    }
-
-    pub async fn send_binary(&mut self, b: Vec<u8>) {
-        self.ws.send(Message::Binary(b.into())).await.unwrap();
-    }
-
-    /// Next message (skipping pings), or panic after the timeout.
-    pub async fn recv(&mut self) -> Msg {
-        match tokio::time::timeout(TIMEOUT, self.recv_inner()).await {
-            Ok(Some(m)) => m,
-            Ok(None) => panic!("socket ended"),
-            Err(_) => panic!("timed out waiting for a message"),
-        }
-    }
-
-    /// Next message within `d`, if any.
-    pub async fn try_recv(&mut self, d: Duration) -> Option<Msg> {
-        tokio::time::timeout(d, self.recv_inner())
-            .await
-            .ok()
-            .flatten()
-    }
-
-    async fn recv_inner(&mut self) -> Option<Msg> {
-        loop {
-            let m = self.ws.next().await?;
-            let m = match m {
-                Ok(m) => m,
-                Err(_) => return None,
-            };
-            return Some(match m {
-                Message::Text(t) => {
-                    let v: Value = serde_json::from_str(&t).unwrap();
-                    Msg::Frame(if self.vsn == "1.0.0" {
-                        json!([
-                            v["join_ref"],
-                            v["ref"],
-                            v["topic"],
-                            v["event"],
-                            v["payload"]
-                        ])
-                    } else {
-                        v
-                    })
-                }
-                Message::Binary(b) => Msg::Binary(b.to_vec()),
-                Message::Close(Some(c)) => Msg::Close(c.code.into(), c.reason.to_string()),
-                Message::Close(None) => Msg::Close(1005, String::new()),
-                _ => continue,
-            });
-        }
-    }
-
-    /// Next message that is not a `system`/`presence_*` notice … unless asked for.
-    pub async fn recv_event(&mut self, event: &str) -> Msg {
-        loop {
-            let m = self.recv().await;
-            if let Msg::Frame(v) = &m {
-                if v[3] == event {
-                    return m;
-                }
-            }
-            if let Msg::Close(..) = m {
-                panic!("closed while waiting for {event}: {m:?}");
-            }
-        }
-    }
-
-    /// Join `topic` with `config` (and optional access token); returns the reply frame.
-    pub async fn join(
-        &mut self,
-        topic: &str,
-        config: Value,
-        token: Option<&str>,
-    ) -> (String, Value) {
-        let r = self.next_ref();
-        let mut payload = json!({"config": config});
-        if let Some(t) = token {
-            payload["access_token"] = json!(t);
-        }
-        self.send(Some(&r), Some(&r), topic, "phx_join", payload)
-            .await;
-        let reply = self.recv().await;
-        let f = reply.frame().clone();
-        assert_eq!(f[3], "phx_reply", "{f}");
-        assert_eq!(f[1], json!(r), "{f}");
-        (r, f)
-    }
-
-    pub async fn heartbeat_ok(&mut self) {
-        let r = self.next_ref();
-        self.send(None, Some(&r), "phoenix", "heartbeat", json!({}))
-            .await;
-        let m = self.recv().await;
-        assert_eq!(
-            m.frame(),
-            &json!([null, r, "phoenix", "phx_reply", {"status":"ok","response":{}}])
-        );
-    }
-}
-
-pub fn pg_config(bindings: Value) -> Value {
-    json!({
-        "broadcast": {"ack": false, "self": false},
-        "presence": {"key": "", "enabled": false},
-        "postgres_changes": bindings,
-        "private": false
-    })
 }
 
 impl Server {

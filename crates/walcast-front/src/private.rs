@@ -1,0 +1,44 @@
+//! Private channels (`config.private: true`): who may join (read) and send or track
+//! presence (write) is decided by the app's policies on `realtime.messages`, as with
+//! Supabase. A front has no database: it asks the cdc-worker
+//! ([`walcast_bus::admin::AdminRequest::AuthorizeChannel`]), which evaluates them as the
+//! subscriber; each decision is kept for the channel's life (a token refresh asks
+//! again), never asked per message.
+
+use serde_json::Value;
+
+use crate::state::Shared;
+use crate::telemetry;
+
+/// The join refusal's text, as Supabase words it.
+pub(crate) fn read_refused(name: &str) -> String {
+    format!("You do not have permissions to read from this Channel topic: {name}")
+}
+
+/// Whether `claims` may read (`write` false) or write the private channel `name` of
+/// `project`. `Err`: the worker could not be asked (the caller refuses, never allows).
+pub(crate) async fn may(
+    shared: &Shared,
+    project: &str,
+    name: &str,
+    claims: &Value,
+    write: bool,
+) -> Result<bool, String> {
+    let Some(admin) = shared.projects.admin() else {
+        return Err("private channels need the cdc-worker, which this front cannot reach".into());
+    };
+    let timeout = shared.cfg.register_timeout;
+    let allowed = admin
+        .authorize_channel(project, name, claims, write, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !allowed {
+        let what = if write {
+            "private_write_denied"
+        } else {
+            "private_read_denied"
+        };
+        telemetry::error(what);
+    }
+    Ok(allowed)
+}
