@@ -1,6 +1,8 @@
-//! Partition maintenance: the leading cdc-worker calls `walcast.outbox_maintain()` at the
-//! start of each term and then periodically, so every outbox table has partitions for
-//! the next days and drops those older than its retention (never a `DELETE`).
+//! Partition maintenance: the leading cdc-worker calls `walcast.outbox_maintain()` (and
+//! `walcast.realtime_messages_maintain()`, for broadcast from the database) at the start
+//! of each term and then periodically, so every outbox table and `realtime.messages` have
+//! partitions for the next days and drop those older than their retention (never a
+//! `DELETE`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -27,8 +29,12 @@ pub async fn maintain_once(client: &Client, lock_timeout: Duration) -> Result<u3
     client
         .execute("SELECT set_config('lock_timeout', $1, false)", &[&timeout])
         .await?;
+    // realtime.messages (broadcast from the database) is day-partitioned the same way.
     let row = client
-        .query_one("SELECT walcast.outbox_maintain()", &[])
+        .query_one(
+            "SELECT walcast.outbox_maintain() + walcast.realtime_messages_maintain()",
+            &[],
+        )
         .await?;
     let dropped: i32 = row.get(0);
     Ok(u32::try_from(dropped).unwrap_or(0))

@@ -225,18 +225,16 @@ fn outbox_consumer(
     (Some(factory), Some(outbox_health))
 }
 
-/// Partition maintenance of the outbox tables, when the outbox is enabled (whatever the
-/// bus: inserts into an outbox table need the next day's partition even where nothing
-/// relays them).
+/// Partition maintenance of the outbox tables and of `realtime.messages` (always:
+/// whatever the bus, and with the relay off, inserts need the next day's partition).
 fn outbox_maintenance(
     cdc: &CdcArgs,
     cfg: &walcast_cdc::CdcConfig,
 ) -> Option<walcast_outbox::maintain::Maintenance> {
-    let config = cdc.outbox.to_config(&cfg.database_url)?;
     walcast_outbox::telemetry::describe();
     Some(walcast_outbox::maintain::Maintenance {
-        database_url: config.database_url,
-        interval: config.maintain_interval,
+        database_url: cfg.database_url.clone(),
+        interval: std::time::Duration::from_secs(cdc.outbox.maintain_interval_secs),
         lock_timeout: walcast_outbox::config::MAINTAIN_LOCK_TIMEOUT,
     })
 }
