@@ -9,106 +9,12 @@ both_sources!(
     a_poison_event_is_quarantined_and_the_rest_flow,
 );
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream;
 use walcast_testkit::{Nats, Postgres};
 
+use crate::support::outbox::{client, emit, stream_with, Stored};
 use crate::support::Stack;
-
-const STREAM: &str = "WALCAST_OUTBOX";
-
-/// One message of the outbox stream.
-#[derive(Debug, Clone)]
-struct Stored {
-    subject: String,
-    headers: HashMap<String, String>,
-    payload: serde_json::Value,
-}
-
-impl Stored {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(String::as_str)
-    }
-    fn n(&self) -> i64 {
-        self.payload["n"].as_i64().unwrap_or(-1)
-    }
-}
-
-/// Every message of the stream, in stream order, once it holds at least `n` (bounded).
-async fn stream_with(nats_url: &str, n: u64, timeout: Duration) -> Vec<Stored> {
-    let client = async_nats::connect(nats_url)
-        .await
-        .expect("connect to NATS");
-    let js = jetstream::new(client);
-    let deadline = Instant::now() + timeout;
-    let mut stream = loop {
-        match js.get_stream(STREAM).await {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("the outbox stream {STREAM} was not created within {timeout:?}: {e}"),
-        }
-    };
-    loop {
-        let info = stream.info().await.expect("stream info");
-        let have = info.state.messages;
-        if have >= n {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the outbox stream holds {have} messages, {n} expected within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let last = stream
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .last_sequence;
-    let mut out = Vec::new();
-    for seq in 1..=last {
-        let Ok(m) = stream.get_raw_message(seq).await else {
-            continue;
-        };
-        let headers = m
-            .headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    v.first().map(|v| v.to_string()).unwrap_or_default(),
-                )
-            })
-            .collect();
-        out.push(Stored {
-            subject: m.subject.to_string(),
-            headers,
-            payload: serde_json::from_slice(&m.payload).expect("payload is JSON"),
-        });
-    }
-    out
-}
-
-async fn client(pg: &Postgres) -> tokio_postgres::Client {
-    walcast_cdc::connect(&pg.url()).await.expect("connect")
-}
-
-/// `walcast.emit` in its own transaction; the event id.
-async fn emit(c: &tokio_postgres::Client, topic: &str, key: &str, payload: &str) -> String {
-    let row = c
-        .query_one(
-            "SELECT walcast.emit($1, $2, $3::text::jsonb)::text",
-            &[&topic, &key, &payload],
-        )
-        .await
-        .expect("walcast.emit");
-    row.get(0)
-}
 
 async fn committed_events_reach_jetstream_in_commit_order(source: &'static str) {
     let stack = Stack::start(source);
