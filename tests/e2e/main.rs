@@ -13,6 +13,8 @@ mod lease;
 mod nats_outage;
 mod oracle;
 mod outbox;
+mod outbox_failover;
+mod outbox_naive;
 mod pipeline;
 mod presence;
 mod projects;

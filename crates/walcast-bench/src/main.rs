@@ -5,6 +5,8 @@
 mod cdc;
 mod env;
 mod latency;
+mod outbox;
+mod outbox_poll;
 mod rls;
 mod scale;
 mod ws;
@@ -36,13 +38,18 @@ enum Bench {
     /// Scale: one cdc-worker and K ws-front processes over NATS, clients growing in steps:
     /// the leader's CPU and published bytes per change, against the smallest step.
     Scale(scale::ScaleBench),
+    /// Outbox relay: walcast's (from the WAL) against an `xid8`-offset polling relay, on
+    /// the same events: backlog events/s relayed with JetStream acks and commit-to-ack
+    /// latency at a steady rate, with and without an idle transaction open.
+    Outbox(outbox::OutboxBench),
     /// (internal) `walcast serve` with the in-process bus, run as the `ws` child.
     #[command(hide = true)]
     WsServer(Box<ws_server::ServerArgs>),
     /// (internal) the `ws` baseline server.
     #[command(hide = true)]
     WsBaselineServer(ws_server::BaselineArgs),
-    /// (internal) the `cdc-worker` entry point, run as the `scale` leader.
+    /// (internal) the `cdc-worker` entry point, run as the `scale` leader and the
+    /// `outbox` relay.
     #[command(hide = true)]
     ScaleWorker(Box<walcast::cdc_worker::CdcWorkerConfig>),
     /// (internal) the `ws-front` entry point, run as a `scale` front.
@@ -57,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Latency(args) => latency::run(args).await,
         Bench::Ws(args) => ws::run(args).await,
         Bench::Rls(args) => rls::run(args).await,
+        Bench::Outbox(args) => outbox::run(args).await,
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
         Bench::Scale(args) => scale::run(args).await,

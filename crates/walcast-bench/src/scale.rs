@@ -70,8 +70,8 @@ struct Step {
 }
 
 /// A child process running a walcast entry point, killed on drop.
-struct Proc {
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
     port: u16,
     name: String,
 }
@@ -84,7 +84,7 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    fn start(sub: &str, name: String, env: &[(&str, String)]) -> anyhow::Result<Proc> {
+    pub(crate) fn start(sub: &str, name: String, env: &[(&str, String)]) -> anyhow::Result<Proc> {
         let port = walcast_testkit::free_port()?;
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg(sub)
@@ -105,7 +105,7 @@ impl Proc {
         Ok(Proc { child, port, name })
     }
 
-    async fn wait_healthy(&mut self, active: bool) -> anyhow::Result<()> {
+    pub(crate) async fn wait_healthy(&mut self, active: bool) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait()? {

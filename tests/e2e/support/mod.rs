@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use walcast_bus::{Bus, ChangeEvent};
 use walcast_testkit::{free_port, Nats, Postgres};
 
+pub mod outbox;
 pub mod projects;
 pub mod ws;
 
