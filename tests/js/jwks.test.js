@@ -1,7 +1,7 @@
 // Asymmetric user tokens and secret rotation through the unmodified client: an ES256
 // token whose key is in the project's JWKS (chosen by `kid`) joins and receives; a
 // refresh with a token of an unknown `kid` closes the channel; during a rotation a token
-// signed with the previous secret still works.
+// signed with the previous secret still works. Both sources.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { generateKeyPairSync, sign } from 'node:crypto'
@@ -20,13 +20,13 @@ function es256(claims, kid = 'user-key-1') {
   return `${head}.${body}.${b64url(sig)}`
 }
 
-describe('JWKS and rotation', () => {
+for (const source of ['stream', 'poll']) describe(`JWKS and rotation, ${source} source`, () => {
   let st, db
   before(async () => {
     st = await startStack({
       setupSql: ['CREATE TABLE k (id int8 PRIMARY KEY, v text)'],
       tables: ['k'],
-      serverEnv: { JWT_JWKS: JSON.stringify(JWKS), JWT_SECRET_PREVIOUS: PREVIOUS },
+      serverEnv: { JWT_JWKS: JSON.stringify(JWKS), JWT_SECRET_PREVIOUS: PREVIOUS, CDC_SOURCE: source },
     })
     db = st.env.db
   })
