@@ -152,7 +152,8 @@ impl XidRelay {
     async fn poll(&mut self, db: &Client) {
         let rows = db
             .query(
-                "SELECT tx::text, id, (payload->>'n')::int8 FROM xid_outbox
+                // Not `tx::text` named `tx`: ORDER BY would sort by that text.
+                "SELECT tx::text AS offset_tx, id, (payload->>'n')::int8 FROM xid_outbox
                  WHERE (tx, id) > ($1::text::xid8, $2)
                    AND tx < pg_snapshot_xmin(pg_current_snapshot())
                  ORDER BY tx, id",

@@ -167,9 +167,19 @@ fn print_row(args: &OutboxBench, relay: Relay, idle: bool, o: &Outcome) {
 }
 
 fn print_ratios(idle: bool, walcast: &Outcome, poll: &Outcome) {
-    let r = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    // Two significant digits, however small (behind an idle transaction the polling
+    // relay's latency is thousands of times walcast's).
+    let r = |a: f64, b: f64| {
+        let x = if b > 0.0 { a / b } else { f64::NAN };
+        let decimals = if x > 0.0 && x < 1.0 {
+            (1.0 - x.log10().floor()) as usize
+        } else {
+            2
+        };
+        format!("{x:.decimals$}")
+    };
     println!(
-        "  ratio walcast / xid8 poll, idle txn {}: events/s {:.2}, p50 {:.3}, p99 {:.3}",
+        "  ratio walcast / xid8 poll, idle txn {}: events/s {}, p50 {}, p99 {}",
         if idle { "open" } else { "none" },
         r(walcast.drain_rate, poll.drain_rate),
         r(walcast.p50_ms, poll.p50_ms),

@@ -100,7 +100,9 @@ impl PollRelay {
         let rows = self
             .db
             .query(
-                "SELECT tx::text, id, key, payload::text FROM bench_outbox
+                // The offset's xid as text under another name: `ORDER BY tx` would
+                // otherwise sort by that text ('10' < '9'), not by xid8.
+                "SELECT tx::text AS offset_tx, id, key, payload::text FROM bench_outbox
                  WHERE (tx, id) > ($1::text::xid8, $2)
                    AND tx < pg_snapshot_xmin(pg_current_snapshot())
                  ORDER BY tx, id
