@@ -28,6 +28,7 @@ use async_nats::jetstream;
 use futures_util::StreamExt;
 use walcast_testkit::{Nats, Postgres};
 
+use crate::support::outbox::{client, emit};
 use crate::support::Stack;
 
 const STREAM: &str = "WALCAST_OUTBOX";
@@ -156,22 +157,6 @@ async fn wait_outbox_health(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn client(pg: &Postgres) -> tokio_postgres::Client {
-    walcast_cdc::connect(&pg.url()).await.expect("connect")
-}
-
-/// `walcast.emit` in its own transaction; the event id.
-async fn emit(c: &tokio_postgres::Client, topic: &str, key: &str, payload: &str) -> String {
-    let row = c
-        .query_one(
-            "SELECT walcast.emit($1, $2, $3::text::jsonb)::text",
-            &[&topic, &key, &payload],
-        )
-        .await
-        .expect("walcast.emit");
-    row.get(0)
 }
 
 async fn committed_events_reach_jetstream_in_commit_order(source: &'static str) {
