@@ -88,30 +88,68 @@ for (const source of ['stream', 'poll']) {
       }
     })
 
-    test('a join with broadcast replay gets the stored messages first, marked replayed', async () => {
-      // From the database's clock, after every earlier message of the topic: `since` has
-      // millisecond resolution, so step past the millisecond of the last one (no event to
-      // await here, only the clock).
+    // From the database's clock, after every earlier message of the topic: `since` has
+    // millisecond resolution, so step past the millisecond of the last one (no event to
+    // await here, only the clock).
+    async function replayStart() {
       await new Promise((r) => setTimeout(r, 5))
       const { rows } = await db.query('SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms')
-      const since = Number(rows[0].ms)
-      for (const n of [1, 2, 3]) {
-        await db.query("SELECT realtime.send(jsonb_build_object('n', $2::int), 'stored', $1, true)", [TOPIC, n])
-      }
+      return Number(rows[0].ms)
+    }
+    const store = (n) =>
+      db.query("SELECT realtime.send(jsonb_build_object('n', $2::int), 'stored', $1, true)", [TOPIC, n])
+
+    async function replayJoin(replay, got) {
       const rt = client(st.server)
+      await rt.setAuth(user(READER))
+      const ch = rt.channel(TOPIC, { config: { private: true, broadcast: { replay } } })
+      ch.on('broadcast', { event: 'stored' }, got)
+      const s = subscribeTracked(ch)
+      assert.equal((await s.first).status, 'SUBSCRIBED')
+      return rt
+    }
+    const seen = (got) => got.items.map((m) => [m.payload.n, m.meta?.replayed])
+
+    test('a join with broadcast replay gets the stored messages first, marked replayed, and no live copy', async () => {
+      const since = await replayStart()
+      for (const n of [1, 2, 3]) await store(n)
+      // Joined at once: the live copies of 1-3 may still be on their way from the worker.
       const got = collector('replay')
+      const rt = await replayJoin({ since, limit: 25 }, got)
       try {
-        await rt.setAuth(user(READER))
-        const ch = rt.channel(TOPIC, { config: { private: true, broadcast: { replay: { since, limit: 2 } } } })
-        ch.on('broadcast', { event: 'stored' }, got)
-        const s = subscribeTracked(ch)
-        assert.equal((await s.first).status, 'SUBSCRIBED')
-        await got.wait(2)
-        assert.deepEqual(got.items.map((m) => [m.payload.n, m.meta?.replayed]), [[1, true], [2, true]])
+        await got.wait(3)
+        await store(4)
+        await got.wait(4)
+        // 4 comes after any live copy of 1-3 (one pipeline, in order): none came.
+        assert.deepEqual(seen(got), [[1, true], [2, true], [3, true], [4, undefined]])
         assert.equal(got.items[0].meta.id, got.items[0].payload.id)
       } finally {
         await rt.removeAllChannels()
         await rt.disconnect()
+      }
+    })
+
+    test('broadcast replay stops at its limit, oldest first', async () => {
+      const watcher = collector('watcher')
+      const w = await replayJoin({ since: Date.now() + 3_600_000, limit: 1 }, watcher)
+      const got = collector('replay')
+      let rt
+      try {
+        const since = await replayStart()
+        for (const n of [11, 12, 13]) await store(n)
+        // Once another channel of the topic got all three, they were fanned out before
+        // this join: none can come live.
+        await watcher.wait(3)
+        rt = await replayJoin({ since, limit: 2 }, got)
+        await got.wait(2)
+        await store(14)
+        await got.wait(3)
+        assert.deepEqual(seen(got), [[11, true], [12, true], [14, undefined]])
+      } finally {
+        for (const c of [w, rt].filter(Boolean)) {
+          await c.removeAllChannels()
+          await c.disconnect()
+        }
       }
     })
 

@@ -92,6 +92,8 @@ pub(crate) fn deliver_local(
     if members.is_empty() {
         return;
     }
+    // Only the database's broadcasts of private topics can have been replayed.
+    let id = key.private.then(|| meta_id(b)).flatten();
     let frame = server::broadcast(&key.topic, b.clone());
     let mut v1: Option<Option<Out>> = None;
     let mut v2: Option<Option<Out>> = None;
@@ -105,9 +107,20 @@ pub(crate) fn deliver_local(
         };
         let out = slot.get_or_insert_with(|| encode_for(&frame, m.vsn));
         if let Some(o) = out {
-            m.deliver(o.clone());
+            m.deliver_broadcast(o.clone(), id.as_ref());
         }
     }
+}
+
+/// A broadcast's `meta.id`, if it has one.
+fn meta_id(b: &UserBroadcast) -> Option<Arc<str>> {
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow)]
+        id: Option<std::borrow::Cow<'a, str>>,
+    }
+    let meta: Meta<'_> = serde_json::from_str(b.meta.as_deref()?.get()).ok()?;
+    Some(Arc::from(&*meta.id?))
 }
 
 fn encode_for(frame: &walcast_protocol::Frame, vsn: Vsn) -> Option<Out> {

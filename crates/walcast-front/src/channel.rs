@@ -1,6 +1,7 @@
 //! Channel lifecycle on one connection: join, leave, token refresh and expiry,
 //! broadcast and presence pushes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -216,10 +217,13 @@ impl Conn {
         let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
         let presence = req.config.presence.enabled.then_some(&key);
         let mut first = self.first_frames(f, &bindings, &refused, presence).await;
+        let mut replayed_ids = HashSet::new();
         if let Some(replay) = req.config.broadcast.replay.filter(|_| key.private) {
-            first.extend(self.replayed(&key, replay).await);
+            let (frames, ids) = self.replayed(&key, replay).await;
+            first.extend(frames);
+            replayed_ids = ids;
         }
-        out.open(first);
+        out.open(first, replayed_ids);
         metrics::counter!(telemetry::JOINS, "result" => "ok").increment(1);
         self.shared
             .channels
@@ -277,10 +281,11 @@ impl Conn {
     }
 
     /// A private channel's stored broadcasts since the replay's start, as broadcasts with
-    /// `meta: {id, replayed: true}` (none if the worker cannot be asked: logged).
-    async fn replayed(&self, key: &TopicKey, replay: Replay) -> Vec<Out> {
+    /// `meta: {id, replayed: true}`, and their ids (none if the worker cannot be asked:
+    /// logged).
+    async fn replayed(&self, key: &TopicKey, replay: Replay) -> (Vec<Out>, HashSet<String>) {
         let Some(admin) = self.shared.projects.admin() else {
-            return Vec::new();
+            return Default::default();
         };
         let name = channel_name(&key.topic);
         let timeout = self.shared.cfg.register_timeout;
@@ -290,10 +295,11 @@ impl Conn {
             Err(e) => {
                 telemetry::error("replay");
                 tracing::warn!(error = %e, topic = %key.topic, "broadcast replay failed");
-                return Vec::new();
+                return Default::default();
             }
         };
-        messages
+        let ids = messages.iter().map(|m| m.id.clone()).collect();
+        let frames = messages
             .into_iter()
             .filter_map(|m| {
                 let meta = serde_json::json!({ "id": m.id, "replayed": true }).to_string();
@@ -304,7 +310,8 @@ impl Conn {
                 };
                 self.out(&server::broadcast(&key.topic, b))
             })
-            .collect()
+            .collect();
+        (frames, ids)
     }
 
     /// The socket's channel limit and the channel's binding limit.

@@ -5,7 +5,13 @@
 //! 1013) and counted. A channel's gate holds fan-out frames while its join is in flight
 //! and lets them out right after the join reply, so a change matched between the worker's
 //! registration and the reply is neither lost nor delivered before the reply.
+//!
+//! A join with broadcast replay reads the stored messages after its channel was added to
+//! the topic, so a message can reach it twice: replayed, and live (held at the gate, or
+//! still on its way from the cdc-worker). The gate remembers the replayed ids (at most
+//! the replay limit) and drops the live copies.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -112,8 +118,10 @@ impl ConnHandle {
 }
 
 enum Gate {
-    Pending(Vec<Out>),
-    Open,
+    /// Held while the join is in flight, each with its broadcast id (`meta.id`) if any.
+    Pending(Vec<(Out, Option<Arc<str>>)>),
+    /// The ids the join replayed: their live copies are dropped.
+    Open(HashSet<String>),
     Closed,
 }
 
@@ -159,37 +167,54 @@ impl ChanOut {
 
     /// Fan-out delivery: held while the join is in flight, dropped once the channel closed.
     pub(crate) fn deliver(&self, out: Out) -> bool {
+        self.deliver_broadcast(out, None)
+    }
+
+    /// [`ChanOut::deliver`] for a broadcast with id `id` (its `meta.id`): dropped if the
+    /// join replayed it.
+    pub(crate) fn deliver_broadcast(&self, out: Out, id: Option<&Arc<str>>) -> bool {
         let mut g = self.lock();
         match &mut *g {
-            Gate::Open => self.conn.push(out),
+            Gate::Open(replayed) => {
+                if id.is_some_and(|id| replayed.contains(&**id)) {
+                    telemetry::replayed_live_dropped();
+                    return true;
+                }
+                self.conn.push(out)
+            }
             Gate::Pending(buf) => {
                 if buf.len() >= self.pending_cap {
                     self.conn.slow_consumer();
                     return false;
                 }
-                buf.push(out);
+                buf.push((out, id.cloned()));
                 true
             }
             Gate::Closed => false,
         }
     }
 
-    /// Queue `first` (join reply, system, presence_state), then everything held, and open.
-    pub(crate) fn open(&self, first: Vec<Out>) {
+    /// Queue `first` (join reply, system, presence_state, replayed broadcasts), then
+    /// everything held but the live copies of the `replayed` ids, and open.
+    pub(crate) fn open(&self, first: Vec<Out>, replayed: HashSet<String>) {
         let mut g = self.lock();
-        let held = match std::mem::replace(&mut *g, Gate::Open) {
-            Gate::Pending(buf) => buf,
-            Gate::Open => Vec::new(),
-            Gate::Closed => {
-                *g = Gate::Closed;
-                return;
-            }
+        let held = match &mut *g {
+            Gate::Pending(buf) => std::mem::take(buf),
+            Gate::Open(_) | Gate::Closed => return,
         };
+        let held = held.into_iter().filter_map(|(o, id)| match id {
+            Some(id) if replayed.contains(&*id) => {
+                telemetry::replayed_live_dropped();
+                None
+            }
+            _ => Some(o),
+        });
         for o in first.into_iter().chain(held) {
             if !self.conn.push(o) {
                 break;
             }
         }
+        *g = Gate::Open(replayed);
     }
 
     /// Queue `last` (leave reply, `phx_close` …) and drop every later delivery.
@@ -225,5 +250,64 @@ impl Sink for ChanOut {
         if let Some(out) = Out::frame(&f, self.vsn) {
             ChanOut::deliver(self, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &'static str) -> Out {
+        Out::Text(Utf8Bytes::from_static(s))
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<Out>) -> Vec<String> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|o| match o {
+                Out::Text(t) => t.to_string(),
+                Out::Binary(_) => "binary".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn live_copies_of_replayed_broadcasts_are_dropped_held_or_not() {
+        let (conn, mut rx) = ConnHandle::new(1, 16);
+        let chan = ChanOut::new(7, conn, "realtime:room", Vsn::V1, false, false, 8);
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "c".into());
+        assert!(chan.deliver_broadcast(text("live a"), Some(&a)));
+        assert!(chan.deliver(text("change")));
+        assert!(chan.deliver_broadcast(text("live c"), Some(&c)));
+        assert!(drain(&mut rx).is_empty(), "held until the join is answered");
+
+        let replayed = ["a", "b"].map(String::from).into();
+        chan.open(
+            vec![text("reply"), text("replayed a"), text("replayed b")],
+            replayed,
+        );
+        assert!(chan.deliver_broadcast(text("live b"), Some(&b)));
+        assert!(chan.deliver_broadcast(text("live c again"), Some(&c)));
+        assert!(chan.deliver(text("later")));
+        assert_eq!(
+            drain(&mut rx),
+            [
+                "reply",
+                "replayed a",
+                "replayed b",
+                "change",
+                "live c",
+                "live c again",
+                "later"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_full_gate_closes_the_connection_as_slow() {
+        let (conn, _rx) = ConnHandle::new(1, 16);
+        let chan = ChanOut::new(7, conn.clone(), "realtime:room", Vsn::V1, false, false, 2);
+        assert!(chan.deliver(text("1")) && chan.deliver(text("2")));
+        assert!(!chan.deliver(text("3")));
+        assert_eq!(conn.close_reason().map(|r| r.0), Some(CLOSE_SLOW_CONSUMER));
     }
 }

@@ -28,6 +28,9 @@ pub const BROADCASTS: &str = "walcast_front_broadcasts_total";
 /// replay after a leader change or a worker restart).
 pub const REPLAYS_DROPPED: &str = "walcast_front_replays_dropped_total";
 
+/// Counter: live copies of broadcasts a join already replayed, dropped.
+pub const REPLAYED_LIVE_DROPPED: &str = "walcast_front_replayed_live_dropped_total";
+
 /// Counter: messages dropped because they came from a leader term older than one this
 /// front already received (a leader that woke up after losing its lease).
 pub const STALE_TERM_DROPPED: &str = "walcast_front_stale_term_dropped_total";
@@ -83,6 +86,11 @@ fn describe_delivery() {
          leader change or a worker restart)"
     );
     metrics::describe_counter!(
+        REPLAYED_LIVE_DROPPED,
+        "Live copies of broadcasts dropped because the channel's join already replayed them \
+         from realtime.messages"
+    );
+    metrics::describe_counter!(
         STALE_TERM_DROPPED,
         "Change messages dropped because they came from an older leader term than one already \
          received (a leader that woke up after losing its lease)"
@@ -109,6 +117,10 @@ fn describe_failures() {
 
 pub(crate) fn error(kind: &'static str) {
     metrics::counter!(ERRORS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn replayed_live_dropped() {
+    metrics::counter!(REPLAYED_LIVE_DROPPED).increment(1);
 }
 
 pub(crate) fn limit(limit: &'static str) {
