@@ -44,6 +44,16 @@ ensure_system_packages() {
   export PATH="$PATH:/usr/sbin"
 }
 
+# Chromium, for the inspector page's browser test (tests/js/inspector.test.js; driven by
+# puppeteer-core, which downloads no browser of its own).
+ensure_browser() {
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "installing missing packages: chromium"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  fi
+}
+
 ensure_rust() {
   if ! command -v cargo >/dev/null 2>&1; then
     echo "error: no Rust toolchain (cargo) found. Install one with rustup (Rust 1.95 or newer)," >&2

@@ -13,6 +13,7 @@
 //!   [`resync`]: how a new leader learns every front's subscriptions.
 
 pub mod admin;
+pub mod beacon;
 pub mod broadcast;
 mod bus;
 pub mod event;

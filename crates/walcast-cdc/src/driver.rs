@@ -186,6 +186,7 @@ impl<'a> Driver<'a> {
                 return Ok(false);
             }
             Framed::Change(change) => {
+                self.opts.health.record_change();
                 if let Some(txn) = self.framer.txn() {
                     let item = Item::Change(txn, &change);
                     self.tables_changed |= dispatch(&mut self.consumers, item).await?;

@@ -40,6 +40,7 @@ pub struct CdcHealth {
     last_loss: Mutex<Option<LostRange>>,
     last_error: Mutex<Option<String>>,
     ddl_tracking: Mutex<Option<&'static str>>,
+    changes_total: AtomicU64,
 }
 
 /// The JSON body of `/health` for the CDC part.
@@ -62,6 +63,8 @@ pub struct CdcHealthReport {
     /// How privilege and schema changes are applied: `event_trigger` (at their WAL
     /// position) or `per_batch` (no event trigger: each batch re-reads the catalog).
     pub ddl_tracking: Option<&'static str>,
+    /// Changes read from the WAL since start (every table any consumer reads).
+    pub changes_total: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -108,6 +111,11 @@ impl CdcHealth {
         *lock(&self.last_error) = error;
     }
 
+    /// A change was read from the WAL.
+    pub fn record_change(&self) {
+        self.changes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A change was skipped (`oversized: false`) or delivered reduced (`true`).
     pub fn record_skip(&self, skip: SkippedChange, oversized: bool) {
         let counter = if oversized {
@@ -134,6 +142,7 @@ impl CdcHealth {
             oversized_changes_total: self.oversized_total.load(Ordering::SeqCst),
             last_skipped_change: lock(&self.last_skipped).clone(),
             ddl_tracking: *lock(&self.ddl_tracking),
+            changes_total: self.changes_total.load(Ordering::Relaxed),
         }
     }
 }

@@ -40,8 +40,12 @@ pub struct FrontConfig {
     /// On shutdown, the window over which the sockets are closed (see
     /// [`crate::Front::drain`]).
     pub drain_window: Duration,
+    /// Serve the inspector page and its health API (see [`crate::Front::router`]).
+    pub inspector: bool,
 }
 
+/// Default of [`FrontConfig::inspector`].
+pub const DEFAULT_INSPECTOR: bool = true;
 /// Default of [`FrontConfig::drain_window`], in seconds.
 pub const DEFAULT_DRAIN_SECS: u64 = 10;
 /// Default of [`FrontConfig::register_timeout`], in milliseconds.
@@ -80,6 +84,7 @@ impl Default for FrontConfig {
             sse_keepalive: Duration::from_secs(15),
             resync_batch: 500,
             drain_window: Duration::from_secs(DEFAULT_DRAIN_SECS),
+            inspector: DEFAULT_INSPECTOR,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! HTTP routes: the WebSocket upgrade, SSE, the broadcast REST API and the REST API that
-//! enables realtime per table.
+//! enables realtime per table; the inspector's, if enabled ([`crate::inspector`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,7 +33,8 @@ pub(crate) fn auth_status(e: &AuthError) -> StatusCode {
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    let inspector = shared.cfg.inspector;
+    let mut router = Router::new()
         .route("/realtime/v1/websocket", get(websocket))
         .route("/socket/websocket", get(websocket))
         .route("/realtime/v1/sse", get(sse::handler))
@@ -51,8 +52,11 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(
             "/v1/db/{project_id}/realtime/tables",
             get(realtime_api::list),
-        )
-        .with_state(shared)
+        );
+    if inspector {
+        router = router.merge(crate::inspector::routes());
+    }
+    router.with_state(shared)
 }
 
 /// 503 while the front shuts down: the client reconnects (to another replica).

@@ -34,11 +34,13 @@
 pub mod auth;
 mod broadcast;
 mod channel;
+pub mod cluster;
 pub mod config;
 mod conn;
 mod credentials;
 mod fanout;
 mod http;
+mod inspector;
 pub mod keys;
 pub mod kv_presence;
 mod limits;
@@ -148,6 +150,7 @@ impl Front {
         let broadcasts = bus.subscribe(BROADCAST_ALL).await?;
         let resync = bus.subscribe(SUBJECT_RESYNC).await?;
         let roll_call = bus.subscribe(SUBJECT_ROLL_CALL).await?;
+        let beacons = bus.subscribe(walcast_bus::beacon::BEACON_ALL).await?;
         let tracker = TaskTracker::new();
         let remote_diffs = presence.remote_diffs();
         let (shared, background) = Shared::new(
@@ -186,6 +189,7 @@ impl Front {
         if let Some(rx) = remote_diffs {
             tracker.spawn(presence::remote_loop(shared.clone(), rx, cancel.clone()));
         }
+        tracker.spawn(cluster::listen(shared.clone(), beacons, cancel.clone()));
         tracker.spawn(shared.projects.clone().refresh_loop(cancel.clone()));
         tracker.spawn(sse::reaper(shared.clone(), cancel));
         tracing::info!(front = %shared.front_id, bus = shared.bus.kind(), "realtime front started");
@@ -201,17 +205,7 @@ impl Front {
 
     /// Counts for `/health`.
     pub fn health(&self) -> Health {
-        let s = &self.shared;
-        Health {
-            front_id: s.front_id.clone(),
-            connections: s.connections.load(Ordering::Relaxed),
-            channels: s.channels.load(Ordering::Relaxed),
-            sse_streams: s.sse_streams.load(Ordering::Relaxed),
-            subscriptions: s.registry.len(),
-            bus: s.bus.kind(),
-            bus_connected: s.bus.is_connected(),
-            draining: s.is_draining(),
-        }
+        self.shared.health()
     }
 
     /// Shut down gently: refuse new sockets and SSE streams (503, and `/readyz` says so),

@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 use walcast_bus::subs::SubsClient;
 use walcast_bus::Bus;
 
+use crate::cluster::Cluster;
 use crate::config::FrontConfig;
 use crate::outbound::ConnHandle;
 use crate::presence::PresenceStore;
@@ -40,6 +41,8 @@ pub(crate) struct Shared {
     /// Joined subscriptions to register with the worker in the background (see
     /// [`crate::registration::background_loop`]).
     pub background: tokio::sync::mpsc::Sender<crate::registration::Background>,
+    /// The other walcast processes' health beacons (the inspector's health panel).
+    cluster: Mutex<Cluster>,
     next_id: AtomicU64,
 }
 
@@ -77,9 +80,23 @@ impl Shared {
             sse_streams: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             conns: Mutex::default(),
+            cluster: Mutex::default(),
             next_id: AtomicU64::new(1),
         };
         (shared, queue)
+    }
+
+    pub(crate) fn health(&self) -> crate::Health {
+        crate::Health {
+            front_id: self.front_id.clone(),
+            connections: self.connections.load(Ordering::Relaxed),
+            channels: self.channels.load(Ordering::Relaxed),
+            sse_streams: self.sse_streams.load(Ordering::Relaxed),
+            subscriptions: self.registry.len(),
+            bus: self.bus.kind(),
+            bus_connected: self.bus.is_connected(),
+            draining: self.is_draining(),
+        }
     }
 
     pub(crate) fn is_draining(&self) -> bool {
@@ -88,6 +105,10 @@ impl Shared {
 
     pub(crate) fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnHandle>>> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn cluster(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A front-unique id for a connection or channel.

@@ -166,6 +166,10 @@ pub async fn run(
         },
         lease: (mode != LeaseMode::None).then(|| status.clone()),
     };
+    let process = front
+        .as_ref()
+        .map_or_else(|| format!("worker-{origin}"), |f| f.id().to_string());
+    crate::beacon::spawn(&tracker, process, state.clone(), cancel.clone());
     spawn_http(&tracker, listener, front.as_ref(), state, cancel.clone());
     tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 

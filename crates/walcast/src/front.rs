@@ -59,6 +59,10 @@ pub struct FrontArgs {
     /// over this many seconds, so they reconnect to other replicas gradually; then exit.
     #[arg(long, env = "DRAIN_SECS", default_value_t = walcast_front::config::DEFAULT_DRAIN_SECS)]
     pub drain_secs: u64,
+    /// Serve the inspector page at `/inspector` (and its health API). It is a client like
+    /// any other: it shows only what the key pasted into it may see.
+    #[arg(long, env = "INSPECTOR", default_value_t = walcast_front::config::DEFAULT_INSPECTOR, action = clap::ArgAction::Set)]
+    pub inspector: bool,
 }
 
 impl FrontArgs {
@@ -75,6 +79,7 @@ impl FrontArgs {
             join_burst: self.joins_per_second.saturating_mul(2),
             register_timeout: Duration::from_millis(self.register_timeout_ms),
             drain_window: Duration::from_secs(self.drain_secs),
+            inspector: self.inspector,
             ..FrontConfig::default()
         }
     }
@@ -141,6 +146,7 @@ impl FrontArgs {
             "register_timeout_ms": self.register_timeout_ms,
             "presence_ttl_secs": self.presence_ttl_secs,
             "drain_secs": self.drain_secs,
+            "inspector": self.inspector,
         })
     }
 }

@@ -74,12 +74,16 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         lease_mode: String::new(),
         lease: None,
     };
+    let tracker = tokio_util::task::TaskTracker::new();
+    crate::beacon::spawn(&tracker, id, state.clone(), cancel.clone());
     let router = front.router().merge(ops_router(state));
     tracing::info!(addr = ?listener.local_addr().ok(), "serving realtime clients");
     serve(listener, router, cancel.clone().cancelled_owned())
         .await
         .context("http server")?;
     cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
     front.closed().await;
     Ok(())
 }

@@ -1,0 +1,115 @@
+//! Health beacons: every walcast process publishes a small summary of its state once a
+//! second, so a front can show the whole cluster (the inspector's health panel) without
+//! a privileged API or scraping Prometheus text.
+//!
+//! Subject: `walcast.health.<process id>` (the id encoded with [`encode_token`]).
+//! Payload: one JSON [`Beacon`]. Plain NATS (not JetStream): a missed beacon is replaced by
+//! the next one; a process that stops beaconing is forgotten by the receivers.
+
+use serde::{Deserialize, Serialize};
+
+use crate::subject::encode_token;
+
+/// Prefix of beacon subjects.
+pub const BEACON_PREFIX: &str = "walcast.health";
+/// Subscription pattern for every beacon.
+pub const BEACON_ALL: &str = "walcast.health.>";
+
+/// One process's state at `at_ms`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Beacon {
+    /// Unique per process start (a front's id, else `worker-<random>`).
+    pub process: String,
+    /// Sender's clock, Unix milliseconds.
+    pub at_ms: u64,
+    /// Whether the process's bus connection is up (it is, or this would not arrive; kept
+    /// for symmetry with `/health`).
+    pub bus_connected: bool,
+    /// Present in a process that runs the CDC pipeline (a cdc-worker or `serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerBeacon>,
+    /// Present in a process that serves clients (a ws-front or `serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front: Option<FrontBeacon>,
+}
+
+/// The pipeline part of a beacon.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct WorkerBeacon {
+    /// Holds the lease (or runs without election).
+    pub leader: bool,
+    /// Reading the slot and publishing.
+    pub cdc_active: bool,
+    pub slot: String,
+    /// Bytes of WAL between the server's current position and the slot's confirmed one.
+    pub lag_bytes: i64,
+    /// Changes read from the WAL since the process started.
+    pub changes_total: u64,
+    /// Changes skipped (could not be delivered at all) since start.
+    pub skipped_changes_total: u64,
+    /// Why the pipeline is not active, if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The front part of a beacon.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct FrontBeacon {
+    pub connections: usize,
+    pub channels: usize,
+    pub sse_streams: usize,
+    pub subscriptions: usize,
+    pub draining: bool,
+}
+
+impl Beacon {
+    pub fn subject(&self) -> String {
+        format!("{BEACON_PREFIX}.{}", encode_token(&self.process))
+    }
+
+    pub fn encode(&self) -> bytes::Bytes {
+        // A struct of plain fields always serializes.
+        bytes::Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    pub fn decode(payload: &[u8]) -> Option<Beacon> {
+        serde_json::from_slice(payload).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn beacons_round_trip_under_their_subject() {
+        let b = Beacon {
+            process: "front-a.b".into(),
+            at_ms: 7,
+            bus_connected: true,
+            worker: Some(WorkerBeacon {
+                leader: true,
+                cdc_active: true,
+                slot: "walcast".into(),
+                lag_bytes: 42,
+                changes_total: 9,
+                ..Default::default()
+            }),
+            front: None,
+        };
+        assert_eq!(Beacon::decode(&b.encode()), Some(b.clone()));
+        let subject = b.subject();
+        assert!(subject.starts_with("walcast.health."), "{subject}");
+        assert_eq!(
+            subject.matches('.').count(),
+            2,
+            "one token for the id: {subject}"
+        );
+        assert!(Beacon::decode(b"{}").is_none());
+        let json: serde_json::Value = serde_json::from_slice(&b.encode()).unwrap();
+        assert!(
+            json.get("front").is_none(),
+            "absent parts are left out: {json}"
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! The cluster as this front hears it: the last health beacon of every walcast process
+//! (see [`walcast_bus::beacon`]) and, per pipeline, a short history of its slot lag and
+//! changes per second for the inspector's graphs.
+//!
+//! Bounded: at most [`MAX_PROCESSES`] processes (the one heard from longest ago is
+//! forgotten first) and [`HISTORY`] samples each; a process silent for [`FORGET_AFTER`]
+//! is forgotten.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::beacon::Beacon;
+use walcast_bus::Subscription;
+
+use crate::state::Shared;
+
+/// Processes remembered at most.
+pub const MAX_PROCESSES: usize = 256;
+/// Samples kept per process (one a second: two minutes).
+pub const HISTORY: usize = 120;
+/// A process not heard from for this long is forgotten.
+pub const FORGET_AFTER: Duration = Duration::from_secs(15);
+
+/// One point of a pipeline's graphs.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The beacon's own clock, Unix milliseconds.
+    pub at_ms: u64,
+    pub lag_bytes: i64,
+    /// Changes read per second since the previous beacon.
+    pub changes_per_s: f64,
+}
+
+struct Entry {
+    last: Beacon,
+    heard: Instant,
+    history: VecDeque<Sample>,
+}
+
+/// What the inspector's health panel shows about one process.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct ProcessView {
+    #[serde(flatten)]
+    pub beacon: Beacon,
+    /// Milliseconds since its last beacon arrived.
+    pub heard_ms_ago: u64,
+    /// Pipelines only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Sample>,
+}
+
+#[derive(Default)]
+pub struct Cluster {
+    entries: HashMap<String, Entry>,
+}
+
+impl Cluster {
+    /// Take in a beacon heard at `now`.
+    pub fn observe(&mut self, b: Beacon, now: Instant) {
+        self.forget_silent(now);
+        if !self.entries.contains_key(&b.process) && self.entries.len() >= MAX_PROCESSES {
+            let oldest = self.entries.iter().min_by_key(|(_, e)| e.heard);
+            if let Some(k) = oldest.map(|(k, _)| k.clone()) {
+                self.entries.remove(&k);
+            }
+        }
+        let entry = self
+            .entries
+            .entry(b.process.clone())
+            .or_insert_with(|| Entry {
+                last: b.clone(),
+                heard: now,
+                history: VecDeque::new(),
+            });
+        if let Some(sample) = sample(&entry.last, &b, entry.history.is_empty()) {
+            if entry.history.len() >= HISTORY {
+                entry.history.pop_front();
+            }
+            entry.history.push_back(sample);
+        }
+        entry.last = b;
+        entry.heard = now;
+    }
+
+    fn forget_silent(&mut self, now: Instant) {
+        self.entries
+            .retain(|_, e| now.saturating_duration_since(e.heard) < FORGET_AFTER);
+    }
+
+    /// Every process heard from recently, pipelines first, then by id.
+    pub fn view(&mut self, now: Instant) -> Vec<ProcessView> {
+        self.forget_silent(now);
+        let mut v: Vec<ProcessView> = self
+            .entries
+            .values()
+            .map(|e| ProcessView {
+                beacon: e.last.clone(),
+                heard_ms_ago: u64::try_from(now.saturating_duration_since(e.heard).as_millis())
+                    .unwrap_or(u64::MAX),
+                history: e.history.iter().cloned().collect(),
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            (a.beacon.worker.is_none(), &a.beacon.process)
+                .cmp(&(b.beacon.worker.is_none(), &b.beacon.process))
+        });
+        v
+    }
+}
+
+/// The graph point `next` adds after `prev` (the same process's previous beacon; `first`:
+/// there was none, so no rate yet). `None` for a process without a pipeline, or a beacon
+/// not newer than the previous one.
+fn sample(prev: &Beacon, next: &Beacon, first: bool) -> Option<Sample> {
+    let w = next.worker.as_ref()?;
+    let changes_per_s = match (first, prev.worker.as_ref()) {
+        (false, Some(p)) => {
+            if next.at_ms <= prev.at_ms {
+                return None;
+            }
+            let secs = (next.at_ms - prev.at_ms) as f64 / 1000.0;
+            w.changes_total.saturating_sub(p.changes_total) as f64 / secs
+        }
+        _ => 0.0,
+    };
+    Some(Sample {
+        at_ms: next.at_ms,
+        lag_bytes: w.lag_bytes,
+        changes_per_s,
+    })
+}
+
+/// Take in every beacon on the bus until `cancel`.
+pub(crate) async fn listen(shared: Arc<Shared>, mut sub: Subscription, cancel: CancellationToken) {
+    while let Some(msg) = crate::next_message(&mut sub, &cancel, "health beacons").await {
+        match Beacon::decode(&msg.payload) {
+            Some(b) => shared.cluster().observe(b, Instant::now()),
+            None => crate::telemetry::error("bad_beacon"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use walcast_bus::beacon::{FrontBeacon, WorkerBeacon};
+
+    fn worker(process: &str, at_ms: u64, changes_total: u64, lag_bytes: i64) -> Beacon {
+        Beacon {
+            process: process.into(),
+            at_ms,
+            bus_connected: true,
+            worker: Some(WorkerBeacon {
+                leader: true,
+                cdc_active: true,
+                changes_total,
+                lag_bytes,
+                ..Default::default()
+            }),
+            front: None,
+        }
+    }
+
+    fn front(process: &str) -> Beacon {
+        Beacon {
+            process: process.into(),
+            at_ms: 1,
+            bus_connected: true,
+            worker: None,
+            front: Some(FrontBeacon::default()),
+        }
+    }
+
+    #[test]
+    fn rates_come_from_consecutive_beacons_of_one_pipeline() {
+        let mut c = Cluster::default();
+        let t0 = Instant::now();
+        c.observe(worker("w", 1_000, 100, 5), t0);
+        c.observe(front("f"), t0);
+        c.observe(worker("w", 2_000, 350, 7), t0 + Duration::from_secs(1));
+        c.observe(worker("w", 2_000, 900, 7), t0 + Duration::from_secs(1)); // not newer
+        c.observe(worker("w", 2_500, 400, 9), t0 + Duration::from_secs(2));
+        let v = c.view(t0 + Duration::from_secs(2));
+        assert_eq!(
+            v.iter()
+                .map(|p| p.beacon.process.as_str())
+                .collect::<Vec<_>>(),
+            ["w", "f"],
+            "pipelines first"
+        );
+        let rates: Vec<(i64, f64)> = v[0]
+            .history
+            .iter()
+            .map(|s| (s.lag_bytes, s.changes_per_s))
+            .collect();
+        // 900 at the same instant gave no point; the next rate is from 900, not 350.
+        assert_eq!(rates, [(5, 0.0), (7, 250.0), (9, 0.0)]);
+        assert!(v[1].history.is_empty(), "a front has no graph");
+        assert_eq!(v[1].heard_ms_ago, 2000);
+    }
+
+    #[test]
+    fn silent_processes_are_forgotten_and_both_bounds_hold() {
+        let mut c = Cluster::default();
+        let t0 = Instant::now();
+        for i in 0..(HISTORY as u64 + 10) {
+            c.observe(worker("w", 1_000 * (i + 1), i, 0), t0);
+        }
+        assert_eq!(c.view(t0)[0].history.len(), HISTORY);
+        for i in 0..MAX_PROCESSES + 5 {
+            c.observe(
+                front(&format!("f{i}")),
+                t0 + Duration::from_millis(i as u64),
+            );
+        }
+        let v = c.view(t0 + Duration::from_millis(300));
+        assert_eq!(v.len(), MAX_PROCESSES);
+        assert!(
+            !v.iter().any(|p| p.beacon.process == "w"),
+            "heard longest ago"
+        );
+        assert!(c
+            .view(t0 + FORGET_AFTER + Duration::from_secs(1))
+            .is_empty());
+    }
+}

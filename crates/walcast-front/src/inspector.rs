@@ -1,0 +1,221 @@
+//! The inspector: a page at `/inspector` to watch a project's changes, broadcasts and
+//! presence, and the pipeline's health.
+//!
+//! The page (HTML, JS and CSS in `inspector/`, compiled into the binary: nothing is
+//! fetched from elsewhere) is a Phoenix/Supabase Realtime client of its own over the same
+//! WebSocket as every app, so it sees only what the key pasted into it may see. Its health
+//! panel reads `GET /inspector/api/health`, which answers any valid key of a project
+//! with the processes this front hears from (see [`crate::cluster`]); the pipeline's
+//! last error (which may name database objects) only to a `service_role` key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use walcast_bus::beacon::{Beacon, FrontBeacon};
+
+use crate::cluster::ProcessView;
+use crate::credentials::Credentials;
+use crate::http::{auth_status, error_response};
+use crate::state::Shared;
+
+const INDEX: &str = include_str!("../inspector/index.html");
+const SCRIPT: &str = include_str!("../inspector/inspector.js");
+const STYLE: &str = include_str!("../inspector/inspector.css");
+
+/// The page may run only its own script and style and talk only to this origin.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+                   img-src 'self' data:; connect-src 'self' ws: wss:; base-uri 'none'; \
+                   form-action 'none'; frame-ancestors 'none'";
+
+pub(crate) fn routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route(
+            "/inspector",
+            get(|| asset(INDEX, "text/html; charset=utf-8")),
+        )
+        .route(
+            "/inspector/",
+            get(|| asset(INDEX, "text/html; charset=utf-8")),
+        )
+        .route(
+            "/inspector/inspector.js",
+            get(|| asset(SCRIPT, "text/javascript; charset=utf-8")),
+        )
+        .route(
+            "/inspector/inspector.css",
+            get(|| asset(STYLE, "text/css; charset=utf-8")),
+        )
+        .route("/inspector/api/health", get(health))
+}
+
+async fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut r = body.into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+#[derive(Serialize)]
+struct HealthView {
+    /// The front that answered.
+    front: String,
+    /// The role of the key that asked.
+    role: String,
+    processes: Vec<ProcessView>,
+}
+
+/// `GET /inspector/api/health` with a project key (see [`crate::credentials`]).
+async fn health(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let creds = Credentials::from_request(&query, &headers);
+    let verified = match shared.projects.verify(creds.token().unwrap_or("")).await {
+        Ok(v) => v,
+        Err(e) => return error_response(auth_status(&e), &e.to_string()),
+    };
+    let role = verified
+        .claims
+        .get("role")
+        .and_then(|r| r.as_str())
+        .unwrap_or("anon")
+        .to_string();
+    let mut processes = shared.cluster().view(Instant::now());
+    with_own_front(&mut processes, &shared.health());
+    if role != "service_role" {
+        hide_errors(&mut processes);
+    }
+    let body = HealthView {
+        front: shared.front_id.clone(),
+        role,
+        processes,
+    };
+    (StatusCode::OK, Json(body)).into_response()
+}
+
+/// This front as it is now (its beacon is up to a second old, or not sent yet).
+fn with_own_front(processes: &mut Vec<ProcessView>, h: &crate::Health) {
+    let now = FrontBeacon {
+        connections: h.connections,
+        channels: h.channels,
+        sse_streams: h.sse_streams,
+        subscriptions: h.subscriptions,
+        draining: h.draining,
+    };
+    match processes
+        .iter_mut()
+        .find(|p| p.beacon.process == h.front_id)
+    {
+        Some(p) => {
+            p.beacon.front = Some(now);
+            p.heard_ms_ago = 0;
+        }
+        None => processes.push(ProcessView {
+            beacon: Beacon {
+                process: h.front_id.clone(),
+                at_ms: 0,
+                bus_connected: h.bus_connected,
+                worker: None,
+                front: Some(now),
+            },
+            heard_ms_ago: 0,
+            history: Vec::new(),
+        }),
+    }
+}
+
+/// A pipeline's last error may name database objects: only `service_role` sees it.
+fn hide_errors(processes: &mut [ProcessView]) {
+    for p in processes {
+        if let Some(w) = p.beacon.worker.as_mut() {
+            w.last_error = w
+                .last_error
+                .take()
+                .map(|_| "(shown to service_role only)".into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use walcast_bus::beacon::WorkerBeacon;
+
+    fn health(front_id: &str, connections: usize) -> crate::Health {
+        crate::Health {
+            front_id: front_id.into(),
+            connections,
+            channels: 0,
+            sse_streams: 0,
+            subscriptions: 0,
+            bus: "nats",
+            bus_connected: true,
+            draining: false,
+        }
+    }
+
+    fn heard(
+        process: &str,
+        worker: Option<WorkerBeacon>,
+        front: Option<FrontBeacon>,
+    ) -> ProcessView {
+        ProcessView {
+            beacon: Beacon {
+                process: process.into(),
+                at_ms: 1,
+                bus_connected: true,
+                worker,
+                front,
+            },
+            heard_ms_ago: 900,
+            history: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn this_front_is_shown_live_heard_or_not() {
+        let mut v = vec![heard("f1", None, Some(FrontBeacon::default()))];
+        with_own_front(&mut v, &health("f1", 3));
+        assert_eq!((v.len(), v[0].heard_ms_ago), (1, 0));
+        assert_eq!(v[0].beacon.front.as_ref().map(|f| f.connections), Some(3));
+        with_own_front(&mut v, &health("f2", 5));
+        assert_eq!(v.len(), 2, "not heard yet: added");
+        assert_eq!(v[1].beacon.front.as_ref().map(|f| f.connections), Some(5));
+    }
+
+    #[test]
+    fn pipeline_errors_are_hidden_but_their_presence_is_not() {
+        let failing = WorkerBeacon {
+            last_error: Some("relation \"secret_table\" does not exist".into()),
+            ..Default::default()
+        };
+        let mut v = vec![
+            heard("w1", Some(failing), None),
+            heard("w2", Some(WorkerBeacon::default()), None),
+        ];
+        hide_errors(&mut v);
+        let errors: Vec<Option<String>> = v
+            .iter()
+            .map(|p| p.beacon.worker.as_ref().and_then(|w| w.last_error.clone()))
+            .collect();
+        assert_eq!(errors, [Some("(shown to service_role only)".into()), None]);
+    }
+}
