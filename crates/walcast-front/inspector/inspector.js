@@ -144,6 +144,8 @@ const state = {
   log: [],
   paused: false,
   unseen: 0,
+  fresh: [], // logged, not drawn yet
+  frame: 0,
 }
 
 // ---- connection ---------------------------------------------------------------------
@@ -403,7 +405,23 @@ function addLog(entry) {
     $('pause-btn').textContent = `Resume (${state.unseen} new)`
     return
   }
-  renderLog()
+  // Drawn once per frame, only what arrived since: a busy table must not make the page
+  // redraw a thousand rows per change.
+  state.fresh.push(entry)
+  if (!state.frame) state.frame = requestAnimationFrame(flushLog)
+}
+
+function flushLog() {
+  state.frame = 0
+  const fresh = state.fresh.splice(0).filter(visible)
+  const log = $('log')
+  log.prepend(...fresh.reverse().map(logItem))
+  while (log.childElementCount > MAX_LOG) log.lastElementChild.remove()
+  countLog()
+}
+
+function countLog() {
+  $('msg-count').textContent = `${$('log').childElementCount} of ${state.log.length} messages`
 }
 
 function visible(entry) {
@@ -413,9 +431,9 @@ function visible(entry) {
 }
 
 function renderLog() {
-  const shown = state.log.filter(visible)
-  $('log').replaceChildren(...shown.slice().reverse().map(logItem))
-  $('msg-count').textContent = `${shown.length} of ${state.log.length} messages`
+  state.fresh = []
+  $('log').replaceChildren(...state.log.filter(visible).reverse().map(logItem))
+  countLog()
 }
 
 function logItem(entry) {
