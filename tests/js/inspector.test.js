@@ -1,6 +1,6 @@
 // The inspector page (/inspector) in headless Chromium (Debian's `chromium`, driven with
-// puppeteer-core, which downloads no browser). With `walcast serve` under both protocol
-// versions, and with a ws-front + cdc-worker pair (cross-process): it connects with an
+// puppeteer-core, which downloads no browser). Under both protocol versions, through
+// `walcast serve` and through a ws-front beside a cdc-worker (cross-process): it connects with an
 // anon key, subscribes to a table, shows a row inserted with SQL; sends a broadcast and
 // tracks a presence that come back to it; its health panel shows the pipeline active and
 // the front. A key signed with another secret is refused with the reason, and anon's join
@@ -195,10 +195,12 @@ describe('ws-front and cdc-worker (cross-process)', () => {
     await env?.stop()
   })
 
-  test('vsn 2.0.0 through ws-front: the same page works, and its health panel hears the worker', async (t) => {
-    const shot = await exercise({ server: front, db: env.db, vsn: '2.0.0', label: 'ws-front', table: 'notes' })
-    t.diagnostic(`screenshot: ${shot}`)
-  })
+  for (const vsn of ['2.0.0', '1.0.0']) {
+    test(`vsn ${vsn} through ws-front: the same page works, and its health panel hears the worker`, async (t) => {
+      const shot = await exercise({ server: front, db: env.db, vsn, label: `ws-front-v${vsn[0]}`, table: 'notes' })
+      t.diagnostic(`screenshot: ${shot}`)
+    })
+  }
 
   test('refusals through ws-front', async () => {
     await refusals(front, 'ws-front')
