@@ -11,7 +11,6 @@ mod front_hostile;
 mod front_slow;
 mod lease;
 mod nats_outage;
-mod oracle;
 mod outbox;
 mod outbox_failover;
 mod outbox_naive;
