@@ -8,7 +8,7 @@
 // user gets exactly the rows its policy allows, and nothing is skipped.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { startEnv, startProcess, enableTable, client, jwt, subscribed, uniq, until } from './lib/harness.js'
+import { startEnv, startProcess, enableTable, client, jwt, subscribed, uniq, until, metric } from './lib/harness.js'
 
 const MAX_PAYLOAD = 65536
 const CHANNELS = 100
@@ -61,24 +61,16 @@ async function socket(front, sub, table, channels, bindings) {
   return { sub, got, expect: channels * bindings }
 }
 
-/** A metric of the worker, summed over its labels (0 when absent). */
-async function metric(name) {
-  const text = await (await fetch(`${worker.url}/metrics`)).text()
-  let sum = 0
-  for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\d+)`, 'gm'))) sum += Number(m[2])
-  return sum
-}
-
 /** Insert one row and return [messages, bytes] the worker published for it, once `sockets` all received it. */
 async function publishedFor(table, id, sockets) {
-  const [m0, b0] = [await metric('walcast_cdc_published_messages_total'), await metric('walcast_cdc_published_bytes_total')]
+  const [m0, b0] = [await metric(worker, 'walcast_cdc_published_messages_total'), await metric(worker, 'walcast_cdc_published_bytes_total')]
   await env.db.query(`INSERT INTO ${table} VALUES ($1, 'x')`, [id])
   for (const s of sockets) {
     await until(`${s.sub} to get row ${id} ${s.expect} times (has ${s.got.get(id) ?? 0})`, () => (s.got.get(id) ?? 0) >= s.expect, 120000)
   }
   // Deliveries go first; the audience-free copy on the table subject is the change's last message.
-  await until('the change to be published on its table subject', async () => (await metric('walcast_cdc_published_messages_total')) >= m0 + 3, 10000)
-  return [(await metric('walcast_cdc_published_messages_total')) - m0, (await metric('walcast_cdc_published_bytes_total')) - b0]
+  await until('the change to be published on its table subject', async () => (await metric(worker, 'walcast_cdc_published_messages_total')) >= m0 + 3, 10000)
+  return [(await metric(worker, 'walcast_cdc_published_messages_total')) - m0, (await metric(worker, 'walcast_cdc_published_bytes_total')) - b0]
 }
 
 test('40,000 subscriptions on one table over two fronts: all deliver, bytes per change as with 100, a bystander keeps receiving', async () => {
@@ -104,7 +96,7 @@ test('40,000 subscriptions on one table over two fronts: all deliver, bytes per 
   await env.db.query("INSERT INTO other VALUES (1, 'still here')")
   await publishedFor('feed', 3, all)
   await until('the bystander row', () => bystander.got.get(1) === 1, 30000)
-  assert.equal(await metric('walcast_cdc_changes_skipped_total'), 0)
+  assert.equal(await metric(worker, 'walcast_cdc_changes_skipped_total'), 0)
 })
 
 test('row-level security with distinct claims and 40,000 subscriptions: every message fits 64 KB, each user gets exactly its rows', async () => {
@@ -127,9 +119,9 @@ test('row-level security with distinct claims and 40,000 subscriptions: every me
     if (own) expected.set(own, u.expect)
     assert.deepEqual(new Map([...u.got].sort((a, b) => a[0] - b[0])), new Map([...expected].sort((a, b) => a[0] - b[0])), `${u.sub}: exactly the rows its policy allows`)
   }
-  assert.ok((await metric('walcast_cdc_changes_split_total')) > 0, 'verdicts for 20,000 subscriptions per front took several messages')
-  const largest = await metric('walcast_cdc_largest_message_bytes')
+  assert.ok((await metric(worker, 'walcast_cdc_changes_split_total')) > 0, 'verdicts for 20,000 subscriptions per front took several messages')
+  const largest = await metric(worker, 'walcast_cdc_largest_message_bytes')
   assert.ok(largest > 0 && largest <= MAX_PAYLOAD, `largest message ${largest} bytes`)
-  assert.equal(await metric('walcast_cdc_changes_skipped_total'), 0)
-  assert.equal(await metric('walcast_cdc_changes_oversized_total'), 0)
+  assert.equal(await metric(worker, 'walcast_cdc_changes_skipped_total'), 0)
+  assert.equal(await metric(worker, 'walcast_cdc_changes_oversized_total'), 0)
 })

@@ -19,7 +19,7 @@
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
-import { startStack, client, collector, subscribed, until, jwt } from './lib/harness.js'
+import { startStack, client, collector, subscribed, until, jwt, metric } from './lib/harness.js'
 
 const USERS = 50
 const GROUPS = 10
@@ -47,12 +47,6 @@ function random(seed) {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296
   }
   return { int: (lo, hi) => lo + Math.floor(next() * (hi - lo + 1)), chance: (p) => next() < p }
-}
-
-async function metric(server, name) {
-  const text = await (await fetch(`${server.url}/metrics`)).text()
-  const line = text.split('\n').find((l) => l.split(' ')[0] === name)
-  return line ? Number(line.split(' ')[1]) : 0
 }
 
 for (const source of ['stream', 'poll']) {

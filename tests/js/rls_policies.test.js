@@ -9,7 +9,7 @@
 // content, in order, and then the closing DELETE with only the key.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { startStack, client, collector, subscribed, until, jwt } from './lib/harness.js'
+import { startStack, client, collector, subscribed, until, jwt, metric } from './lib/harness.js'
 
 const TABLES = ['restr', 'authonly', 'forced', 'owned', 'whole']
 /** Per table: [subscriber, role, sub]. */
@@ -38,12 +38,6 @@ const VERSIONS = [
   ],
 ]
 const OWN = "owner = auth.jwt() ->> 'sub'"
-
-async function metric(server, name) {
-  const text = await (await fetch(`${server.url}/metrics`)).text()
-  const line = text.split('\n').find((l) => l.split(' ')[0] === name)
-  return line ? Number(line.split(' ')[1]) : 0
-}
 
 /** Row `id` of `table` as SELECTed by `role` with `claims`, inside the open transaction. */
 async function selectAs(db, role, claims, table, id) {

@@ -8,7 +8,7 @@
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
-import { startEnv, startProcess, enableTable, client, collector, subscribed, uniq, jwt, until } from './lib/harness.js'
+import { startEnv, startProcess, enableTable, client, collector, subscribed, uniq, jwt, until, metric } from './lib/harness.js'
 
 const PAIRS = 1000
 const ALICE = '00000000-0000-4000-8000-00000000a11c'
@@ -72,13 +72,6 @@ async function listen(server, sub) {
   const got = collector(sub === ALICE ? 'alice' : 'bob')
   await subscribed(rt.channel(uniq('msgs')).on('postgres_changes', { event: '*', schema: 'public', table: 'msgs' }, got))
   return { rt, got }
-}
-
-/** A counter of the server's Prometheus metrics (0 when not yet recorded). */
-async function metric(server, name) {
-  const text = await (await fetch(`${server.url}/metrics`)).text()
-  const line = text.split('\n').find((l) => l.split(' ')[0] === name)
-  return line ? Number(line.split(' ')[1]) : 0
 }
 
 for (const source of ['stream', 'poll']) {

@@ -268,6 +268,14 @@ export async function subscribed(channel, ms = 15000) {
   return channel
 }
 
+/** A Prometheus metric of a process (`startProcess`'s), summed over its labels; 0 when absent. */
+export async function metric(proc, name) {
+  const text = await (await fetch(`${proc.url}/metrics`)).text()
+  let sum = 0
+  for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)`, 'gm'))) sum += Number(m[2])
+  return sum
+}
+
 /** A unique channel name per call, so tests never share topics by accident. */
 let channelSeq = 0
 export function uniq(prefix = 'ch') {
