@@ -19,7 +19,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use walcast_bus::beacon::{Beacon, FrontBeacon};
+use walcast_bus::beacon::Beacon;
 
 use crate::cluster::ProcessView;
 use crate::credentials::Credentials;
@@ -113,13 +113,7 @@ async fn health(
 
 /// This front as it is now (its beacon is up to a second old, or not sent yet).
 fn with_own_front(processes: &mut Vec<ProcessView>, h: &crate::Health) {
-    let now = FrontBeacon {
-        connections: h.connections,
-        channels: h.channels,
-        sse_streams: h.sse_streams,
-        subscriptions: h.subscriptions,
-        draining: h.draining,
-    };
+    let now = h.beacon();
     match processes
         .iter_mut()
         .find(|p| p.beacon.process == h.front_id)
@@ -157,7 +151,7 @@ fn hide_errors(processes: &mut [ProcessView]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use walcast_bus::beacon::WorkerBeacon;
+    use walcast_bus::beacon::{FrontBeacon, WorkerBeacon};
 
     fn health(front_id: &str, connections: usize) -> crate::Health {
         crate::Health {

@@ -109,6 +109,19 @@ pub struct Health {
     pub draining: bool,
 }
 
+impl Health {
+    /// The front part of this process's health beacon ([`walcast_bus::beacon`]).
+    pub fn beacon(&self) -> walcast_bus::beacon::FrontBeacon {
+        walcast_bus::beacon::FrontBeacon {
+            connections: self.connections,
+            channels: self.channels,
+            sse_streams: self.sse_streams,
+            subscriptions: self.subscriptions,
+            draining: self.draining,
+        }
+    }
+}
+
 impl Front {
     /// Start with in-memory presence. See [`Front::start_with_presence`].
     pub async fn start(

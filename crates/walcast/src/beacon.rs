@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use walcast_bus::beacon::{Beacon, FrontBeacon, WorkerBeacon};
+use walcast_bus::beacon::{Beacon, WorkerBeacon};
 
 use crate::http::OpsState;
 
@@ -27,16 +27,7 @@ pub fn beacon(process: &str, state: &OpsState) -> Beacon {
             last_error: r.last_error,
         }
     });
-    let front = state.front.as_ref().map(|f| {
-        let h = f.health();
-        FrontBeacon {
-            connections: h.connections,
-            channels: h.channels,
-            sse_streams: h.sse_streams,
-            subscriptions: h.subscriptions,
-            draining: h.draining,
-        }
-    });
+    let front = state.front.as_ref().map(|f| f.health().beacon());
     let at_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
