@@ -14,6 +14,8 @@ const READER = '00000000-0000-4000-8000-0000000000b2'
 const STRANGER = '00000000-0000-4000-8000-0000000000c3'
 const TOPIC = `room:${OWNER}`
 const user = (sub) => jwt({ role: 'authenticated', sub })
+/** West of UTC: `since` read as UTC would be hours after every stored message. */
+const ZONE = 'America/Los_Angeles'
 
 async function join(server, token, { bcast = () => {} } = {}) {
   const rt = client(server)
@@ -29,8 +31,14 @@ for (const source of ['stream', 'poll']) {
   describe(`${source} source`, () => {
     let st, db
     before(async () => {
-      st = await startStack({ serverEnv: { CDC_SOURCE: source } })
+      // A database whose time zone is not UTC: replay's `since` (Unix ms) must still
+      // meet `inserted_at` (a `timestamp` in the database's zone), as on Supabase (UTC).
+      st = await startStack({
+        setupSql: [`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET timezone = %L', current_database(), '${ZONE}'); END $$`],
+        serverEnv: { CDC_SOURCE: source },
+      })
       db = st.env.db
+      await db.query(`SET timezone = '${ZONE}'`) // opened before the ALTER: as a new session
       await db.query(`
         CREATE POLICY room_read ON realtime.messages FOR SELECT TO authenticated
           USING (realtime.topic() = 'room:${OWNER}' AND auth.uid() IN ('${OWNER}', '${READER}'));

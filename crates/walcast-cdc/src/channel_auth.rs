@@ -91,6 +91,10 @@ async fn check(
 
 /// The broadcasts stored for private channel `topic` since `since_ms` (Unix ms), oldest
 /// first, at most `limit`; each payload with its `id`, as they were delivered.
+///
+/// `inserted_at` is a `timestamp` (as Supabase's): `now()` in the inserting session's
+/// time zone. `since` is turned into the same wall-clock time in this session's zone,
+/// which is the database's default like every session that does not set its own.
 pub async fn stored(
     client: &Client,
     topic: &str,
@@ -104,7 +108,7 @@ pub async fn stored(
                          THEN jsonb_build_object('id', id) || payload ELSE payload END::text
              FROM realtime.messages
              WHERE topic = $1 AND extension = 'broadcast' AND private
-               AND inserted_at >= to_timestamp($2::float8 / 1000) AT TIME ZONE 'UTC'
+               AND inserted_at >= to_timestamp($2::float8 / 1000)::timestamp
                AND event IS DISTINCT FROM 'walcast:authorize'
              ORDER BY inserted_at, id
              LIMIT $3",
