@@ -256,17 +256,7 @@ impl Elector {
         announced: &mut Option<String>,
         status: &LeaseStatus,
     ) -> Option<Lease> {
-        let current = match tokio::time::timeout(bound, self.api.get_opt(&self.cfg.name)).await {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot read the Lease");
-                return None;
-            }
-            Err(_) => {
-                tracing::warn!(lease = %self.cfg.name, "leader election: reading the Lease timed out");
-                return None;
-            }
-        };
+        let current = self.read(bound).await?;
         let now = millis(self.clock);
         let observed = current.as_ref().map(|l| Observed {
             holder: holder(l).map(str::to_owned),
@@ -301,41 +291,65 @@ impl Elector {
                 self.waiting(held, now, announced, status);
                 None
             }
-            Decision::Acquire | Decision::Renew => {
-                let sent = millis(self.clock);
-                let (lease, create) = claimed(current, &self.cfg);
-                let pp = PostParams::default();
-                let write = async {
-                    if create {
-                        self.api.create(&pp, &lease).await
-                    } else {
-                        self.api.replace(&self.cfg.name, &pp, &lease).await
-                    }
-                };
-                match tokio::time::timeout(bound, write).await {
-                    Ok(Ok(written)) => {
-                        decision::won(&mut self.local, sent);
-                        self.versions
-                            .number(written.metadata.resource_version.as_deref());
-                        // Usable only if there is time left to lead.
-                        decision::is_leader(&self.local, millis(self.clock), timing)
-                            .then_some(written)
-                    }
-                    Ok(Err(e)) => {
-                        decision::lost(&mut self.local);
-                        if is_conflict(&e) {
-                            tracing::info!(lease = %self.cfg.name, "lost the race for the Lease");
-                        } else {
-                            tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot write the Lease");
-                        }
-                        None
-                    }
-                    Err(_) => {
-                        decision::lost(&mut self.local);
-                        tracing::warn!(lease = %self.cfg.name, "leader election: writing the Lease timed out");
-                        None
-                    }
+            Decision::Acquire | Decision::Renew => self.claim(current, bound, timing).await,
+        }
+    }
+
+    /// Read the Lease (`Some(None)`: there is none); `None` when the read failed (logged).
+    async fn read(&self, bound: Duration) -> Option<Option<Lease>> {
+        match tokio::time::timeout(bound, self.api.get_opt(&self.cfg.name)).await {
+            Ok(Ok(l)) => Some(l),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot read the Lease");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.cfg.name, "leader election: reading the Lease timed out");
+                None
+            }
+        }
+    }
+
+    /// Create or replace the Lease as ours (the write carries the read's
+    /// `resourceVersion`: a concurrent writer makes it fail with 409). Some(lease) when
+    /// written with time left to lead.
+    async fn claim(
+        &mut self,
+        current: Option<Lease>,
+        bound: Duration,
+        timing: Timing,
+    ) -> Option<Lease> {
+        let sent = millis(self.clock);
+        let (lease, create) = claimed(current, &self.cfg);
+        let pp = PostParams::default();
+        let write = async {
+            if create {
+                self.api.create(&pp, &lease).await
+            } else {
+                self.api.replace(&self.cfg.name, &pp, &lease).await
+            }
+        };
+        match tokio::time::timeout(bound, write).await {
+            Ok(Ok(written)) => {
+                decision::won(&mut self.local, sent);
+                self.versions
+                    .number(written.metadata.resource_version.as_deref());
+                // Usable only if there is time left to lead.
+                decision::is_leader(&self.local, millis(self.clock), timing).then_some(written)
+            }
+            Ok(Err(e)) => {
+                decision::lost(&mut self.local);
+                if is_conflict(&e) {
+                    tracing::info!(lease = %self.cfg.name, "lost the race for the Lease");
+                } else {
+                    tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot write the Lease");
                 }
+                None
+            }
+            Err(_) => {
+                decision::lost(&mut self.local);
+                tracing::warn!(lease = %self.cfg.name, "leader election: writing the Lease timed out");
+                None
             }
         }
     }
