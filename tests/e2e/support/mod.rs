@@ -388,6 +388,8 @@ pub struct Arrival {
     pub at: Instant,
     pub subject: String,
     pub position: (walcast_wal2json::Lsn, u32),
+    /// `Walcast-Term`: the publishing leader's term.
+    pub term: Option<u64>,
 }
 
 /// Audiences seen on the fronts' delivery subjects, waiting for their change.
@@ -515,6 +517,9 @@ impl Collector {
                     at: Instant::now(),
                     subject: msg.subject.clone(),
                     position: ev.position(),
+                    term: msg
+                        .header(walcast_bus::HEADER_TERM)
+                        .and_then(|t| t.parse().ok()),
                 });
                 if let Some(front) = front {
                     audiences.delivery(&front, ev);
