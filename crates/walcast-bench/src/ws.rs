@@ -184,6 +184,8 @@ pub async fn run(args: WsBench) -> anyhow::Result<()> {
     Ok(())
 }
 
+// Longer than most (90 lines): one table, printed top to bottom as docs/benchmarks.md
+// shows it; split, its columns would no longer read together.
 fn report(args: &WsBench, w: &Outcome, b: Option<&Outcome>) {
     let ratio = |x: f64, y: Option<f64>| match y {
         Some(y) if y > 0.0 => format!("{:.2}", x / y),
@@ -628,46 +630,53 @@ async fn client(
             }
             m = rx.next() => m,
         };
-        let text = match m {
-            Some(Ok(Message::Text(t))) => t,
-            Some(Ok(Message::Close(c))) => {
-                eprintln!("client {i}: closed by the server: {c:?}");
-                stats.disconnects.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            Some(Ok(_)) => continue,
-            Some(Err(e)) => {
-                eprintln!("client {i}: {e}");
-                stats.disconnects.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-            None => {
-                stats.disconnects.fetch_add(1, Ordering::Relaxed);
-                break;
-            }
-        };
-        if text.contains(r#","postgres_changes",{"#) {
-            let now = now_micros();
-            if let (Some(ph), Some(at)) =
-                (record_int(&text, "\"ph\":"), record_int(&text, "\"at\":"))
-            {
-                stats.record(i, ph as usize, now - at, now);
-            }
-            continue;
-        }
-        if permit.is_some() && text.contains(r#","phx_reply","#) && text.starts_with(r#"["1","1""#)
-        {
-            permit = None;
-            if text.contains(r#""status":"ok""#) {
-                stats.joined.fetch_add(1, Ordering::Relaxed);
-            } else {
-                eprintln!("client {i}: join refused: {text}");
-                stats.join_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            stats.changed.notify_waiters();
+        match text_of(i, m, &stats) {
+            Ok(Some(text)) => on_text(i, &text, &stats, &mut permit),
+            Ok(None) => continue,
+            Err(()) => break,
         }
     }
     stats.changed.notify_waiters();
+}
+
+/// What client `i` read: a text frame, something else to skip (`Ok(None)`), or the end of
+/// the socket (`Err`, counted as a disconnect).
+fn text_of(
+    i: usize,
+    m: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    stats: &Stats,
+) -> Result<Option<tokio_tungstenite::tungstenite::Utf8Bytes>, ()> {
+    match m {
+        Some(Ok(Message::Text(t))) => return Ok(Some(t)),
+        Some(Ok(Message::Close(c))) => eprintln!("client {i}: closed by the server: {c:?}"),
+        Some(Ok(_)) => return Ok(None),
+        Some(Err(e)) => eprintln!("client {i}: {e}"),
+        None => {}
+    }
+    stats.disconnects.fetch_add(1, Ordering::Relaxed);
+    Err(())
+}
+
+/// A text frame for client `i`: a change (its latency recorded) or the join's reply
+/// (which frees the client's join permit).
+fn on_text<P>(i: usize, text: &str, stats: &Stats, permit: &mut Option<P>) {
+    if text.contains(r#","postgres_changes",{"#) {
+        let now = now_micros();
+        if let (Some(ph), Some(at)) = (record_int(text, "\"ph\":"), record_int(text, "\"at\":")) {
+            stats.record(i, ph as usize, now - at, now);
+        }
+        return;
+    }
+    if permit.is_some() && text.contains(r#","phx_reply","#) && text.starts_with(r#"["1","1""#) {
+        *permit = None;
+        if text.contains(r#""status":"ok""#) {
+            stats.joined.fetch_add(1, Ordering::Relaxed);
+        } else {
+            eprintln!("client {i}: join refused: {text}");
+            stats.join_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        stats.changed.notify_waiters();
+    }
 }
 
 /// Wait until `f(stats)` = (have, want) has have >= want, with a bound; the error says

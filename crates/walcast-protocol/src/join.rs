@@ -144,7 +144,7 @@ impl PgChangeBinding {
     /// Parse one entry, keeping its text verbatim. `event` and `schema` are required; the
     /// event must be `*`/`INSERT`/`UPDATE`/`DELETE` in any case.
     pub fn from_raw(raw: Box<RawValue>) -> Result<PgChangeBinding, BindingError> {
-        if !raw.get().trim_start().starts_with('{') {
+        if !raw.get().trim_start().starts_with("{") {
             return Err(BindingError::NotAnObject);
         }
         let rb: RawBinding =

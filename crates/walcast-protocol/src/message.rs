@@ -159,7 +159,7 @@ fn invalid(event: &'static str, reason: impl Into<String>) -> MessageError {
 }
 
 fn object<'a, T: Deserialize<'a>>(p: &'a RawValue, event: &'static str) -> Result<T, MessageError> {
-    if !p.get().trim_start().starts_with('{') {
+    if !p.get().trim_start().starts_with("{") {
         return Err(invalid(event, "payload must be a JSON object"));
     }
     serde_json::from_str(p.get()).map_err(|e| invalid(event, e.to_string()))
@@ -353,7 +353,7 @@ fn parse_presence(p: &RawValue) -> Result<PresenceAction, MessageError> {
     };
     if event.eq_ignore_ascii_case("track") {
         let payload = r.payload.unwrap_or_else(json::empty_object);
-        if !payload.get().trim_start().starts_with('{') {
+        if !payload.get().trim_start().starts_with("{") {
             return Err(MessageError::PresencePayloadNotMap);
         }
         Ok(PresenceAction::Track { payload })
