@@ -48,6 +48,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "project_keys",
         include_str!("../../../sql/0011_project_keys.sql"),
     ),
+    (12, "trust", include_str!("../../../sql/0012_trust.sql")),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.
