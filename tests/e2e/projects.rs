@@ -107,6 +107,8 @@ async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else
         "CREATE TABLE {s}.items (id int PRIMARY KEY, v text);
          CREATE TABLE {s}.other (id int PRIMARY KEY, v text);
          CREATE TABLE {s}.nopk (v text);
+         CREATE TABLE {s}.parted (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day);
+         CREATE TABLE {s}.parted_2026 PARTITION OF {s}.parted FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
          GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO anon, authenticated, service_role;",
         s = q(&a.schema)
     ));
@@ -312,6 +314,15 @@ async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else
         "no primary key",
     );
     assert!(m.contains("primary key"), "{m}");
+    // wal2json names a partitioned table's changes by partition: accepted, it would never
+    // stream; refused with the reason instead.
+    let m = refused(
+        call(&w, "PUT", &realtime_path(&a.id, "parted"), svc, on),
+        422,
+        "partitioned_table",
+        "a partitioned table",
+    );
+    assert!(m.contains("partitions"), "{m}");
     for body in [
         "not json",
         r#"{"enabled": "yes"}"#,
@@ -355,6 +366,7 @@ async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else
         ("404", "unknown_project"),
         ("404", "unknown_table"),
         ("422", "no_primary_key"),
+        ("422", "partitioned_table"),
         ("422", "invalid_body"),
     ] {
         let counted = metrics.lines().any(|l| {

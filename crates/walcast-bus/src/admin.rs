@@ -56,6 +56,19 @@ pub enum AdminRequest {
     },
 }
 
+impl AdminRequest {
+    /// Requests that change something are answered one at a time, in arrival order (an
+    /// enable is never overtaken by the disable sent after it); the others only read, and
+    /// are answered side by side (see [`serve_nats`]).
+    pub fn is_ordered(&self) -> bool {
+        matches!(self, AdminRequest::SetRealtime { .. })
+    }
+}
+
+/// Read-only admin requests (channel checks, replays, lists) answered at once by a
+/// worker; more wait for one of these to finish, so a flood of checks is bounded.
+pub const CONCURRENT_READS: usize = 16;
+
 /// A stored broadcast, replayed.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct StoredBroadcast {
@@ -122,6 +135,8 @@ pub enum AdminErrorKind {
     UnknownProject,
     UnknownTable,
     NoPrimaryKey,
+    /// A partitioned table (wal2json names its partitions, never the table).
+    PartitionedTable,
     /// No cdc-worker answered (none leads, or NATS is down), or it answered nonsense.
     Unavailable,
     Internal,
@@ -307,8 +322,11 @@ fn unexpected(reply: &AdminReply) -> AdminError {
     AdminError::unavailable(format!("unexpected admin reply {reply:?}"))
 }
 
-/// Worker side over NATS: answer admin requests until `shutdown` completes, one at a
-/// time in arrival order (an enable is never overtaken by the disable sent after it).
+/// Worker side over NATS: answer admin requests until `shutdown` completes. Requests
+/// that change something are answered one at a time in arrival order (an enable is never
+/// overtaken by the disable sent after it); read-only ones (private-channel checks,
+/// replays, lists) side by side, at most [`CONCURRENT_READS`] at once, so one slow check
+/// or a burst of them does not hold every other front's request.
 pub async fn serve_nats(
     bus: &Bus,
     handler: Arc<dyn AdminHandler>,
@@ -323,6 +341,7 @@ pub async fn serve_nats(
         .subscribe(SUBJECT_ADMIN)
         .await
         .map_err(|e| crate::BusError::Subscribe(e.to_string()))?;
+    let reads = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_READS));
     tokio::pin!(shutdown);
     loop {
         let msg = tokio::select! {
@@ -333,27 +352,50 @@ pub async fn serve_nats(
             },
         };
         let Some(reply_to) = msg.reply else { continue };
-        let response = match serde_json::from_slice::<AdminRequest>(&msg.payload) {
-            Ok(req) => match handler.handle(req).await {
-                Ok(r) => Response::Ok(r),
-                Err(e) => Response::Error(e),
-            },
+        let req = match serde_json::from_slice::<AdminRequest>(&msg.payload) {
+            Ok(req) => req,
             Err(e) => {
                 tracing::warn!(error = %e, "malformed admin request");
-                Response::Error(AdminError::new(
+                let refusal = Response::Error(AdminError::new(
                     AdminErrorKind::Internal,
                     format!("malformed admin request: {e}"),
-                ))
+                ));
+                answer(&client, reply_to, refusal).await;
+                continue;
             }
         };
-        match serde_json::to_vec(&response) {
-            Ok(body) => {
-                if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
-                    tracing::warn!(error = %e, "cannot answer an admin request");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "cannot encode an admin reply"),
+        if req.is_ordered() {
+            let response = respond(handler.as_ref(), req).await;
+            answer(&client, reply_to, response).await;
+            continue;
         }
+        let Ok(permit) = reads.clone().acquire_owned().await else {
+            continue;
+        };
+        let (client, handler) = (client.clone(), handler.clone());
+        tokio::spawn(async move {
+            let response = respond(handler.as_ref(), req).await;
+            answer(&client, reply_to, response).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn respond(handler: &dyn AdminHandler, req: AdminRequest) -> Response {
+    match handler.handle(req).await {
+        Ok(r) => Response::Ok(r),
+        Err(e) => Response::Error(e),
+    }
+}
+
+async fn answer(client: &async_nats::Client, reply_to: async_nats::Subject, response: Response) {
+    match serde_json::to_vec(&response) {
+        Ok(body) => {
+            if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
+                tracing::warn!(error = %e, "cannot answer an admin request");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot encode an admin reply"),
     }
 }
 

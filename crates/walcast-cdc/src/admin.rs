@@ -5,6 +5,7 @@
 //! project, `project_<hex>` for the others), so a project can never enable, disable or
 //! list another project's tables.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
@@ -18,10 +19,15 @@ use crate::projects::{self, ProjectError};
 use crate::realtime_tables::{self, RealtimeTablesError};
 use crate::CdcError;
 
-/// Statements of an admin request wait this long for a table lock.
-const LOCK_TIMEOUT: &str = "SET lock_timeout = '3s'";
+/// Every admin session: a statement waits at most 3 s for a table lock and runs at most
+/// 5 s (a slow policy on `realtime.messages` fails its own check, never holds the others).
+const SESSION_LIMITS: &str = "SET lock_timeout = '3s'; SET statement_timeout = '5s'";
 
-/// Answers admin requests with one lazily (re)connected database session.
+/// Sessions for read-only requests (channel checks, replays, lists), used side by side;
+/// one more is kept for the requests that change something, answered one at a time.
+const READ_SESSIONS: usize = 4;
+
+/// Answers admin requests with lazily (re)connected database sessions.
 #[derive(Clone)]
 pub struct Admin {
     inner: Arc<Inner>,
@@ -29,7 +35,9 @@ pub struct Admin {
 
 struct Inner {
     database_url: String,
-    client: Mutex<Option<Client>>,
+    /// `[0]` for ordered requests (see [`AdminRequest::is_ordered`]), the rest for reads.
+    sessions: Vec<Mutex<Option<Client>>>,
+    next_read: AtomicUsize,
 }
 
 impl Admin {
@@ -37,19 +45,35 @@ impl Admin {
         Admin {
             inner: Arc::new(Inner {
                 database_url,
-                client: Mutex::new(None),
+                sessions: (0..=READ_SESSIONS).map(|_| Mutex::new(None)).collect(),
+                next_read: AtomicUsize::new(0),
             }),
         }
     }
 
+    /// The session for `req`: the ordered one, or a free read session (else the next in
+    /// turn, waited for).
+    async fn session(&self, req: &AdminRequest) -> tokio::sync::MutexGuard<'_, Option<Client>> {
+        let sessions = &self.inner.sessions;
+        if req.is_ordered() {
+            return sessions[0].lock().await;
+        }
+        let reads = &sessions[1..];
+        if let Some(free) = reads.iter().find_map(|m| m.try_lock().ok()) {
+            return free;
+        }
+        let turn = self.inner.next_read.fetch_add(1, Ordering::Relaxed) % reads.len();
+        reads[turn].lock().await
+    }
+
     async fn answer(&self, req: AdminRequest) -> Result<AdminReply, AdminError> {
-        let mut guard = self.inner.client.lock().await;
+        let mut guard = self.session(&req).await;
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             // A busy table must not hold every admin request (and the fronts' project
             // refreshes) behind `ALTER TABLE … REPLICA IDENTITY FULL`.
             let connected = match crate::connect(&self.inner.database_url).await {
                 Ok(c) => c
-                    .batch_execute(LOCK_TIMEOUT)
+                    .batch_execute(SESSION_LIMITS)
                     .await
                     .map(|_| c)
                     .map_err(CdcError::from),
@@ -107,6 +131,9 @@ impl From<RealtimeTablesError> for AdminError {
             }
             RealtimeTablesError::NoPrimaryKey(_) => {
                 AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
+            }
+            RealtimeTablesError::Partitioned(_) => {
+                AdminError::new(AdminErrorKind::PartitionedTable, e.to_string())
             }
             RealtimeTablesError::OtherProject { .. } => internal(e),
             RealtimeTablesError::Db(d) => internal(format!("database: {}", crate::db_message(&d))),

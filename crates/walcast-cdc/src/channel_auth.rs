@@ -41,10 +41,14 @@ pub async fn may(
     }
 }
 
-/// Errors that mean "no": a policy or privilege refused it, or the role does not exist.
+/// Errors that mean "no": a policy or privilege refused it, the role does not exist, or
+/// the policies took longer than the session's `statement_timeout` (a slow policy
+/// denies its own subscriber; it never holds the other checks).
 fn refused(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|c| {
-        *c == SqlState::INSUFFICIENT_PRIVILEGE || *c == SqlState::INVALID_PARAMETER_VALUE
+        *c == SqlState::INSUFFICIENT_PRIVILEGE
+            || *c == SqlState::INVALID_PARAMETER_VALUE
+            || *c == SqlState::QUERY_CANCELED
     })
 }
 

@@ -28,27 +28,40 @@ pub enum RealtimeTablesError {
     UnknownTable(String),
     #[error("table {0} has no primary key; realtime needs one to identify rows")]
     NoPrimaryKey(String),
+    #[error("table {0} is partitioned: wal2json names each change by the partition that holds the row, so walcast cannot stream it under its own name; enable its partitions instead")]
+    Partitioned(String),
     #[error("table {table} is already enabled for project {project:?}; a table streams for one project only (disable it there first)")]
     OtherProject { table: String, project: String },
     #[error("{}", crate::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
 
-/// Does the table exist (`None` if not), and does it have a primary key?
+/// What [`inspect`] found of an existing plain or partitioned table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inspected {
+    pub primary_key: bool,
+    pub partitioned: bool,
+}
+
+/// Does the table exist (`None` if not), does it have a primary key, is it partitioned?
 pub async fn inspect<C: GenericClient>(
     client: &C,
     schema: &str,
     table: &str,
-) -> Result<Option<bool>, tokio_postgres::Error> {
+) -> Result<Option<Inspected>, tokio_postgres::Error> {
     let row = client
         .query_opt(
-            "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+            "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+                    c.relkind = 'p'
                FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
             &[&schema, &table],
         )
         .await?;
-    Ok(row.map(|r| r.get::<_, bool>(0)))
+    Ok(row.map(|r| Inspected {
+        primary_key: r.get(0),
+        partitioned: r.get(1),
+    }))
 }
 
 /// Enable streaming of `schema.table` for `project` and set `REPLICA IDENTITY FULL` so
@@ -63,8 +76,11 @@ pub async fn enable<C: GenericClient>(
     let name = qualified(schema, table);
     match inspect(client, schema, table).await? {
         None => return Err(RealtimeTablesError::UnknownTable(name)),
-        Some(false) => return Err(RealtimeTablesError::NoPrimaryKey(name)),
-        Some(true) => {}
+        // wal2json has no publish-via-root: a partitioned table's changes would never
+        // match its registry row, so it is refused rather than accepted and left silent.
+        Some(t) if t.partitioned => return Err(RealtimeTablesError::Partitioned(name)),
+        Some(t) if !t.primary_key => return Err(RealtimeTablesError::NoPrimaryKey(name)),
+        Some(_) => {}
     }
     let other = client
         .query_opt(

@@ -5,8 +5,12 @@
 //! fetched from elsewhere) is a Phoenix/Supabase Realtime client of its own over the same
 //! WebSocket as every app, so it sees only what the key pasted into it may see. Its health
 //! panel reads `GET /inspector/api/health`, which answers any valid key of a project
-//! with the processes this front hears from (see [`crate::cluster`]); the pipeline's
-//! last error (which may name database objects) only to a `service_role` key.
+//! with the processes this front hears from (see [`crate::cluster`]), scoped to what
+//! that key may know: the pipelines and fronts serve every project, so their numbers
+//! (changes, skips, connections, channels) are shown to the default project's keys only
+//! (the operator's), and the pipeline's last error (which may name any project's
+//! database objects) only to the default project's `service_role` key. Other projects
+//! see whether each process is up: leader, `cdc_active`, bus and draining.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -100,9 +104,7 @@ async fn health(
         .to_string();
     let mut processes = shared.cluster().view(Instant::now());
     with_own_front(&mut processes, &shared.health());
-    if role != "service_role" {
-        hide_errors(&mut processes);
-    }
+    scope(&mut processes, &verified.project, &role);
     let body = HealthView {
         front: shared.front_id.clone(),
         role,
@@ -136,14 +138,45 @@ fn with_own_front(processes: &mut Vec<ProcessView>, h: &crate::Health) {
     }
 }
 
-/// A pipeline's last error may name database objects: only `service_role` sees it.
+/// What a key of `project` acting as `role` may see of processes that serve every
+/// project (see the module's doc).
+fn scope(processes: &mut [ProcessView], project: &str, role: &str) {
+    let operator = project == crate::DEFAULT_PROJECT;
+    if !(operator && role == "service_role") {
+        hide_errors(processes);
+    }
+    if !operator {
+        hide_counts(processes);
+    }
+}
+
+/// Deployment-wide numbers say how busy the other projects are: only up/down is left.
+fn hide_counts(processes: &mut [ProcessView]) {
+    for p in processes {
+        p.history.clear();
+        if let Some(w) = p.beacon.worker.as_mut() {
+            w.lag_bytes = 0;
+            w.changes_total = 0;
+            w.skipped_changes_total = 0;
+        }
+        if let Some(f) = p.beacon.front.as_mut() {
+            f.connections = 0;
+            f.channels = 0;
+            f.sse_streams = 0;
+            f.subscriptions = 0;
+        }
+    }
+}
+
+/// A pipeline's last error may name any project's database objects: only the default
+/// project's `service_role` sees it.
 fn hide_errors(processes: &mut [ProcessView]) {
     for p in processes {
         if let Some(w) = p.beacon.worker.as_mut() {
             w.last_error = w
                 .last_error
                 .take()
-                .map(|_| "(shown to service_role only)".into());
+                .map(|_| "(shown to the default project's service_role only)".into());
         }
     }
 }
@@ -196,6 +229,42 @@ mod tests {
     }
 
     #[test]
+    fn other_projects_see_up_or_down_only() {
+        let busy = WorkerBeacon {
+            leader: true,
+            cdc_active: true,
+            changes_total: 42,
+            lag_bytes: 7,
+            last_error: Some("relation \"other_tenant.secret\" does not exist".into()),
+            ..Default::default()
+        };
+        let front = health("f1", 9).beacon();
+        let fresh = || {
+            vec![
+                heard("w1", Some(busy.clone()), None),
+                heard("f1", None, Some(front.clone())),
+            ]
+        };
+        let mut other = fresh();
+        scope(&mut other, "0b6c", "service_role");
+        let w = other[0].beacon.worker.as_ref().unwrap();
+        assert!(w.leader && w.cdc_active);
+        assert_eq!((w.changes_total, w.lag_bytes), (0, 0));
+        assert_ne!(w.last_error.as_deref(), busy.last_error.as_deref());
+        assert_eq!(other[1].beacon.front.as_ref().unwrap().connections, 0);
+        let mut anon = fresh();
+        scope(&mut anon, "default", "anon");
+        let w = anon[0].beacon.worker.as_ref().unwrap();
+        assert_eq!(w.changes_total, 42);
+        assert_ne!(w.last_error.as_deref(), busy.last_error.as_deref());
+        let mut operator = fresh();
+        scope(&mut operator, "default", "service_role");
+        let w = operator[0].beacon.worker.as_ref().unwrap();
+        assert_eq!(w.last_error.as_deref(), busy.last_error.as_deref());
+        assert_eq!(operator[1].beacon.front.as_ref().unwrap().connections, 9);
+    }
+
+    #[test]
     fn pipeline_errors_are_hidden_but_their_presence_is_not() {
         let failing = WorkerBeacon {
             last_error: Some("relation \"secret_table\" does not exist".into()),
@@ -210,6 +279,12 @@ mod tests {
             .iter()
             .map(|p| p.beacon.worker.as_ref().and_then(|w| w.last_error.clone()))
             .collect();
-        assert_eq!(errors, [Some("(shown to service_role only)".into()), None]);
+        assert_eq!(
+            errors,
+            [
+                Some("(shown to the default project's service_role only)".into()),
+                None
+            ]
+        );
     }
 }

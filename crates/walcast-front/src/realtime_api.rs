@@ -12,7 +12,7 @@
 //!
 //! Errors are `{"error": <code>, "message": <text>}`: 401 `unauthorized` (missing, bad
 //! or expired key), 403 `forbidden` (not `service_role`, or another project's key), 404
-//! `unknown_project` / `unknown_table`, 422 `no_primary_key` / `invalid_body`, 503
+//! `unknown_project` / `unknown_table`, 422 `no_primary_key` / `partitioned_table` / `invalid_body`, 503
 //! `unavailable` (no cdc-worker answered), 500 `internal`.
 
 use std::sync::Arc;
@@ -93,6 +93,9 @@ impl From<AdminError> for ApiError {
             AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
             AdminErrorKind::UnknownTable => (StatusCode::NOT_FOUND, "unknown_table"),
             AdminErrorKind::NoPrimaryKey => (StatusCode::UNPROCESSABLE_ENTITY, "no_primary_key"),
+            AdminErrorKind::PartitionedTable => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "partitioned_table")
+            }
             AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             AdminErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
