@@ -1,4 +1,5 @@
-//! Per-socket rate limits and the connection-count limit.
+//! Per-socket rate limits and the connection-count limit (WebSocket connections and SSE
+//! streams share `max_connections`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -48,7 +49,7 @@ pub(crate) struct ConnSlot {
 impl ConnSlot {
     pub(crate) fn acquire(shared: &Arc<Shared>) -> Option<ConnSlot> {
         let prev = shared.connections.fetch_add(1, Ordering::AcqRel);
-        if prev >= shared.cfg.max_connections {
+        if prev + shared.sse_streams.load(Ordering::Acquire) >= shared.cfg.max_connections {
             shared.connections.fetch_sub(1, Ordering::AcqRel);
             telemetry::limit("connections");
             return None;
@@ -64,6 +65,66 @@ impl Drop for ConnSlot {
     fn drop(&mut self) {
         self.shared.connections.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!(telemetry::CONNECTIONS).decrement(1.0);
+    }
+}
+
+/// One of the `max_connections` slots taken by an SSE stream (counted in `sse_streams`),
+/// released on drop. Taken before the stream subscribes, so requests in flight count too.
+pub(crate) struct SseSlot {
+    shared: Arc<Shared>,
+}
+
+impl SseSlot {
+    pub(crate) fn acquire(shared: &Arc<Shared>) -> Option<SseSlot> {
+        let prev = shared.sse_streams.fetch_add(1, Ordering::AcqRel);
+        if prev + shared.connections.load(Ordering::Acquire) >= shared.cfg.max_connections {
+            shared.sse_streams.fetch_sub(1, Ordering::AcqRel);
+            telemetry::limit("connections");
+            return None;
+        }
+        metrics::gauge!(telemetry::SSE_STREAMS).increment(1.0);
+        Some(SseSlot {
+            shared: shared.clone(),
+        })
+    }
+}
+
+impl Drop for SseSlot {
+    fn drop(&mut self) {
+        self.shared.sse_streams.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!(telemetry::SSE_STREAMS).decrement(1.0);
+    }
+}
+
+/// New streams per project per second (SSE: each request is a subscription, as a join is
+/// on a socket), one bucket per project seen, so no project can spend another's.
+pub(crate) struct OpenRate {
+    burst: u32,
+    per_second: u32,
+    buckets: std::sync::Mutex<std::collections::HashMap<String, TokenBucket>>,
+}
+
+impl OpenRate {
+    pub(crate) fn new(burst: u32, per_second: u32) -> OpenRate {
+        OpenRate {
+            burst,
+            per_second,
+            buckets: Default::default(),
+        }
+    }
+
+    /// May `project` open one more now? (Projects are those of verified keys: bounded.)
+    pub(crate) fn take(&self, project: &str) -> bool {
+        let mut g = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let (burst, rate) = (self.burst, self.per_second);
+        let ok = g
+            .entry(project.to_string())
+            .or_insert_with(|| TokenBucket::new(burst, rate))
+            .take();
+        if !ok {
+            telemetry::limit("sse_opens");
+        }
+        ok
     }
 }
 

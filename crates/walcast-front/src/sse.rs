@@ -63,6 +63,7 @@ use walcast_wal2json::Lsn;
 use crate::auth::{now_secs, AuthError, Verified};
 use crate::credentials::Credentials;
 use crate::http::error_response;
+use crate::limits::{OpenRate, SseSlot};
 use crate::registration;
 use crate::sink::{Change, Sink, SinkRef};
 use crate::state::Shared;
@@ -176,12 +177,21 @@ impl Sink for SseChannel {
     }
 }
 
-#[derive(Default)]
 pub(crate) struct SseHub {
     map: Mutex<HashMap<SseKey, Arc<SseChannel>>>,
+    /// New streams per project per second (see [`OpenRate`]).
+    opens: OpenRate,
 }
 
 impl SseHub {
+    /// `burst` and `per_second`: new streams per project (the joins' limits).
+    pub(crate) fn new(burst: u32, per_second: u32) -> SseHub {
+        SseHub {
+            map: Mutex::default(),
+            opens: OpenRate::new(burst, per_second),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SseKey, Arc<SseChannel>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -263,10 +273,20 @@ pub(crate) async fn handler(
     if shared.is_draining() {
         return crate::http::draining_response();
     }
+    // WebSocket connections and SSE streams share MAX_CONNECTIONS.
+    let Some(slot) = SseSlot::acquire(&shared) else {
+        return error_response(StatusCode::TOO_MANY_REQUESTS, "too many connections");
+    };
     let (socket, user, binding) = match subscriber(&shared, &p, &q, &headers).await {
         Ok(v) => v,
         Err(r) => return r,
     };
+    if !shared.sse.opens.take(&socket.project) {
+        return error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many new streams for this project (JOINS_PER_SECOND)",
+        );
+    }
     let resume = match resume_from(&p, &headers) {
         Ok(r) => r,
         Err(e) => return bad(e),
@@ -297,6 +317,7 @@ pub(crate) async fn handler(
         cancel: shared.cancel.clone(),
         done: false,
         _guard: guard,
+        _slot: slot,
     };
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)
@@ -369,7 +390,7 @@ fn open_channel(
             })
         })
         .clone();
-    let guard = Reader::new(shared.clone(), chan.clone());
+    let guard = Reader::new(chan.clone());
     (chan, guard)
 }
 
@@ -449,6 +470,7 @@ struct StreamState {
     cancel: CancellationToken,
     done: bool,
     _guard: Reader,
+    _slot: SseSlot,
 }
 
 async fn next_event(mut st: StreamState) -> Option<(Result<Event, Infallible>, StreamState)> {
@@ -493,22 +515,17 @@ async fn next_event(mut st: StreamState) -> Option<(Result<Event, Infallible>, S
 
 /// Counts a reader of a channel while the response lives.
 struct Reader {
-    shared: Arc<Shared>,
     chan: Arc<SseChannel>,
 }
 
 impl Reader {
-    fn new(shared: Arc<Shared>, chan: Arc<SseChannel>) -> Reader {
+    fn new(chan: Arc<SseChannel>) -> Reader {
         {
             let mut g = chan.lock();
             g.readers += 1;
             g.idle_since = None;
         }
-        shared
-            .sse_streams
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        metrics::gauge!(telemetry::SSE_STREAMS).increment(1.0);
-        Reader { shared, chan }
+        Reader { chan }
     }
 }
 
@@ -519,10 +536,6 @@ impl Drop for Reader {
         if g.readers == 0 {
             g.idle_since = Some(Instant::now());
         }
-        self.shared
-            .sse_streams
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        metrics::gauge!(telemetry::SSE_STREAMS).decrement(1.0);
     }
 }
 

@@ -62,6 +62,7 @@ impl Shared {
         tokio::sync::mpsc::Receiver<crate::registration::Background>,
     ) {
         let (background, queue) = tokio::sync::mpsc::channel(crate::registration::BACKGROUND_QUEUE);
+        let sse = SseHub::new(cfg.join_burst, cfg.joins_per_second);
         let shared = Shared {
             background,
             registry: Registry::new(&front_id),
@@ -72,7 +73,7 @@ impl Shared {
             projects,
             topics: Topics::default(),
             presence,
-            sse: SseHub::default(),
+            sse,
             cancel,
             tracker,
             connections: AtomicUsize::new(0),

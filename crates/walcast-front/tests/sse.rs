@@ -196,3 +196,52 @@ async fn sse_stream_ends_when_the_token_expires() {
     assert_eq!(sys.event, "system");
     assert!(sys.data.contains("Token has expired"));
 }
+
+/// SSE streams are under the WebSocket's limits (#22): they share MAX_CONNECTIONS with the
+/// sockets, and each project may open JOINS_PER_SECOND new streams per second (burst
+/// twice that); before, SSE had neither.
+#[tokio::test]
+async fn sse_streams_share_the_connection_limit_and_are_rate_limited() {
+    let s = start_with(FrontConfig {
+        max_connections: 2,
+        ..FrontConfig::default()
+    })
+    .await;
+    let key = anon();
+    let query = format!("apikey={key}&table=t");
+    let _ws = s.client("1.0.0").await;
+    let mut first = SseClient::open(&s, &query, None).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.next().await.event, "ready");
+    let full = SseClient::open(&s, &query, None).await;
+    assert_eq!(
+        full.status, 429,
+        "a third stream/socket beyond MAX_CONNECTIONS 2"
+    );
+    assert!(full.body().await.contains("too many connections"));
+    let refused = tokio_tungstenite::connect_async(s.ws_url("1.0.0", &key)).await;
+    assert!(refused.is_err(), "a socket beyond MAX_CONNECTIONS");
+    drop(first);
+    s.wait_for("the stream's slot to be freed", |s| {
+        s.front.health().sse_streams == 0
+    })
+    .await;
+    let again = SseClient::open(&s, &query, None).await;
+    assert_eq!(again.status, 200);
+
+    let s = start_with(FrontConfig {
+        joins_per_second: 1,
+        join_burst: 2,
+        ..FrontConfig::default()
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let c = SseClient::open(&s, &query, None).await;
+        assert_eq!(c.status, 200);
+        open.push(c);
+    }
+    let over = SseClient::open(&s, &query, None).await;
+    assert_eq!(over.status, 429, "a third stream within the burst of 2");
+    assert!(over.body().await.contains("too many new streams"));
+}

@@ -42,10 +42,11 @@ pub struct FrontArgs {
     /// postgres_changes bindings per channel.
     #[arg(long, env = "MAX_BINDINGS_PER_CHANNEL", default_value_t = walcast_front::config::DEFAULT_MAX_BINDINGS_PER_CHANNEL)]
     pub max_bindings_per_channel: usize,
-    /// WebSocket connections accepted at once.
+    /// WebSocket connections and SSE streams accepted at once (together).
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = walcast_front::config::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
-    /// Joins per second per socket (after a burst of twice that).
+    /// Joins per second per socket, and new SSE streams per second per project (after a
+    /// burst of twice that).
     #[arg(long, env = "JOINS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_JOINS_PER_SECOND)]
     pub joins_per_second: u32,
     /// How long a join waits for the cdc-worker to confirm its subscriptions, in ms.
