@@ -562,6 +562,9 @@ impl Conn {
     }
 
     async fn presence(&mut self, f: &Frame, action: PresenceAction) {
+        if let Err(why) = presence::admit(&mut self.presence_events, &action) {
+            return self.reply_error(f, why);
+        }
         if matches!(action, PresenceAction::Track { .. }) && !self.may_write(&f.topic).await {
             // Tracking on a private channel needs the write policy, as sending does.
             return self.reply_error(

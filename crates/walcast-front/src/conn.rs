@@ -40,6 +40,8 @@ pub(crate) struct Conn {
     pub creds: Credentials,
     pub channels: HashMap<String, Channel>,
     pub joins: TokenBucket,
+    /// Presence track/untrack events of this socket (see [`crate::presence`]).
+    pub presence_events: TokenBucket,
     pub last_seen: Instant,
 }
 
@@ -57,6 +59,10 @@ pub(crate) async fn run(
     shared.conns().insert(handle.id, handle.clone());
     let mut conn = Conn {
         joins: TokenBucket::new(shared.cfg.join_burst, shared.cfg.joins_per_second),
+        presence_events: TokenBucket::new(
+            crate::presence::EVENTS_BURST,
+            crate::presence::EVENTS_PER_SECOND,
+        ),
         shared: shared.clone(),
         handle: handle.clone(),
         vsn,

@@ -30,6 +30,11 @@ use crate::topics::TopicKey;
 /// The bucket name.
 pub const PRESENCE_BUCKET: &str = "walcast_presence";
 
+/// The largest entry of the bucket: a presence payload plus its topic, key and meta.
+const MAX_ENTRY_BYTES: i32 = (crate::presence::MAX_PAYLOAD_BYTES + 16 * 1024) as i32;
+/// The bucket's memory, all projects together.
+const MAX_BUCKET_BYTES: i64 = 256 * 1024 * 1024;
+
 /// The bucket's `max_age` and the remote-entry expiry unless configured.
 pub const DEFAULT_PRESENCE_TTL: Duration = Duration::from_secs(60);
 
@@ -396,6 +401,11 @@ async fn open(client: &async_nats::Client, ttl: Duration) -> Result<Store, Strin
         allow_direct: true,
         num_replicas: 1,
         discard: async_nats::jetstream::stream::DiscardPolicy::New,
+        // Bounded: one entry is a presence payload (at most 8 KiB) with its topic and key;
+        // a full bucket refuses new entries (those presences stay on their own front,
+        // logged) rather than growing without end.
+        max_message_size: MAX_ENTRY_BYTES,
+        max_bytes: MAX_BUCKET_BYTES,
         ..Default::default()
     };
     // Another front may create it meanwhile: either way, open it by name.

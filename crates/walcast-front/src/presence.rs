@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use serde_json::value::RawValue;
 use walcast_bus::subs::BoxFuture;
-use walcast_protocol::{server, Vsn};
+use walcast_protocol::{server, PresenceAction, Vsn};
 
 use crate::outbound::Out;
 use crate::state::Shared;
@@ -190,13 +190,44 @@ impl PresenceStore for MemoryPresence {
     }
 }
 
-/// `{key:{metas:[…]}}` of a list of metas, grouped by key in first-seen order.
+/// Presence events (track, untrack) a socket may send per second, after a burst of
+/// [`EVENTS_BURST`]: each one is a KV write shared by every front.
+pub(crate) const EVENTS_PER_SECOND: u32 = 10;
+pub(crate) const EVENTS_BURST: u32 = 20;
+/// The largest presence payload (its JSON), stored per presence in the KV bucket and sent
+/// to every member of the topic in each `presence_state`.
+pub(crate) const MAX_PAYLOAD_BYTES: usize = 8 * 1024;
+
+/// May this presence event go ahead? The socket's rate, and the payload's size.
+pub(crate) fn admit(
+    events: &mut crate::limits::TokenBucket,
+    action: &PresenceAction,
+) -> Result<(), &'static str> {
+    if let PresenceAction::Track { payload } = action {
+        if payload.get().len() > MAX_PAYLOAD_BYTES {
+            crate::telemetry::limit("presence_payload");
+            return Err("Presence payload too large: at most 8 KiB of JSON");
+        }
+    }
+    if !events.take() {
+        crate::telemetry::limit("presence_events");
+        return Err("PresenceRateLimitReached: too many presence events on this socket");
+    }
+    Ok(())
+}
+
+/// `{key:{metas:[…]}}` of a list of metas, grouped by key in first-seen order (linear in
+/// the number of metas: a topic's state may hold thousands).
 pub(crate) fn presence_map(metas: &[PresenceMeta]) -> String {
     let mut keys: Vec<(&str, Vec<&RawValue>)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
     for m in metas {
-        match keys.iter_mut().find(|(k, _)| *k == m.key) {
-            Some((_, v)) => v.push(&m.meta),
-            None => keys.push((&m.key, vec![&m.meta])),
+        match index.get(m.key.as_str()) {
+            Some(&i) => keys[i].1.push(&m.meta),
+            None => {
+                index.insert(&m.key, keys.len());
+                keys.push((&m.key, vec![&m.meta]));
+            }
         }
     }
     server::presence_map(keys)

@@ -285,3 +285,67 @@ async fn presence_track_diff_state_and_leave() {
     assert_eq!(diff.payload()["leaves"]["ann"]["metas"][0]["user"], "ann");
     assert_eq!(diff.payload()["joins"], json!({}));
 }
+
+/// Presence is bounded (#22): a payload over 8 KiB is refused, and a socket may send 10
+/// presence events per second after a burst of 20 (each is a write every front shares);
+/// the refused ones reach no other member. Before, neither was limited.
+#[tokio::test]
+async fn presence_payload_size_and_event_rate_are_bounded() {
+    let s = start().await;
+    let pcfg = json!({"broadcast": {"ack": false, "self": false}, "presence": {"key": "", "enabled": true}, "postgres_changes": [], "private": false});
+    let mut a = s.client("1.0.0").await;
+    let (jra, _) = a.join("realtime:busy", pcfg.clone(), None).await;
+    assert_eq!(a.recv().await.event(), "presence_state");
+    let mut b = s.client("1.0.0").await;
+    let (_jrb, _) = b.join("realtime:busy", pcfg, None).await;
+    assert_eq!(b.recv().await.event(), "presence_state");
+    let track = |n: usize, pad: usize| json!({"type":"presence","event":"track","payload":{"n": n, "pad": "x".repeat(pad)}});
+
+    a.send(
+        Some(&jra),
+        Some("big"),
+        "realtime:busy",
+        "presence",
+        track(0, 9000),
+    )
+    .await;
+    let reply = a.recv().await;
+    assert_eq!(reply.payload()["status"], "error");
+    let reason = reply.payload()["response"]["reason"].to_string();
+    assert!(reason.contains("too large"), "{reason}");
+
+    let (mut ok, mut limited) = (0, 0);
+    for n in 0..40 {
+        a.send(
+            Some(&jra),
+            Some(&format!("t{n}")),
+            "realtime:busy",
+            "presence",
+            track(n, 10),
+        )
+        .await;
+        let reply = a.recv_event("phx_reply").await;
+        match reply.payload()["status"].as_str() {
+            Some("ok") => ok += 1,
+            _ => {
+                let reason = reply.payload()["response"]["reason"].to_string();
+                assert!(reason.contains("PresenceRateLimitReached"), "{reason}");
+                limited += 1;
+            }
+        }
+    }
+    assert!(
+        ok <= 22,
+        "{ok} tracks accepted in a burst of 40 (burst 20, 10/s)"
+    );
+    assert!(limited >= 18, "{limited} refused");
+    // b saw no diff for the oversized payload and at most the accepted ones.
+    let mut diffs = 0;
+    while let Some(f) = b.try_recv(Duration::from_millis(300)).await {
+        if f.event() == "presence_diff" {
+            assert!(!format!("{f:?}").contains(&"x".repeat(9000)));
+            diffs += 1;
+        }
+    }
+    assert!(diffs <= ok, "{diffs} diffs for {ok} accepted tracks");
+}
