@@ -250,6 +250,35 @@ pub(crate) async fn roll_call_loop(
     }
 }
 
+/// Register one chunk with a new leader (tried [`BACKGROUND_ATTEMPTS`] times). What it
+/// refuses, or what could not be registered at all, ends with a `system` error to its
+/// channel: a subscription the new leader does not know would stay subscribed and deaf.
+async fn resync_chunk(shared: &Arc<Shared>, chunk: &[SubscriptionSpec]) {
+    let mut outcome = Err(String::new());
+    for attempt in 1..=BACKGROUND_ATTEMPTS {
+        outcome = register(shared, chunk.to_vec()).await;
+        match &outcome {
+            Ok(_) => break,
+            Err(e) => tracing::warn!(attempt, error = %e, "resync registration failed"),
+        }
+    }
+    let refused: Refused = match outcome {
+        Ok(refused) => refused,
+        Err(e) => chunk
+            .iter()
+            .map(|s| {
+                let why = format!("Unable to subscribe to changes after a failover: {e}");
+                (s.id.clone(), why)
+            })
+            .collect(),
+    };
+    let ended: Vec<(u64, String)> = refused
+        .into_iter()
+        .filter_map(|(id, why)| shared.registry.own(&id).map(|n| (n, why)))
+        .collect();
+    end_subscriptions(shared, ended, "refused_on_resync").await;
+}
+
 /// On every resync request (a new worker leader), register everything again.
 pub(crate) async fn resync_loop(
     shared: Arc<Shared>,
@@ -278,14 +307,7 @@ pub(crate) async fn resync_loop(
         );
         // In batches, so joins are not held behind one huge registration.
         for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
-            match register(&shared, chunk.to_vec()).await {
-                Ok(refused) => {
-                    for (id, why) in refused {
-                        tracing::warn!(%id, reason = %why, "subscription refused on resync");
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "resync registration failed"),
-            }
+            resync_chunk(&shared, chunk).await;
         }
         if let Some(to) = &reply_to {
             if let Err(e) = shared.subs.answer(to, &progress(true)).await {

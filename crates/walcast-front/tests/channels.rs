@@ -398,6 +398,55 @@ async fn resync_reregisters_everything_and_sync_lists_ids() {
     .await;
 }
 
+/// A subscription a new leader refuses on resync, or that cannot be registered with it
+/// at all, ends with a `system` error to its channel (#22); before, it was only logged
+/// and the client stayed subscribed and deaf.
+#[tokio::test]
+async fn a_resync_that_refuses_or_fails_tells_the_channel() {
+    let s = start_with(walcast_front::FrontConfig {
+        register_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let mut c = s.client("2.0.0").await;
+    let both = json!([{"event":"*","schema":"public","table":"t1"},{"event":"*","schema":"public","table":"t2"}]);
+    c.join("realtime:a", pg_config(both), None).await;
+    let resync = || async {
+        let subject = walcast_bus::subs::SUBJECT_RESYNC.to_string();
+        s.bus
+            .publish(subject, &[], bytes::Bytes::new())
+            .await
+            .unwrap();
+    };
+    s.worker.refuse_tables.lock().unwrap().push("t2".into());
+    resync().await;
+    let sys = c
+        .wait_frame("system", TIMEOUT, |p| p["status"] == "error")
+        .await;
+    let message = sys[4]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("table unknown"), "{sys}");
+    s.wait_for("t2 unregistered", |s| {
+        s.worker.unregistered() == s.worker.ids_for("t2")
+    })
+    .await;
+    assert_eq!(s.front.health().subscriptions, 1);
+
+    // The new leader never answers: after three tries the channel is told.
+    *s.worker.gate.lock().unwrap() = Some(Arc::new(Semaphore::new(0)));
+    resync().await;
+    let sys = c
+        .wait_frame("system", Duration::from_secs(10), |p| {
+            p["status"] == "error"
+        })
+        .await;
+    let message = sys[4]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("after a failover"), "{sys}");
+    s.wait_for("no subscription left", |s| {
+        s.front.health().subscriptions == 0
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_worker_that_does_not_answer_fails_the_join() {
     let s = start_with(walcast_front::FrontConfig {

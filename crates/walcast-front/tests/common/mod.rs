@@ -39,6 +39,8 @@ pub struct TestWorker {
     pub calls: Mutex<Vec<Call>>,
     /// When set, `register` waits for a permit.
     pub gate: Mutex<Option<Arc<Semaphore>>>,
+    /// Tables refused from now on (as `unknown` always is).
+    pub refuse_tables: Mutex<Vec<String>>,
 }
 
 impl TestWorker {
@@ -100,6 +102,7 @@ impl SubsHandler for TestWorker {
             .unwrap()
             .push(Call::Register(req.subs.clone()));
         let gate = self.gate.lock().unwrap().clone();
+        let refuse = self.refuse_tables.lock().unwrap().clone();
         Box::pin(async move {
             if let Some(g) = gate {
                 let _p = g.acquire().await;
@@ -108,7 +111,8 @@ impl SubsHandler for TestWorker {
                 .subs
                 .iter()
                 .map(|s| {
-                    let bad_table = s.table.as_deref() == Some("unknown");
+                    let bad_table = s.table.as_deref() == Some("unknown")
+                        || s.table.as_ref().is_some_and(|t| refuse.contains(t));
                     let bad_filter = s.filter.as_deref().is_some_and(|f| f.contains("bogus"));
                     RegisterResult {
                         id: s.id.clone(),
