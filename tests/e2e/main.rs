@@ -11,6 +11,7 @@ mod front_hostile;
 mod front_slow;
 mod lease;
 mod nats_outage;
+mod nats_permissions;
 mod outbox;
 mod outbox_failover;
 mod outbox_naive;

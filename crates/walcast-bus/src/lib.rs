@@ -25,7 +25,7 @@ pub mod subs;
 
 pub use bus::{Bus, BusError, BusMessage, Headers, Subscription};
 pub use event::{ChangeEvent, ChangeKind, ColumnInfo, Restriction};
-pub use nats::NatsAuth;
+pub use nats::{NatsAuth, INBOX_PREFIX};
 
 /// Header naming the instance that published a message (a replica ignores its own).
 pub const HEADER_ORIGIN: &str = "Walcast-Origin";

@@ -37,15 +37,35 @@ pub struct NatsAuth {
     pub creds_file: Option<std::path::PathBuf>,
     /// A file holding a user nkey seed (`SU…`).
     pub nkey_file: Option<std::path::PathBuf>,
+    /// Which walcast role this process plays on NATS (`worker`, `front`, `tail`): its
+    /// reply inboxes are `_WALCAST_INBOX.<role>.…`, so the NATS permissions walcast ships
+    /// (`docker/nats/walcast-permissions.conf`) can let each user read only its own
+    /// replies (a front's admin replies carry the projects' secrets). `None`: `any`.
+    pub inbox_role: Option<&'static str>,
 }
 
+/// The prefix of every walcast process's reply inboxes (see [`NatsAuth::inbox_role`]);
+/// services on NATS keep the usual `_INBOX`, which no walcast process uses.
+pub const INBOX_PREFIX: &str = "_WALCAST_INBOX";
+
 impl NatsAuth {
+    /// The same, with reply inboxes under `_WALCAST_INBOX.<role>`.
+    pub fn inbox_for(mut self, role: &'static str) -> NatsAuth {
+        self.inbox_role = Some(role);
+        self
+    }
+
     async fn options(&self, url: &str) -> Result<ConnectOptions, BusError> {
         let fail = |message: String| BusError::Connect {
             url: url.to_string(),
             message,
         };
-        let mut o = ConnectOptions::new();
+        let role = self.inbox_role.unwrap_or("any");
+        let mut o = ConnectOptions::new().custom_inbox_prefix(format!("{INBOX_PREFIX}.{role}"));
+        // async-nats parses a URL's user and password but does not send them: we do.
+        if let Some((user, pass)) = url_user(url) {
+            o = o.user_and_password(user, pass);
+        }
         if let Some(path) = &self.creds_file {
             o = o
                 .credentials_file(path)
@@ -65,6 +85,35 @@ impl NatsAuth {
         }
         Ok(o)
     }
+}
+
+/// The user and password of a `nats://user:password@host` URL (percent-decoded).
+fn url_user(url: &str) -> Option<(String, String)> {
+    let addr: async_nats::ServerAddr = url.split(',').next()?.trim().parse().ok()?;
+    let user = addr.username()?;
+    Some((decode(user), decode(addr.password().unwrap_or_default())))
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl NatsBus {
@@ -197,5 +246,20 @@ impl NatsBus {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_urls_user_and_password_are_read_and_decoded() {
+        assert_eq!(
+            url_user("nats://walcast-front:p%40ss%2Fw@nats:4222"),
+            Some(("walcast-front".into(), "p@ss/w".into()))
+        );
+        assert_eq!(url_user("nats://127.0.0.1:4222"), None);
+        assert_eq!(url_user("nats://u@h:1"), Some(("u".into(), String::new())));
     }
 }

@@ -131,6 +131,11 @@ impl Nats {
     pub fn log_tail(&self) -> String {
         crate::process::log_tail(&self.dir.path().join("nats.log"))
     }
+
+    /// The server's whole log (e.g. to find its permission violations).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
 }
 
 impl Drop for Nats {

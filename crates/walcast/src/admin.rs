@@ -101,9 +101,13 @@ pub struct TailArgs {
 
 /// Print change events as JSON lines.
 pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
-    let bus = Bus::nats_with(&args.nats_url, "walcast-tail", &args.nats_auth.auth())
-        .await
-        .with_context(|| format!("connecting to {}", redact_url(&args.nats_url)))?;
+    let bus = Bus::nats_with(
+        &args.nats_url,
+        "walcast-tail",
+        &args.nats_auth.auth().inbox_for("tail"),
+    )
+    .await
+    .with_context(|| format!("connecting to {}", redact_url(&args.nats_url)))?;
     let mut sub = bus.subscribe(&args.subject).await?;
     let mut seen = 0usize;
     while let Some(msg) = sub.next().await {

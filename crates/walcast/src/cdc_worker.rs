@@ -513,9 +513,13 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     let metrics = crate::telemetry::init_metrics()?;
     let origin = instance_id();
     let name = format!("walcast-cdc-worker-{origin}");
-    let bus = Bus::nats_with(&cfg.nats_url, &name, &cfg.nats_auth.auth())
-        .await
-        .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
+    let bus = Bus::nats_with(
+        &cfg.nats_url,
+        &name,
+        &cfg.nats_auth.auth().inbox_for("worker"),
+    )
+    .await
+    .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;

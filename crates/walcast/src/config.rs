@@ -27,6 +27,7 @@ impl NatsAuthArgs {
             ca_file: self.nats_ca_file.clone(),
             creds_file: self.nats_creds_file.clone(),
             nkey_file: self.nats_nkey_file.clone(),
+            inbox_role: None,
         }
     }
 

@@ -70,11 +70,13 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let metrics = walcast::telemetry::init_metrics()?;
     let origin = walcast::cdc_worker::instance_id();
     let bus = match &cfg.nats_url {
-        Some(url) => Bus::nats_with(url, &format!("walcast-{origin}"), &cfg.nats_auth.auth())
-            .await
-            .with_context(|| {
-                format!("connecting to NATS at {}", walcast::config::redact_url(url))
-            })?,
+        Some(url) => Bus::nats_with(
+            url,
+            &format!("walcast-{origin}"),
+            &cfg.nats_auth.auth().inbox_for("worker"),
+        )
+        .await
+        .with_context(|| format!("connecting to NATS at {}", walcast::config::redact_url(url)))?,
         None => Bus::local(cfg.bus_capacity),
     };
     let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))

@@ -292,7 +292,7 @@ fn print_table<const N: usize>(rows: &[[String; N]]) {
 }
 
 async fn nats(url: &str, auth: &NatsAuthArgs, name: &str) -> anyhow::Result<async_nats::Client> {
-    let bus = walcast_bus::Bus::nats_with(url, name, &auth.auth())
+    let bus = walcast_bus::Bus::nats_with(url, name, &auth.auth().inbox_for("worker"))
         .await
         .with_context(|| format!("connecting to NATS at {}", redact_url(url)))?;
     match bus {

@@ -42,7 +42,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     let bus = Bus::nats_with(
         &cfg.nats_url,
         &format!("walcast-{id}"),
-        &cfg.nats_auth.auth(),
+        &cfg.nats_auth.auth().inbox_for("front"),
     )
     .await
     .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
