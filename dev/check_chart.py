@@ -335,7 +335,8 @@ def check_rendered(label: str, values: dict, docs: list[tuple[str, dict]], env_n
                 R.check(ref["name"] in (existing or fullname, *secrets),
                         f"{where}: env {e['name']} reads Secret {ref['name']}, neither rendered nor secrets.existingSecret")
                 if ref["name"] in secrets and not ref.get("optional"):
-                    R.check(ref["key"] in secrets[ref["name"]].get("stringData", {}),
+                    secret = secrets[ref["name"]]
+                    R.check(ref["key"] in {**secret.get("data", {}), **secret.get("stringData", {})},
                             f"{where}: env {e['name']} reads key {ref['key']} missing from Secret {ref['name']}")
             if c["name"] in THIRD_PARTY_CONTAINERS:
                 continue
@@ -532,6 +533,10 @@ def check_compose(env_names: dict[str, set[str]]) -> None:
                 R.check(k in env_names[binary], f"{where}: env {k} is not an option of {binary}")
     nats_cmd = services.get("nats", {}).get("command", [])
     R.check("-js" in nats_cmd or "--jetstream" in nats_cmd, "docker-compose.yml: NATS without JetStream (-js)")
+    # One set of NATS permissions: the chart ships a copy (Helm reads only its own files).
+    shipped = (ROOT / "docker" / "nats" / "walcast-permissions.conf").read_text()
+    chart_copy = (ROOT / "k8s" / "walcast" / "files" / "walcast-permissions.conf").read_text()
+    R.check(shipped == chart_copy, "k8s/walcast/files/walcast-permissions.conf differs from docker/nats/")
 
 
 def check_dockerfiles() -> None:

@@ -37,6 +37,8 @@ pub struct NatsAuth {
     pub creds_file: Option<std::path::PathBuf>,
     /// A file holding a user nkey seed (`SU…`).
     pub nkey_file: Option<std::path::PathBuf>,
+    /// A user and password (else those of the URL, if any).
+    pub user: Option<(String, String)>,
     /// Which walcast role this process plays on NATS (`worker`, `front`, `tail`): its
     /// reply inboxes are `_WALCAST_INBOX.<role>.…`, so the NATS permissions walcast ships
     /// (`docker/nats/walcast-permissions.conf`) can let each user read only its own
@@ -63,7 +65,7 @@ impl NatsAuth {
         let role = self.inbox_role.unwrap_or("any");
         let mut o = ConnectOptions::new().custom_inbox_prefix(format!("{INBOX_PREFIX}.{role}"));
         // async-nats parses a URL's user and password but does not send them: we do.
-        if let Some((user, pass)) = url_user(url) {
+        if let Some((user, pass)) = self.user.clone().or_else(|| url_user(url)) {
             o = o.user_and_password(user, pass);
         }
         if let Some(path) = &self.creds_file {

@@ -19,6 +19,13 @@ pub struct NatsAuthArgs {
     /// File holding a NATS user nkey seed (`SU…`).
     #[arg(long, env = "NATS_NKEY_FILE")]
     pub nats_nkey_file: Option<std::path::PathBuf>,
+    /// NATS user (with `NATS_PASSWORD`; instead of a user in `NATS_URL`), e.g. one of
+    /// docker/nats/walcast-permissions.conf.
+    #[arg(long, env = "NATS_USER")]
+    pub nats_user: Option<String>,
+    /// That user's password.
+    #[arg(long, env = "NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
 }
 
 impl NatsAuthArgs {
@@ -27,6 +34,10 @@ impl NatsAuthArgs {
             ca_file: self.nats_ca_file.clone(),
             creds_file: self.nats_creds_file.clone(),
             nkey_file: self.nats_nkey_file.clone(),
+            user: self
+                .nats_user
+                .clone()
+                .map(|u| (u, self.nats_password.clone().unwrap_or_default())),
             inbox_role: None,
         }
     }
@@ -37,6 +48,8 @@ impl NatsAuthArgs {
             "nats_ca_file": self.nats_ca_file,
             "nats_creds_file": self.nats_creds_file,
             "nats_nkey_file": self.nats_nkey_file,
+            "nats_user": self.nats_user,
+            "nats_password": self.nats_password.as_ref().map(|_| "***"),
         })
     }
 }

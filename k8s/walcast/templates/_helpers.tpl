@@ -106,18 +106,33 @@ true
 {{- include "walcast.component.fullname" (list . "postgresql") -}}
 {{- end -}}
 
-{{/* The NATS_URL env entry (bundled, a plain URL, or a key of the Secret). */}}
+{{/* The bundled NATS's users' passwords (files/walcast-permissions.conf). */}}
+{{- define "walcast.nats.usersSecret" -}}
+{{- include "walcast.component.fullname" (list . "nats-users") -}}
+{{- end -}}
+
+{{/* The NATS_URL env entry (bundled, a plain URL, or a key of the Secret); with the
+bundled NATS also NATS_USER and NATS_PASSWORD of the role ("worker" or "front"). */}}
 {{- define "walcast.natsUrlEnv" -}}
+{{- $ := index . 0 -}}
+{{- $role := index . 1 -}}
 - name: NATS_URL
-{{- if .Values.nats.enabled }}
-  value: {{ printf "nats://%s.%s.svc:4222" (include "walcast.nats.fullname" .) .Release.Namespace | quote }}
-{{- else if .Values.nats.url }}
-  value: {{ .Values.nats.url | quote }}
+{{- if $.Values.nats.enabled }}
+  value: {{ printf "nats://%s.%s.svc:4222" (include "walcast.nats.fullname" $) $.Release.Namespace | quote }}
+- name: NATS_USER
+  value: {{ printf "walcast-%s" $role | quote }}
+- name: NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "walcast.nats.usersSecret" $ }}
+      key: {{ $role }}
+{{- else if $.Values.nats.url }}
+  value: {{ $.Values.nats.url | quote }}
 {{- else }}
   valueFrom:
     secretKeyRef:
-      name: {{ include "walcast.secretName" . }}
-      key: {{ .Values.secrets.keys.natsUrl }}
+      name: {{ include "walcast.secretName" $ }}
+      key: {{ $.Values.secrets.keys.natsUrl }}
 {{- end }}
 {{- end -}}
 
