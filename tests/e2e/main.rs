@@ -16,6 +16,7 @@ mod outbox_failover;
 mod outbox_naive;
 mod pipeline;
 mod presence;
+mod private_projects;
 mod projects;
 mod registry;
 mod replication_role;
