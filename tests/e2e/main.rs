@@ -17,6 +17,7 @@ mod outbox_failover;
 mod outbox_naive;
 mod pipeline;
 mod presence;
+mod private_projects;
 mod projects;
 mod registry;
 mod replication_role;

@@ -93,7 +93,13 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
         )
         .await
         .unwrap();
-    assert!(reply.results.iter().all(|r| r.ok), "{:?}", reply.results);
+    // A role no token may act as (not in ALLOWED_ROLES) is refused, the others accepted.
+    for r in &reply.results {
+        assert_eq!(r.ok, r.id != "ghost", "{:?}", reply.results);
+    }
+    let ghost = reply.results.iter().find(|r| r.id == "ghost").unwrap();
+    let why = ghost.error.as_deref().unwrap_or_default();
+    assert!(why.contains("\"no_such_role\" is not allowed"), "{why}");
 
     // A filter is matched against every change: on a column the role may not read, it
     // would reveal values through what matches, so it is refused (on a readable one, not).

@@ -145,6 +145,11 @@ for (const vsn of VSNS) {
       ['without role', () => jwt({ role: undefined }), /^InvalidJWTToken: Fields `role` and `exp` are required in JWT$/],
       ['without exp', () => jwt({ exp: undefined }), /^InvalidJWTToken: Fields `role` and `exp` are required in JWT$/],
       ['not a JWT', () => 'garbage', /^InvalidJWTToken: Invalid token: /],
+      // Roles outside ALLOWED_ROLES (default anon, authenticated, service_role): `none`, a
+      // superuser, walcast's own login role (the test database's `postgres`).
+      ['acting as role none', () => jwt({ role: 'none' }), /^InvalidJWTToken: Invalid token: the role "none" is not allowed$/],
+      ['acting as the superuser postgres', () => jwt({ role: 'postgres' }), /^InvalidJWTToken: Invalid token: the role "postgres" is not allowed$/],
+      ['not valid before ten minutes from now (nbf)', () => jwt({ nbf: nowSecs() + 600 }), /^InvalidJWTToken: Token is not valid yet: valid in (59\d|600) seconds$/],
     ]
     for (const [what, token, reason] of BAD_TOKENS) {
       test(`a join with a token ${what} is refused: CHANNEL_ERROR with the reason`, async () => {
@@ -253,7 +258,9 @@ for (const vsn of VSNS) {
 }
 
 test('the WebSocket upgrade refuses a bad apikey with 401 and a JSON error', async () => {
-  for (const apikey of [jwt({}, { secret: 'nope' }), 'garbage']) {
+  const now = Math.floor(Date.now() / 1000)
+  const bad = [jwt({}, { secret: 'nope' }), 'garbage', jwt({ role: 'none' }), jwt({ role: 'postgres' }), jwt({ nbf: now + 600 })]
+  for (const apikey of bad) {
     const ws = new WebSocket(`ws://127.0.0.1:${st.server.port}/realtime/v1/websocket?apikey=${encodeURIComponent(apikey)}&vsn=2.0.0`)
     const res = await new Promise((resolve, reject) => {
       ws.on('unexpected-response', (_req, r) => resolve(r))

@@ -15,8 +15,10 @@ use walcast_bus::admin::{
 };
 use walcast_bus::subs::BoxFuture;
 
+use crate::channel_auth::Channel;
 use crate::projects::{self, ProjectError};
 use crate::realtime_tables::{self, RealtimeTablesError};
+use crate::roles::RolePolicy;
 use crate::CdcError;
 
 /// Every admin session: a statement waits at most 3 s for a table lock and runs at most
@@ -38,15 +40,18 @@ struct Inner {
     /// `[0]` for ordered requests (see [`AdminRequest::is_ordered`]), the rest for reads.
     sessions: Vec<Mutex<Option<Client>>>,
     next_read: AtomicUsize,
+    /// The roles a private-channel check may act as.
+    roles: RolePolicy,
 }
 
 impl Admin {
-    pub fn new(database_url: String) -> Admin {
+    pub fn new(database_url: String, roles: RolePolicy) -> Admin {
         Admin {
             inner: Arc::new(Inner {
                 database_url,
                 sessions: (0..=READ_SESSIONS).map(|_| Mutex::new(None)).collect(),
                 next_read: AtomicUsize::new(0),
+                roles,
             }),
         }
     }
@@ -94,7 +99,7 @@ impl Admin {
                 "no database session",
             ));
         };
-        let result = run(client, req).await;
+        let result = run(client, &self.inner.roles, req).await;
         if let Err(e) = &result {
             if e.kind == AdminErrorKind::Internal {
                 // The session is suspect: reconnect next time.
@@ -150,28 +155,41 @@ async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError>
     })
 }
 
-/// Private channels: a policy check, or a replay (see [`crate::channel_auth`]).
-async fn private_channel(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
+/// Private channels: a policy check, or a replay (see [`crate::channel_auth`]), always
+/// of the asking project's channel.
+async fn private_channel(
+    client: &Client,
+    roles: &RolePolicy,
+    req: AdminRequest,
+) -> Result<AdminReply, AdminError> {
     let db = |e: tokio_postgres::Error| internal(format!("database: {}", crate::db_message(&e)));
     match req {
         AdminRequest::AuthorizeChannel {
+            project,
             topic,
             claims,
             write,
-            ..
         } => {
-            let allowed = crate::channel_auth::may(client, &topic, &claims, write)
+            let channel = Channel {
+                project: &project,
+                topic: &topic,
+            };
+            let allowed = crate::channel_auth::may(client, roles, channel, &claims, write)
                 .await
                 .map_err(db)?;
             Ok(AdminReply::Authorized { allowed })
         }
         AdminRequest::Replay {
+            project,
             topic,
             since_ms,
             limit,
-            ..
         } => {
-            let messages = crate::channel_auth::stored(client, &topic, since_ms, limit)
+            let channel = Channel {
+                project: &project,
+                topic: &topic,
+            };
+            let messages = crate::channel_auth::stored(client, channel, since_ms, limit)
                 .await
                 .map_err(db)?;
             Ok(AdminReply::Replayed { messages })
@@ -182,7 +200,11 @@ async fn private_channel(client: &Client, req: AdminRequest) -> Result<AdminRepl
     }
 }
 
-async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
+async fn run(
+    client: &Client,
+    roles: &RolePolicy,
+    req: AdminRequest,
+) -> Result<AdminReply, AdminError> {
     match req {
         AdminRequest::Projects => {
             let projects = projects::list(client)
@@ -240,7 +262,7 @@ async fn run(client: &Client, req: AdminRequest) -> Result<AdminReply, AdminErro
             })
         }
         req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
-            private_channel(client, req).await
+            private_channel(client, roles, req).await
         }
         AdminRequest::ListTables { project } => {
             schema_of(client, &project).await?;

@@ -4,8 +4,13 @@
 //!
 //! Only committed rows are read (the WAL), in commit order; a rolled-back `send` is
 //! never seen. The body is the row's `payload` with its `id` added (as Supabase sends
-//! it), and `meta.id` is the id too. Broadcasts from the database belong to the default
-//! project.
+//! it), and `meta.id` is the id too. A broadcast belongs to the row's `project` (set by
+//! the database from the writer's `walcast.project`, see sql/0014_project_messages.sql),
+//! and only that project's channels receive it.
+//!
+//! A broadcast larger than `MAX_RECORD_BYTES` or than one bus message can carry is
+//! skipped (logged, counted in `walcast_cdc_changes_skipped_total{reason=
+//! "payload_too_large"}`, shown on `/health`): it never stalls the pipeline.
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -13,11 +18,22 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use walcast_bus::broadcast::{encode_envelope, BroadcastTarget, Envelope};
 use walcast_bus::Bus;
-use walcast_wal2json::{Change, Column};
+use walcast_wal2json::{Change, Column, Lsn};
+
+use std::sync::Arc;
+
+use walcast_bus::BusError;
 
 use crate::consumer::{Consumer, Handled, Item};
+use crate::health::CdcHealth;
 use crate::realtime_tables::DEFAULT_PROJECT;
 use crate::{telemetry, CdcError};
+
+/// Room left in a bus message for its subject and headers.
+const MESSAGE_OVERHEAD: usize = 1024;
+
+/// How `/health` and the logs name a skipped database broadcast.
+const SKIPPED_AS: &str = "realtime.messages";
 
 /// The schema of `realtime.messages` and its partitions (`messages_YYYY_MM_DD`).
 pub const REALTIME_SCHEMA: &str = "realtime";
@@ -27,6 +43,24 @@ pub const REALTIME_SCHEMA: &str = "realtime";
 pub struct DbMessage {
     pub subject: String,
     pub payload: Bytes,
+}
+
+/// Why a broadcast cannot be published: `Some(text)` when `payload` is over
+/// `max_record_bytes` or, with room for subject and headers, over the bus's
+/// `max_payload`.
+pub fn too_large(
+    payload: usize,
+    max_record_bytes: usize,
+    max_payload: Option<usize>,
+) -> Option<String> {
+    if payload > max_record_bytes {
+        return Some(format!(
+            "{payload} bytes, over MAX_RECORD_BYTES ({max_record_bytes})"
+        ));
+    }
+    let budget = max_payload?.saturating_sub(MESSAGE_OVERHEAD);
+    (payload > budget)
+        .then(|| format!("{payload} bytes, over the bus's max_payload less {MESSAGE_OVERHEAD}"))
 }
 
 fn value(columns: &[Column<'_>], name: &str) -> Option<Value> {
@@ -45,6 +79,11 @@ pub fn message(columns: &[Column<'_>]) -> Option<DbMessage> {
     let private = value(columns, "private")
         .and_then(|p| p.as_bool())
         .unwrap_or(false);
+    // Without the column (a table that predates sql/0014), the default project's.
+    let project = match value(columns, "project") {
+        None | Some(Value::Null) => DEFAULT_PROJECT.to_string(),
+        Some(p) => p.as_str()?.to_string(),
+    };
     // jsonb arrives as its text in a JSON string.
     let mut body = match value(columns, "payload") {
         Some(Value::String(text)) => serde_json::from_str(&text).ok()?,
@@ -60,7 +99,7 @@ pub fn message(columns: &[Column<'_>]) -> Option<DbMessage> {
         meta: Some(&meta),
     };
     let target = BroadcastTarget {
-        project: DEFAULT_PROJECT.to_string(),
+        project,
         private,
         name: topic,
     };
@@ -74,26 +113,54 @@ pub fn message(columns: &[Column<'_>]) -> Option<DbMessage> {
 /// The consumer (see the module docs).
 pub struct DbBroadcast {
     bus: Bus,
+    health: Arc<CdcHealth>,
+    max_record_bytes: usize,
     txn: Vec<DbMessage>,
     unconfirmed: bool,
 }
 
 impl DbBroadcast {
-    pub fn new(bus: Bus) -> DbBroadcast {
+    pub fn new(bus: Bus, health: Arc<CdcHealth>, max_record_bytes: usize) -> DbBroadcast {
         DbBroadcast {
             bus,
+            health,
+            max_record_bytes,
             txn: Vec::new(),
             unconfirmed: false,
         }
     }
 
-    async fn publish(&mut self) -> Result<(), CdcError> {
+    /// Publish the transaction's broadcasts; one too large for the bus is skipped
+    /// (see the module docs), as is one the server refuses as too large (its
+    /// `max_payload` can shrink on a reconnect): retrying could never deliver it.
+    async fn publish(&mut self, commit_lsn: Lsn) -> Result<(), CdcError> {
         for m in std::mem::take(&mut self.txn) {
-            self.bus.publish(m.subject, &[], m.payload).await?;
+            let size = m.payload.len() + m.subject.len();
+            if let Some(why) = too_large(size, self.max_record_bytes, self.bus.max_payload()) {
+                self.skip(commit_lsn, &why);
+                continue;
+            }
+            match self.bus.publish(m.subject, &[], m.payload).await {
+                Err(e @ BusError::PayloadTooLarge { .. }) => {
+                    self.skip(commit_lsn, &e.to_string());
+                    continue;
+                }
+                other => other?,
+            }
             metrics::counter!(telemetry::DB_BROADCASTS).increment(1);
             self.unconfirmed = true;
         }
         Ok(())
+    }
+
+    fn skip(&self, commit_lsn: Lsn, why: &str) {
+        crate::driver::report_skip(
+            &self.health,
+            SKIPPED_AS,
+            Some(commit_lsn),
+            "payload_too_large",
+            &format!("database broadcast too large: {why}"),
+        );
     }
 }
 
@@ -120,7 +187,7 @@ impl Consumer for DbBroadcast {
                     self.txn.extend(message(&row.columns));
                 }
                 Item::Change(..) => {}
-                Item::Commit(_) => self.publish().await?,
+                Item::Commit(txn) => self.publish(txn.commit_lsn).await?,
             }
             Ok(Handled::Continue)
         })

@@ -36,6 +36,7 @@ pub mod rls;
 pub mod rls_check;
 pub mod rls_policy;
 pub mod rls_sql;
+pub mod roles;
 pub mod slot;
 pub mod source;
 pub mod sql;
@@ -296,7 +297,8 @@ async fn session(
         },
     )
     .await?;
-    let db_broadcast = db_broadcast::DbBroadcast::new(bus.clone());
+    let db_broadcast =
+        db_broadcast::DbBroadcast::new(bus.clone(), health.clone(), cfg.max_record_bytes);
     let mut consumers: Vec<Box<dyn Consumer>> = vec![Box::new(realtime), Box::new(db_broadcast)];
     consumers.extend(extra.iter().map(|make| make()));
     let driver = driver::Driver::new(

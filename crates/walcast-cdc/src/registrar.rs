@@ -15,6 +15,7 @@ use walcast_wal2json::Lsn;
 
 use crate::fronts::FrontsRecord;
 use crate::matcher::{Matcher, Sub};
+use crate::roles::{RolePolicy, RoleRefused};
 use crate::{realtime_tables, CdcError};
 
 #[derive(Clone)]
@@ -37,10 +38,12 @@ struct Inner {
     database_url: String,
     client: Mutex<Option<Client>>,
     fronts: Arc<FrontsRecord>,
+    /// The roles a subscription's token may act as.
+    roles: RolePolicy,
 }
 
 impl Registrar {
-    pub fn new(matcher: Arc<Matcher>, database_url: String) -> Registrar {
+    pub fn new(matcher: Arc<Matcher>, database_url: String, roles: RolePolicy) -> Registrar {
         Registrar {
             inner: Arc::new(Inner {
                 matcher,
@@ -49,6 +52,7 @@ impl Registrar {
                 database_url,
                 client: Mutex::new(None),
                 fronts: Default::default(),
+                roles,
             }),
         }
     }
@@ -131,9 +135,23 @@ impl Registrar {
         // A join's bindings mostly share table and role: read their columns once.
         let mut columns: ColumnCache = HashMap::new();
         let mut unchecked: RowCheckCache = HashMap::new();
+        let mut roles: HashMap<String, Result<(), RoleRefused>> = HashMap::new();
         let mut results = Vec::with_capacity(req.subs.len());
         let mut accepted = Vec::new();
         for spec in &req.subs {
+            let role = self
+                .inner
+                .roles
+                .check_memo(client, &spec.claims, &mut roles);
+            if let Err(refused) = role.await? {
+                results.push(RegisterResult {
+                    id: spec.id.clone(),
+                    ok: false,
+                    error: Some(format!("Unable to subscribe to changes: {refused}")),
+                    by_class: false,
+                });
+                continue;
+            }
             if !enabled.contains_key(&spec.project) {
                 let tables = realtime_tables::list(client, Some(&spec.project)).await?;
                 enabled.insert(spec.project.clone(), tables);

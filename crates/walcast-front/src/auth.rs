@@ -1,6 +1,6 @@
 //! JWT verification: HS256/384/512 with the project's secrets, and RS/PS/ES/EdDSA with
 //! its JWKS keys chosen by `kid` (see [`crate::keys`]). `alg: none`, algorithm confusion,
-//! bad signatures and expired tokens are refused. Which keys verify a token is the
+//! bad signatures, expired and not-yet-valid (`nbf`) tokens are refused. Which keys verify a token is the
 //! business of [`crate::projects::Projects`] (its `ref` claim names the project).
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -93,6 +93,12 @@ pub enum AuthError {
     /// `exp` is in the past.
     #[error("Token has expired {0} seconds ago")]
     Expired(i64),
+    /// `nbf` is in the future (beyond [`NBF_LEEWAY_SECS`]).
+    #[error("Token is not valid yet: valid in {0} seconds")]
+    NotYetValid(i64),
+    /// The `role` claim names a role tokens may not act as (`ALLOWED_ROLES`).
+    #[error("Invalid token: the role {0:?} is not allowed")]
+    RoleNotAllowed(String),
     /// The `ref` claim names no known project.
     #[error("Invalid token: unknown project {0:?}")]
     UnknownProject(String),
@@ -130,6 +136,35 @@ impl AuthError {
             _ => "InvalidJWTToken",
         }
     }
+}
+
+/// A token whose `nbf` is at most this many seconds ahead is accepted (clocks differ).
+pub const NBF_LEEWAY_SECS: i64 = 30;
+
+/// A numeric date claim (`exp`, `nbf`): `Ok(None)` when absent, `Err` when not a number.
+fn numeric_date(claims: &Map<String, Value>, name: &str) -> Result<Option<i64>, AuthError> {
+    let Some(v) = claims.get(name) else {
+        return Ok(None);
+    };
+    v.as_i64()
+        .or_else(|| v.as_f64().filter(|f| f.is_finite()).map(|f| f as i64))
+        .map(Some)
+        .ok_or_else(|| AuthError::Malformed(format!("`{name}` must be a number")))
+}
+
+/// `exp` not passed and `nbf` not ahead (beyond the leeway) at `now`.
+pub(crate) fn check_times(claims: &Map<String, Value>, now: i64) -> Result<(), AuthError> {
+    if let Some(exp) = numeric_date(claims, "exp")? {
+        if exp <= now {
+            return Err(AuthError::Expired(now.saturating_sub(exp)));
+        }
+    }
+    if let Some(nbf) = numeric_date(claims, "nbf")? {
+        if nbf > now.saturating_add(NBF_LEEWAY_SECS) {
+            return Err(AuthError::NotYetValid(nbf.saturating_sub(now)));
+        }
+    }
+    Ok(())
 }
 
 /// Seconds since the Unix epoch.
@@ -206,14 +241,7 @@ pub(crate) fn verify_with(
         schema: schema.to_string(),
         claims: verified_claims(keys, token)?,
     };
-    if let Some(exp) = v.exp() {
-        let now = now_secs();
-        if exp <= now {
-            return Err(AuthError::Expired(now - exp));
-        }
-    } else if v.claims.contains_key("exp") {
-        return Err(AuthError::Malformed("`exp` must be a number".into()));
-    }
+    check_times(&v.claims, now_secs())?;
     Ok(v)
 }
 

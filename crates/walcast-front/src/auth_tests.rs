@@ -112,3 +112,35 @@ fn b64(s: &str) -> String {
     }
     out
 }
+
+#[test]
+fn not_yet_valid_tokens_are_refused_beyond_the_leeway() {
+    let at = |claims: serde_json::Value| check_times(claims.as_object().unwrap(), 1_000);
+    assert_eq!(at(json!({"nbf": 1_000 + NBF_LEEWAY_SECS})), Ok(()));
+    assert_eq!(at(json!({"nbf": 900, "exp": 2_000})), Ok(()));
+    assert_eq!(
+        at(json!({"nbf": 1_000 + NBF_LEEWAY_SECS + 1})),
+        Err(AuthError::NotYetValid(NBF_LEEWAY_SECS + 1))
+    );
+    assert_eq!(
+        at(json!({"nbf": 1e300})),
+        Err(AuthError::NotYetValid(i64::MAX - 1_000))
+    );
+    assert!(matches!(
+        at(json!({"nbf": "soon"})),
+        Err(AuthError::Malformed(_))
+    ));
+    assert_eq!(at(json!({"exp": 1_000})), Err(AuthError::Expired(0)));
+    assert_eq!(
+        at(json!({"exp": -1e300})),
+        Err(AuthError::Expired(i64::MAX))
+    );
+    let future = json!({"role": "anon", "exp": now_secs() + 600, "nbf": now_secs() + 600});
+    let token = encode(
+        &Header::new(Algorithm::HS256),
+        &future,
+        &EncodingKey::from_secret(b"current"),
+    )
+    .unwrap();
+    assert!(matches!(verify(&token), Err(AuthError::NotYetValid(_))));
+}

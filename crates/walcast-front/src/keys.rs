@@ -13,6 +13,10 @@ use std::sync::Arc;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey};
 
+/// The shortest HMAC secret a process accepts at start (`JWT_SECRET`): RFC 7518 asks
+/// for at least the hash's size, 32 bytes for HS256; a shorter one can be guessed.
+pub const MIN_SECRET_BYTES: usize = 32;
+
 /// One public key of a JWKS.
 #[derive(Clone)]
 pub struct PublicKey {

@@ -31,7 +31,12 @@ struct Inner {
     map: RwLock<HashMap<String, Entry>>,
     default: Entry,
     directory: Option<Directory>,
+    /// The roles a token may act as (`ALLOWED_ROLES`).
+    allowed_roles: RwLock<Arc<[String]>>,
 }
+
+/// Default of [`Projects::set_allowed_roles`]: Supabase's API roles.
+pub const DEFAULT_ALLOWED_ROLES: &[&str] = &["anon", "authenticated", "service_role"];
 
 #[derive(Clone)]
 struct Entry {
@@ -104,8 +109,51 @@ impl Projects {
                 map: RwLock::new(map),
                 default,
                 directory,
+                allowed_roles: RwLock::new(
+                    DEFAULT_ALLOWED_ROLES
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect(),
+                ),
             }),
         }
+    }
+
+    /// Tokens may act only as these roles (a token naming another `role` is refused
+    /// wherever it is presented).
+    pub fn set_allowed_roles(&self, roles: impl IntoIterator<Item = String>) {
+        let roles: Arc<[String]> = roles
+            .into_iter()
+            .map(|r| r.trim().to_string())
+            .filter(|r| !r.is_empty())
+            .collect();
+        *self
+            .inner
+            .allowed_roles
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = roles;
+    }
+
+    /// A token's `role`, if any, must be a string naming an allowed role.
+    fn check_role(&self, v: &Verified) -> Result<(), AuthError> {
+        let Some(role) = v.claims.get("role") else {
+            return Ok(());
+        };
+        let Some(role) = role.as_str() else {
+            return Err(AuthError::Malformed("`role` must be a string".into()));
+        };
+        let allowed = self
+            .inner
+            .allowed_roles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| a == role);
+        if !allowed {
+            crate::telemetry::error("role_not_allowed");
+            return Err(AuthError::RoleNotAllowed(role.to_string()));
+        }
+        Ok(())
     }
 
     /// The worker's admin client, when this front has a directory.
@@ -243,7 +291,9 @@ impl Projects {
             Some(_) => return Err(AuthError::Malformed("`ref` must be a string".into())),
         };
         let entry = self.resolve(&project).await?;
-        verify_with(project, &entry.schema, &entry.keys, token)
+        let v = verify_with(project, &entry.schema, &entry.keys, token)?;
+        self.check_role(&v)?;
+        Ok(v)
     }
 
     /// Verify a token for a known project: its `ref` claim, if any, must name it.

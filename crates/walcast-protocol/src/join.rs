@@ -31,6 +31,9 @@ pub struct Replay {
 /// The most messages a replay sends, as Supabase caps it.
 pub const REPLAY_MAX: u32 = 25;
 
+/// The latest `since` a replay accepts: 9999-12-31T23:59:59.999Z.
+pub const REPLAY_SINCE_MAX_MS: i64 = 253_402_300_799_999;
+
 /// `config.presence` of a join.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PresenceConfig {

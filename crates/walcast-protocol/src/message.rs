@@ -180,10 +180,11 @@ fn replay(v: Option<&Value>) -> Result<Option<crate::join::Replay>, MessageError
         return Ok(None);
     };
     let since = v.get("since").and_then(Value::as_f64);
-    let Some(since) = since.filter(|s| s.is_finite()) else {
+    let range = 0.0..=crate::join::REPLAY_SINCE_MAX_MS as f64;
+    let Some(since) = since.filter(|s| range.contains(s)) else {
         return Err(invalid(
             ev,
-            "`config.broadcast.replay.since` must be a number (ms)",
+            "`config.broadcast.replay.since` must be a time in ms since 1970, from 0 to 253402300799999 (year 9999)",
         ));
     };
     let limit = match v.get("limit") {
@@ -502,6 +503,35 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "Presence track payload must be a map");
+    }
+
+    #[test]
+    fn replay_since_and_limit_are_validated() {
+        let join = |replay: &str| {
+            parse(&format!(
+                r#"["3","3","realtime:r","phx_join",{{"config":{{"broadcast":{{"replay":{replay}}},"private":true}}}}]"#
+            ))
+        };
+        let Ok(ClientMessage::Join(j)) = join(r#"{"since":1700000000000.5,"limit":99}"#) else {
+            panic!("a valid replay")
+        };
+        let r = j.config.broadcast.replay.unwrap();
+        assert_eq!((r.since_ms, r.limit), (1_700_000_000_000, 25));
+        for bad in [
+            r#"{"since":-1e300}"#,
+            r#"{"since":-1}"#,
+            r#"{"since":1e300}"#,
+            r#"{"since":"0"}"#,
+            r#"{}"#,
+            r#"{"since":0,"limit":-1}"#,
+            r#"{"since":0,"limit":1.5}"#,
+        ] {
+            let e = join(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("config.broadcast.replay"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

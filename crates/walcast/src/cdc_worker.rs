@@ -29,6 +29,8 @@ pub struct CdcWorkerConfig {
     pub db: DbArgs,
     #[command(flatten)]
     pub cdc: CdcArgs,
+    #[command(flatten)]
+    pub roles: crate::config::RolesArgs,
     /// NATS server to publish changes to.
     #[arg(long, env = "NATS_URL")]
     pub nats_url: String,
@@ -509,6 +511,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
     let mut described = describe(&cfg.db, &cfg.cdc, Some(&cfg.nats_url), &cfg.http);
     described["nats_auth"] = cfg.nats_auth.describe();
+    described["allowed_roles"] = serde_json::json!(cfg.roles.allowed_roles);
     tracing::info!(config = %described, "cdc-worker starting");
     let metrics = crate::telemetry::init_metrics()?;
     let origin = instance_id();
@@ -524,11 +527,16 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
     let cancel = crate::shutdown::on_signal();
+    let roles = cfg.roles.policy();
     let registrar = Registrar::new(
         walcast_cdc::matcher::Matcher::new(),
         cfg.db.database_url.clone(),
+        roles.clone(),
     );
-    let admin = Arc::new(walcast_cdc::admin::Admin::new(cfg.db.database_url.clone()));
+    let admin = Arc::new(walcast_cdc::admin::Admin::new(
+        cfg.db.database_url.clone(),
+        roles,
+    ));
     run(
         &cfg.db, &cfg.cdc, bus, registrar, admin, None, origin, listener, metrics, cancel,
     )

@@ -54,6 +54,29 @@ impl NatsAuthArgs {
     }
 }
 
+/// `ALLOWED_ROLES`: the roles a token may act as (its `role` claim). Checked by the
+/// front (every token it verifies) and by the worker (every check that switches to a
+/// token's role), which also refuses superusers and its own role whatever the list says.
+#[derive(Args, Clone, Debug)]
+pub struct RolesArgs {
+    /// Roles a token may act as, comma-separated (`none`, superusers and walcast's own
+    /// role are always refused by the worker).
+    #[arg(
+        long = "allowed-roles",
+        env = "ALLOWED_ROLES",
+        value_delimiter = ',',
+        default_value = "anon,authenticated,service_role"
+    )]
+    pub allowed_roles: Vec<String>,
+}
+
+impl RolesArgs {
+    /// The worker's policy.
+    pub fn policy(&self) -> walcast_cdc::roles::RolePolicy {
+        walcast_cdc::roles::RolePolicy::new(self.allowed_roles.iter().cloned())
+    }
+}
+
 /// The logical replication slot's default name.
 pub const DEFAULT_SLOT_NAME: &str = "walcast_cdc_slot";
 

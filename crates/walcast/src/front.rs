@@ -64,6 +64,8 @@ pub struct FrontArgs {
     /// any other: it shows only what the key pasted into it may see.
     #[arg(long, env = "INSPECTOR", default_value_t = walcast_front::config::DEFAULT_INSPECTOR, action = clap::ArgAction::Set)]
     pub inspector: bool,
+    #[command(flatten)]
+    pub roles: crate::config::RolesArgs,
 }
 
 impl FrontArgs {
@@ -85,6 +87,11 @@ impl FrontArgs {
         }
     }
 
+    /// Refuse at start what cannot be served safely (a short `JWT_SECRET`, a bad JWKS).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.default_keys().map(|_| ())
+    }
+
     /// The default project's keys: `JWT_SECRET`, `JWT_SECRET_PREVIOUS`, `JWT_JWKS`.
     pub fn default_keys(&self) -> anyhow::Result<ProjectKeys> {
         let jwks = match self.jwt_jwks.as_deref().map(str::trim) {
@@ -99,18 +106,25 @@ impl FrontArgs {
                     .with_context(|| format!("JWT_JWKS file {path}"))?
             }
         };
+        check_secret("JWT_SECRET", &self.jwt_secret)?;
+        if let Some(previous) = self
+            .jwt_secret_previous
+            .as_deref()
+            .filter(|p| !p.is_empty())
+        {
+            check_secret("JWT_SECRET_PREVIOUS", previous)?;
+        }
         let previous = self.jwt_secret_previous.as_deref().map(str::as_bytes);
         Ok(ProjectKeys::secret(&self.jwt_secret).with(previous, jwks))
     }
 
-    /// The default project (its keys) plus the stored ones, learnt through `admin`.
+    /// The default project (its keys) plus the stored ones, learnt through `admin`;
+    /// tokens may act only as `ALLOWED_ROLES`.
     pub fn projects(&self, admin: AdminClient) -> anyhow::Result<Projects> {
         let keys = self.default_keys()?;
-        Ok(Projects::with_directory(
-            keys,
-            admin,
-            DirectoryConfig::default(),
-        ))
+        let projects = Projects::with_directory(keys, admin, DirectoryConfig::default());
+        projects.set_allowed_roles(self.roles.allowed_roles.iter().cloned());
+        Ok(projects)
     }
 
     /// The presence store for `bus`: shared through JetStream KV on NATS, per front in
@@ -148,6 +162,22 @@ impl FrontArgs {
             "presence_ttl_secs": self.presence_ttl_secs,
             "drain_secs": self.drain_secs,
             "inspector": self.inspector,
+            "allowed_roles": self.roles.allowed_roles,
         })
     }
+}
+
+/// An HMAC secret shorter than this is refused at start: anyone could guess it and sign
+/// any token (RFC 7518 asks for at least the hash's size, 32 bytes for HS256).
+pub const MIN_SECRET_BYTES: usize = walcast_front::keys::MIN_SECRET_BYTES;
+
+/// [`MIN_SECRET_BYTES`] or more, else a clear error naming the variable.
+fn check_secret(name: &str, secret: &str) -> anyhow::Result<()> {
+    if secret.len() < MIN_SECRET_BYTES {
+        anyhow::bail!(
+            "{name} is {} bytes long: it must be at least {MIN_SECRET_BYTES} bytes (e.g. `openssl rand -hex 32`)",
+            secret.len()
+        );
+    }
+    Ok(())
 }

@@ -62,6 +62,7 @@ struct ServeConfig {
 
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     walcast::telemetry::init_logs(&cfg.log);
+    cfg.front.validate()?;
     let mut described =
         walcast::cdc_worker::describe(&cfg.db, &cfg.cdc, cfg.nats_url.as_deref(), &cfg.http);
     described["front"] = cfg.front.describe();

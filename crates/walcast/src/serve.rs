@@ -32,12 +32,13 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
-    let registrar = Registrar::new(Matcher::new(), db.database_url.clone());
+    let roles = front_args.roles.policy();
+    let registrar = Registrar::new(Matcher::new(), db.database_url.clone(), roles.clone());
     let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
     let subs = SubsClient::new(&bus, Some(local))?;
     // The front's admin requests (project directory, REST API) need only the database,
     // which this process has: answered in process whoever leads.
-    let admin: Arc<dyn AdminHandler> = Arc::new(Admin::new(db.database_url.clone()));
+    let admin: Arc<dyn AdminHandler> = Arc::new(Admin::new(db.database_url.clone(), roles));
     let admin_client = AdminClient::new(&bus, Some(admin.clone()))?;
     let front_id = format!("front-{origin}");
     let presence = front_args.presence(&bus, &front_id, &cancel);

@@ -32,6 +32,7 @@ pub struct WsFrontConfig {
 
 pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
+    cfg.front.validate()?;
     let mut described = cfg.front.describe();
     described["nats_url"] = redact_url(&cfg.nats_url).into();
     described["nats_auth"] = cfg.nats_auth.describe();
