@@ -36,6 +36,7 @@ pub mod rls;
 pub mod rls_check;
 pub mod rls_policy;
 pub mod rls_sql;
+pub mod signed;
 pub mod slot;
 pub mod source;
 pub mod sql;
@@ -280,6 +281,7 @@ async fn session(
         "replication slot ready"
     );
     let catalog_tracking = catalog_tracking(&client, cfg, &slot, health).await?;
+    let message_key = signed::load_key(&catalog).await?;
     let realtime = realtime::RealtimeConsumer::new(
         bus.clone(),
         matcher.clone(),
@@ -307,6 +309,7 @@ async fn session(
             fence: fence.clone(),
             refresh: cfg.read.filter_refresh,
             confirmed: slot.confirmed_flush,
+            message_key,
         },
         consumers,
     );

@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../sql/0011_project_keys.sql"),
     ),
     (12, "trust", include_str!("../../../sql/0012_trust.sql")),
+    (
+        13,
+        "signed_messages",
+        include_str!("../../../sql/0013_signed_messages.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.
