@@ -72,6 +72,38 @@ fn forged_notices(epoch: i64) -> (String, String) {
     (rls_off.to_string(), dropped.to_string())
 }
 
+/// `pg_logical_emit_message(true, prefix, content)` as `who`.
+async fn emit_as(who: &tokio_postgres::Client, prefix: &str, content: &str) {
+    who.execute(
+        "SELECT pg_logical_emit_message(true, $1::text, $2::text)",
+        &[&prefix, &content],
+    )
+    .await
+    .expect("any role may emit a logical message");
+}
+
+/// Every frame anon's socket gets up to the change of row `id`: never the private row,
+/// never the end of its subscription.
+async fn frames_until_row(sock: &mut PhoenixClient, id: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let frame = match sock.try_recv(left).await {
+            Some(Msg::Frame(f)) => f,
+            other => panic!("anon's socket: {other:?} before row {id}"),
+        };
+        let text = frame.to_string();
+        assert!(!text.contains("private two"), "RLS bypassed: {text}");
+        assert!(
+            frame[3] != "system" || frame[4]["status"] == "ok",
+            "anon's subscription was ended: {text}"
+        );
+        if frame[3] == "postgres_changes" && frame[4]["data"]["record"]["id"] == id {
+            return;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_catalog_notices_are_skipped_and_counted() {
     let _machine = crate::support::shared().await;
@@ -108,38 +140,17 @@ async fn forged_catalog_notices_are_skipped_and_counted() {
         .parse()
         .unwrap();
     let (rls_off, dropped) = forged_notices(epoch - 1);
-    // Unsigned, and with a made-up MAC.
+    // "RLS off, anon bypasses": unsigned, and with a made-up MAC.
     let fake_mac = format!("{}{rls_off}", "0".repeat(64));
-    for content in [&rls_off, &fake_mac, &dropped] {
-        mallory
-            .execute(
-                "SELECT pg_logical_emit_message(true, 'walcast.ddl', $1::text)",
-                &[content],
-            )
-            .await
-            .expect("any role may emit a logical message");
-    }
+    emit_as(&mallory, "walcast.ddl", &rls_off).await;
+    emit_as(&mallory, "walcast.ddl", &fake_mac).await;
     stack.sql("INSERT INTO docs VALUES (2, false, 'private two')");
     stack.sql("INSERT INTO docs VALUES (3, true, 'public three')");
-
-    // Everything anon gets up to row 3: never row 2, never the end of its subscription.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let frame = match sock.try_recv(left).await {
-            Some(Msg::Frame(f)) => f,
-            other => panic!("anon's socket: {other:?} before row 3"),
-        };
-        let text = frame.to_string();
-        assert!(!text.contains("private two"), "RLS bypassed: {text}");
-        assert!(
-            frame[3] != "system" || frame[4]["status"] == "ok",
-            "anon's subscription was ended: {text}"
-        );
-        if frame[3] == "postgres_changes" && frame[4]["data"]["record"]["id"] == 3 {
-            break;
-        }
-    }
+    frames_until_row(&mut sock, 3).await;
+    // "docs was dropped": the subscription must live on.
+    emit_as(&mallory, "walcast.ddl", &dropped).await;
+    stack.sql("INSERT INTO docs VALUES (4, true, 'public four')");
+    frames_until_row(&mut sock, 4).await;
     wait_sample(&server, FORGED_DDL, 3.0);
     let health = server.health().expect("health");
     let skipped = &health["last_skipped_change"];
@@ -152,15 +163,15 @@ async fn forged_catalog_notices_are_skipped_and_counted() {
     );
     // Real DDL still applies at its position: a GRANT's notice is signed and honoured.
     stack.sql("REVOKE SELECT ON docs FROM anon");
-    stack.sql("INSERT INTO docs VALUES (4, true, 'after revoke')");
+    stack.sql("INSERT INTO docs VALUES (5, true, 'after revoke')");
     stack.sql("GRANT SELECT ON docs TO anon");
-    stack.sql("INSERT INTO docs VALUES (5, true, 'after grant')");
+    stack.sql("INSERT INTO docs VALUES (6, true, 'after grant')");
     let f = sock
         .wait_frame("postgres_changes", Duration::from_secs(30), |p| {
-            p["data"]["record"]["id"].as_i64().is_some_and(|id| id >= 4)
+            p["data"]["record"]["id"].as_i64().is_some_and(|id| id >= 5)
         })
         .await;
-    assert_eq!(f[4]["data"]["record"]["id"], 5, "{f}");
+    assert_eq!(f[4]["data"]["record"]["id"], 6, "{f}");
     assert_eq!(sample(&server, FORGED_DDL), 3.0);
 }
 
