@@ -9,6 +9,18 @@
 --   * functions are executable by PUBLIC unless revoked: every internal function is
 --     revoked here; applications keep walcast.emit and walcast.caller_project.
 
+-- Where signing starts: messages of transactions that committed before this point were
+-- written unsigned by the functions replaced below, and a worker replaying them after an
+-- upgrade (say, outbox events emitted while no worker ran) still takes them; nothing
+-- committed after it is taken unsigned.
+CREATE TABLE IF NOT EXISTS walcast.message_signing (
+    only_one boolean PRIMARY KEY DEFAULT true CHECK (only_one),
+    since    pg_lsn  NOT NULL
+);
+REVOKE ALL ON walcast.message_signing FROM PUBLIC;
+INSERT INTO walcast.message_signing (since) VALUES (pg_current_wal_lsn())
+    ON CONFLICT DO NOTHING;
+
 CREATE OR REPLACE FUNCTION walcast.catalog_notice(tag text, tables jsonb)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$

@@ -273,3 +273,35 @@ async fn an_outbox_row_with_a_line_break_in_a_header_is_skipped_and_the_rest_flo
     let ns: Vec<i64> = read_all(&mut stream).await.iter().map(|m| m.n()).collect();
     assert_eq!(ns, [3, 4, 5]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_committed_before_signing_started_are_still_relayed() {
+    let _machine = crate::support::shared().await;
+    let stack = Stack::start("stream");
+    // The slot exists (a worker ran), then no worker runs while events are emitted.
+    let mut first = stack.worker(&[]);
+    first.wait_active(Duration::from_secs(60));
+    first.kill9();
+    let event = |n: i64| {
+        json!({"id": format!("00000000-0000-4000-8000-00000000000{n}"), "project": "default",
+               "topic": "legacy", "key": "k", "payload": {"n": n}, "headers": null})
+        .to_string()
+    };
+    // As the functions before migration 13 wrote them (unsigned), then the upgrade: what
+    // follows must be signed.
+    let sql = |n: i64| {
+        format!(
+            "SELECT pg_logical_emit_message(true, 'walcast.outbox', '{}')",
+            event(n)
+        )
+    };
+    stack.sql(&sql(1));
+    stack.sql("UPDATE walcast.message_signing SET since = pg_current_wal_lsn()");
+    stack.sql(&sql(2));
+    stack.sql(r#"SELECT walcast.emit('legacy', 'k', '{"n": 3}')"#);
+    let worker = stack.worker(&[]);
+    let got = stream_with(&stack.nats.url(), 2, Duration::from_secs(60)).await;
+    let ns: Vec<i64> = got.iter().map(|m| m.n()).collect();
+    assert_eq!(ns, [1, 3], "{got:?}");
+    assert_eq!(sample(&worker, FORGED_OUTBOX), 1.0);
+}

@@ -199,9 +199,9 @@ impl<'a> Driver<'a> {
                 let Some(txn) = self.framer.txn() else {
                     return Ok(false);
                 };
-                let Some(change) = trusted(change, self.opts.message_key.as_ref(), |m, why| {
-                    report_forged(self.opts.health, txn, m, why)
-                }) else {
+                let key = self.opts.message_key.as_ref();
+                let forged = |m: &Message<'_>, why| report_forged(self.opts.health, txn, m, why);
+                let Some(change) = trusted(change, key, txn.commit_lsn, forged) else {
                     return Ok(false);
                 };
                 let item = Item::Change(txn, &change);
@@ -347,6 +347,7 @@ fn report_panic(
 fn trusted<'a>(
     change: Change<'a>,
     key: Option<&MessageKey>,
+    commit_lsn: Lsn,
     forged: impl FnOnce(&Message<'a>, Forged),
 ) -> Option<Change<'a>> {
     let Change::Message(mut m) = change else {
@@ -356,7 +357,7 @@ fn trusted<'a>(
         return Some(Change::Message(m));
     }
     let content = std::mem::take(&mut m.content);
-    match signed::verify(key, &m.prefix, content) {
+    match signed::verify(key, &m.prefix, content, commit_lsn) {
         Ok(body) => {
             m.content = body;
             Some(Change::Message(m))

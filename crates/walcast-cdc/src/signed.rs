@@ -12,6 +12,7 @@ use std::borrow::Cow;
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
+use walcast_wal2json::Lsn;
 
 use crate::CdcError;
 
@@ -20,26 +21,43 @@ pub const SIGNED_PREFIX: &str = "walcast.";
 /// Hex digits of the MAC in front of the body.
 pub const MAC_HEX: usize = 64;
 
-/// The key messages are signed with (`walcast.message_key`). Its `Debug` hides it.
+/// The key messages are signed with (`walcast.message_key`), and where signing started
+/// (`walcast.message_signing`). Its `Debug` hides the key.
 #[derive(Clone)]
-pub struct MessageKey(String);
+pub struct MessageKey {
+    key: String,
+    /// Transactions that committed at or before this position predate signing: their
+    /// messages were written unsigned by walcast's former functions and are taken as
+    /// they are.
+    unsigned_until: Lsn,
+}
 
 impl std::fmt::Debug for MessageKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MessageKey(..)")
+        write!(f, "MessageKey(.., unsigned_until: {})", self.unsigned_until)
     }
 }
 
 impl MessageKey {
+    /// A key with nothing taken unsigned.
     pub fn new(key: impl Into<String>) -> MessageKey {
-        MessageKey(key.into())
+        MessageKey {
+            key: key.into(),
+            unsigned_until: Lsn(0),
+        }
+    }
+
+    /// Messages of transactions committed at or before `lsn` are taken unsigned.
+    pub fn unsigned_until(mut self, lsn: Lsn) -> MessageKey {
+        self.unsigned_until = lsn;
+        self
     }
 
     /// The MAC of `body` under `prefix`, as `walcast.message_mac` computes it (hex).
     pub fn mac(&self, prefix: &str, body: &str) -> String {
         let inner = Sha256::digest(body.as_bytes());
         let mut outer = Sha256::new();
-        outer.update(self.0.as_bytes());
+        outer.update(self.key.as_bytes());
         outer.update(b":");
         outer.update(prefix.as_bytes());
         outer.update(b":");
@@ -92,13 +110,19 @@ pub fn must_be_signed(prefix: &str) -> bool {
     prefix.starts_with(SIGNED_PREFIX)
 }
 
-/// Check a signed message's content; its body (after the MAC) when it verifies.
+/// Check the content of a signed message of a transaction committing at `commit_lsn`;
+/// its body (after the MAC) when it verifies, the content as it is when the transaction
+/// predates signing.
 pub fn verify<'a>(
     key: Option<&MessageKey>,
     prefix: &str,
     content: Cow<'a, str>,
+    commit_lsn: Lsn,
 ) -> Result<Cow<'a, str>, Forged> {
     let key = key.ok_or(Forged::NoKey)?;
+    if commit_lsn <= key.unsigned_until {
+        return Ok(content);
+    }
     let mac = content.as_bytes().get(..MAC_HEX).ok_or(Forged::NoMac)?;
     if !mac.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return Err(Forged::NoMac);
@@ -122,11 +146,16 @@ pub fn verify<'a>(
 /// `walcast.*` message is then skipped as forged (never trusted unsigned).
 pub async fn load_key(client: &Client) -> Result<Option<MessageKey>, CdcError> {
     use tokio_postgres::error::SqlState;
-    match client
-        .query_opt("SELECT key FROM walcast.message_key", &[])
-        .await
-    {
-        Ok(Some(row)) => Ok(Some(MessageKey::new(row.get::<_, String>(0)))),
+    let sql = "SELECT k.key, coalesce((SELECT s.since::text FROM walcast.message_signing s), '0/0')
+               FROM walcast.message_key k";
+    match client.query_opt(sql, &[]).await {
+        Ok(Some(row)) => {
+            let since: String = row.get(1);
+            let since = since.parse().unwrap_or(Lsn(0));
+            Ok(Some(
+                MessageKey::new(row.get::<_, String>(0)).unsigned_until(since),
+            ))
+        }
         Ok(None) => {
             tracing::error!("walcast.message_key is empty: walcast's notices and outbox events will be skipped as forged until a key exists (re-run the migrations)");
             Ok(None)
@@ -145,6 +174,9 @@ pub async fn load_key(client: &Client) -> Result<Option<MessageKey>, CdcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A commit position after signing started.
+    const AT: Lsn = Lsn(0x100);
 
     fn key() -> MessageKey {
         MessageKey::new("k3y")
@@ -168,13 +200,13 @@ mod tests {
     #[test]
     fn a_signed_message_verifies_and_yields_its_body() {
         let content = signed("walcast.ddl", r#"{"epoch": 3}"#);
-        let body = verify(Some(&key()), "walcast.ddl", Cow::Borrowed(&content)).unwrap();
+        let body = verify(Some(&key()), "walcast.ddl", Cow::Borrowed(&content), AT).unwrap();
         assert_eq!(body, r#"{"epoch": 3}"#);
-        let owned = verify(Some(&key()), "walcast.ddl", Cow::Owned(content.clone())).unwrap();
+        let owned = verify(Some(&key()), "walcast.ddl", Cow::Owned(content.clone()), AT).unwrap();
         assert_eq!(owned, r#"{"epoch": 3}"#);
         let empty = signed("walcast.outbox", "");
         assert_eq!(
-            verify(Some(&key()), "walcast.outbox", Cow::Owned(empty)).unwrap(),
+            verify(Some(&key()), "walcast.outbox", Cow::Owned(empty), AT).unwrap(),
             ""
         );
     }
@@ -185,7 +217,8 @@ mod tests {
         let k = k.as_ref();
         let body = r#"{"epoch": 3}"#;
         let good = signed("walcast.ddl", body);
-        let v = |c: &str, p: &str| verify(k, p, Cow::Owned(c.to_string())).map(|b| b.to_string());
+        let v =
+            |c: &str, p: &str| verify(k, p, Cow::Owned(c.to_string()), AT).map(|b| b.to_string());
         assert_eq!(v(body, "walcast.ddl"), Err(Forged::NoMac), "unsigned");
         assert_eq!(v("", "walcast.ddl"), Err(Forged::NoMac));
         assert_eq!(v(&good.to_uppercase(), "walcast.ddl"), Err(Forged::NoMac));
@@ -194,9 +227,12 @@ mod tests {
         assert_eq!(v(&format!("{good} "), "walcast.ddl"), Err(Forged::BadMac));
         let other = MessageKey::new("other");
         let c = Cow::Borrowed(good.as_str());
-        assert_eq!(verify(Some(&other), "walcast.ddl", c), Err(Forged::BadMac));
         assert_eq!(
-            verify(None, "walcast.ddl", Cow::Borrowed(good.as_str())),
+            verify(Some(&other), "walcast.ddl", c, AT),
+            Err(Forged::BadMac)
+        );
+        assert_eq!(
+            verify(None, "walcast.ddl", Cow::Borrowed(good.as_str()), AT),
             Err(Forged::NoKey)
         );
         // Multi-byte characters right after 64 bytes of non-hex: no panic.
@@ -204,6 +240,30 @@ mod tests {
         assert_eq!(v(&tricky, "walcast.ddl"), Err(Forged::NoMac));
         let tricky = format!("{}é{{}}", "a".repeat(63));
         assert_eq!(v(&tricky, "walcast.ddl"), Err(Forged::NoMac));
+    }
+
+    #[test]
+    fn transactions_from_before_signing_are_taken_unsigned() {
+        let k = key().unsigned_until(Lsn(0x100));
+        let body = r#"{"epoch": 3}"#;
+        let c = |s: &str| Cow::Owned(s.to_string());
+        assert_eq!(
+            verify(Some(&k), "walcast.ddl", c(body), Lsn(0x100)).unwrap(),
+            body
+        );
+        assert_eq!(
+            verify(Some(&k), "walcast.ddl", c(body), Lsn(0x101)),
+            Err(Forged::NoMac)
+        );
+        let signed = signed("walcast.ddl", body);
+        assert_eq!(
+            verify(Some(&k), "walcast.ddl", c(&signed), Lsn(0x101)).unwrap(),
+            body
+        );
+        assert_eq!(
+            verify(None, "walcast.ddl", c(body), Lsn(1)),
+            Err(Forged::NoKey)
+        );
     }
 
     #[test]
