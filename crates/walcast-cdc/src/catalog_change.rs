@@ -382,7 +382,8 @@ pub async fn record_epoch(
 
 /// Without the `sql_drop` trigger, a dropped table stays in the registry: remove those
 /// whose table is gone and, in the same transaction, write the notice the trigger would
-/// have written (no epoch), so the pipeline ends their subscriptions at that position.
+/// have written (no epoch, signed like every notice: see [`crate::signed`]), so the
+/// pipeline ends their subscriptions at that position.
 /// Returns how many were removed.
 pub async fn prune_dropped(client: &Client) -> Result<u64, CdcError> {
     let row = client
@@ -391,7 +392,7 @@ pub async fn prune_dropped(client: &Client) -> Result<u64, CdcError> {
                 DELETE FROM walcast.realtime_tables
                  WHERE to_regclass(format('%I.%I', schema_name, table_name)) IS NULL
                 RETURNING schema_name, table_name)
-             SELECT count(*), CASE WHEN count(*) > 0 THEN pg_logical_emit_message(true, $1,
+             SELECT count(*), CASE WHEN count(*) > 0 THEN walcast.emit_signed($1,
                     jsonb_build_object('epoch', NULL, 'tag', 'DROP TABLE', 'tables',
                         jsonb_agg(jsonb_build_object('schema', schema_name, 'table', table_name,
                                                      'dropped', true)))::text)::text END

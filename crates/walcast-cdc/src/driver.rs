@@ -9,16 +9,21 @@
 //! skips. When a consumer's tables change inside a transaction, the source is
 //! acknowledged up to that commit and restarted from there with the new filter.
 
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
 
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use walcast_lease::{Action, Fence};
-use walcast_wal2json::Lsn;
+use walcast_wal2json::{Change, Lsn, Message};
 
 use crate::consumer::{Consumer, Handled, Item, Refresh};
+use crate::event::TxnContext;
 use crate::frame::{Framed, Framer};
 use crate::health::{CdcHealth, SkippedChange};
+use crate::signed::{self, Forged, MessageKey};
 use crate::source::{Filter, Input, Source};
 use crate::{telemetry, CdcError};
 
@@ -44,6 +49,9 @@ pub struct DriverOptions<'a> {
     pub refresh: Duration,
     /// The slot's confirmed position at start.
     pub confirmed: Lsn,
+    /// The key `walcast.*` messages are signed with ([`crate::signed`]; `None`: none could
+    /// be read, every such message is skipped as forged).
+    pub message_key: Option<MessageKey>,
 }
 
 pub struct Driver<'a> {
@@ -181,16 +189,24 @@ impl<'a> Driver<'a> {
         let commit = match framed {
             Framed::Begin => {
                 if let Some(txn) = self.framer.txn() {
-                    self.tables_changed |= dispatch(&mut self.consumers, Item::Begin(txn)).await?;
+                    self.tables_changed |=
+                        dispatch(&mut self.consumers, self.opts.health, Item::Begin(txn)).await?;
                 }
                 return Ok(false);
             }
             Framed::Change(change) => {
                 self.opts.health.record_change();
-                if let Some(txn) = self.framer.txn() {
-                    let item = Item::Change(txn, &change);
-                    self.tables_changed |= dispatch(&mut self.consumers, item).await?;
-                }
+                let Some(txn) = self.framer.txn() else {
+                    return Ok(false);
+                };
+                let key = self.opts.message_key.as_ref();
+                let forged = |m: &Message<'_>, why| report_forged(self.opts.health, txn, m, why);
+                let Some(change) = trusted(change, key, txn.commit_lsn, forged) else {
+                    return Ok(false);
+                };
+                let item = Item::Change(txn, &change);
+                self.tables_changed |=
+                    dispatch(&mut self.consumers, self.opts.health, item).await?;
                 return Ok(false);
             }
             Framed::Outside(_) => return Ok(false),
@@ -202,7 +218,8 @@ impl<'a> Driver<'a> {
             }
             Framed::Commit(txn) => txn,
         };
-        self.tables_changed |= dispatch(&mut self.consumers, Item::Commit(&commit)).await?;
+        self.tables_changed |=
+            dispatch(&mut self.consumers, self.opts.health, Item::Commit(&commit)).await?;
         self.handled = self.handled.max(commit.commit_lsn);
         Ok(std::mem::take(&mut self.tables_changed))
     }
@@ -265,16 +282,117 @@ impl<'a> Driver<'a> {
     }
 }
 
-/// Hand an item to every consumer, in order. `true`: one's tables changed.
+/// Hand an item to every consumer, in order. `true`: one's tables changed. A consumer
+/// that panics on an item is isolated: the panic is caught, logged, counted and reported
+/// as a skip of that item for that consumer (the same item would panic again on every
+/// replay, so retrying would stall the slot or kill the process for good).
 async fn dispatch(
     consumers: &mut [Box<dyn Consumer + '_>],
+    health: &CdcHealth,
     item: Item<'_>,
 ) -> Result<bool, CdcError> {
     let mut changed = false;
     for c in consumers {
-        changed |= c.handle(item).await? == Handled::TablesChanged;
+        let name = c.name();
+        // `handle` called inside the future: a panic before its future exists is caught too.
+        let handled = AssertUnwindSafe(async { c.handle(item).await });
+        match handled.catch_unwind().await {
+            Ok(handled) => changed |= handled? == Handled::TablesChanged,
+            Err(panic) => report_panic(health, name, item, panic.as_ref()),
+        }
     }
     Ok(changed)
+}
+
+/// What an item is, for logs.
+fn describe(item: Item<'_>) -> (String, Lsn) {
+    match item {
+        Item::Begin(t) => ("begin".into(), t.commit_lsn),
+        Item::Commit(t) => ("commit".into(), t.commit_lsn),
+        Item::Change(t, change) => {
+            let what = match change {
+                Change::Insert(r) | Change::Update(r) | Change::Delete(r) => {
+                    format!("{}.{}", r.schema, r.table)
+                }
+                Change::Truncate(tr) => format!("{}.{}", tr.schema, tr.table),
+                Change::Message(m) => format!("message {}", m.prefix),
+                Change::Begin(_) | Change::Commit(_) => "marker".into(),
+            };
+            (what, t.commit_lsn)
+        }
+    }
+}
+
+/// A consumer panicked on an item: log, count, report the item as skipped.
+fn report_panic(
+    health: &CdcHealth,
+    consumer: &'static str,
+    item: Item<'_>,
+    panic: &(dyn std::any::Any + Send),
+) {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    metrics::counter!(telemetry::CONSUMER_PANICS, "consumer" => consumer).increment(1);
+    let (what, lsn) = describe(item);
+    let error = format!("{consumer} panicked: {message}");
+    report_skip(health, &what, Some(lsn), "consumer_panic", &error);
+}
+
+/// The change as consumers may see it: a `walcast.*` message only when its MAC verifies,
+/// with the MAC taken off (see [`crate::signed`]); `None` (after `forged`) otherwise.
+/// Anything else as it is.
+fn trusted<'a>(
+    change: Change<'a>,
+    key: Option<&MessageKey>,
+    commit_lsn: Lsn,
+    forged: impl FnOnce(&Message<'a>, Forged),
+) -> Option<Change<'a>> {
+    let Change::Message(mut m) = change else {
+        return Some(change);
+    };
+    if !signed::must_be_signed(&m.prefix) {
+        return Some(Change::Message(m));
+    }
+    let content = std::mem::take(&mut m.content);
+    match signed::verify(key, &m.prefix, content, commit_lsn) {
+        Ok(body) => {
+            m.content = body;
+            Some(Change::Message(m))
+        }
+        Err(why) => {
+            forged(&m, why);
+            None
+        }
+    }
+}
+
+/// A `walcast.*` message whose MAC does not verify: never trusted. Logged (warn), counted
+/// by prefix, and shown on `/health` like a skipped change.
+fn report_forged(health: &CdcHealth, txn: &TxnContext, m: &Message<'_>, why: Forged) {
+    // The label is the prefix (wal2json passes only the prefixes consumers asked for),
+    // bounded anyway.
+    let prefix: String = m.prefix.chars().take(64).collect();
+    metrics::counter!(telemetry::MESSAGES_FORGED, "prefix" => prefix.clone()).increment(1);
+    tracing::warn!(
+        prefix = %prefix,
+        lsn = ?m.lsn,
+        xid = ?txn.xid,
+        commit_lsn = %txn.commit_lsn,
+        reason = why.reason(),
+        error = %why,
+        "logical message skipped: not signed by walcast (forged)"
+    );
+    health.record_skip(
+        SkippedChange {
+            table: prefix,
+            commit_lsn: Some(txn.commit_lsn),
+            reason: format!("forged_message: {}", why.reason()),
+        },
+        false,
+    );
 }
 
 /// A change that no retry can deliver: log, count, report, move on.

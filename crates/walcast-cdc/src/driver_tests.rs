@@ -12,6 +12,7 @@ use walcast_wal2json::{Change, Lsn};
 use super::{Driver, DriverOptions};
 use crate::consumer::{Consumer, Handled, Item};
 use crate::health::CdcHealth;
+use crate::signed::MessageKey;
 use crate::source::Filter;
 use crate::source::{Input, Source};
 use crate::CdcError;
@@ -68,6 +69,9 @@ impl Consumer for Recording {
     fn handle<'a>(&'a mut self, item: Item<'a>) -> BoxFuture<'a, Result<Handled, CdcError>> {
         let (entry, handled) = match item {
             Item::Begin(t) => (format!("{} begin {}", self.name, t.commit_lsn), None),
+            Item::Change(_, Change::Insert(row)) if row.table == "boom" && self.name == "a" => {
+                panic!("a cannot take {}", row.table)
+            }
             Item::Change(_, Change::Insert(row)) => {
                 let switch = row.table == "switch";
                 if switch {
@@ -76,6 +80,10 @@ impl Consumer for Recording {
                 let handled = switch.then_some(Handled::TablesChanged);
                 (format!("{} insert {}", self.name, row.table), handled)
             }
+            Item::Change(_, Change::Message(m)) => (
+                format!("{} message {} {}", self.name, m.prefix, m.content),
+                None,
+            ),
             Item::Change(..) => (format!("{} other", self.name), None),
             Item::Commit(t) => (format!("{} commit {}", self.name, t.commit_lsn), None),
         };
@@ -120,6 +128,14 @@ fn checkpoint() -> Input {
 
 /// Run the driver over `script` with consumers `a` (table `ta`) and `b` (table `tb`).
 async fn run(script: Vec<Input>) -> Vec<String> {
+    run_with(script, None).await.0
+}
+
+/// [`run`] with a message key; also the health report at the end.
+async fn run_with(
+    script: Vec<Input>,
+    message_key: Option<MessageKey>,
+) -> (Vec<String>, crate::health::CdcHealthReport) {
     let log = Log::default();
     let health = CdcHealth::new("s");
     let consumers: Vec<Box<dyn Consumer>> = ["a", "b"]
@@ -140,6 +156,7 @@ async fn run(script: Vec<Input>) -> Vec<String> {
             fence: Fence::unfenced(CancellationToken::new()),
             refresh: std::time::Duration::from_secs(3600),
             confirmed: Lsn(0x10),
+            message_key,
         },
         consumers,
     );
@@ -150,7 +167,7 @@ async fn run(script: Vec<Input>) -> Vec<String> {
     let end = driver.run(&mut source, &CancellationToken::new()).await;
     assert!(matches!(end, Err(CdcError::StreamEnded)), "{end:?}");
     let log = log.lock().unwrap().clone();
-    log
+    (log, health.report())
 }
 
 #[tokio::test]
@@ -218,4 +235,82 @@ async fn caught_up_is_acknowledged_between_transactions_only() {
         .collect();
     // The second acknowledgement hands nothing new over: no barrier before it.
     assert_eq!(acks, ["a barrier", "b barrier", "ack 0/20", "ack 0/40"]);
+}
+
+/// A transaction with one transactional message, committing at `0/<commit>`.
+fn message(prefix: &str, content: &str, commit: u32) -> Vec<Input> {
+    let m = serde_json::json!({"action": "M", "xid": commit, "transactional": true,
+                               "prefix": prefix, "content": content});
+    let mut t = txn("ta", commit);
+    t[1] = line(m.to_string());
+    t
+}
+
+#[tokio::test]
+async fn walcast_messages_reach_consumers_only_signed_and_without_their_mac() {
+    let key = MessageKey::new("k");
+    let body = r#"{"epoch":1,"tag":"GRANT"}"#;
+    let signed = format!("{}{body}", key.mac("walcast.ddl", body));
+    let mut script = message("walcast.ddl", &signed, 0x20);
+    // Unsigned, signed for another prefix, signed with another key.
+    script.extend(message("walcast.ddl", body, 0x30));
+    script.extend(message("walcast.outbox", &signed, 0x40));
+    let other = MessageKey::new("other").mac("walcast.ddl", body);
+    script.extend(message("walcast.ddl", &format!("{other}{body}"), 0x50));
+    // Not walcast's: as it is.
+    script.extend(message("app.events", "plain", 0x60));
+    let (log, health) = run_with(script, Some(key)).await;
+    let messages: Vec<&String> = log.iter().filter(|e| e.starts_with("a message")).collect();
+    assert_eq!(
+        messages,
+        [
+            &format!("a message walcast.ddl {body}"),
+            &"a message app.events plain".to_string()
+        ]
+    );
+    assert_eq!(health.skipped_changes_total, 3);
+    let last = health.last_skipped_change.unwrap();
+    assert_eq!(last.table, "walcast.ddl");
+    assert_eq!(last.reason, "forged_message: bad_mac");
+    // Without a key nothing of walcast's is trusted.
+    let script = message("walcast.ddl", &signed, 0x20);
+    let (log, health) = run_with(script, None).await;
+    assert!(
+        !log.iter().any(|e| e.contains("message walcast")),
+        "{log:?}"
+    );
+    assert_eq!(health.skipped_changes_total, 1);
+}
+
+#[tokio::test]
+async fn a_consumer_panicking_on_an_item_skips_it_and_the_rest_flows() {
+    let mut script = txn("boom", 0x20);
+    script.extend(txn("ta", 0x30));
+    script.push(checkpoint());
+    let (log, health) = run_with(script, None).await;
+    assert_eq!(
+        log[1..],
+        [
+            "a begin 0/20",
+            "b begin 0/20",
+            "b insert boom",
+            "a commit 0/20",
+            "b commit 0/20",
+            "a begin 0/30",
+            "b begin 0/30",
+            "a insert ta",
+            "b insert ta",
+            "a commit 0/30",
+            "b commit 0/30",
+            "a barrier",
+            "b barrier",
+            "ack 0/30",
+        ]
+    );
+    assert_eq!(health.skipped_changes_total, 1);
+    let last = health.last_skipped_change.unwrap();
+    assert_eq!(
+        (last.table.as_str(), last.reason.as_str()),
+        ("public.boom", "consumer_panic")
+    );
 }

@@ -37,6 +37,7 @@ pub mod rls_check;
 pub mod rls_policy;
 pub mod rls_sql;
 pub mod roles;
+pub mod signed;
 pub mod slot;
 pub mod source;
 pub mod sql;
@@ -281,6 +282,7 @@ async fn session(
         "replication slot ready"
     );
     let catalog_tracking = catalog_tracking(&client, cfg, &slot, health).await?;
+    let message_key = signed::load_key(&catalog).await?;
     let realtime = realtime::RealtimeConsumer::new(
         bus.clone(),
         matcher.clone(),
@@ -309,6 +311,7 @@ async fn session(
             fence: fence.clone(),
             refresh: cfg.read.filter_refresh,
             confirmed: slot.confirmed_flush,
+            message_key,
         },
         consumers,
     );

@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
     (12, "trust", include_str!("../../../sql/0012_trust.sql")),
     (
+        13,
+        "signed_messages",
+        include_str!("../../../sql/0013_signed_messages.sql"),
+    ),
+    (
         14,
         "project_messages",
         include_str!("../../../sql/0014_project_messages.sql"),

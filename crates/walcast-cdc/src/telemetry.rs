@@ -45,6 +45,11 @@ pub const SLOT_LOST: &str = "walcast_cdc_slot_lost_total";
 pub const SOURCE_ERRORS: &str = "walcast_cdc_source_errors_total";
 /// Counter: wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too).
 pub const DECODE_ERRORS: &str = "walcast_cdc_decode_errors_total";
+/// Counter: `walcast.*` logical messages skipped because their MAC did not verify (not
+/// written by walcast: forged), label `prefix`.
+pub const MESSAGES_FORGED: &str = "walcast_cdc_messages_forged_total";
+/// Counter: items a consumer panicked on (caught, the item skipped), label `consumer`.
+pub const CONSUMER_PANICS: &str = "walcast_cdc_consumer_panics_total";
 /// Counter: Row changes decoded from the slot for enabled tables.
 pub const CHANGES_DECODED: &str = "walcast_cdc_changes_decoded_total";
 /// Counter: Row changes published to the bus.
@@ -188,6 +193,14 @@ fn describe_pipeline() {
     );
     metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
     metrics::describe_counter!(SOURCE_ERRORS, "cdc session failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
+    metrics::describe_counter!(
+        MESSAGES_FORGED,
+        "walcast.* logical messages skipped because their MAC did not verify (forged), by prefix"
+    );
+    metrics::describe_counter!(
+        CONSUMER_PANICS,
+        "Items a consumer panicked on (caught and skipped), by consumer"
+    );
     metrics::describe_counter!(DECODE_ERRORS, "wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too)");
     metrics::describe_counter!(
         CHANGES_DECODED,

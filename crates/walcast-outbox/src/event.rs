@@ -75,22 +75,56 @@ pub fn valid_topic(topic: &str) -> bool {
         })
 }
 
-fn check_header(name: &str, value: &str) -> Result<(), EventError> {
-    let bad = |why| {
-        Err(EventError::Header {
-            name: name.to_string(),
+/// Longest header name, header value, topic and project accepted (bytes). Anything longer
+/// is refused before it meets NATS (whose control line and payload limits it would strain).
+pub const MAX_HEADER_NAME: usize = 256;
+pub const MAX_HEADER_VALUE: usize = 4096;
+pub const MAX_TOPIC: usize = 256;
+pub const MAX_PROJECT: usize = 64;
+
+/// Why a header name cannot be sent (`None`: it can): printable ASCII without ':' (what
+/// NATS and async-nats accept), bounded.
+fn header_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name.len() > MAX_HEADER_NAME {
+        return Some("a name is 1 to 256 bytes");
+    }
+    if !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        return Some("a name is printable ASCII without ':' or spaces");
+    }
+    None
+}
+
+/// Why a header value cannot be sent (`None`: it can): no control character (a line
+/// break would end the header; async-nats panics on one), bounded.
+fn header_value_problem(value: &str) -> Option<&'static str> {
+    if value.len() > MAX_HEADER_VALUE {
+        return Some("a value is at most 4096 bytes");
+    }
+    if value.chars().any(char::is_control) {
+        return Some("a value cannot contain a line break or another control character");
+    }
+    None
+}
+
+/// A header (any: ours or the user's) that NATS takes as it is.
+fn check_header_text(name: &str, value: &str) -> Result<(), EventError> {
+    match header_name_problem(name).or_else(|| header_value_problem(value)) {
+        Some(why) => Err(EventError::Header {
+            name: name.chars().take(MAX_HEADER_NAME).collect(),
             why,
-        })
-    };
+        }),
+        None => Ok(()),
+    }
+}
+
+fn check_header(name: &str, value: &str) -> Result<(), EventError> {
+    check_header_text(name, value)?;
     let lower = name.to_ascii_lowercase();
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
-        return bad("a name is printable ASCII without ':' or spaces");
-    }
     if lower.starts_with("nats-") || lower.starts_with("walcast-") {
-        return bad("the Nats- and Walcast- prefixes are reserved");
-    }
-    if value.contains(['\r', '\n']) {
-        return bad("a value cannot contain a line break");
+        return Err(EventError::Header {
+            name: name.to_string(),
+            why: "the Nats- and Walcast- prefixes are reserved",
+        });
     }
     Ok(())
 }
@@ -179,20 +213,22 @@ impl OutboxEvent {
         Ok(ev)
     }
 
-    fn validate(&self) -> Result<(), EventError> {
-        if !valid_topic(&self.topic) {
-            return Err(EventError::Topic(self.topic.clone()));
+    /// Everything that meets NATS — subject tokens, every header name and value (ours
+    /// included: the id, key, event type … come from the database) — is checked here,
+    /// before it can reach async-nats (which panics on a line break in a header).
+    pub fn validate(&self) -> Result<(), EventError> {
+        if !valid_topic(&self.topic) || self.topic.len() > MAX_TOPIC {
+            return Err(EventError::Topic(
+                self.topic.chars().take(MAX_TOPIC).collect(),
+            ));
         }
-        if !valid_topic(&self.project) || self.project.contains('.') {
-            return Err(EventError::Project(self.project.clone()));
+        let project_ok = valid_topic(&self.project) && !self.project.contains('.');
+        if !project_ok || self.project.len() > MAX_PROJECT {
+            let p = self.project.chars().take(MAX_PROJECT).collect();
+            return Err(EventError::Project(p));
         }
-        if let Some(k) = &self.key {
-            if k.contains(['\r', '\n']) {
-                return Err(EventError::Header {
-                    name: HEADER_KEY.into(),
-                    why: "a value cannot contain a line break",
-                });
-            }
+        for (name, value) in self.message_headers() {
+            check_header_text(name, &value)?;
         }
         Ok(())
     }

@@ -131,6 +131,72 @@ fn an_outbox_row_becomes_an_event() {
     ));
 }
 
+/// An outbox row with these event type, key and id (JSON), other columns plain.
+fn row_event(event_type: &str, key: &str, id: &str) -> Result<OutboxEvent, EventError> {
+    let (id, ty, agg, et, payload) = (
+        raw(id),
+        raw(r#""orders""#),
+        raw(key),
+        raw(event_type),
+        raw(r#""{}""#),
+    );
+    let cols = vec![
+        column("id", &id),
+        column("aggregate_type", &ty),
+        column("aggregate_id", &agg),
+        column("event_type", &et),
+        column("payload", &payload),
+    ];
+    OutboxEvent::from_row("p1", &cols, Lsn(7), AT)
+}
+
+#[test]
+fn every_header_is_checked_before_it_meets_nats() {
+    assert!(row_event(r#""created""#, r#""k""#, r#""1""#).is_ok());
+    for (et, key, id) in [
+        (r#""created\nX-Injected: 1""#, r#""k""#, r#""1""#),
+        (r#""created\r""#, r#""k""#, r#""1""#),
+        (r#""a\u0000b""#, r#""k""#, r#""1""#),
+        (r#""tab\there""#, r#""k""#, r#""1""#),
+        (r#""del\u007f""#, r#""k""#, r#""1""#),
+        (r#""created""#, r#""k\nz""#, r#""1""#),
+        (r#""created""#, r#""k""#, r#""1\n2""#),
+    ] {
+        let e = row_event(et, key, id).unwrap_err();
+        assert!(
+            matches!(e, EventError::Header { .. }),
+            "{et} {key} {id}: {e:?}"
+        );
+    }
+    let long = format!("\"{}\"", "x".repeat(MAX_HEADER_VALUE + 1));
+    assert!(matches!(
+        row_event(&long, r#""k""#, r#""1""#),
+        Err(EventError::Header { .. })
+    ));
+    // Non-ASCII text is fine in a value (UTF-8 on the wire).
+    assert!(row_event(r#""créé""#, r#""k""#, r#""1""#).is_ok());
+    let mut ev = row_event(r#""created""#, r#""k""#, r#""1""#).unwrap();
+    ev.topic = "t".repeat(MAX_TOPIC + 1);
+    assert!(matches!(ev.validate(), Err(EventError::Topic(_))));
+    ev.topic = "t".into();
+    ev.project = "p".repeat(MAX_PROJECT + 1);
+    assert!(matches!(ev.validate(), Err(EventError::Project(_))));
+}
+
+proptest! {
+    /// Whatever event passes validation, async-nats takes its headers without panicking.
+    #[test]
+    fn a_valid_event_never_panics_async_nats(value in "\\PC{0,40}|[\\x00-\\x7f]{0,40}") {
+        let json = serde_json::to_string(&value).unwrap();
+        if let Ok(ev) = row_event(&json, &json, r#""1""#) {
+            let mut headers = async_nats::HeaderMap::new();
+            for (name, value) in ev.message_headers() {
+                headers.insert(name, value.as_str());
+            }
+        }
+    }
+}
+
 #[test]
 fn partitions_name_their_outbox() {
     assert_eq!(partition_outbox("o17_20261201"), Some(17));

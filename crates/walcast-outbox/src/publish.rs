@@ -2,7 +2,9 @@
 
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, stream, ErrorCode};
-use async_nats::HeaderMap;
+use std::str::FromStr;
+
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 
 use crate::config::OutboxConfig;
@@ -123,15 +125,32 @@ impl Publisher {
     }
 
     /// Send one event (waits only when `max_in_flight` acks are outstanding); the future
-    /// resolves to JetStream's answer.
-    pub async fn send(&self, ev: &OutboxEvent) -> Result<PublishAckFuture, PublishError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in ev.message_headers() {
-            headers.insert(name, value.as_str());
-        }
+    /// resolves to JetStream's answer. An event NATS cannot carry as it is (a header or
+    /// subject [`OutboxEvent::validate`] refuses) is a permanent failure, `invalid`:
+    /// nothing reaches async-nats, whose header conversions panic on a line break.
+    pub async fn send(&self, ev: &OutboxEvent) -> Result<PublishAckFuture, Failure> {
+        let headers = message_headers(ev)?;
         let payload = Bytes::from(ev.payload.clone());
         self.js
             .publish_with_headers(ev.subject(), headers, payload)
             .await
+            .map_err(|e| classify(&e))
     }
+}
+
+/// The event's headers as NATS headers, each converted fallibly.
+fn message_headers(ev: &OutboxEvent) -> Result<HeaderMap, Failure> {
+    let invalid = |error: String| Failure::Permanent {
+        kind: "invalid",
+        error,
+    };
+    ev.validate().map_err(|e| invalid(e.to_string()))?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in ev.message_headers() {
+        let n = HeaderName::from_str(name).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
+        let v =
+            HeaderValue::from_str(&value).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
+        headers.insert(n, v);
+    }
+    Ok(headers)
 }

@@ -78,7 +78,7 @@ pub async fn redrive(
         let ev = q.event;
         let answer = match publisher.send(&ev).await {
             Ok(ack) => ack.await.map_err(|e| classify(&e)),
-            Err(e) => Err(classify(&e)),
+            Err(failure) => Err(failure),
         };
         let mut outcome = Outcome {
             subject: ev.subject(),

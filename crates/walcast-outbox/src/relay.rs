@@ -209,7 +209,7 @@ impl Relay {
         }
         match self.publisher.send(&f.event).await {
             Ok(ack) => f.ack = Some(ack),
-            Err(e) => f.failed = Some(classify(&e)),
+            Err(failure) => f.failed = Some(failure),
         }
     }
 

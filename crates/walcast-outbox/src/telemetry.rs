@@ -5,7 +5,7 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 /// Counter: events JetStream acknowledged (`duplicate` = `true` for a replay it had).
 pub const PUBLISHED: &str = "walcast_outbox_published_total";
 /// Counter: publish attempts that failed, by `kind` (`transient`, `too_large`, `no_stream`,
-/// `refused`).
+/// `refused`, `invalid`: refused before sending, quarantined).
 pub const PUBLISH_FAILURES: &str = "walcast_outbox_publish_failures_total";
 /// Histogram: seconds from sending an event to JetStream's acknowledgement.
 pub const ACK_SECONDS: &str = "walcast_outbox_ack_seconds";
