@@ -5,16 +5,18 @@
 //! WAL position P matches every change whose commit LSN is after P: since it is in the
 //! index before P is read, any such transaction is decoded after it was added.
 //!
-//! Subscriptions are grouped in classes ([`walcast_bus::subs::class_key`]: same table,
-//! event, filter and role): a change is matched once per class, whatever the number of
-//! subscribers, and each class keeps its subscriptions per front (copied on write, so a
-//! match hands them out without copying them).
+//! Subscriptions are grouped in classes ([`ClassFields`]: same project, table, event,
+//! filter, selected columns and role, named by [`ClassFields::key`]): a change is matched
+//! once per class, whatever the number of subscribers, and each class keeps its
+//! subscriptions per front (copied on write, so a match hands them out without copying
+//! them). A subscription joins a class only if its fields equal the class's: one whose key
+//! names a class with other fields (a collision) is refused, never merged.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use walcast_bus::subs::{class_key, SubscriptionSpec, FRONT_EXPIRY};
+use walcast_bus::subs::{ClassFields, SubscriptionSpec, FRONT_EXPIRY};
 use walcast_bus::ChangeKind;
 use walcast_protocol::filter::{ColumnText, Filter, RecordView};
 use walcast_wal2json::{Column, Lsn};
@@ -30,7 +32,8 @@ pub struct Sub {
     /// The claims as JSON text, as bound for `request.jwt.claims` (subscribers with the
     /// same text share RLS checks).
     pub claims_json: String,
-    /// Its [`class_key`].
+    /// Its class's fields, and their key ([`ClassFields::key`]).
+    pub fields: ClassFields,
     pub class: String,
     /// When the worker registered it (a sync list older than that may lack it).
     registered: Instant,
@@ -43,9 +46,11 @@ pub const SYNC_GRACE: Duration = walcast_bus::subs::SYNC_INTERVAL;
 
 impl Sub {
     pub fn new(spec: SubscriptionSpec, filter: Option<Filter>, effective_from: Lsn) -> Sub {
+        let fields = ClassFields::of(&spec);
         Sub {
             claims_json: serde_json::to_string(&spec.claims).unwrap_or_default(),
-            class: class_key(&spec),
+            class: fields.key(),
+            fields,
             spec,
             filter,
             effective_from,
@@ -62,6 +67,8 @@ impl Sub {
 #[derive(Debug)]
 pub struct Class {
     pub key: String,
+    /// What its subscriptions have in common (every member's fields equal these).
+    pub fields: ClassFields,
     /// The JWT `role` claim (empty when there is none).
     pub role: String,
     filter: Option<Filter>,
@@ -72,13 +79,15 @@ pub struct Class {
 
 impl Class {
     fn of(sub: &Sub) -> Class {
-        let e = sub.spec.event.to_ascii_uppercase();
+        let f = &sub.fields;
+        let e = f.event.as_str();
         let all = e == "*";
         Class {
             key: sub.class.clone(),
-            role: sub.role().unwrap_or_default().to_string(),
+            fields: f.clone(),
+            role: f.role.clone(),
             filter: sub.filter.clone(),
-            select: walcast_bus::subs::selected(&sub.spec).map(|c| c.into_iter().collect()),
+            select: f.select.as_ref().map(|c| c.iter().cloned().collect()),
             kinds: [
                 all || e == "INSERT",
                 all || e == "UPDATE",
@@ -146,8 +155,9 @@ fn key_of(spec: &SubscriptionSpec) -> Key {
 
 impl State {
     /// Remove `gone` and add `new` (replacing subscriptions of the same id), rebuilding
-    /// each touched bucket once.
-    fn apply(&mut self, gone: &[String], new: Vec<Sub>) {
+    /// each touched bucket once. Returns the ids of `new` refused because their key names
+    /// a class with other fields (see [`State::collides`]); they are not added.
+    fn apply(&mut self, gone: &[String], new: Vec<Sub>) -> Vec<String> {
         let mut removed: HashMap<(String, String), HashSet<*const Sub>> = HashMap::new();
         let mut added: HashMap<(String, String), Vec<Arc<Sub>>> = HashMap::new();
         let new: Vec<Arc<Sub>> = new.into_iter().map(Arc::new).collect();
@@ -160,7 +170,12 @@ impl State {
                     .insert(Arc::as_ptr(&old));
             }
         }
+        let mut refused = Vec::new();
         for sub in new {
+            if self.collides(&sub) {
+                refused.push(sub.spec.id.clone());
+                continue;
+            }
             self.fronts.insert(sub.spec.front.clone(), Instant::now());
             self.by_id.insert(sub.spec.id.clone(), sub.clone());
             if !self.classes.contains_key(&sub.class) {
@@ -192,6 +207,26 @@ impl State {
             );
         }
         metrics::gauge!(crate::telemetry::SUBSCRIPTIONS).set(self.by_id.len() as f64);
+        refused
+    }
+
+    /// Whether `sub`'s key names a class whose fields are not `sub`'s (a collision, or a
+    /// forged key): such a subscription must never be merged into it, or it would get
+    /// what that class's role, filter and columns allow. Counted and logged.
+    fn collides(&self, sub: &Sub) -> bool {
+        let Some(entry) = self.classes.get(&sub.class) else {
+            return false;
+        };
+        if entry.class.fields == sub.fields {
+            return false;
+        }
+        metrics::counter!(crate::telemetry::CLASS_COLLISIONS).increment(1);
+        tracing::error!(
+            class = %sub.class,
+            id = %sub.spec.id,
+            "a subscription's class key names a class with other fields: refused"
+        );
+        true
     }
 
     fn rebuild(&mut self, class: &str, front: &str, gone: HashSet<*const Sub>, new: Vec<Arc<Sub>>) {
@@ -272,14 +307,18 @@ impl Matcher {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Add (or replace, by id) a subscription.
-    pub fn insert(&self, sub: Sub) {
-        self.insert_all(vec![sub]);
+    /// Add (or replace, by id) a subscription; `false` if refused (see
+    /// [`Matcher::insert_all`]).
+    pub fn insert(&self, sub: Sub) -> bool {
+        self.insert_all(vec![sub]).is_empty()
     }
 
-    /// Add (or replace, by id) subscriptions, as one edit.
-    pub fn insert_all(&self, subs: Vec<Sub>) {
-        self.write().apply(&[], subs);
+    /// Add (or replace, by id) subscriptions, as one edit. Returns the ids refused because
+    /// their class key names a class with other fields (a replaced subscription of such an
+    /// id is gone).
+    #[must_use]
+    pub fn insert_all(&self, subs: Vec<Sub>) -> Vec<String> {
+        self.write().apply(&[], subs)
     }
 
     pub fn remove(&self, ids: &[String]) {
@@ -538,6 +577,53 @@ mod tests {
             &SliceRecord(&rec),
         ));
         assert_eq!(got, ["ok"]);
+    }
+
+    #[test]
+    fn a_forced_key_never_merges_classes_with_other_fields() {
+        let m = Matcher::default();
+        let service = SubscriptionSpec {
+            claims: serde_json::json!({"role": "service_role"}),
+            ..spec("svc", Some("t"), "*", None)
+        };
+        assert!(m.insert(Sub::new(service, None, Lsn(0))));
+        // An anon subscription whose key was made to equal the service_role class's.
+        let forged = |id: &str, select: Option<Vec<String>>| {
+            let mut sub = Sub::new(
+                SubscriptionSpec {
+                    select,
+                    ..spec(id, Some("t"), "*", None)
+                },
+                None,
+                Lsn(0),
+            );
+            sub.class = m.read().by_id["svc"].class.clone();
+            sub
+        };
+        assert!(!m.insert(forged("anon", None)), "another role: refused");
+        let refused = m.insert_all(vec![
+            forged("anon2", Some(vec!["x".into()])),
+            forged("anon3", None),
+        ]);
+        assert_eq!(refused, ["anon2", "anon3"]);
+        assert_eq!(m.len(), 1);
+        let rec = [("id", "int4", Some("1"))];
+        let got = ids(m.matches(
+            "default",
+            "public",
+            "t",
+            ChangeKind::Insert,
+            Lsn(1),
+            &SliceRecord(&rec),
+        ));
+        assert_eq!(got, ["svc"]);
+        // The same fields do join the class.
+        let twin = SubscriptionSpec {
+            claims: serde_json::json!({"role": "service_role", "sub": "other"}),
+            ..spec("svc2", Some("t"), "*", None)
+        };
+        assert!(m.insert(Sub::new(twin, None, Lsn(0))));
+        assert_eq!(m.read().classes.len(), 1);
     }
 
     #[test]
