@@ -109,3 +109,66 @@ async fn anon_and_service_role_classes_stay_apart_and_select_is_checked() {
     let got = changes_within(&mut anon_c, Duration::from_secs(5)).await;
     assert_eq!(ids_of(&got), [3, 3]);
 }
+
+/// One tenant cannot add classes without bound: past `CDC_MAX_CLASSES_PER_PROJECT`, a
+/// registration of one more class is refused with a readable error, while joining an
+/// existing class, and other projects' subscriptions, still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_are_capped_per_project() {
+    use walcast_bus::subs::{RegisterRequest, SubsClient, SubscriptionSpec};
+    let _machine = crate::support::shared().await;
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    stack.enable("t");
+    let mut worker = stack.worker(&[("CDC_MAX_CLASSES_PER_PROJECT", "3")]);
+    worker.wait_active(Duration::from_secs(60));
+    let bus = walcast_bus::Bus::nats(&stack.nats.url(), "cap-front")
+        .await
+        .unwrap();
+    let subs = SubsClient::new(&bus, None).unwrap();
+    let spec = |n: u32, filter: &str| SubscriptionSpec {
+        id: format!("cap-front:{n}"),
+        front: "cap-front".into(),
+        project: "default".into(),
+        schema: "public".into(),
+        table: Some("t".into()),
+        event: "*".into(),
+        filter: Some(filter.into()),
+        select: None,
+        claims: json!({"role": "anon"}),
+        from: None,
+    };
+    let filters = [
+        "id=eq.1",
+        "id=eq.2",
+        "id=eq.3",
+        "id=eq.4",
+        "v=like.%x%",
+        "id=eq.1",
+    ];
+    let reply = subs
+        .register(
+            RegisterRequest {
+                subs: (0..).zip(filters).map(|(n, f)| spec(n, f)).collect(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("worker answers");
+    let oks: Vec<bool> = reply.results.iter().map(|r| r.ok).collect();
+    assert_eq!(
+        oks,
+        [true, true, true, false, false, true],
+        "{:?}",
+        reply.results
+    );
+    let why = reply.results[3].error.as_deref().unwrap_or_default();
+    assert!(
+        why.contains(r#"project "default" has 3 distinct subscriptions"#),
+        "{why}"
+    );
+    assert_eq!(
+        worker.metric(r#"walcast_cdc_classes_refused_total{limit="project"}"#),
+        Some(2.0)
+    );
+}

@@ -10,7 +10,7 @@ use walcast_bus::subs::{
     BoxFuture, RegisterReply, RegisterRequest, RegisterResult, SubsHandler, SubscriptionSpec,
     SyncMessage, UnregisterRequest,
 };
-use walcast_protocol::filter::Filter;
+use walcast_protocol::filter::{CompiledFilter, Filter};
 use walcast_wal2json::Lsn;
 
 use crate::fronts::FrontsRecord;
@@ -160,11 +160,14 @@ impl Registrar {
                 }),
             }
         }
-        let (at, collided) = self.place(client, accepted).await?;
-        for r in results.iter_mut().filter(|r| collided.contains(&r.id)) {
-            r.ok = false;
-            r.by_class = false;
-            r.error = Some(COLLISION.to_string());
+        let (at, refused) = self.place(client, accepted).await?;
+        let refused: HashMap<String, String> = refused.into_iter().collect();
+        for r in &mut results {
+            if let Some(why) = refused.get(&r.id) {
+                r.ok = false;
+                r.by_class = false;
+                r.error = Some(why.clone());
+            }
         }
         Ok(RegisterReply {
             results,
@@ -173,13 +176,12 @@ impl Registrar {
     }
 
     /// Put accepted subscriptions into the matcher; returns the position they are
-    /// effective from, and the ids the matcher refused (their class key names a class with
-    /// other fields).
+    /// effective from, and those the matcher refused (see [`Matcher::insert_all`]).
     async fn place(
         &self,
         client: &Client,
-        accepted: Vec<(SubscriptionSpec, Option<Filter>)>,
-    ) -> Result<(Lsn, Vec<String>), CdcError> {
+        accepted: Vec<(SubscriptionSpec, Option<CompiledFilter>)>,
+    ) -> Result<(Lsn, Vec<crate::matcher::Refusal>), CdcError> {
         // A new front is recorded before its registration is answered, so a leader that
         // takes over after the answer waits for it.
         let fronts = accepted.iter().map(|(s, _)| s.front.as_str());
@@ -197,7 +199,7 @@ impl Registrar {
         );
         let accepted: Vec<_> = accepted
             .into_iter()
-            .filter(|(spec, _)| !refused.contains(&spec.id))
+            .filter(|(spec, _)| !refused.iter().any(|(id, _)| *id == spec.id))
             .collect();
         let count = accepted.len();
         let at: String = client
@@ -222,10 +224,6 @@ impl Registrar {
         Ok((at, refused))
     }
 }
-
-/// Why a subscription whose class key names a class with other fields is refused.
-pub const COLLISION: &str = "Unable to subscribe to changes: its class key names a class with \
-     other parameters (refused, never merged)";
 
 /// Most entries a binding's `select` may have (Postgres' limit of columns per table).
 pub const MAX_SELECT_COLUMNS: usize = 1600;
@@ -290,7 +288,7 @@ async fn validate(
     spec: &SubscriptionSpec,
     enabled: &[realtime_tables::TableRef],
     columns: &mut ColumnCache,
-) -> Result<Result<Option<Filter>, String>, tokio_postgres::Error> {
+) -> Result<Result<Option<CompiledFilter>, String>, tokio_postgres::Error> {
     let unable = || {
         format!(
             "Unable to subscribe to changes with given parameters. Please check Realtime is enabled for the given connect parameters: {}",
@@ -327,7 +325,11 @@ async fn validate(
     if let Err(message) = check_select(client, spec, enabled, columns).await? {
         return Ok(Err(message));
     }
-    Ok(Ok(filter))
+    // Its patterns compiled once, here, for every change it is evaluated on.
+    match filter.map(CompiledFilter::new).transpose() {
+        Ok(compiled) => Ok(Ok(compiled)),
+        Err(e) => Ok(Err(format!("Error parsing `filter` params: {e}"))),
+    }
 }
 
 /// A `select` of at most [`MAX_SELECT_COLUMNS`] names of at most [`MAX_SELECT_NAME`] bytes.

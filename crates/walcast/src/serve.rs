@@ -32,7 +32,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
-    let registrar = Registrar::new(Matcher::new(), db.database_url.clone());
+    let registrar = Registrar::new(
+        Matcher::with_limits(cdc.class_limits()),
+        db.database_url.clone(),
+    );
     let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
     let subs = SubsClient::new(&bus, Some(local))?;
     // The front's admin requests (project directory, REST API) need only the database,
