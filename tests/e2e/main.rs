@@ -9,6 +9,7 @@ mod crash;
 mod drain;
 mod front_hostile;
 mod front_slow;
+mod hostile_classes;
 mod hostile_messages;
 mod lease;
 mod nats_outage;

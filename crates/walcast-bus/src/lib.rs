@@ -16,6 +16,7 @@ pub mod admin;
 pub mod beacon;
 pub mod broadcast;
 mod bus;
+pub mod class;
 pub mod event;
 mod local;
 mod nats;

@@ -33,6 +33,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use walcast_wal2json::Lsn;
 
+pub use crate::class::{is_class_key, ClassFields};
 use crate::resync::request_resync;
 pub use crate::resync::{
     FrontHello, KnownFronts, ResyncProgress, ResyncSummary, ResyncWait, FRONT_ALIVE, RESYNC_GRACE,
@@ -88,43 +89,14 @@ pub fn selected(spec: &SubscriptionSpec) -> Option<Vec<String>> {
     })
 }
 
-/// The class of a subscription: subscriptions with the same project, schema, table,
-/// event, filter, selected columns and role see the same changes of tables they can read without row-level
-/// security, so the worker matches and names them once per class (`c` and 16 hex digits;
-/// a subscription id always has a `:`). Fronts and worker compute it the same way.
+/// The class of a subscription: its [`ClassFields`] named by [`ClassFields::key`]
+/// (`c` and 32 hex digits of a SHA-256; a subscription id always has a `:`). Subscriptions
+/// with the same project, schema, table, event, filter, selected columns and role see the
+/// same changes of tables they can read without row-level security, so the worker
+/// matches and names them once per class. Fronts and worker compute it the same way, and
+/// both compare the full fields whenever a subscription joins a class by key.
 pub fn class_key(spec: &SubscriptionSpec) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let role = spec
-        .claims
-        .get("role")
-        .and_then(|r| r.as_str())
-        .unwrap_or_default();
-    let filter = spec.filter.as_deref().map(str::trim).unwrap_or_default();
-    let table = spec.table.as_deref().unwrap_or("\u{1}*");
-    let event = spec.event.to_ascii_uppercase();
-    // `\u{1}` separates selected columns (never in a name); no `select` adds nothing, so
-    // classes without one keep their keys.
-    let select = selected(spec).map(|c| format!("\u{1}{}", c.join("\u{1}")));
-    let parts = [
-        spec.project.as_str(),
-        spec.schema.as_str(),
-        table,
-        event.as_str(),
-        filter,
-        role,
-    ];
-    for part in parts.into_iter().chain(select.as_deref()) {
-        for b in part.as_bytes().iter().chain([&0u8]) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("c{h:016x}")
-}
-
-/// True for a [`class_key`] (as opposed to a subscription id).
-pub fn is_class_key(s: &str) -> bool {
-    s.len() == 17 && s.starts_with('c') && !s.contains(':')
+    ClassFields::of(spec).key()
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]

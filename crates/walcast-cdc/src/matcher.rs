@@ -5,18 +5,20 @@
 //! WAL position P matches every change whose commit LSN is after P: since it is in the
 //! index before P is read, any such transaction is decoded after it was added.
 //!
-//! Subscriptions are grouped in classes ([`walcast_bus::subs::class_key`]: same table,
-//! event, filter and role): a change is matched once per class, whatever the number of
-//! subscribers, and each class keeps its subscriptions per front (copied on write, so a
-//! match hands them out without copying them).
+//! Subscriptions are grouped in classes ([`ClassFields`]: same project, table, event,
+//! filter, selected columns and role, named by [`ClassFields::key`]): a change is matched
+//! once per class, whatever the number of subscribers, and each class keeps its
+//! subscriptions per front (copied on write, so a match hands them out without copying
+//! them). A subscription joins a class only if its fields equal the class's: one whose key
+//! names a class with other fields (a collision) is refused, never merged.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use walcast_bus::subs::{class_key, SubscriptionSpec, FRONT_EXPIRY};
+use walcast_bus::subs::{ClassFields, SubscriptionSpec, FRONT_EXPIRY};
 use walcast_bus::ChangeKind;
-use walcast_protocol::filter::{ColumnText, Filter, RecordView};
+use walcast_protocol::filter::{ColumnText, CompiledFilter, RecordView};
 use walcast_wal2json::{Column, Lsn};
 
 use crate::types::TypeCache;
@@ -25,16 +27,51 @@ use crate::types::TypeCache;
 #[derive(Debug)]
 pub struct Sub {
     pub spec: SubscriptionSpec,
-    pub filter: Option<Filter>,
+    /// Its filter, patterns compiled once.
+    pub filter: Option<CompiledFilter>,
     pub effective_from: Lsn,
     /// The claims as JSON text, as bound for `request.jwt.claims` (subscribers with the
     /// same text share RLS checks).
     pub claims_json: String,
-    /// Its [`class_key`].
+    /// Its class's fields, and their key ([`ClassFields::key`]).
+    pub fields: ClassFields,
     pub class: String,
     /// When the worker registered it (a sync list older than that may lack it).
     registered: Instant,
 }
+
+/// Default of [`ClassLimits::per_project`].
+pub const DEFAULT_MAX_CLASSES_PER_PROJECT: usize = 10_000;
+/// Default of [`ClassLimits::per_front`].
+pub const DEFAULT_MAX_CLASSES_PER_FRONT: usize = 50_000;
+
+/// How many classes the matcher keeps: every class costs a filter evaluation per change
+/// of its tables, on the path every project shares, so one tenant (or one socket) must
+/// not be able to add them without bound. A registration that would add one more is
+/// refused with a readable error; joining an existing class is always possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassLimits {
+    /// Classes of one project.
+    pub per_project: usize,
+    /// Classes with a subscription of one front.
+    pub per_front: usize,
+}
+
+impl Default for ClassLimits {
+    fn default() -> ClassLimits {
+        ClassLimits {
+            per_project: DEFAULT_MAX_CLASSES_PER_PROJECT,
+            per_front: DEFAULT_MAX_CLASSES_PER_FRONT,
+        }
+    }
+}
+
+/// Why a subscription whose class key names a class with other fields is refused.
+pub const COLLISION: &str = "Unable to subscribe to changes: its class key names a class with \
+     other parameters (refused, never merged)";
+
+/// A refused subscription: its id and the reason sent to its client.
+pub type Refusal = (String, String);
 
 /// A sync list leaves alone subscriptions registered less than this long ago: the list
 /// was taken before their registration reached us (a front sends both on one connection,
@@ -42,10 +79,12 @@ pub struct Sub {
 pub const SYNC_GRACE: Duration = walcast_bus::subs::SYNC_INTERVAL;
 
 impl Sub {
-    pub fn new(spec: SubscriptionSpec, filter: Option<Filter>, effective_from: Lsn) -> Sub {
+    pub fn new(spec: SubscriptionSpec, filter: Option<CompiledFilter>, effective_from: Lsn) -> Sub {
+        let fields = ClassFields::of(&spec);
         Sub {
             claims_json: serde_json::to_string(&spec.claims).unwrap_or_default(),
-            class: class_key(&spec),
+            class: fields.key(),
+            fields,
             spec,
             filter,
             effective_from,
@@ -62,9 +101,11 @@ impl Sub {
 #[derive(Debug)]
 pub struct Class {
     pub key: String,
+    /// What its subscriptions have in common (every member's fields equal these).
+    pub fields: ClassFields,
     /// The JWT `role` claim (empty when there is none).
     pub role: String,
-    filter: Option<Filter>,
+    filter: Option<CompiledFilter>,
     kinds: [bool; 3],
     /// The binding's `select`: only these columns (and the key) are sent.
     pub select: Option<BTreeSet<String>>,
@@ -72,13 +113,15 @@ pub struct Class {
 
 impl Class {
     fn of(sub: &Sub) -> Class {
-        let e = sub.spec.event.to_ascii_uppercase();
+        let f = &sub.fields;
+        let e = f.event.as_str();
         let all = e == "*";
         Class {
             key: sub.class.clone(),
-            role: sub.role().unwrap_or_default().to_string(),
+            fields: f.clone(),
+            role: f.role.clone(),
             filter: sub.filter.clone(),
-            select: walcast_bus::subs::selected(&sub.spec).map(|c| c.into_iter().collect()),
+            select: f.select.as_ref().map(|c| c.iter().cloned().collect()),
             kinds: [
                 all || e == "INSERT",
                 all || e == "UPDATE",
@@ -134,6 +177,10 @@ struct State {
     classes: HashMap<String, ClassEntry>,
     by_id: HashMap<String, Arc<Sub>>,
     fronts: HashMap<String, Instant>,
+    limits: ClassLimits,
+    /// Classes per project, and classes with a subscription of each front.
+    per_project: HashMap<String, usize>,
+    per_front: HashMap<String, usize>,
 }
 
 fn key_of(spec: &SubscriptionSpec) -> Key {
@@ -146,8 +193,9 @@ fn key_of(spec: &SubscriptionSpec) -> Key {
 
 impl State {
     /// Remove `gone` and add `new` (replacing subscriptions of the same id), rebuilding
-    /// each touched bucket once.
-    fn apply(&mut self, gone: &[String], new: Vec<Sub>) {
+    /// each touched bucket once. Returns those of `new` refused (see [`State::admit`]);
+    /// they are not added.
+    fn apply(&mut self, gone: &[String], new: Vec<Sub>) -> Vec<Refusal> {
         let mut removed: HashMap<(String, String), HashSet<*const Sub>> = HashMap::new();
         let mut added: HashMap<(String, String), Vec<Arc<Sub>>> = HashMap::new();
         let new: Vec<Arc<Sub>> = new.into_iter().map(Arc::new).collect();
@@ -160,7 +208,12 @@ impl State {
                     .insert(Arc::as_ptr(&old));
             }
         }
+        let mut refused = Vec::new();
         for sub in new {
+            if let Err(why) = self.admit(&sub, &added) {
+                refused.push((sub.spec.id.clone(), why));
+                continue;
+            }
             self.fronts.insert(sub.spec.front.clone(), Instant::now());
             self.by_id.insert(sub.spec.id.clone(), sub.clone());
             if !self.classes.contains_key(&sub.class) {
@@ -169,10 +222,19 @@ impl State {
                     fronts: BTreeMap::new(),
                 };
                 self.classes.insert(sub.class.clone(), entry);
+                *self
+                    .per_project
+                    .entry(sub.spec.project.clone())
+                    .or_default() += 1;
                 self.by_key
                     .entry(key_of(&sub.spec))
                     .or_default()
                     .push(sub.class.clone());
+            }
+            let pair = (sub.class.clone(), sub.spec.front.clone());
+            let has_front = self.classes[&sub.class].fronts.contains_key(&pair.1);
+            if !has_front && !added.contains_key(&pair) {
+                *self.per_front.entry(pair.1.clone()).or_default() += 1;
             }
             added
                 .entry((sub.class.clone(), sub.spec.front.clone()))
@@ -192,13 +254,72 @@ impl State {
             );
         }
         metrics::gauge!(crate::telemetry::SUBSCRIPTIONS).set(self.by_id.len() as f64);
+        refused
+    }
+
+    /// Whether `sub` may be added (`added`: the (class, front) pairs this edit adds so
+    /// far): its key must not name a class of other fields, and a new class must fit the
+    /// [`ClassLimits`] of its project and front.
+    fn admit(
+        &self,
+        sub: &Sub,
+        added: &HashMap<(String, String), Vec<Arc<Sub>>>,
+    ) -> Result<(), String> {
+        if self.collides(sub) {
+            return Err(COLLISION.to_string());
+        }
+        let (project, front) = (&sub.spec.project, &sub.spec.front);
+        let entry = self.classes.get(&sub.class);
+        let count = |m: &HashMap<String, usize>, k: &str| m.get(k).copied().unwrap_or(0);
+        let full = |limit: &'static str, max: usize, what: String| {
+            metrics::counter!(crate::telemetry::CLASSES_REFUSED, "limit" => limit).increment(1);
+            tracing::warn!(id = %sub.spec.id, limit, max, "subscription refused: too many classes");
+            Err(format!(
+                "Unable to subscribe to changes: {what} has {max} distinct subscriptions \
+                 (classes: table, event, filter, columns and role) already, the most allowed"
+            ))
+        };
+        if entry.is_none() && count(&self.per_project, project) >= self.limits.per_project {
+            return full(
+                "project",
+                self.limits.per_project,
+                format!("project {project:?}"),
+            );
+        }
+        let pair = (sub.class.clone(), front.clone());
+        let new_for_front =
+            entry.is_none_or(|e| !e.fronts.contains_key(front)) && !added.contains_key(&pair);
+        if new_for_front && count(&self.per_front, front) >= self.limits.per_front {
+            return full("front", self.limits.per_front, "this front".to_string());
+        }
+        Ok(())
+    }
+
+    /// Whether `sub`'s key names a class whose fields are not `sub`'s (a collision, or a
+    /// forged key): such a subscription must never be merged into it, or it would get
+    /// what that class's role, filter and columns allow. Counted and logged.
+    fn collides(&self, sub: &Sub) -> bool {
+        let Some(entry) = self.classes.get(&sub.class) else {
+            return false;
+        };
+        if entry.class.fields == sub.fields {
+            return false;
+        }
+        metrics::counter!(crate::telemetry::CLASS_COLLISIONS).increment(1);
+        tracing::error!(
+            class = %sub.class,
+            id = %sub.spec.id,
+            "a subscription's class key names a class with other fields: refused"
+        );
+        true
     }
 
     fn rebuild(&mut self, class: &str, front: &str, gone: HashSet<*const Sub>, new: Vec<Arc<Sub>>) {
         let Some(entry) = self.classes.get_mut(class) else {
             return;
         };
-        let old = entry.fronts.remove(front).unwrap_or_default();
+        let had = entry.fronts.remove(front);
+        let old = had.clone().unwrap_or_default();
         let bucket: Vec<Arc<Sub>> = old
             .iter()
             .filter(|s| !gone.contains(&Arc::as_ptr(s)))
@@ -207,16 +328,30 @@ impl State {
             .collect();
         if !bucket.is_empty() {
             entry.fronts.insert(front.to_string(), Arc::new(bucket));
-        } else if entry.fronts.is_empty() {
+            return;
+        }
+        if had.is_some() {
+            decrement(&mut self.per_front, front);
+        }
+        if entry.fronts.is_empty() {
             // The class's last subscription went away.
             let Some(entry) = self.classes.remove(class) else {
                 return;
             };
-            let _ = entry;
+            decrement(&mut self.per_project, &entry.class.fields.project);
             for keys in self.by_key.values_mut() {
                 keys.retain(|k| k != class);
             }
             self.by_key.retain(|_, v| !v.is_empty());
+        }
+    }
+}
+
+fn decrement(counts: &mut HashMap<String, usize>, key: &str) {
+    if let Some(n) = counts.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(key);
         }
     }
 }
@@ -261,7 +396,14 @@ pub struct Matcher {
 
 impl Matcher {
     pub fn new() -> Arc<Matcher> {
-        Arc::new(Matcher::default())
+        Matcher::with_limits(ClassLimits::default())
+    }
+
+    /// A matcher keeping at most these many classes.
+    pub fn with_limits(limits: ClassLimits) -> Arc<Matcher> {
+        let m = Matcher::default();
+        m.write().limits = limits;
+        Arc::new(m)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
@@ -272,14 +414,19 @@ impl Matcher {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Add (or replace, by id) a subscription.
-    pub fn insert(&self, sub: Sub) {
-        self.insert_all(vec![sub]);
+    /// Add (or replace, by id) a subscription; `false` if refused (see
+    /// [`Matcher::insert_all`]).
+    pub fn insert(&self, sub: Sub) -> bool {
+        self.insert_all(vec![sub]).is_empty()
     }
 
-    /// Add (or replace, by id) subscriptions, as one edit.
-    pub fn insert_all(&self, subs: Vec<Sub>) {
-        self.write().apply(&[], subs);
+    /// Add (or replace, by id) subscriptions, as one edit. Returns those refused, with the
+    /// reason for their client: their class key names a class with other fields, or their
+    /// class would be one too many ([`ClassLimits`]). A replaced subscription of a refused
+    /// id is gone.
+    #[must_use]
+    pub fn insert_all(&self, subs: Vec<Sub>) -> Vec<Refusal> {
+        self.write().apply(&[], subs)
     }
 
     pub fn remove(&self, ids: &[String]) {
@@ -437,122 +584,5 @@ fn passes(class: &Class, row: &impl RecordView) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use walcast_protocol::filter::SliceRecord;
-
-    fn ids(v: Vec<MatchedClass>) -> Vec<String> {
-        v.iter()
-            .flat_map(|m| m.subs().map(|s| s.spec.id.clone()))
-            .collect()
-    }
-
-    fn spec(id: &str, table: Option<&str>, event: &str, filter: Option<&str>) -> SubscriptionSpec {
-        SubscriptionSpec {
-            id: id.into(),
-            front: "f".into(),
-            project: "default".into(),
-            schema: "public".into(),
-            table: table.map(String::from),
-            event: event.into(),
-            filter: filter.map(String::from),
-            select: None,
-            claims: serde_json::json!({"role": "anon"}),
-            from: None,
-        }
-    }
-
-    fn add(
-        m: &Matcher,
-        id: &str,
-        table: Option<&str>,
-        event: &str,
-        filter: Option<&str>,
-        from: u64,
-    ) {
-        let f = filter.map(|f| Filter::parse(f).unwrap());
-        m.insert(Sub::new(spec(id, table, event, filter), f, Lsn(from)));
-    }
-
-    #[test]
-    fn event_table_filter_and_position() {
-        let m = Matcher::default();
-        add(&m, "a", Some("t"), "*", None, 0);
-        add(&m, "b", Some("t"), "INSERT", Some("id=eq.1"), 0);
-        add(&m, "c", None, "delete", None, 0);
-        add(&m, "d", Some("t"), "*", None, 100);
-        add(&m, "e", Some("other"), "*", None, 0);
-        let one = [("id", "int4", Some("1"))];
-        let two = [("id", "int4", Some("2"))];
-        let ins1 = ids(m.matches(
-            "default",
-            "public",
-            "t",
-            ChangeKind::Insert,
-            Lsn(50),
-            &SliceRecord(&one),
-        ));
-        assert_eq!(ins1, ["a", "b"]);
-        let ins2 = ids(m.matches(
-            "default",
-            "public",
-            "t",
-            ChangeKind::Insert,
-            Lsn(150),
-            &SliceRecord(&two),
-        ));
-        assert_eq!(ins2, ["a", "d"]);
-        let del = ids(m.matches(
-            "default",
-            "public",
-            "t",
-            ChangeKind::Delete,
-            Lsn(150),
-            &SliceRecord(&one),
-        ));
-        assert_eq!(del, ["a", "d", "c"]);
-        assert!(m
-            .matches(
-                "p2",
-                "public",
-                "t",
-                ChangeKind::Insert,
-                Lsn(150),
-                &SliceRecord(&one)
-            )
-            .is_empty());
-    }
-
-    #[test]
-    fn a_filter_error_denies_only_that_subscription() {
-        let m = Matcher::default();
-        add(&m, "ok", Some("t"), "*", None, 0);
-        add(&m, "bad", Some("t"), "*", Some("id=eq.1"), 0);
-        let rec = [("id", "int4", Some("not a number"))];
-        let got = ids(m.matches(
-            "default",
-            "public",
-            "t",
-            ChangeKind::Insert,
-            Lsn(1),
-            &SliceRecord(&rec),
-        ));
-        assert_eq!(got, ["ok"]);
-    }
-
-    #[test]
-    fn sync_and_expiry_drop_subscriptions() {
-        let m = Matcher::default();
-        add(&m, "f:1", Some("t"), "*", None, 0);
-        add(&m, "f:2", Some("t"), "*", None, 0);
-        // Registered just now: a list that lacks it may predate it.
-        m.sync("f", &["f:2".to_string()], SYNC_GRACE);
-        assert_eq!(m.len(), 2);
-        m.sync("f", &["f:2".to_string()], Duration::ZERO);
-        assert_eq!(m.len(), 1);
-        assert_eq!(m.expire_fronts(Duration::from_secs(60)), 0);
-        assert_eq!(m.expire_fronts(Duration::ZERO), 1);
-        assert!(m.is_empty());
-        m.remove(&["nope".into()]);
-    }
-}
+#[path = "matcher_tests.rs"]
+mod tests;

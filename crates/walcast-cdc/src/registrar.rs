@@ -10,7 +10,7 @@ use walcast_bus::subs::{
     BoxFuture, RegisterReply, RegisterRequest, RegisterResult, SubsHandler, SubscriptionSpec,
     SyncMessage, UnregisterRequest,
 };
-use walcast_protocol::filter::Filter;
+use walcast_protocol::filter::{CompiledFilter, Filter};
 use walcast_wal2json::Lsn;
 
 use crate::fronts::FrontsRecord;
@@ -178,7 +178,15 @@ impl Registrar {
                 }),
             }
         }
-        let at = self.place(client, accepted).await?;
+        let (at, refused) = self.place(client, accepted).await?;
+        let refused: HashMap<String, String> = refused.into_iter().collect();
+        for r in &mut results {
+            if let Some(why) = refused.get(&r.id) {
+                r.ok = false;
+                r.by_class = false;
+                r.error = Some(why.clone());
+            }
+        }
         Ok(RegisterReply {
             results,
             effective_from: Some(at),
@@ -186,12 +194,12 @@ impl Registrar {
     }
 
     /// Put accepted subscriptions into the matcher; returns the position they are
-    /// effective from.
+    /// effective from, and those the matcher refused (see [`Matcher::insert_all`]).
     async fn place(
         &self,
         client: &Client,
-        accepted: Vec<(SubscriptionSpec, Option<Filter>)>,
-    ) -> Result<Lsn, CdcError> {
+        accepted: Vec<(SubscriptionSpec, Option<CompiledFilter>)>,
+    ) -> Result<(Lsn, Vec<crate::matcher::Refusal>), CdcError> {
         // A new front is recorded before its registration is answered, so a leader that
         // takes over after the answer waits for it.
         let fronts = accepted.iter().map(|(s, _)| s.front.as_str());
@@ -201,13 +209,17 @@ impl Registrar {
         // Into the index first, then read the position: any transaction committing after
         // that position is decoded after the subscription was there.
         let placeholder = Lsn(u64::MAX);
-        let count = accepted.len();
-        self.inner.matcher.insert_all(
+        let mut refused = self.inner.matcher.insert_all(
             accepted
                 .iter()
                 .map(|(spec, filter)| Sub::new(spec.clone(), filter.clone(), placeholder))
                 .collect(),
         );
+        let accepted: Vec<_> = accepted
+            .into_iter()
+            .filter(|(spec, _)| !refused.iter().any(|(id, _)| *id == spec.id))
+            .collect();
+        let count = accepted.len();
         let at: String = client
             .query_one("SELECT pg_current_wal_lsn()::text", &[])
             .await?
@@ -215,19 +227,26 @@ impl Registrar {
         let at: Lsn = at.parse().unwrap_or_default();
         // Registered before (a resync, a token refresh): keep its position, so a replayed
         // backlog is matched as it was the first time.
-        self.inner.matcher.insert_all(
-            accepted
-                .into_iter()
-                .map(|(spec, filter)| {
-                    let from = spec.from.map_or(at, |f| f.min(at));
-                    Sub::new(spec, filter, from)
-                })
-                .collect(),
+        refused.extend(
+            self.inner.matcher.insert_all(
+                accepted
+                    .into_iter()
+                    .map(|(spec, filter)| {
+                        let from = spec.from.map_or(at, |f| f.min(at));
+                        Sub::new(spec, filter, from)
+                    })
+                    .collect(),
+            ),
         );
         metrics::counter!(crate::telemetry::SUBSCRIPTIONS_REGISTERED).increment(count as u64);
-        Ok(at)
+        Ok((at, refused))
     }
 }
+
+/// Most entries a binding's `select` may have (Postgres' limit of columns per table).
+pub const MAX_SELECT_COLUMNS: usize = 1600;
+/// Longest `select` entry, in bytes (Postgres cuts names at 63).
+pub const MAX_SELECT_NAME: usize = 63;
 
 fn describe(spec: &SubscriptionSpec) -> String {
     format!(
@@ -287,7 +306,7 @@ async fn validate(
     spec: &SubscriptionSpec,
     enabled: &[realtime_tables::TableRef],
     columns: &mut ColumnCache,
-) -> Result<Result<Option<Filter>, String>, tokio_postgres::Error> {
+) -> Result<Result<Option<CompiledFilter>, String>, tokio_postgres::Error> {
     let unable = || {
         format!(
             "Unable to subscribe to changes with given parameters. Please check Realtime is enabled for the given connect parameters: {}",
@@ -321,7 +340,69 @@ async fn validate(
             return Ok(Err(message));
         }
     }
-    Ok(Ok(filter))
+    if let Err(message) = check_select(client, spec, enabled, columns).await? {
+        return Ok(Err(message));
+    }
+    // Its patterns compiled once, here, for every change it is evaluated on.
+    match filter.map(CompiledFilter::new).transpose() {
+        Ok(compiled) => Ok(Ok(compiled)),
+        Err(e) => Ok(Err(format!("Error parsing `filter` params: {e}"))),
+    }
+}
+
+/// A `select` of at most [`MAX_SELECT_COLUMNS`] names of at most [`MAX_SELECT_NAME`] bytes.
+pub fn select_bounds(select: &[String]) -> Result<(), String> {
+    if select.len() > MAX_SELECT_COLUMNS {
+        return Err(format!(
+            "Error parsing `select` params: {} columns (at most {MAX_SELECT_COLUMNS})",
+            select.len()
+        ));
+    }
+    match select.iter().find(|c| c.trim().len() > MAX_SELECT_NAME) {
+        Some(_) => Err(format!(
+            "Error parsing `select` params: a column name is longer than {MAX_SELECT_NAME} bytes"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Every `select` name must be a column of the table (of at least one table a wildcard
+/// covers), as Postgres would refuse `SELECT x FROM t`. `Ok(Err(message))`: refused.
+async fn check_select(
+    client: &Client,
+    spec: &SubscriptionSpec,
+    enabled: &[realtime_tables::TableRef],
+    columns: &mut ColumnCache,
+) -> Result<Result<(), String>, tokio_postgres::Error> {
+    let Some(select) = spec.select.as_deref() else {
+        return Ok(Ok(()));
+    };
+    if let Err(message) = select_bounds(select) {
+        return Ok(Err(message));
+    }
+    let role = spec
+        .claims
+        .get("role")
+        .and_then(|r| r.as_str())
+        .unwrap_or_default();
+    let mut unknown = walcast_bus::subs::selected(spec).unwrap_or_default();
+    let tables = enabled.iter().filter(|t| {
+        (spec.schema == "*" || spec.schema == t.schema)
+            && spec.table.as_deref().is_none_or(|name| name == t.table)
+    });
+    for t in tables {
+        if unknown.is_empty() {
+            break;
+        }
+        let cols = table_columns(client, t, role, columns).await?;
+        unknown.retain(|c| !cols.iter().any(|(n, _, _)| n == c));
+    }
+    Ok(match unknown.first() {
+        Some(c) => Err(format!(
+            "Error parsing `select` params: column \"{c}\" does not exist"
+        )),
+        None => Ok(()),
+    })
 }
 
 /// A filter is evaluated on every change of the tables it covers: its columns must exist

@@ -66,6 +66,12 @@ pub const SUBSCRIPTIONS: &str = "walcast_cdc_subscriptions";
 pub const SUBSCRIPTIONS_REGISTERED: &str = "walcast_cdc_subscriptions_registered_total";
 /// Histogram: Subscriptions handled together in one registration batch.
 pub const REGISTRATION_BATCH: &str = "walcast_cdc_registration_batch_subscriptions";
+/// Counter: subscriptions refused because their class key names a class with other
+/// fields (a hash collision or a forged key; never merged).
+pub const CLASS_COLLISIONS: &str = "walcast_cdc_class_collisions_total";
+/// Counter: subscriptions refused because their class would be one too many, label
+/// `limit` (`project` or `front`; see `CDC_MAX_CLASSES_PER_PROJECT` / `_PER_FRONT`).
+pub const CLASSES_REFUSED: &str = "walcast_cdc_classes_refused_total";
 /// Counter: Subscription filters that could not be evaluated against a change (the change is not delivered to them).
 pub const FILTER_ERRORS: &str = "walcast_cdc_filter_errors_total";
 
@@ -207,6 +213,14 @@ fn describe_pipeline() {
         "Row changes decoded from the slot for enabled tables"
     );
     metrics::describe_counter!(CHANGES_PUBLISHED, "Row changes published to the bus");
+    metrics::describe_counter!(
+        CLASS_COLLISIONS,
+        "Subscriptions refused because their class key names a class with other fields (never merged)"
+    );
+    metrics::describe_counter!(
+        CLASSES_REFUSED,
+        "Subscriptions refused because their class would exceed the classes allowed per project or per front (label limit)"
+    );
     metrics::describe_histogram!(
         AUTHORIZE_SECONDS,
         "Time to authorize one batch of changes (RLS and column privileges), in seconds"

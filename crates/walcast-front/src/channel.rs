@@ -461,11 +461,23 @@ impl Conn {
         if ch.bindings.is_empty() {
             return;
         }
-        let specs = shared.registry.set_claims(&ch.subs, &claims);
+        let (specs, collided) = shared.registry.set_claims(&ch.subs, &claims);
         let jr = ch.join_ref.clone();
         let out = ch.out.clone();
+        if !collided.is_empty() {
+            // Out of the map already; the worker forgets them too.
+            let removed = crate::registry::Removed {
+                ids: collided.clone(),
+                ..Default::default()
+            };
+            registration::unregister(&shared, removed).await;
+        }
         let msg = match registration::register(&shared, specs).await {
-            Ok(refused) => subscribed_message(jr.as_deref(), topic, &refused),
+            Ok(mut refused) => {
+                let why = crate::registry::COLLISION.to_string();
+                refused.extend(collided.into_iter().map(|id| (id, why.clone())));
+                subscribed_message(jr.as_deref(), topic, &refused)
+            }
             Err(e) => server::system(
                 jr.as_deref(),
                 topic,

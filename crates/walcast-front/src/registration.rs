@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::{
-    class_key, FrontHello, RegisterRequest, ResyncProgress, SubscriptionSpec, SyncMessage,
-    UnregisterRequest, SYNC_INTERVAL,
+    FrontHello, RegisterRequest, ResyncProgress, SubscriptionSpec, SyncMessage, UnregisterRequest,
+    SYNC_INTERVAL,
 };
 use walcast_bus::Subscription;
 
@@ -98,8 +98,7 @@ pub(crate) async fn register_join(
 ) -> Result<Refused, String> {
     let mut slow = Vec::new();
     for (n, mut spec) in subs.iter().zip(specs) {
-        let class = class_key(&spec);
-        let Some(from) = shared.registry.claim_ready(&class) else {
+        let Some((from, class)) = shared.registry.claim_ready(&spec) else {
             slow.push(spec);
             continue;
         };
@@ -134,7 +133,10 @@ pub(crate) async fn background_loop(
             _ = cancel.cancelled() => return,
             n = queue.recv_many(&mut batch, max) => if n == 0 { return },
         }
-        let classes: Vec<String> = batch.iter().map(|(_, s)| class_key(s)).collect();
+        let classes: Vec<String> = batch
+            .iter()
+            .map(|(_, s)| shared.registry.class_of(s))
+            .collect();
         register_in_background(&shared, batch).await;
         shared.registry.end_pending(&classes);
     }

@@ -4,10 +4,15 @@
 //! Every `postgres_changes` binding of a joined channel (or SSE stream) gets a
 //! subscription id `<front id>:<n>`, registered with the cdc-worker (see
 //! [`crate::registration`]), which names in each change's `subs` the ids or the classes
-//! ([`class_key`]) it matched. This map turns those back into the channels to deliver to
+//! ([`walcast_bus::subs::class_key`]) it matched. This map turns those back into the channels to deliver to
 //! and the binding ids the client knows. It also remembers which classes the worker
 //! delivers by class ("ready"), so a join of one more subscription of such a class needs
 //! no round trip to the worker.
+//!
+//! A class is its [`ClassFields`]; the key only names it. A subscription whose key names
+//! a class of other fields (a collision, or a forged key) is refused, never merged: every
+//! member of a class, and so everyone a change named by class reaches, has the class's
+//! role, filter and columns.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +20,7 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use walcast_bus::subs::{class_key, is_class_key, SubscriptionSpec, SYNC_INTERVAL};
+use walcast_bus::subs::{is_class_key, ClassFields, SubscriptionSpec, SYNC_INTERVAL};
 use walcast_protocol::PgChangeBinding;
 use walcast_wal2json::Lsn;
 
@@ -46,12 +51,25 @@ struct Ready {
     registered: usize,
 }
 
-/// Targets by number, the numbers of each class (see [`class_key`]), which classes are
-/// ready, and how many registrations of each class are still on their way to the worker.
-#[derive(Default)]
+/// The members of one class.
+struct Members {
+    fields: ClassFields,
+    ns: Vec<u64>,
+}
+
+/// Why a subscription whose class key names a class with other fields is refused.
+pub(crate) const COLLISION: &str = "Unable to subscribe to changes: its class key names a \
+     class with other parameters (refused, never merged)";
+
+/// Names a class by its fields ([`ClassFields::key`]; tests force collisions).
+type KeyFn = fn(&ClassFields) -> String;
+
+/// Targets by number, the members of each class (by key), which classes are ready, and
+/// how many registrations of each class are still on their way to the worker.
 struct Map {
+    key: KeyFn,
     targets: HashMap<u64, Target>,
-    classes: HashMap<String, Vec<u64>>,
+    classes: HashMap<String, Members>,
     ready: HashMap<String, Ready>,
     /// Subscriptions the worker has registered as delivered by class.
     registered: std::collections::HashSet<u64>,
@@ -69,17 +87,46 @@ pub(crate) struct Removed {
 }
 
 impl Map {
-    fn insert(&mut self, n: u64, t: Target) {
-        let class = class_key(&t.spec);
-        if let Some(old) = self.targets.insert(n, t) {
-            self.unclass(n, &class_key(&old.spec));
+    fn new(key: KeyFn) -> Map {
+        Map {
+            key,
+            targets: HashMap::new(),
+            classes: HashMap::new(),
+            ready: HashMap::new(),
+            registered: Default::default(),
+            pending: HashMap::new(),
         }
-        self.classes.entry(class).or_default().push(n);
+    }
+
+    fn class_of(&self, spec: &SubscriptionSpec) -> String {
+        (self.key)(&ClassFields::of(spec))
+    }
+
+    /// Add (or replace) a target; refused, and nothing changed, when its key names a
+    /// class of other fields.
+    fn insert(&mut self, n: u64, t: Target) -> Result<(), &'static str> {
+        let fields = ClassFields::of(&t.spec);
+        let class = (self.key)(&fields);
+        if self.classes.get(&class).is_some_and(|m| m.fields != fields) {
+            telemetry::error("class_collision");
+            tracing::error!(%class, id = %t.spec.id, "a subscription's class key names a class with other fields: refused");
+            return Err(COLLISION);
+        }
+        if self.targets.contains_key(&n) {
+            self.remove(n);
+        }
+        self.targets.insert(n, t);
+        let members = self.classes.entry(class).or_insert_with(|| Members {
+            fields,
+            ns: Vec::new(),
+        });
+        members.ns.push(n);
+        Ok(())
     }
 
     fn remove(&mut self, n: u64) -> Option<Target> {
         let t = self.targets.remove(&n)?;
-        let class = class_key(&t.spec);
+        let class = self.class_of(&t.spec);
         if self.registered.remove(&n) {
             if let Some(r) = self.ready.get_mut(&class) {
                 r.registered = r.registered.saturating_sub(1);
@@ -93,9 +140,9 @@ impl Map {
     }
 
     fn unclass(&mut self, n: u64, class: &str) {
-        if let Some(v) = self.classes.get_mut(class) {
-            v.retain(|m| *m != n);
-            if v.is_empty() {
+        if let Some(m) = self.classes.get_mut(class) {
+            m.ns.retain(|m| *m != n);
+            if m.ns.is_empty() {
                 self.classes.remove(class);
                 self.ready.remove(class);
             }
@@ -115,10 +162,15 @@ pub(crate) struct Registry {
 
 impl Registry {
     pub(crate) fn new(front_id: &str) -> Registry {
+        Registry::with_keys(front_id, |f| f.key())
+    }
+
+    /// A registry naming classes with `key` (tests force collisions with it).
+    fn with_keys(front_id: &str, key: KeyFn) -> Registry {
         Registry {
             prefix: format!("{front_id}:"),
             next: AtomicU64::new(1),
-            map: RwLock::new(Map::default()),
+            map: RwLock::new(Map::new(key)),
             seen: AtomicU64::new(0),
             settled: tokio::sync::Notify::new(),
         }
@@ -135,17 +187,25 @@ impl Registry {
         id.strip_prefix(&self.prefix)?.parse().ok()
     }
 
-    pub(crate) fn insert(&self, n: u64, t: Target) {
-        self.write().insert(n, t);
+    /// Add a target; `Err`: refused (its class key names a class with other fields).
+    pub(crate) fn insert(&self, n: u64, t: Target) -> Result<(), &'static str> {
+        self.write().insert(n, t)
+    }
+
+    /// The key of a subscription's class.
+    pub(crate) fn class_of(&self, spec: &SubscriptionSpec) -> String {
+        self.read().class_of(spec)
     }
 
     /// Remove subscriptions; returns their ids and classes.
     pub(crate) fn remove(&self, ns: &[u64]) -> Removed {
         let mut g = self.write();
         let mut out = Removed::default();
-        for t in ns.iter().filter_map(|n| g.remove(*n)) {
-            out.classes.push(class_key(&t.spec));
-            out.ids.push(t.spec.id);
+        for n in ns {
+            if let Some(t) = g.remove(*n) {
+                out.classes.push(g.class_of(&t.spec));
+                out.ids.push(t.spec.id);
+            }
         }
         out.classes.sort_unstable();
         out.classes.dedup();
@@ -164,15 +224,22 @@ impl Registry {
     /// within [`READY_TTL`]. Returns the position the new subscription is effective from:
     /// every change committed after this call is newer than every change seen so far, so
     /// it is delivered (older ones still in flight may be too). The claim counts as a
-    /// registration on its way until [`Registry::end_pending`].
-    pub(crate) fn claim_ready(&self, class: &str) -> Option<Lsn> {
+    /// registration on its way until [`Registry::end_pending`]. Only a class whose fields
+    /// are the spec's is claimed (never one its key merely names). Returns the class's key
+    /// too.
+    pub(crate) fn claim_ready(&self, spec: &SubscriptionSpec) -> Option<(Lsn, String)> {
         let mut g = self.write();
-        let r = *g.ready.get(class)?;
+        let fields = ClassFields::of(spec);
+        let class = (g.key)(&fields);
+        if g.classes.get(&class).is_none_or(|m| m.fields != fields) {
+            return None;
+        }
+        let r = *g.ready.get(&class)?;
         if r.registered == 0 || r.confirmed.elapsed() >= READY_TTL {
             return None;
         }
-        *g.pending.entry(class.to_string()).or_default() += 1;
-        Some(r.from.max(Lsn(self.seen.load(Ordering::Relaxed))))
+        *g.pending.entry(class.clone()).or_default() += 1;
+        Some((r.from.max(Lsn(self.seen.load(Ordering::Relaxed))), class))
     }
 
     /// The worker accepted one of our subscriptions: note whether it delivers it by class
@@ -182,7 +249,7 @@ impl Registry {
             return;
         };
         let mut g = self.write();
-        let Some(class) = g.targets.get(&n).map(|t| class_key(&t.spec)) else {
+        let Some(class) = g.targets.get(&n).map(|t| g.class_of(&t.spec)) else {
             return;
         };
         if !by_class {
@@ -243,18 +310,27 @@ impl Registry {
     }
 
     /// Replace the claims of these subscriptions (their role, hence class, can change);
-    /// returns their updated specs.
-    pub(crate) fn set_claims(&self, ns: &[u64], claims: &Value) -> Vec<SubscriptionSpec> {
+    /// returns their updated specs, and the ids of those removed instead because their new
+    /// class key names a class of other fields.
+    pub(crate) fn set_claims(
+        &self,
+        ns: &[u64],
+        claims: &Value,
+    ) -> (Vec<SubscriptionSpec>, Vec<String>) {
         let mut g = self.write();
-        ns.iter()
-            .filter_map(|n| {
-                let mut t = g.remove(*n)?;
-                t.spec.claims = claims.clone();
-                let spec = t.spec.clone();
-                g.insert(*n, t);
-                Some(spec)
-            })
-            .collect()
+        let (mut specs, mut refused) = (Vec::new(), Vec::new());
+        for n in ns {
+            let Some(mut t) = g.remove(*n) else {
+                continue;
+            };
+            t.spec.claims = claims.clone();
+            let spec = t.spec.clone();
+            match g.insert(*n, t) {
+                Ok(()) => specs.push(spec),
+                Err(_) => refused.push(spec.id),
+            }
+        }
+        (specs, refused)
     }
 
     /// Group the targets of a change's `subs` by sink: `(sink, binding ids deduplicated)`.
@@ -271,7 +347,11 @@ impl Registry {
             .iter()
             .flat_map(|id| -> Box<dyn Iterator<Item = &Target>> {
                 if is_class_key(id) {
-                    let members = g.classes.get(id).map(Vec::as_slice).unwrap_or_default();
+                    let members = g
+                        .classes
+                        .get(id)
+                        .map(|m| m.ns.as_slice())
+                        .unwrap_or_default();
                     Box::new(
                         members
                             .iter()
@@ -288,8 +368,8 @@ impl Registry {
                 continue;
             }
             if !covers(&t.spec, ev) {
-                // Only a class key collision (64-bit hash) could name it: never deliver a
-                // change of another table or event.
+                // Only a forged or colliding class key could name it (refused at insert):
+                // never deliver a change of another table or event.
                 telemetry::error("class_mismatch");
                 continue;
             }
@@ -374,132 +454,5 @@ pub(crate) fn spec_for(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::outbound::{ChanOut, ConnHandle};
-    use std::sync::Arc;
-
-    fn todos_insert(id: &str) -> SubscriptionSpec {
-        SubscriptionSpec {
-            id: id.into(),
-            front: "f".into(),
-            project: "default".into(),
-            schema: "public".into(),
-            table: Some("todos".into()),
-            event: "INSERT".into(),
-            filter: None,
-            select: None,
-            claims: serde_json::json!({"role": "anon"}),
-            from: None,
-        }
-    }
-
-    /// A registry with subscriptions 1..=n of one class (`f:1` …).
-    fn registry_of(n: u64) -> (Registry, String) {
-        let r = Registry::new("f");
-        let (conn, _rx) = ConnHandle::new(1, 8);
-        let out = Arc::new(ChanOut::new(
-            1,
-            conn,
-            "t",
-            walcast_protocol::Vsn::V2,
-            false,
-            false,
-            8,
-        ));
-        for _ in 0..n {
-            let (k, id) = r.alloc();
-            let spec = todos_insert(&id);
-            r.insert(
-                k,
-                Target {
-                    sink: out.clone(),
-                    binding: 1,
-                    spec,
-                },
-            );
-        }
-        (r, class_key(&todos_insert("x")))
-    }
-
-    #[test]
-    fn a_class_is_ready_only_while_the_worker_has_one_of_its_subscriptions_by_class() {
-        let (r, class) = registry_of(3);
-        assert_eq!(r.claim_ready(&class), None, "nothing confirmed yet");
-        r.confirm("f:1", false, Lsn(10));
-        assert_eq!(r.claim_ready(&class), None, "row-checked: never ready");
-        r.confirm("f:1", true, Lsn(10));
-        r.saw(Lsn(7));
-        assert_eq!(
-            r.claim_ready(&class),
-            Some(Lsn(10)),
-            "from the class's own position"
-        );
-        r.saw(Lsn(20));
-        assert_eq!(
-            r.claim_ready(&class),
-            Some(Lsn(20)),
-            "from the newest change seen"
-        );
-        r.end_pending(&[class.clone(), class.clone()]);
-        // The only registered member leaves: the class is no longer ready.
-        let removed = r.remove(&[1]);
-        assert_eq!(removed.ids, vec!["f:1".to_string()]);
-        assert!(!removed.wait);
-        assert_eq!(r.claim_ready(&class), None);
-    }
-
-    #[test]
-    fn removing_waits_while_a_claimed_join_is_on_its_way() {
-        let (r, class) = registry_of(2);
-        r.confirm("f:1", true, Lsn(5));
-        assert!(r.claim_ready(&class).is_some());
-        assert!(
-            r.remove(&[1]).wait,
-            "f:2 is not registered yet: f:1's unregister must wait"
-        );
-        r.end_pending(std::slice::from_ref(&class));
-        assert!(!r.any_pending(std::slice::from_ref(&class)));
-        assert!(!r.remove(&[2]).wait);
-    }
-
-    #[tokio::test]
-    async fn settle_returns_when_the_registration_arrived() {
-        let (r, class) = registry_of(1);
-        r.confirm("f:1", true, Lsn(5));
-        assert!(r.claim_ready(&class).is_some());
-        let r = Arc::new(r);
-        let r2 = r.clone();
-        let c2 = class.clone();
-        let ender = tokio::spawn(async move {
-            tokio::task::yield_now().await;
-            r2.end_pending(&[c2]);
-        });
-        let started = std::time::Instant::now();
-        r.settle(&[class], Duration::from_secs(10)).await;
-        assert!(started.elapsed() < Duration::from_secs(5));
-        ender.await.unwrap();
-    }
-
-    #[test]
-    fn a_subscription_covers_only_its_table_and_event() {
-        let spec = todos_insert("f:1");
-        let ev = |table: &str, kind: &str| -> walcast_bus::ChangeEvent {
-            serde_json::from_value(serde_json::json!({
-                "project": "default", "schema": "public", "table": table, "type": kind,
-                "commit_timestamp": "x", "commit_lsn": "0/1", "seq": 0, "columns": []
-            }))
-            .unwrap()
-        };
-        assert!(covers(&spec, &ev("todos", "INSERT")));
-        assert!(!covers(&spec, &ev("todos", "DELETE")));
-        assert!(!covers(&spec, &ev("secrets", "INSERT")));
-        let all = SubscriptionSpec {
-            schema: "*".into(),
-            table: None,
-            event: "*".into(),
-            ..spec
-        };
-        assert!(covers(&all, &ev("secrets", "DELETE")));
-    }
-}
+#[path = "registry_tests.rs"]
+mod tests;

@@ -59,19 +59,27 @@ pub(crate) async fn subscribe(
 ) -> Result<Subscribed, String> {
     let mut subs = Vec::with_capacity(bindings.len());
     let mut specs = Vec::with_capacity(bindings.len());
+    let mut collided = Refused::new();
     for b in bindings {
         let (n, sid) = shared.registry.alloc();
         let spec = registry::spec_for(sid, &shared.front_id, project, b, claims);
-        specs.push(spec.clone());
         let target = Target {
             sink: sink.clone(),
             binding: b.id,
-            spec,
+            spec: spec.clone(),
         };
-        shared.registry.insert(n, target);
-        subs.push(n);
+        match shared.registry.insert(n, target) {
+            Ok(()) => {
+                specs.push(spec);
+                subs.push(n);
+            }
+            // Its class key names a class of other fields: never merged, never registered.
+            Err(why) => {
+                collided.insert(spec.id, why.to_string());
+            }
+        }
     }
-    let refused = match registration::register_join(shared, &subs, specs.clone()).await {
+    let mut refused = match registration::register_join(shared, &subs, specs.clone()).await {
         Ok(r) => r,
         Err(e) => {
             // The worker may still register them late: drop them there too.
@@ -91,5 +99,6 @@ pub(crate) async fn subscribe(
     let removed = shared.registry.remove(&refused_ns);
     registration::unregister(shared, removed).await;
     subs.retain(|n| !refused_ns.contains(n));
+    refused.extend(collided);
     Ok(Subscribed { subs, refused })
 }

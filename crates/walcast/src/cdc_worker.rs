@@ -67,6 +67,8 @@ pub fn describe(
         "poll_idle_ms": cdc.poll_idle_ms,
         "table_filter_refresh_ms": cdc.table_filter_refresh_ms,
         "allow_unbounded_wal": cdc.allow_unbounded_wal,
+        "max_classes_per_project": cdc.max_classes_per_project,
+        "max_classes_per_front": cdc.max_classes_per_front,
         "lease_mode": cdc.lease.lease_mode.to_string(),
         "lease_name": cdc.lease.lease_name,
         "lease_duration_secs": cdc.lease.lease_duration_secs,
@@ -529,7 +531,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     let cancel = crate::shutdown::on_signal();
     let roles = cfg.roles.policy();
     let registrar = Registrar::new(
-        walcast_cdc::matcher::Matcher::new(),
+        Matcher::with_limits(cfg.cdc.class_limits()),
         cfg.db.database_url.clone(),
         roles.clone(),
     );

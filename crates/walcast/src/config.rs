@@ -148,6 +148,13 @@ pub struct CdcArgs {
     /// (registry edits are also seen in WAL order, at once).
     #[arg(long, env = "TABLE_FILTER_REFRESH_MS", default_value_t = 3000)]
     pub table_filter_refresh_ms: u64,
+    /// Distinct subscription classes (table, event, filter, columns and role) the worker
+    /// keeps per project: a join that would add one more is refused with an error.
+    #[arg(long, env = "CDC_MAX_CLASSES_PER_PROJECT", default_value_t = walcast_cdc::matcher::DEFAULT_MAX_CLASSES_PER_PROJECT)]
+    pub max_classes_per_project: usize,
+    /// Distinct subscription classes with a subscription of one front.
+    #[arg(long, env = "CDC_MAX_CLASSES_PER_FRONT", default_value_t = walcast_cdc::matcher::DEFAULT_MAX_CLASSES_PER_FRONT)]
+    pub max_classes_per_front: usize,
     /// Start even when max_slot_wal_keep_size is -1 (a stalled slot can then fill the disk).
     #[arg(long, env = "CDC_ALLOW_UNBOUNDED_WAL", default_value_t = false)]
     pub allow_unbounded_wal: bool,
@@ -285,6 +292,14 @@ impl LeaseArgs {
 }
 
 impl CdcArgs {
+    /// The matcher's class limits.
+    pub fn class_limits(&self) -> walcast_cdc::matcher::ClassLimits {
+        walcast_cdc::matcher::ClassLimits {
+            per_project: self.max_classes_per_project,
+            per_front: self.max_classes_per_front,
+        }
+    }
+
     pub fn to_config(&self, db: &DbArgs, origin: &str) -> CdcConfig {
         CdcConfig {
             database_url: db.database_url.clone(),

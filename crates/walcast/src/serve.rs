@@ -33,7 +33,11 @@ pub async fn run(
     let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
     let roles = front_args.roles.policy();
-    let registrar = Registrar::new(Matcher::new(), db.database_url.clone(), roles.clone());
+    let registrar = Registrar::new(
+        Matcher::with_limits(cdc.class_limits()),
+        db.database_url.clone(),
+        roles.clone(),
+    );
     let local: Arc<dyn SubsHandler> = Arc::new(registrar.clone());
     let subs = SubsClient::new(&bus, Some(local))?;
     // The front's admin requests (project directory, REST API) need only the database,

@@ -12,7 +12,7 @@
 //! - `like`/`ilike`/`match`/`imatch` apply to the value's text whatever the column type.
 //! - A column missing from the record (e.g. not in a DELETE's replica identity) does not match.
 
-use regex::RegexBuilder;
+use regex::{Regex, RegexBuilder};
 
 use super::cast::{cast, compare, equal, TypeClass, Typed};
 use super::like;
@@ -110,23 +110,29 @@ fn unsupported(c: &Condition, typname: &str) -> EvalError {
     }
 }
 
-fn regex_matches(c: &Condition, pattern: &str, fold: bool, text: &str) -> Result<bool, EvalError> {
-    let re = RegexBuilder::new(pattern)
-        .case_insensitive(fold)
-        .size_limit(1 << 20)
-        .build()
-        .map_err(|e| EvalError::InvalidPattern {
+/// The automaton of a condition's `like`/`ilike`/`match`/`imatch` pattern (`None` for
+/// other operators). The regex crate's automata match in time linear in the text.
+fn compile_pattern(c: &Condition) -> Result<Option<Regex>, EvalError> {
+    let regex = |p: &str, fold: bool| {
+        RegexBuilder::new(p)
+            .case_insensitive(fold)
+            .size_limit(like::REGEX_SIZE_LIMIT)
+            .build()
+            .map_err(|e| e.to_string())
+    };
+    let compiled = match &c.op {
+        Op::Like(p) => like::compile(p, false),
+        Op::Ilike(p) => like::compile(p, true),
+        Op::Match(p) => regex(p, false),
+        Op::Imatch(p) => regex(p, true),
+        _ => return Ok(None),
+    };
+    compiled
+        .map(Some)
+        .map_err(|reason| EvalError::InvalidPattern {
             column: c.column.clone(),
-            reason: e.to_string(),
-        })?;
-    Ok(re.is_match(text))
-}
-
-fn like_matches(c: &Condition, pattern: &str, fold: bool, text: &str) -> Result<bool, EvalError> {
-    like::like(text, pattern, fold).map_err(|_| EvalError::InvalidPattern {
-        column: c.column.clone(),
-        reason: "LIKE pattern must not end with escape character".to_owned(),
-    })
+            reason,
+        })
 }
 
 /// Check one condition against the column type without a record.
@@ -143,8 +149,7 @@ fn validate_condition(c: &Condition, typname: &str) -> Result<(), EvalError> {
         Op::In(vs) => vs
             .iter()
             .try_for_each(|v| operand(c, typname, &class, v).map(|_| ())),
-        Op::Like(p) | Op::Ilike(p) => like_matches(c, p, false, "").map(|_| ()),
-        Op::Match(p) | Op::Imatch(p) => regex_matches(c, p, false, "").map(|_| ()),
+        Op::Like(_) | Op::Ilike(_) | Op::Match(_) | Op::Imatch(_) => compile_pattern(c).map(|_| ()),
         Op::Is(IsValue::Null) => Ok(()),
         Op::Is(_) => {
             if class == TypeClass::Bool {
@@ -156,8 +161,13 @@ fn validate_condition(c: &Condition, typname: &str) -> Result<(), EvalError> {
     }
 }
 
-/// Three-valued evaluation: `None` = SQL unknown.
-fn eval_condition(c: &Condition, col: ColumnText<'_>) -> Result<Option<bool>, EvalError> {
+/// Three-valued evaluation: `None` = SQL unknown. `pattern`: the condition's compiled
+/// pattern ([`compile_pattern`]).
+fn eval_condition(
+    c: &Condition,
+    pattern: Option<&Regex>,
+    col: ColumnText<'_>,
+) -> Result<Option<bool>, EvalError> {
     let typname = col.typname;
     let class = TypeClass::of(typname);
     let value = match (&c.op, col.value) {
@@ -178,41 +188,35 @@ fn eval_condition(c: &Condition, col: ColumnText<'_>) -> Result<Option<bool>, Ev
         (_, None) => return Ok(None),
         (_, Some(v)) => v,
     };
+    if let Some(re) = pattern {
+        return Ok(Some(re.is_match(value)));
+    }
+    let lhs = operand(c, typname, &class, value)?;
+    let ord = |v: &str| -> Result<std::cmp::Ordering, EvalError> {
+        let rhs = operand(c, typname, &class, v)?;
+        compare(&lhs, &rhs).ok_or_else(|| unsupported(c, typname))
+    };
+    let eq =
+        |v: &str| -> Result<bool, EvalError> { Ok(equal(&lhs, &operand(c, typname, &class, v)?)) };
     let r = match &c.op {
-        Op::Like(p) => like_matches(c, p, false, value)?,
-        Op::Ilike(p) => like_matches(c, p, true, value)?,
-        Op::Match(p) => regex_matches(c, p, false, value)?,
-        Op::Imatch(p) => regex_matches(c, p, true, value)?,
-        op => {
-            let lhs = operand(c, typname, &class, value)?;
-            let ord = |v: &str| -> Result<std::cmp::Ordering, EvalError> {
-                let rhs = operand(c, typname, &class, v)?;
-                compare(&lhs, &rhs).ok_or_else(|| unsupported(c, typname))
-            };
-            let eq = |v: &str| -> Result<bool, EvalError> {
-                Ok(equal(&lhs, &operand(c, typname, &class, v)?))
-            };
-            match op {
-                Op::Eq(v) => eq(v)?,
-                Op::Neq(v) | Op::IsDistinct(v) => !eq(v)?,
-                Op::Lt(v) => ord(v)?.is_lt(),
-                Op::Lte(v) => ord(v)?.is_le(),
-                Op::Gt(v) => ord(v)?.is_gt(),
-                Op::Gte(v) => ord(v)?.is_ge(),
-                Op::In(vs) => {
-                    let mut any = false;
-                    for v in vs {
-                        if eq(v)? {
-                            any = true;
-                            break;
-                        }
-                    }
-                    any
+        Op::Eq(v) => eq(v)?,
+        Op::Neq(v) | Op::IsDistinct(v) => !eq(v)?,
+        Op::Lt(v) => ord(v)?.is_lt(),
+        Op::Lte(v) => ord(v)?.is_le(),
+        Op::Gt(v) => ord(v)?.is_gt(),
+        Op::Gte(v) => ord(v)?.is_ge(),
+        Op::In(vs) => {
+            let mut any = false;
+            for v in vs {
+                if eq(v)? {
+                    any = true;
+                    break;
                 }
-                // Handled above.
-                Op::Like(_) | Op::Ilike(_) | Op::Match(_) | Op::Imatch(_) | Op::Is(_) => false,
             }
+            any
         }
+        // Patterns were matched above (always compiled), `is` before.
+        Op::Like(_) | Op::Ilike(_) | Op::Match(_) | Op::Imatch(_) | Op::Is(_) => false,
     };
     Ok(Some(r))
 }
@@ -232,19 +236,11 @@ impl Filter {
         Ok(())
     }
 
-    /// Evaluate on a record (all conditions must hold; SQL NULL semantics).
+    /// Evaluate on a record (all conditions must hold; SQL NULL semantics). Compiles its
+    /// patterns on every call: anything evaluating one filter often uses a
+    /// [`CompiledFilter`].
     pub fn matches(&self, record: &impl RecordView) -> Result<bool, EvalError> {
-        for c in &self.conditions {
-            let Some(col) = record.column(&c.column) else {
-                return Ok(false);
-            };
-            let r = eval_condition(c, col)?;
-            let r = if c.negated { r.map(|b| !b) } else { r };
-            if r != Some(true) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        CompiledFilter::new(self.clone())?.matches(record)
     }
 
     /// Whether the filter has no condition (matches every record).
@@ -255,6 +251,48 @@ impl Filter {
     /// Names of the columns the filter reads.
     pub fn columns(&self) -> impl Iterator<Item = &str> {
         self.conditions.iter().map(|c| c.column.as_str())
+    }
+}
+
+/// A filter with its patterns compiled once (at registration), for evaluation on every
+/// change: no evaluation compiles anything, and every condition runs in time linear in
+/// the value.
+#[derive(Debug, Clone)]
+pub struct CompiledFilter {
+    filter: Filter,
+    /// One per condition: its compiled pattern, if it has one.
+    patterns: Vec<Option<Regex>>,
+}
+
+impl CompiledFilter {
+    /// Compile a filter's patterns; `Err`: a pattern is not valid.
+    pub fn new(filter: Filter) -> Result<CompiledFilter, EvalError> {
+        let patterns = filter
+            .conditions
+            .iter()
+            .map(compile_pattern)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(CompiledFilter { filter, patterns })
+    }
+
+    /// The filter it was compiled from.
+    pub fn filter(&self) -> &Filter {
+        &self.filter
+    }
+
+    /// Evaluate on a record, as [`Filter::matches`].
+    pub fn matches(&self, record: &impl RecordView) -> Result<bool, EvalError> {
+        for (c, pattern) in self.filter.conditions.iter().zip(&self.patterns) {
+            let Some(col) = record.column(&c.column) else {
+                return Ok(false);
+            };
+            let r = eval_condition(c, pattern.as_ref(), col)?;
+            let r = if c.negated { r.map(|b| !b) } else { r };
+            if r != Some(true) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 

@@ -1,86 +1,62 @@
-//! SQL `LIKE` / `ILIKE` matching.
+//! SQL `LIKE` / `ILIKE` patterns, compiled once to an anchored regular expression: the
+//! regex crate matches in time linear in the text (finite automata, no backtracking),
+//! whatever the pattern, so `%a%a%a…` on a long value costs no more than a plain scan.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tok {
-    /// `%` (or PostgREST's `*`): any sequence.
-    Any,
-    /// `_`: one character.
-    One,
-    /// A literal character.
-    Lit(char),
-}
+use regex::{Regex, RegexBuilder};
+
+/// Compiled size bound of one pattern's automaton (patterns are short; see
+/// [`super::MAX_PATTERN_BYTES`]).
+pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// A pattern ends with a lone escape character (Postgres rejects it too).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TrailingEscape;
 
-fn compile(pattern: &str, fold: bool) -> Result<Vec<Tok>, TrailingEscape> {
-    let mut toks = Vec::with_capacity(pattern.len());
+/// The regular expression of a LIKE pattern: `%` (or PostgREST's `*`) any sequence, `_`
+/// one character, `\x` a literal `x`, anything else itself; the whole text must match.
+fn translate(pattern: &str) -> Result<String, TrailingEscape> {
+    let mut re = String::with_capacity(pattern.len() * 2 + 8);
+    re.push_str("^(?s:");
     let mut chars = pattern.chars();
+    let mut after_any = false;
     while let Some(c) = chars.next() {
-        let tok = match c {
-            '%' | '*' => Tok::Any,
-            '_' => Tok::One,
-            '\\' => Tok::Lit(chars.next().ok_or(TrailingEscape)?),
-            c => Tok::Lit(c),
-        };
-        let tok = match tok {
-            Tok::Lit(c) if fold => Tok::Lit(fold_char(c)),
-            t => t,
-        };
-        if tok == Tok::Any && toks.last() == Some(&Tok::Any) {
-            continue;
+        let any = matches!(c, '%' | '*');
+        match c {
+            '%' | '*' if after_any => {}
+            '%' | '*' => re.push_str(".*"),
+            '_' => re.push('.'),
+            '\\' => push_literal(&mut re, chars.next().ok_or(TrailingEscape)?),
+            c => push_literal(&mut re, c),
         }
-        toks.push(tok);
+        after_any = any;
     }
-    Ok(toks)
+    re.push_str(")$");
+    Ok(re)
 }
 
-fn fold_char(c: char) -> char {
-    // Simple case folding: single-char lowercase mapping.
-    let mut lower = c.to_lowercase();
-    match (lower.next(), lower.next()) {
-        (Some(l), None) => l,
-        _ => c,
-    }
+fn push_literal(re: &mut String, c: char) {
+    let mut buf = [0u8; 4];
+    re.push_str(&regex::escape(c.encode_utf8(&mut buf)));
 }
 
-/// Whether `text` matches `pattern` entirely; `fold` = case-insensitive (`ILIKE`).
+/// Compile a LIKE pattern; `fold` = case-insensitive (`ILIKE`). `Err`: a readable reason.
+pub(crate) fn compile(pattern: &str, fold: bool) -> Result<Regex, String> {
+    let re = translate(pattern)
+        .map_err(|_| "LIKE pattern must not end with escape character".to_owned())?;
+    RegexBuilder::new(&re)
+        .case_insensitive(fold)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Whether `text` matches `pattern` entirely (compiles it: for one-off use and tests).
+#[cfg(test)]
 pub(crate) fn like(text: &str, pattern: &str, fold: bool) -> Result<bool, TrailingEscape> {
-    let toks = compile(pattern, fold)?;
-    let text: Vec<char> = if fold {
-        text.chars().map(fold_char).collect()
-    } else {
-        text.chars().collect()
-    };
-    // Iterative wildcard matching with a single backtrack point (linear in practice).
-    let (mut t, mut p) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match toks.get(p) {
-            Some(Tok::Any) => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(Tok::One) => {
-                t += 1;
-                p += 1;
-            }
-            Some(Tok::Lit(c)) if text.get(t) == Some(c) => {
-                t += 1;
-                p += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    p = sp + 1;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return Ok(false),
-            },
-        }
-    }
-    Ok(toks[p.min(toks.len())..].iter().all(|t| *t == Tok::Any))
+    translate(pattern)?;
+    Ok(compile(pattern, fold)
+        .map(|re| re.is_match(text))
+        .unwrap_or(false))
 }
 
 #[cfg(test)]
@@ -100,6 +76,9 @@ mod tests {
             ("abcabc", "%abc"),
             ("mississippi", "%iss%ppi"),
             ("hello", "*ell*"),
+            ("a.b", "a.b"),
+            ("line\nbreak", "line_break"),
+            ("(x)+[y]", "(x)+[y]"),
         ];
         for (t, p) in yes {
             assert_eq!(like(t, p, false), Ok(true), "{t} LIKE {p}");
@@ -110,6 +89,8 @@ mod tests {
             ("axb", "a\\%b"),
             ("", "_"),
             ("abc", "ab"),
+            ("axb", "a.b"),
+            ("hello\n", "hello"),
         ];
         for (t, p) in no {
             assert_eq!(like(t, p, false), Ok(false), "{t} NOT LIKE {p}");
@@ -117,5 +98,25 @@ mod tests {
         assert_eq!(like("HeLLo", "hel%", true), Ok(true));
         assert_eq!(like("ÄBC", "äb_", true), Ok(true));
         assert_eq!(like("x", "x\\", false), Err(TrailingEscape));
+    }
+
+    #[test]
+    fn a_pathological_pattern_on_a_long_value_is_fast() {
+        // Backtracking matchers take O(n·m) (or worse) on these: n = 1 MiB, m = 1 KiB.
+        let text = "a".repeat(1 << 20);
+        let patterns = [
+            format!("%{}b", "a".repeat(1000)),
+            format!("{}b", "%a".repeat(511)),
+        ];
+        for (pattern, fold) in patterns.iter().flat_map(|p| [(p, false), (p, true)]) {
+            let re = compile(pattern, fold).expect("compiles");
+            let started = std::time::Instant::now();
+            assert!(!re.is_match(&text));
+            let took = started.elapsed();
+            assert!(
+                took < std::time::Duration::from_millis(50),
+                "{took:?} for a 1 MiB value (fold: {fold})"
+            );
+        }
     }
 }

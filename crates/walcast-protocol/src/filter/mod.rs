@@ -5,7 +5,9 @@
 //! split. Each condition is `column=[not.]op.value` with `op` one of `eq neq lt lte gt gte in
 //! like ilike match imatch is isdistinct`. Values may be double-quoted with backslash escapes
 //! (`"a,b"`, `"say \"hi\""`); `in` takes `(v1,v2,…)` (at most [`MAX_IN_VALUES`]); `is` takes
-//! `null`/`true`/`false`/`unknown`. An empty filter matches everything.
+//! `null`/`true`/`false`/`unknown`. An empty filter matches everything. Patterns have at
+//! most [`MAX_PATTERN_BYTES`] bytes; a [`CompiledFilter`] compiles them once, to automata
+//! that match in time linear in the value (no backtracking).
 
 mod cast;
 mod eval;
@@ -15,11 +17,16 @@ mod parse;
 
 use std::fmt;
 
-pub use eval::{ColumnText, EvalError, RecordView, SliceRecord};
+pub use eval::{ColumnText, CompiledFilter, EvalError, RecordView, SliceRecord};
 pub use parse::FilterError;
 
 /// Maximum number of values of an `in.(…)` list.
 pub const MAX_IN_VALUES: usize = 100;
+
+/// Longest `like`/`ilike`/`match`/`imatch` pattern, in bytes: with patterns compiled
+/// once to linear-time automata ([`CompiledFilter`]), this bounds the work per row and
+/// byte of value.
+pub const MAX_PATTERN_BYTES: usize = 1024;
 
 /// A parsed filter: a conjunction of conditions (empty = always true).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -1,6 +1,6 @@
 //! Filter string parser.
 
-use super::{Condition, Filter, IsValue, Op, MAX_IN_VALUES};
+use super::{Condition, Filter, IsValue, Op, MAX_IN_VALUES, MAX_PATTERN_BYTES};
 
 /// A filter string could not be parsed. Messages are meant to be shown to users after
 /// "Error parsing `filter` params: ".
@@ -41,6 +41,9 @@ pub enum FilterError {
     /// Too many `in` values.
     #[error("`in` accepts at most {MAX_IN_VALUES} values, got {0}")]
     TooManyInValues(usize),
+    /// A `like`/`ilike`/`match`/`imatch` pattern is too long.
+    #[error("a pattern may have at most {MAX_PATTERN_BYTES} bytes, got {0}")]
+    PatternTooLong(usize),
     /// `is` operand other than null/true/false/unknown.
     #[error("`is` expects null, true, false or unknown, got `{0}`")]
     InvalidIsValue(String),
@@ -148,6 +151,13 @@ fn parse_condition(cond: &str) -> Result<Condition, FilterError> {
         .split_once('.')
         .ok_or_else(|| FilterError::MissingValue(cond.to_owned()))?;
     let one = |v: &str| read_value(v, cond, false).map(|(s, _)| s);
+    let pattern = |v: &str| {
+        let p = one(v)?;
+        match p.len() {
+            n if n > MAX_PATTERN_BYTES => Err(FilterError::PatternTooLong(n)),
+            _ => Ok(p),
+        }
+    };
     let op = match op_name.to_ascii_lowercase().as_str() {
         "eq" => Op::Eq(one(value)?),
         "neq" => Op::Neq(one(value)?),
@@ -155,10 +165,10 @@ fn parse_condition(cond: &str) -> Result<Condition, FilterError> {
         "lte" => Op::Lte(one(value)?),
         "gt" => Op::Gt(one(value)?),
         "gte" => Op::Gte(one(value)?),
-        "like" => Op::Like(one(value)?),
-        "ilike" => Op::Ilike(one(value)?),
-        "match" => Op::Match(one(value)?),
-        "imatch" => Op::Imatch(one(value)?),
+        "like" => Op::Like(pattern(value)?),
+        "ilike" => Op::Ilike(pattern(value)?),
+        "match" => Op::Match(pattern(value)?),
+        "imatch" => Op::Imatch(pattern(value)?),
         "isdistinct" => Op::IsDistinct(one(value)?),
         "in" => Op::In(parse_in(value, cond)?),
         "is" => Op::Is(match value.trim().to_ascii_lowercase().as_str() {
@@ -274,6 +284,12 @@ mod tests {
         assert_eq!(one("a=match.^ab+").op, Op::Match("^ab+".into()));
         assert_eq!(one("a=imatch.x").op, Op::Imatch("x".into()));
         assert_eq!(one("a=like.*x*").op, Op::Like("*x*".into()));
+        let long = format!("a=like.{}", "%".repeat(MAX_PATTERN_BYTES + 1));
+        assert_eq!(
+            Filter::parse(&long),
+            Err(FilterError::PatternTooLong(MAX_PATTERN_BYTES + 1))
+        );
+        assert!(Filter::parse(&format!("a=match.{}", "x".repeat(MAX_PATTERN_BYTES))).is_ok());
     }
 
     #[test]
