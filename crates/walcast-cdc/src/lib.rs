@@ -44,6 +44,7 @@ pub mod sql;
 pub mod stream;
 pub mod telemetry;
 pub mod types;
+pub mod visibility;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -98,6 +98,10 @@ type Message = (String, Vec<u8>);
 /// Room left in a bus message for the subject, headers and framing.
 const MESSAGE_OVERHEAD: usize = 1024;
 
+/// Transactions decoded with no check since, at most: then their visibility is confirmed
+/// without one (one query), so the list stays bounded.
+const MAX_UNCONFIRMED: usize = 4096;
+
 pub struct RealtimeConsumer {
     bus: Bus,
     matcher: Arc<Matcher>,
@@ -181,6 +185,7 @@ impl RealtimeConsumer {
             Item::Begin(txn) => {
                 self.txn = Some(txn.clone());
                 self.seq = 0;
+                self.decoded(txn.xid).await?;
                 Ok(Handled::Continue)
             }
             Item::Change(_, change) => match change {
@@ -198,6 +203,22 @@ impl RealtimeConsumer {
                 Ok(Handled::Continue)
             }
         }
+    }
+
+    /// A transaction is decoded, whatever tables it wrote (wal2json sends every BEGIN):
+    /// the checks of later changes wait until it is visible, so a policy reading another
+    /// table (a membership) never sees a state older than their commit (see
+    /// [`RlsChecker::wait_visible`]). Confirmed now and then when no check comes.
+    async fn decoded(&mut self, xid: Option<u32>) -> Result<(), CdcError> {
+        for rls in &mut self.shards {
+            if let Some(xid) = xid {
+                rls.decoded(xid);
+            }
+            if rls.unconfirmed() >= MAX_UNCONFIRMED {
+                rls.wait_visible(&[]).await?;
+            }
+        }
+        Ok(())
     }
 
     async fn row(&mut self, kind: ChangeKind, row: &RowChange<'_>) -> Result<Handled, CdcError> {

@@ -24,6 +24,7 @@ use crate::rls_check::{run_checks, CheckOptions, TableCheck, TableOutcome};
 use crate::rls_policy::{ColumnFact, PolicyFact, RoleTableFacts};
 use crate::rls_sql::CatalogColumn;
 use crate::sql::qualified;
+use crate::visibility;
 use crate::{telemetry, CdcError};
 
 /// How long a read may wait for a statement already decoded to become visible.
@@ -69,6 +70,9 @@ pub struct RlsChecker {
     client: Option<Client>,
     /// Transactions known to be visible to new snapshots (the last batch's).
     visible_xids: HashSet<u32>,
+    /// Transactions decoded (whatever tables they wrote) since the last wait: the next
+    /// check waits until they are all visible (see [`RlsChecker::wait_visible`]).
+    decoded: Vec<u32>,
     /// Connections that run checks (`client` reads the catalog).
     lanes: Vec<Lane>,
     /// Table and privilege facts, valid at one view of the catalog.
@@ -120,6 +124,7 @@ impl RlsChecker {
             database_url,
             client: None,
             visible_xids: HashSet::new(),
+            decoded: Vec::new(),
             lanes: (0..parallel.max(1)).map(|_| Lane::default()).collect(),
             cache: CatalogCache::default(),
             catalog_statements: HashMap::new(),
@@ -321,45 +326,62 @@ impl RlsChecker {
         Ok(stmt)
     }
 
-    /// Wait (bounded) until every transaction of `xids` is visible to new snapshots. The
-    /// streaming source can receive a commit before the committing backend has left the
-    /// process array, and a check run in that instant would not see the row yet.
+    /// A transaction was decoded: its commit is in the WAL, before the changes of every
+    /// later batch. Checks from now on wait until it is visible (see
+    /// [`RlsChecker::wait_visible`]).
+    pub fn decoded(&mut self, xid: u32) {
+        if !self.visible_xids.contains(&xid) {
+            self.decoded.push(xid);
+        }
+    }
+
+    /// Transactions decoded and not yet known to be visible.
+    pub fn unconfirmed(&self) -> usize {
+        self.decoded.len()
+    }
+
+    /// Wait (bounded) until every transaction of `xids` (the batch's) and every one
+    /// decoded before them ([`RlsChecker::decoded`]) is visible to new snapshots.
+    /// Postgres writes a commit to the WAL (where the slot decodes it) before the
+    /// committing backend leaves the process array (where snapshots see it), and
+    /// backends leave it in any order: without this, a check could read a state older
+    /// than the version it judges, e.g. a membership removed just before (in WAL order)
+    /// an item was added to that group, and show the item to the removed user. After 2 s
+    /// (a commit held by a synchronous standby that does not answer) it checks anyway,
+    /// with what snapshots see, and logs it.
     pub async fn wait_visible(&mut self, xids: &[u32]) -> Result<(), CdcError> {
-        let mut pending: Vec<i64> = xids
+        let mut pending: Vec<u32> = xids
             .iter()
+            .chain(&self.decoded)
             .filter(|x| !self.visible_xids.contains(x))
-            .map(|x| i64::from(*x))
+            .copied()
             .collect();
         pending.sort_unstable();
         pending.dedup();
         if pending.is_empty() {
+            self.decoded.clear();
             return Ok(());
         }
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + VISIBLE_WAIT;
         loop {
             let client = self.client().await?;
-            // The 64-bit id: the epoch of the current snapshot's xmax, one less when the
-            // 32-bit id is ahead of xmax's low half (it belongs to the previous epoch).
-            let visible: bool = client
-                .query_one(
-                    "SELECT coalesce(bool_and(pg_visible_in_snapshot(
-                         ((((pg_snapshot_xmax(s)::text::bigint >> 32)
-                            - CASE WHEN x > (pg_snapshot_xmax(s)::text::bigint & 4294967295)
-                                   THEN 1 ELSE 0 END) << 32) | x)::text::xid8, s)), true)
-                       FROM pg_current_snapshot() s, unnest($1::bigint[]) x",
-                    &[&pending],
-                )
+            let text: String = client
+                .query_one("SELECT pg_current_snapshot()::text", &[])
                 .await?
-                .get(0);
-            if visible {
+                .try_get(0)?;
+            let snapshot = visibility::parse_snapshot(&text)
+                .ok_or(CdcError::RlsUnavailable("unreadable pg_current_snapshot()"))?;
+            let visible = pending.iter().all(|x| visibility::visible(&snapshot, *x));
+            if visible || Instant::now() > deadline {
+                if !visible {
+                    metrics::counter!(telemetry::RLS_INVISIBLE).increment(1);
+                    tracing::warn!(
+                        xids = ?pending,
+                        "transactions decoded before a check still not visible after 2 s; checking anyway"
+                    );
+                }
                 self.visible_xids = xids.iter().copied().collect();
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                tracing::warn!(
-                    xids = ?pending,
-                    "transactions still not visible after 2 s; checking anyway"
-                );
+                self.decoded.clear();
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(1)).await;

@@ -32,6 +32,9 @@ pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
 /// Counter: deliveries withheld because a version judged by its row's current state was
 /// no longer that state when checked.
 pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
+/// Counter: checks run although a transaction decoded before them was still not visible
+/// after waiting 2 s.
+pub const RLS_INVISIBLE: &str = "walcast_cdc_rls_invisible_total";
 
 // Pipeline, slot and registry.
 
@@ -157,6 +160,12 @@ fn describe_rls() {
         RLS_SUPERSEDED,
         "Deliveries withheld because a version judged by its row's current state (see \
          walcast_cdc_rls_current_row_total) was no longer that state when checked: it cannot be judged"
+    );
+    metrics::describe_counter!(
+        RLS_INVISIBLE,
+        "Row-level-security checks run although a transaction decoded before them was still not \
+         visible to new snapshots after 2 s (a commit held by a synchronous standby): policies \
+         reading other tables saw the state before it"
     );
 }
 

@@ -4,6 +4,7 @@ import { spawn } from 'node:child_process'
 import { createHmac } from 'node:crypto'
 import { once } from 'node:events'
 import net from 'node:net'
+import os from 'node:os'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
@@ -274,6 +275,29 @@ export async function metric(proc, name) {
   let sum = 0
   for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)`, 'gm'))) sum += Number(m[2])
   return sum
+}
+
+/**
+ * Keep the CPU busy beside a test: one child process per core (`cores`, default every
+ * core) spinning until `stop()` or, at the latest, for `ms`. Races that need a busy
+ * machine show up then, not only on CI runners that happen to be loaded.
+ */
+export function busyLoops({ cores = os.availableParallelism(), ms = 300000 } = {}) {
+  const spin = `const end = Date.now() + ${Number(ms)}; while (Date.now() < end) {}`
+  const children = Array.from({ length: cores }, () => spawn(process.execPath, ['-e', spin], { stdio: 'ignore' }))
+  return {
+    cores,
+    async stop() {
+      await Promise.all(
+        children.map(async (c) => {
+          if (c.exitCode !== null || c.signalCode !== null) return
+          const exited = once(c, 'exit')
+          c.kill('SIGKILL')
+          await exited
+        }),
+      )
+    },
+  }
 }
 
 /** A unique channel name per call, so tests never share topics by accident. */
