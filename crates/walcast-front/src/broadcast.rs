@@ -233,6 +233,12 @@ struct RestMessage {
     id: Option<String>,
 }
 
+/// Messages one REST broadcast request may carry.
+pub(crate) const MAX_REST_MESSAGES: usize = 1000;
+/// Distinct private topics one REST request may send to without a `service_role` token:
+/// each is a policy check on the worker, shared by every front.
+pub(crate) const MAX_REST_PRIVATE_TOPICS: usize = 20;
+
 /// `POST /realtime/v1/api/broadcast` with `{"messages":[{topic,event,payload,private}]}`.
 pub(crate) async fn rest_batch(
     State(shared): State<Arc<Shared>>,
@@ -250,6 +256,10 @@ pub(crate) async fn rest_batch(
             return error_response(StatusCode::BAD_REQUEST, &format!("invalid body: {e}"));
         }
     };
+    if let Err(why) = bounded(&batch, &sender) {
+        crate::telemetry::limit("rest_broadcast");
+        return error_response(StatusCode::PAYLOAD_TOO_LARGE, &why);
+    }
     let mut out = Vec::with_capacity(batch.messages.len());
     for m in batch.messages {
         let private = m.private.unwrap_or(false);
@@ -278,6 +288,30 @@ pub(crate) async fn rest_batch(
         send(&shared, &key, &b, None).await;
     }
     StatusCode::ACCEPTED.into_response()
+}
+
+/// A request's size in messages and in private topics to judge (see the constants).
+fn bounded(batch: &Batch, sender: &RestSender) -> Result<(), String> {
+    if batch.messages.len() > MAX_REST_MESSAGES {
+        return Err(format!(
+            "too many messages: at most {MAX_REST_MESSAGES} per request"
+        ));
+    }
+    if sender.claims["role"] == "service_role" {
+        return Ok(());
+    }
+    let private: std::collections::HashSet<&str> = batch
+        .messages
+        .iter()
+        .filter(|m| m.private.unwrap_or(false))
+        .map(|m| channel_name(&m.topic))
+        .collect();
+    if private.len() > MAX_REST_PRIVATE_TOPICS {
+        return Err(format!(
+            "too many private topics: at most {MAX_REST_PRIVATE_TOPICS} per request"
+        ));
+    }
+    Ok(())
 }
 
 fn rest_key(project: &str, private: bool, topic: &str) -> TopicKey {

@@ -102,7 +102,7 @@ fn describe_failures() {
     metrics::describe_counter!(
         LIMITS,
         "Requests refused by a limit, by limit (connections, frame_size, join_rate, channels, \
-         bindings, sse_opens, presence_events, presence_payload)"
+         bindings, sse_opens, presence_events, presence_payload, rest_broadcast)"
     );
     metrics::describe_counter!(
         SLOW_CONSUMERS,

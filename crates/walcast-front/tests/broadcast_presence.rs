@@ -215,6 +215,34 @@ async fn rest_api_refusals(s: &Server, key: &str, body: &str) {
         )
         .await;
     assert_eq!(status, 400);
+    // Bounded (#22): one request may not ask 30,000 private-topic checks of the worker.
+    let many = |n: usize, private: bool| {
+        let messages: Vec<_> = (0..n)
+            .map(|i| json!({"topic": format!("room{i}"), "event": "e", "payload": {}, "private": private}))
+            .collect();
+        json!({ "messages": messages }).to_string()
+    };
+    for (body, who) in [(many(21, true), key), (many(1001, false), service.as_str())] {
+        let (status, text) = s
+            .http(
+                "POST",
+                "/realtime/v1/api/broadcast",
+                &[("apikey", who)],
+                body.as_bytes(),
+            )
+            .await;
+        assert_eq!(status, 413, "{text}");
+        assert!(text.contains("too many"), "{text}");
+    }
+    let (status, _) = s
+        .http(
+            "POST",
+            "/realtime/v1/api/broadcast",
+            &[("apikey", &service)],
+            many(21, true).as_bytes(),
+        )
+        .await;
+    assert_eq!(status, 202, "service_role sends without checks");
 }
 
 #[tokio::test]
