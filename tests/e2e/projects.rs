@@ -359,6 +359,19 @@ async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else
         ),
         (200, json!([]))
     );
+    // The health API is scoped to the caller (#22): another project sees up or down, not
+    // the deployment's numbers nor the pipeline's last error.
+    let (status, health) = call(&w, "GET", "/inspector/api/health", Some(&b.service), None);
+    assert_eq!(status, 200, "{health}");
+    for p in health["processes"].as_array().expect("processes") {
+        if let Some(worker) = p.get("worker") {
+            assert_eq!(worker["changes_total"], 0, "{p}");
+            assert_eq!(worker["lag_bytes"], 0, "{p}");
+        }
+        if let Some(front) = p.get("front") {
+            assert_eq!(front["connections"], 0, "{p}");
+        }
+    }
     let metrics = w.get("/metrics").unwrap_or_default();
     for (status, error) in [
         ("401", "unauthorized"),

@@ -2,7 +2,7 @@
 // realtime.messages that takes 30 s for one topic denies that join once the check's
 // statement_timeout (5 s) runs out, and joins to other private topics made meanwhile are
 // answered at once, through `walcast serve` and through a ws-front asking a cdc-worker over
-// NATS. Before, every check went through one session, one at a time, with no timeout: the
+// NATS; and a replay `since` out of range is refused with its reason. Before, every check went through one session, one at a time, with no timeout: the
 // slow topic held every other project's private joins until the front gave up on them.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -65,6 +65,21 @@ for (const [name, setup] of Object.entries(setups)) {
         }
       } finally {
         for (const f of fast) await f.rt.disconnect()
+      }
+    })
+
+    test('a replay since -1e300 is refused with the reason; the socket keeps working', async () => {
+      const rt = client(front, { logger: () => {} })
+      await rt.setAuth(token)
+      try {
+        const bad = rt.channel('fast-replay', { config: { private: true, broadcast: { replay: { since: -1e300 } } } })
+        const refused = await subscribeTracked(bad, 10000).first
+        assert.equal(refused.status, 'CHANNEL_ERROR')
+        assert.match(refused.err.message, /since/)
+        const good = rt.channel('fast-after', { config: { private: true } })
+        assert.equal((await subscribeTracked(good, 10000).first).status, 'SUBSCRIBED')
+      } finally {
+        await rt.disconnect()
       }
     })
   })

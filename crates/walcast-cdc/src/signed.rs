@@ -274,4 +274,27 @@ mod tests {
         assert!(!must_be_signed("walcast"));
         assert!(!must_be_signed("app.events"));
     }
+
+    proptest::proptest! {
+        /// Fuzz of what a login can put in the WAL: whatever the content (a MAC-shaped
+        /// prefix or not, any bytes after it), it never panics and verifies only when it
+        /// is exactly the MAC of its own body under this prefix; a real MAC of another
+        /// prefix (a notice replayed as an outbox event) never verifies.
+        #[test]
+        fn no_content_but_a_signed_one_verifies(
+            hex in "[0-9a-f]{0,70}",
+            body in "\\PC{0,60}",
+            prefix in "walcast\\.[a-z]{1,8}",
+        ) {
+            let content = format!("{hex}{body}");
+            let got = verify(Some(&key()), &prefix, Cow::Borrowed(&content), AT);
+            let genuine = content.get(..MAC_HEX).is_some_and(|m| {
+                content.is_char_boundary(MAC_HEX) && m == key().mac(&prefix, &content[MAC_HEX..])
+            });
+            proptest::prop_assert_eq!(got.is_ok(), genuine);
+            let other = signed("walcast.other", &body);
+            proptest::prop_assume!(prefix != "walcast.other");
+            proptest::prop_assert!(verify(Some(&key()), &prefix, Cow::Owned(other), AT).is_err());
+        }
+    }
 }
