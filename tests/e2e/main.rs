@@ -10,6 +10,7 @@ mod drain;
 mod front_hostile;
 mod front_slow;
 mod hostile_classes;
+mod hostile_limits;
 mod hostile_messages;
 mod lease;
 mod nats_outage;
