@@ -2,6 +2,7 @@
 //! nats-server. Presence: an oversized payload and a burst of tracks are refused at the
 //! socket, and the other front's members never see them. SSE: streams share
 //! `MAX_CONNECTIONS` with the WebSocket connections (before, SSE had no limit at all).
+//! Resync: a subscription a new leader refuses is told (before, only logged).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -122,4 +123,46 @@ async fn presence_and_sse_are_bounded_across_real_fronts() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A subscription the new leader refuses on resync is told (#22): the leader is killed, the
+/// table is disabled meanwhile, and the next leader's resync refuses the subscription; its
+/// channel gets a `system` error instead of staying subscribed and deaf.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_the_new_leader_refuses_is_told() {
+    let _machine = crate::support::shared().await;
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE gone (id int PRIMARY KEY)");
+    stack.enable("gone");
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let mut front = Worker::front(&stack.nats.url(), &[]);
+    front.wait_http(Duration::from_secs(60));
+    let mut ws = PhoenixClient::connect(&front.ws_url(&anon())).await;
+    ws.join_subscribed(
+        "realtime:gone",
+        json!([{"event": "*", "schema": "public", "table": "gone"}]),
+    )
+    .await;
+
+    worker.kill9();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walcast"))
+        .args(["realtime", "disable", "gone"])
+        .env("DATABASE_URL", stack.pg.url())
+        .output()
+        .expect("run walcast realtime disable");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut next = stack.worker(&[]);
+    next.wait_active(Duration::from_secs(60));
+    let sys = ws
+        .wait_frame("system", Duration::from_secs(30), |p| {
+            p["status"] == "error"
+        })
+        .await;
+    assert_eq!(sys[2], "realtime:gone", "{sys}");
+    ws.heartbeat_ok().await;
 }
