@@ -112,9 +112,16 @@ impl Admin {
 }
 
 impl AdminHandler for Admin {
+    /// Answered on a task of its own: a caller that stops waiting (a front's timeout) must
+    /// not drop the work between `BEGIN` and `ROLLBACK`, which would leave the session in an
+    /// aborted transaction and fail every later request on it.
     fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>> {
         let this = self.clone();
-        Box::pin(async move { this.answer(req).await })
+        let task = tokio::spawn(async move { this.answer(req).await });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| Err(internal(format!("admin request task: {e}"))))
+        })
     }
 }
 
