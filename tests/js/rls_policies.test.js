@@ -56,7 +56,8 @@ for (const source of ['stream', 'poll']) {
       st = await startStack({
         setupSql: TABLES.map((t) => `CREATE TABLE ${t} (id int PRIMARY KEY, owner text NOT NULL, level int NOT NULL, archived bool NOT NULL)`),
         tables: TABLES,
-        serverEnv: { CDC_SOURCE: source },
+        // `staff` (a member of authenticated) and `tbl_owner` act as themselves: allowed roles.
+        serverEnv: { CDC_SOURCE: source, ALLOWED_ROLES: 'anon,authenticated,service_role,staff,tbl_owner' },
       })
       // After the server's migrations: the roles and auth.* helpers exist.
       await st.env.db.query(`CREATE ROLE tbl_owner NOLOGIN;
