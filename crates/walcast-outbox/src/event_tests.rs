@@ -89,8 +89,8 @@ fn an_outbox_row_becomes_an_event() {
         raw(r#""o-7""#),
         raw(r#""created""#),
         raw("2"),
-        raw(r#""{\"a\": 1}""#),
-        raw(r#""{\"trace\": \"t1\"}""#),
+        raw(&json_text(r#"{"a": 1}"#)),
+        raw(&json_text(r#"{"trace": "t1"}"#)),
         raw(r#""2026-12-01 10:00:00+00""#),
     );
     let cols = vec![
@@ -129,6 +129,11 @@ fn an_outbox_row_becomes_an_event() {
         OutboxEvent::from_row("p1", &without_payload, Lsn(7), AT),
         Err(EventError::Malformed(_))
     ));
+}
+
+/// `text` as a JSON string (a `text` column's value as wal2json writes it).
+fn json_text(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
 }
 
 /// An outbox row with these event type, key and id (JSON), other columns plain.
