@@ -16,7 +16,7 @@ use crate::support::{Stack, Worker};
 /// A plain login role: no grant of any kind.
 async fn plain_login(stack: &Stack, name: &str) -> tokio_postgres::Client {
     stack.sql(&format!("CREATE ROLE {name} LOGIN"));
-    walcast_cdc::connect(&stack.pg.url_for(name, "postgres"))
+    walcast_pipeline::connect(&stack.pg.url_for(name, "postgres"))
         .await
         .expect("connect as a plain login role")
 }

@@ -7,6 +7,7 @@ mod support;
 
 mod crash;
 mod drain;
+mod fenced_consumers;
 mod front_hostile;
 mod front_slow;
 mod hostile_classes;

@@ -165,7 +165,7 @@ async fn per_key_order_holds_on_the_stream_across_three_leader_kills(source: &'s
 }
 
 /// Every message, once the stream holds `n` and has stopped growing for a second.
-async fn settled(stream: &mut JsStream, n: u64) -> Vec<Stored> {
+pub(crate) async fn settled(stream: &mut JsStream, n: u64) -> Vec<Stored> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last = (stored_count(stream).await, Instant::now());
     loop {

@@ -133,7 +133,7 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
 
     // Unregister one; a sync without the other drops it too (once it is older than the
     // grace that protects registrations racing with a list taken before them).
-    tokio::time::sleep(walcast_cdc::matcher::SYNC_GRACE).await;
+    tokio::time::sleep(walcast_realtime::subscriptions::matcher::SYNC_GRACE).await;
     subs.unregister(UnregisterRequest {
         ids: vec!["front1:2".into()],
     })

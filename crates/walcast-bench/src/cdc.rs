@@ -14,7 +14,9 @@ use clap::Args;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
-use walcast_cdc::{CdcConfig, CdcHealth, ReadConfig, SourceKind};
+use walcast_lease::Fence;
+use walcast_pipeline::{PipelineConfig, PipelineHealth, SourceKind};
+use walcast_realtime::{Matcher, RealtimeConfig};
 
 #[derive(Args)]
 pub struct CdcBench {
@@ -129,8 +131,9 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
 /// Drain the `raw` slot with one `pg_logical_slot_get_changes` call, counting inserts in
 /// Postgres; returns changes/s.
 async fn raw_drain(admin: &tokio_postgres::Client, rows: usize) -> anyhow::Result<f64> {
-    let filter =
-        walcast_cdc::source::table_filter(&walcast_cdc::realtime_tables::list(admin, None).await?);
+    let filter = walcast_realtime::catalog::tables::table_filter(
+        &walcast_realtime::catalog::tables::list(admin, None).await?,
+    );
     let t = Instant::now();
     let row = admin
         .query_one(
@@ -184,31 +187,20 @@ async fn drain(
     });
     let bus = Bus::nats(nats, "bench-pub").await?;
     let cancel = CancellationToken::new();
-    let cfg = CdcConfig {
-        database_url: db.to_string(),
-        replication_url: db.to_string(),
-        source,
-        ack_interval: Duration::from_millis(100),
-        allow_unbounded_wal: false,
-        origin: "bench".into(),
-        take_over_slot: false,
-        rls: walcast_cdc::RlsOptions::default(),
-        max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
-        read: ReadConfig {
-            slot: slot.to_string(),
-            min_batch: min,
-            max_batch: max,
-            idle: Duration::from_millis(100),
-            filter_refresh: Duration::from_secs(3),
-        },
-    };
+    let mut cfg = PipelineConfig::new(db);
+    cfg.source = source;
+    cfg.origin = "bench".into();
+    cfg.read.slot = slot.to_string();
+    cfg.read.min_batch = min;
+    cfg.read.max_batch = max;
+
     let started = Instant::now();
-    let task = tokio::spawn(walcast_cdc::run(
+    let task = tokio::spawn(walcast_pipeline::run(
         cfg,
         bus,
-        walcast_cdc::matcher::Matcher::new(),
-        Arc::new(CdcHealth::new(slot)),
-        cancel.clone(),
+        Arc::new(PipelineHealth::new(slot)),
+        Fence::unfenced(cancel.clone()),
+        walcast_realtime::factories(RealtimeConfig::new(db), Matcher::new()),
     ));
     let finished = tokio::time::timeout(Duration::from_secs(args.max_wait), done_rx).await;
     cancel.cancel();

@@ -13,7 +13,7 @@ pub struct BenchEnv {
 /// Start the services, apply migrations, run `setup_sql` and enable `public.<table>`.
 pub async fn start(setup_sql: &str, table: &str) -> anyhow::Result<BenchEnv> {
     let env = start_without_table(setup_sql).await?;
-    walcast_cdc::realtime_tables::enable(&env.admin, "default", "public", table).await?;
+    walcast_realtime::catalog::tables::enable(&env.admin, "default", "public", table).await?;
     Ok(env)
 }
 
@@ -22,8 +22,8 @@ pub async fn start_without_table(setup_sql: &str) -> anyhow::Result<BenchEnv> {
     let pg = Postgres::start().context("starting postgres")?;
     let nats = Nats::start().context("starting nats-server")?;
     let admin = pg.connect().await?;
-    let mut migr = walcast_cdc::connect(&pg.url()).await?;
-    walcast_cdc::migrate::migrate(&mut migr).await?;
+    let mut migr = walcast_pipeline::connect(&pg.url()).await?;
+    walcast_realtime::migrate::migrate(&mut migr).await?;
     admin.batch_execute(setup_sql).await?;
     Ok(BenchEnv { pg, nats, admin })
 }

@@ -14,7 +14,9 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::{Bus, ChangeEvent};
-use walcast_cdc::{CdcConfig, CdcHealth, ReadConfig, SourceKind};
+use walcast_lease::Fence;
+use walcast_pipeline::{PipelineConfig, PipelineHealth, SourceKind};
+use walcast_realtime::{Matcher, RealtimeConfig};
 
 #[derive(Args)]
 pub struct LatencyBench {
@@ -135,35 +137,22 @@ async fn start_worker(
     nats: &walcast_testkit::Nats,
     source: SourceKind,
     cancel: &CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<Result<(), walcast_cdc::CdcError>>> {
+) -> anyhow::Result<tokio::task::JoinHandle<Result<(), walcast_pipeline::PipelineError>>> {
     let bus = Bus::nats(&nats.url(), "lat-pub").await?;
-    let health = Arc::new(CdcHealth::new("walcast_cdc_slot"));
-    let cfg = CdcConfig {
-        database_url: pg.url(),
-        replication_url: pg.url(),
-        source,
-        ack_interval: Duration::from_millis(100),
-        allow_unbounded_wal: false,
-        origin: "bench".into(),
-        take_over_slot: false,
-        rls: walcast_cdc::RlsOptions::default(),
-        max_record_bytes: walcast_cdc::DEFAULT_MAX_RECORD_BYTES,
-        read: ReadConfig {
-            slot: "walcast_cdc_slot".into(),
-            min_batch: 1000,
-            max_batch: 100_000,
-            idle: Duration::from_millis(100),
-            filter_refresh: Duration::from_secs(3),
-        },
-    };
-    let worker = tokio::spawn(walcast_cdc::run(
+    let health = Arc::new(PipelineHealth::new("walcast_cdc_slot"));
+    let mut cfg = PipelineConfig::new(&pg.url());
+    cfg.source = source;
+    cfg.origin = "bench".into();
+    cfg.read.slot = "walcast_cdc_slot".to_string();
+
+    let worker = tokio::spawn(walcast_pipeline::run(
         cfg,
         bus,
-        walcast_cdc::matcher::Matcher::new(),
         health.clone(),
-        cancel.clone(),
+        Fence::unfenced(cancel.clone()),
+        walcast_realtime::factories(RealtimeConfig::new(&pg.url()), Matcher::new()),
     ));
-    // CdcHealth has no notification: poll it (bounded).
+    // PipelineHealth has no notification: poll it (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);
     while !health.is_active() {
         anyhow::ensure!(

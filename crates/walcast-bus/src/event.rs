@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use walcast_wal2json::Lsn;
+use walcast_core::Lsn;
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[serde(rename_all = "UPPERCASE")]

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use walcast_wal2json::Lsn;
+use walcast_core::Lsn;
 
 pub use crate::class::{is_class_key, ClassFields};
 use crate::resync::request_resync;

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::broadcast::{BroadcastTarget, Envelope};
-use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN};
+use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN, HEADER_TERM};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
 
@@ -148,14 +148,19 @@ pub(crate) async fn send(shared: &Shared, key: &TopicKey, b: &UserBroadcast, exc
     }
 }
 
-/// Relay the other fronts' broadcasts to local channels.
+/// Relay the other fronts' broadcasts, and the leader's database broadcasts, to local
+/// channels. A database broadcast carries its leader's term: one of a term older than
+/// the newest seen (a frozen leader's late message) is dropped, as changes are.
 pub(crate) async fn relay_loop(
     shared: Arc<Shared>,
     mut sub: Subscription,
     cancel: CancellationToken,
 ) {
+    let mut terms = crate::fanout::TermGuard::default();
     while let Some(msg) = crate::next_message(&mut sub, &cancel, "broadcast relay").await {
-        relay_one(&shared, &msg);
+        if terms.admit(msg.header(HEADER_TERM), std::time::Instant::now()) {
+            relay_one(&shared, &msg);
+        }
     }
 }
 

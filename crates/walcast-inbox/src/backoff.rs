@@ -5,9 +5,8 @@ use std::time::Duration;
 /// `base · 2^(attempt-1)`, at most `cap`: the delay before the next try after the
 /// `attempt`-th failed one (1 for the first). Attempts below 1 count as 1.
 pub(crate) fn delay(base: Duration, cap: Duration, attempt: i64) -> Duration {
-    let doublings = attempt.clamp(1, 64) as u32 - 1;
-    let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
-    base.checked_mul(factor).unwrap_or(cap).min(cap)
+    let retry = (attempt.clamp(1, 64) - 1) as u32;
+    walcast_core::Backoff { base, cap }.delay(retry)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use walcast_wal2json::Lsn;
+use walcast_core::Lsn;
 
 /// The stream the relay publishes to unless configured otherwise.
 pub const DEFAULT_STREAM: &str = "WALCAST_OUTBOX";

@@ -77,4 +77,4 @@ pub use event::{
     SUBJECT_PREFIX,
 };
 pub use inbox::{Inbox, DEFAULT_TABLE};
-pub use walcast_wal2json::Lsn;
+pub use walcast_core::Lsn;

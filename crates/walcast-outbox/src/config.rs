@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::backoff::Backoff;
+use walcast_core::Backoff;
 
 pub const DEFAULT_STREAM: &str = "WALCAST_OUTBOX";
 pub const DEFAULT_SUBJECTS: &str = "walcast.outbox.>";

@@ -8,7 +8,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio_postgres::Client;
-use walcast_cdc::CdcError;
 
 use crate::telemetry;
 
@@ -16,8 +15,8 @@ use crate::telemetry;
 #[derive(Debug, thiserror::Error)]
 pub enum MaintainError {
     #[error("connecting: {0}")]
-    Connect(#[from] CdcError),
-    #[error("walcast.outbox_maintain(): {}", walcast_cdc::db_message(.0))]
+    Connect(#[from] walcast_pgtls::ConnectError),
+    #[error("walcast.outbox_maintain(): {}", walcast_pgtls::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
 
@@ -89,7 +88,7 @@ impl Maintenance {
     /// One run on `client`, connecting first when there is none (or it closed).
     async fn once(&self, client: &mut Option<Client>) -> Result<u32, MaintainError> {
         if client.as_ref().is_none_or(Client::is_closed) {
-            *client = Some(walcast_cdc::connect(&self.database_url).await?);
+            *client = Some(walcast_pgtls::connect(&self.database_url).await?);
         }
         match client.as_ref() {
             Some(c) => maintain_once(c, self.lock_timeout).await,

@@ -7,6 +7,8 @@ use std::str::FromStr;
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 
+use walcast_pipeline::{JetStreamPublisher, Position, PublishError as FencedError};
+
 use crate::config::OutboxConfig;
 use crate::event::OutboxEvent;
 
@@ -17,12 +19,15 @@ pub enum Failure {
     Transient(String),
     /// JetStream will never take it: quarantine it. `kind` labels the metric.
     Permanent { kind: &'static str, error: String },
+    /// The relay's leadership term ended (its fence closed): nothing was sent, and the
+    /// relay stops.
+    Fenced(String),
 }
 
 impl Failure {
     pub fn message(&self) -> &str {
         match self {
-            Failure::Transient(e) | Failure::Permanent { error: e, .. } => e,
+            Failure::Transient(e) | Failure::Permanent { error: e, .. } | Failure::Fenced(e) => e,
         }
     }
 }
@@ -52,24 +57,61 @@ pub fn classify(e: &PublishError) -> Failure {
     }
 }
 
-/// The relay's JetStream context.
+/// How events reach JetStream: through the pipeline's fence (the relay), or directly
+/// (`walcast outbox redrive`, an operator's command that no lease governs).
+enum Sender {
+    Fenced(JetStreamPublisher),
+    Direct(jetstream::Context),
+}
+
+/// The outbox stream and the way events are sent to it.
 pub struct Publisher {
-    js: jetstream::Context,
+    sender: Sender,
     cfg: OutboxConfig,
     stream_ready: bool,
 }
 
+/// The relay's JetStream settings: a PubAck timeout, and at most `max_in_flight`
+/// answers outstanding.
+fn configure(
+    cfg: &OutboxConfig,
+    builder: jetstream::context::ContextBuilder<jetstream::context::Yes>,
+) -> jetstream::context::ContextBuilder<jetstream::context::Yes> {
+    builder
+        .timeout(cfg.ack_timeout)
+        .max_ack_inflight(cfg.max_in_flight.max(1))
+        .backpressure_on_inflight(true)
+}
+
 impl Publisher {
+    /// Sending directly on `client` (tools beside the relay).
     pub fn new(client: async_nats::Client, cfg: OutboxConfig) -> Publisher {
-        let js = jetstream::ContextBuilder::new()
-            .timeout(cfg.ack_timeout)
-            .max_ack_inflight(cfg.max_in_flight.max(1))
-            .backpressure_on_inflight(true)
-            .build(client);
+        let js = configure(&cfg, jetstream::ContextBuilder::new()).build(client);
         Publisher {
-            js,
+            sender: Sender::Direct(js),
             cfg,
             stream_ready: false,
+        }
+    }
+
+    /// Sending through the pipeline's fenced publisher (the relay): each event carries
+    /// the term, and none is sent once the term ended.
+    pub fn fenced(
+        publisher: &walcast_pipeline::Publisher,
+        cfg: OutboxConfig,
+    ) -> Result<Publisher, FencedError> {
+        let js = publisher.jetstream(|b| configure(&cfg, b))?;
+        Ok(Publisher {
+            sender: Sender::Fenced(js),
+            cfg,
+            stream_ready: false,
+        })
+    }
+
+    fn js(&self) -> &jetstream::Context {
+        match &self.sender {
+            Sender::Fenced(p) => p.context(),
+            Sender::Direct(js) => js,
         }
     }
 
@@ -91,7 +133,7 @@ impl Publisher {
         if self.stream_ready {
             return Ok(());
         }
-        self.js
+        self.js()
             .create_or_update_stream(self.stream_config())
             .await
             .map_err(|e| Failure::Transient(format!("creating stream {}: {e}", self.cfg.stream)))?;
@@ -107,7 +149,7 @@ impl Publisher {
         if self.stream_ready {
             return Ok(());
         }
-        self.js
+        self.js()
             .get_or_create_stream(self.stream_config())
             .await
             .map_err(|e| Failure::Transient(format!("stream {}: {e}", self.cfg.stream)))?;
@@ -131,10 +173,22 @@ impl Publisher {
     pub async fn send(&self, ev: &OutboxEvent) -> Result<PublishAckFuture, Failure> {
         let headers = message_headers(ev)?;
         let payload = Bytes::from(ev.payload.clone());
-        self.js
-            .publish_with_headers(ev.subject(), headers, payload)
-            .await
-            .map_err(|e| classify(&e))
+        match &self.sender {
+            Sender::Direct(js) => js
+                .publish_with_headers(ev.subject(), headers, payload)
+                .await
+                .map_err(|e| classify(&e)),
+            Sender::Fenced(p) => {
+                let at = Position::commit(ev.commit_lsn);
+                p.publish(ev.subject(), at, headers, payload)
+                    .await
+                    .map_err(|e| match e {
+                        FencedError::JetStream(e) => classify(&e),
+                        FencedError::Fenced(f) => Failure::Fenced(f.to_string()),
+                        other => Failure::Transient(other.to_string()),
+                    })
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::quarantine;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedriveError {
-    #[error("the quarantine: {}", walcast_cdc::db_message(.0))]
+    #[error("the quarantine: {}", walcast_pgtls::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("the JetStream stream: {0}")]
     Stream(String),

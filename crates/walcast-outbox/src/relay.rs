@@ -17,10 +17,9 @@ use std::time::Instant;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
-use walcast_cdc::consumer::{Consumer, Handled, Item, Refresh};
-use walcast_cdc::driver::report_skip;
-use walcast_cdc::event::TxnContext;
-use walcast_cdc::{CdcError, CdcHealth};
+use walcast_pipeline::{
+    Consumer, ConsumerError, Handled, Item, PipelineHealth, Refresh, Retry, TxnContext,
+};
 use walcast_wal2json::{Change, RowChange};
 
 use crate::config::OutboxConfig;
@@ -54,7 +53,7 @@ pub struct Relay {
     cfg: OutboxConfig,
     publisher: Publisher,
     health: Arc<OutboxHealth>,
-    cdc_health: Arc<CdcHealth>,
+    pipeline_health: Arc<PipelineHealth>,
     db: Option<Client>,
     /// Outbox id → project.
     outboxes: HashMap<i32, String>,
@@ -63,25 +62,42 @@ pub struct Relay {
     in_flight: VecDeque<InFlight>,
 }
 
-fn consumer_error(e: impl std::fmt::Display) -> CdcError {
-    CdcError::Consumer {
-        consumer: "outbox",
-        message: e.to_string(),
+/// Why the relay stopped a session.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("database: {}", walcast_pgtls::db_message(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("database: {0}")]
+    Connect(#[from] walcast_pgtls::ConnectError),
+    #[error("no database connection (not started)")]
+    NotStarted,
+    /// The leadership term ended while events were outstanding.
+    #[error("{0}")]
+    Fenced(String),
+}
+
+impl From<RelayError> for ConsumerError {
+    fn from(e: RelayError) -> ConsumerError {
+        let retry = match e {
+            RelayError::Fenced(_) => Retry::Fenced,
+            _ => Retry::Backoff,
+        };
+        ConsumerError::new(retry, e)
     }
 }
 
 impl Relay {
     pub fn new(
         cfg: OutboxConfig,
-        nats: async_nats::Client,
+        publisher: Publisher,
         health: Arc<OutboxHealth>,
-        cdc_health: Arc<CdcHealth>,
+        pipeline_health: Arc<PipelineHealth>,
     ) -> Relay {
         Relay {
-            publisher: Publisher::new(nats, cfg.clone()),
+            publisher,
             cfg,
             health,
-            cdc_health,
+            pipeline_health,
             db: None,
             outboxes: HashMap::new(),
             txn: Vec::new(),
@@ -89,13 +105,11 @@ impl Relay {
         }
     }
 
-    fn db(&self) -> Result<&Client, CdcError> {
-        self.db
-            .as_ref()
-            .ok_or_else(|| consumer_error("no database connection (not started)"))
+    fn db(&self) -> Result<&Client, RelayError> {
+        self.db.as_ref().ok_or(RelayError::NotStarted)
     }
 
-    async fn load_outboxes(&mut self) -> Result<(), CdcError> {
+    async fn load_outboxes(&mut self) -> Result<(), RelayError> {
         let rows = self
             .db()?
             .query("SELECT id, project FROM walcast.outbox_tables", &[])
@@ -104,7 +118,7 @@ impl Relay {
         Ok(())
     }
 
-    async fn read_quarantine_size(&self) -> Result<(), CdcError> {
+    async fn read_quarantine_size(&self) -> Result<(), RelayError> {
         let n = quarantine::size(self.db()?).await?;
         self.health.set_quarantine_size(n);
         metrics::gauge!(telemetry::QUARANTINE_SIZE).set(n as f64);
@@ -113,17 +127,12 @@ impl Relay {
 
     fn malformed(&self, what: &str, txn: &TxnContext, error: &str) {
         metrics::counter!(telemetry::MALFORMED).increment(1);
-        report_skip(
-            &self.cdc_health,
-            what,
-            Some(txn.commit_lsn),
-            "outbox_malformed",
-            error,
-        );
+        self.pipeline_health
+            .report_skip(what, Some(txn.commit_lsn), "outbox_malformed", error);
     }
 
     /// An inserted row: a new outbox, or an event of one.
-    async fn row(&mut self, txn: &TxnContext, row: &RowChange<'_>) -> Result<(), CdcError> {
+    async fn row(&mut self, txn: &TxnContext, row: &RowChange<'_>) -> Result<(), RelayError> {
         if (row.schema.as_ref(), row.table.as_ref()) == TABLES {
             let get = |name: &str| {
                 row.columns
@@ -164,7 +173,7 @@ impl Relay {
         Ok(())
     }
 
-    async fn change(&mut self, txn: &TxnContext, change: &Change<'_>) -> Result<(), CdcError> {
+    async fn change(&mut self, txn: &TxnContext, change: &Change<'_>) -> Result<(), RelayError> {
         match change {
             Change::Message(m) if m.transactional && m.prefix == MESSAGE_PREFIX => {
                 match OutboxEvent::from_message(&m.content, txn.commit_lsn, &txn.commit_timestamp) {
@@ -180,7 +189,7 @@ impl Relay {
 
     /// Send the committed transaction's events, after making room if too many answers
     /// are outstanding.
-    async fn commit(&mut self) -> Result<(), CdcError> {
+    async fn commit(&mut self) -> Result<(), RelayError> {
         for event in std::mem::take(&mut self.txn) {
             while self.in_flight.len() >= self.cfg.max_in_flight.max(1) {
                 self.settle_first().await?;
@@ -228,7 +237,7 @@ impl Relay {
     /// The answer for the first outstanding event: acknowledged, quarantined, or (a
     /// transient failure) resent with everything after it, after a backoff, until one of
     /// the first two.
-    async fn settle_first(&mut self) -> Result<(), CdcError> {
+    async fn settle_first(&mut self) -> Result<(), RelayError> {
         let mut attempt = 0u32;
         loop {
             let Some(first) = self.in_flight.front_mut() else {
@@ -255,6 +264,7 @@ impl Relay {
                 Err(Failure::Permanent { kind, error }) => {
                     return self.quarantine(kind, &error).await
                 }
+                Err(Failure::Fenced(error)) => return Err(RelayError::Fenced(error)),
                 Err(Failure::Transient(error)) => {
                     self.retry(&error, attempt).await;
                     attempt = attempt.saturating_add(1);
@@ -263,7 +273,7 @@ impl Relay {
         }
     }
 
-    fn acknowledged(&mut self, duplicate: bool) -> Result<(), CdcError> {
+    fn acknowledged(&mut self, duplicate: bool) -> Result<(), RelayError> {
         let Some(f) = self.in_flight.pop_front() else {
             return Ok(());
         };
@@ -279,7 +289,7 @@ impl Relay {
         Ok(())
     }
 
-    async fn quarantine(&mut self, kind: &'static str, error: &str) -> Result<(), CdcError> {
+    async fn quarantine(&mut self, kind: &'static str, error: &str) -> Result<(), RelayError> {
         let Some(f) = self.in_flight.front() else {
             return Ok(());
         };
@@ -332,10 +342,11 @@ impl Consumer for Relay {
         vec![MESSAGE_PREFIX.to_string()]
     }
 
-    fn refresh(&mut self, when: Refresh) -> BoxFuture<'_, Result<bool, CdcError>> {
+    fn refresh(&mut self, when: Refresh) -> BoxFuture<'_, Result<bool, ConsumerError>> {
         Box::pin(async move {
             if matches!(when, Refresh::Start) || self.db.as_ref().is_none_or(Client::is_closed) {
-                self.db = Some(walcast_cdc::connect(&self.cfg.database_url).await?);
+                let db = walcast_pgtls::connect(&self.cfg.database_url).await;
+                self.db = Some(db.map_err(RelayError::from)?);
             }
             self.load_outboxes().await?;
             self.read_quarantine_size().await?;
@@ -343,7 +354,7 @@ impl Consumer for Relay {
         })
     }
 
-    fn handle<'a>(&'a mut self, item: Item<'a>) -> BoxFuture<'a, Result<Handled, CdcError>> {
+    fn handle<'a>(&'a mut self, item: Item<'a>) -> BoxFuture<'a, Result<Handled, ConsumerError>> {
         Box::pin(async move {
             match item {
                 Item::Begin(_) => self.txn.clear(),
@@ -354,7 +365,7 @@ impl Consumer for Relay {
         })
     }
 
-    fn barrier(&mut self) -> BoxFuture<'_, Result<(), CdcError>> {
+    fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>> {
         Box::pin(async move {
             let settled = !self.in_flight.is_empty();
             while !self.in_flight.is_empty() {

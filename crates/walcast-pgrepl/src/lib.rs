@@ -10,7 +10,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), walcast_pgrepl::ReplError> {
 //! use walcast_pgrepl::{ReplEvent, ReplicationClient};
-//! use walcast_wal2json::Lsn;
+//! use walcast_core::Lsn;
 //!
 //! let client = ReplicationClient::connect("postgres://walcast:secret@db:5432/app").await?;
 //! let mut stream = client
@@ -52,7 +52,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio_postgres::config::{ChannelBinding, Host};
-use walcast_wal2json::Lsn;
+use walcast_core::Lsn;
 
 pub use error::ReplError;
 pub use messages::{

@@ -7,7 +7,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use walcast_wal2json::Lsn;
+use walcast_core::Lsn;
 
 use crate::ReplError;
 

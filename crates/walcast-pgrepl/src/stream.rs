@@ -2,7 +2,7 @@
 
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
-use walcast_wal2json::Lsn;
+use walcast_core::Lsn;
 
 use crate::conn::{server_error, Backend, Conn};
 use crate::messages::{encode_standby_status, parse_copy_data, pg_now_micros, ReplEvent};

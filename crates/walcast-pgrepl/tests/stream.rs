@@ -5,9 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::{next, read_commits, wait_for_value, Line, OPTIONS, WAIT};
+use walcast_core::Lsn;
 use walcast_pgrepl::{ReplError, ReplEvent, ReplicationClient};
 use walcast_testkit::Postgres;
-use walcast_wal2json::Lsn;
 
 fn commit_lines(lines: &[Line]) -> Vec<&Line> {
     lines.iter().filter(|l| l.action() == "C").collect()

@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
+use walcast_core::Lsn;
 use walcast_pgrepl::{ReplEvent, ReplicationClient};
 use walcast_testkit::Postgres;
-use walcast_wal2json::Lsn;
 
 const OPTIONS: &[(&str, &str)] = &[
     ("format-version", "2"),

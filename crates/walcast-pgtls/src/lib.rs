@@ -259,7 +259,7 @@ async fn log_end<F: std::future::Future<Output = Result<(), tokio_postgres::Erro
 pub enum ConnectError {
     #[error(transparent)]
     Tls(#[from] PgTlsError),
-    #[error(transparent)]
+    #[error("{}", db_message(.0))]
     Postgres(#[from] tokio_postgres::Error),
 }
 
@@ -343,5 +343,14 @@ mod tests {
         })
         .unwrap()
         .is_none());
+    }
+}
+
+/// A database error with the server's message, severity and SQLSTATE (tokio-postgres'
+/// own display says only "db error").
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{}: {} ({})", d.severity(), d.message(), d.code().code()),
+        None => e.to_string(),
     }
 }

@@ -41,7 +41,7 @@ mod json;
 pub mod message;
 pub mod payload;
 pub mod server;
-pub mod timestamp;
+pub use walcast_core::timestamp;
 pub mod values;
 pub mod vsn;
 

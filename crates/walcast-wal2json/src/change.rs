@@ -6,7 +6,7 @@ use std::fmt;
 use serde_json::value::RawValue;
 
 use crate::cow_str::CowStr;
-use crate::lsn::Lsn;
+use walcast_core::Lsn;
 
 /// Postgres' type OID of `bytea`.
 const BYTEA_OID: u32 = 17;

@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 
 use crate::change::{Action, Change, Column, Message, PkColumn, RowChange, Truncate, TxnMarker};
 use crate::cow_str::CowStr;
-use crate::lsn::Lsn;
+use walcast_core::Lsn;
 
 /// Why a line could not be decoded.
 #[derive(thiserror::Error, Debug)]

@@ -47,7 +47,6 @@ mod add_tables;
 mod change;
 mod cow_str;
 mod decode;
-mod lsn;
 
 #[cfg(test)]
 mod decode_tests;
@@ -55,5 +54,5 @@ mod decode_tests;
 pub use add_tables::{add_tables_and_schemas, add_tables_option};
 pub use change::{Action, Change, Column, Message, PkColumn, RowChange, Truncate, TxnMarker};
 pub use decode::{decode, decode_bytes, DecodeError};
-pub use lsn::{Lsn, ParseLsnError};
 pub use serde_json::value::RawValue;
+pub use walcast_core::{Lsn, ParseLsnError};

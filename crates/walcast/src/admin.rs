@@ -5,8 +5,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use walcast_bus::Bus;
-use walcast_cdc::realtime_tables;
-use walcast_cdc::sql::parse_qualified_name;
+use walcast_core::sql::parse_qualified_name;
+use walcast_realtime::catalog::tables as realtime_tables;
 
 use crate::config::redact_url;
 
@@ -35,7 +35,7 @@ pub enum RealtimeAction {
 
 pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
     crate::cdc_worker::migrate(&args.database_url).await?;
-    let client = walcast_cdc::connect(&args.database_url)
+    let client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
     match args.action {
@@ -43,7 +43,7 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
             let (schema, name) =
                 parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
             realtime_tables::enable(&client, &args.project, &schema, &name).await?;
-            let q = walcast_cdc::sql::qualified(&schema, &name);
+            let q = walcast_core::sql::qualified(&schema, &name);
             println!("realtime enabled for {q}");
             // Subscribers read as their JWT role: say so when the usual roles cannot.
             let blind = client
@@ -68,7 +68,7 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
             let (schema, name) =
                 parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
             let was = realtime_tables::disable(&client, &args.project, &schema, &name).await?;
-            let q = walcast_cdc::sql::qualified(&schema, &name);
+            let q = walcast_core::sql::qualified(&schema, &name);
             if was {
                 println!("realtime disabled for {q}");
             } else {

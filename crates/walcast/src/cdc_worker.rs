@@ -13,10 +13,10 @@ use walcast_bus::admin::AdminHandler;
 use walcast_bus::subs::{KnownFronts, FRONT_ALIVE};
 use walcast_bus::Bus;
 
-use walcast_cdc::matcher::Matcher;
-use walcast_cdc::registrar::Registrar;
-use walcast_cdc::CdcHealth;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
+use walcast_pipeline::PipelineHealth;
+use walcast_realtime::subscriptions::matcher::Matcher;
+use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
@@ -91,10 +91,10 @@ pub fn session_tag(origin: &str) -> String {
 
 /// Apply our migrations (idempotent, serialised by an advisory lock).
 pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
-    let mut client = walcast_cdc::connect(database_url)
+    let mut client = walcast_pipeline::connect(database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
-    walcast_cdc::migrate::migrate(&mut client)
+    walcast_realtime::migrate::migrate(&mut client)
         .await
         .context("applying migrations")?;
     Ok(())
@@ -104,10 +104,11 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
 /// (a slot still held by a dying session) are left to the pipeline's retries.
 pub async fn preflight(db: &DbArgs, cdc: &CdcArgs) -> anyhow::Result<()> {
     let url = db.replication_url();
-    let client = walcast_cdc::connect(url)
+    let client = walcast_pipeline::connect(url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))?;
-    match walcast_cdc::preflight::preflight(&client, &cdc.slot_name, cdc.allow_unbounded_wal).await
+    match walcast_pipeline::preflight::preflight(&client, &cdc.slot_name, cdc.allow_unbounded_wal)
+        .await
     {
         Ok(report) => {
             tracing::info!(
@@ -149,8 +150,12 @@ pub async fn run(
     // Tagged: a worker taking over terminates the stale leader's sessions by this tag.
     cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
     cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
-    let health = Arc::new(CdcHealth::new(&cdc.slot_name));
-    let (outbox, outbox_health) = outbox_consumer(cdc, &cfg, &bus, &health);
+    let mut realtime = cdc.realtime_config(db);
+    realtime.database_url = cfg.database_url.clone();
+    let health = Arc::new(PipelineHealth::new(&cdc.slot_name));
+    let (outbox, outbox_health) = outbox_consumer(cdc, &cfg, &bus);
+    let mut consumers = walcast_realtime::factories(realtime, registrar.matcher().clone());
+    consumers.extend(outbox);
     let maintenance = outbox_maintenance(cdc, &cfg);
     let tracker = TaskTracker::new();
     spawn_front_expiry(&tracker, registrar.matcher().clone(), cancel.clone());
@@ -184,7 +189,7 @@ pub async fn run(
         admin,
         health,
         known_fronts,
-        consumers: outbox.into_iter().collect(),
+        consumers,
         maintenance,
         failure: Default::default(),
         root: cancel.clone(),
@@ -208,28 +213,22 @@ pub async fn run(
 /// The outbox relay's consumer and health, when enabled (and the bus is NATS).
 fn outbox_consumer(
     cdc: &CdcArgs,
-    cfg: &walcast_cdc::CdcConfig,
+    cfg: &walcast_pipeline::PipelineConfig,
     bus: &Bus,
-    health: &Arc<CdcHealth>,
 ) -> (
-    Option<walcast_cdc::ConsumerFactory>,
+    Option<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
     Option<Arc<walcast_outbox::OutboxHealth>>,
 ) {
     let Some(config) = cdc.outbox.to_config(&cfg.database_url) else {
         return (None, None);
     };
-    let Bus::Nats(nats) = bus else {
+    let Bus::Nats(_) = bus else {
         tracing::warn!("the outbox relay needs NATS with JetStream (NATS_URL): walcast.emit events and outbox rows are NOT relayed by this process");
         return (None, None);
     };
     walcast_outbox::telemetry::describe();
     let outbox_health = Arc::new(walcast_outbox::OutboxHealth::new());
-    let factory = walcast_outbox::consumer_factory(
-        config,
-        nats.client().clone(),
-        outbox_health.clone(),
-        health.clone(),
-    );
+    let factory = walcast_outbox::consumer_factory(config, outbox_health.clone());
     (Some(factory), Some(outbox_health))
 }
 
@@ -237,7 +236,7 @@ fn outbox_consumer(
 /// whatever the bus, and with the relay off, inserts need the next day's partition).
 fn outbox_maintenance(
     cdc: &CdcArgs,
-    cfg: &walcast_cdc::CdcConfig,
+    cfg: &walcast_pipeline::PipelineConfig,
 ) -> Option<walcast_outbox::maintain::Maintenance> {
     walcast_outbox::telemetry::describe();
     Some(walcast_outbox::maintain::Maintenance {
@@ -297,17 +296,17 @@ fn spawn_http(
 /// Everything only the leader does, one term at a time: answer subscription
 /// registrations and admin requests, read the slot.
 struct Leader {
-    cfg: walcast_cdc::CdcConfig,
+    cfg: walcast_pipeline::PipelineConfig,
     bus: Bus,
     registrar: Registrar,
     admin: Arc<dyn AdminHandler>,
-    health: Arc<CdcHealth>,
+    health: Arc<PipelineHealth>,
     known_fronts: KnownFronts,
-    /// Consumers of the WAL next to realtime delivery (the outbox relay).
-    consumers: Vec<walcast_cdc::ConsumerFactory>,
+    /// The consumers of the WAL: realtime delivery, then the outbox relay when on.
+    consumers: Vec<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
     /// The outbox tables' partition maintenance, run by each term.
     maintenance: Option<walcast_outbox::maintain::Maintenance>,
-    failure: std::sync::Mutex<Option<walcast_cdc::CdcError>>,
+    failure: std::sync::Mutex<Option<walcast_pipeline::PipelineError>>,
     /// Cancelled when the pipeline fails for good: the process stops.
     root: CancellationToken,
 }
@@ -318,11 +317,9 @@ impl Leader {
         self.health.set_leader(true);
         let maintenance = self.spawn_maintenance(&fence);
         let responder = self.serve_fronts(&term).await;
-        let matcher = self.registrar.matcher().clone();
-        let run = walcast_cdc::run_with_consumers(
+        let run = walcast_pipeline::run(
             self.cfg.clone(),
             self.bus.clone(),
-            matcher,
             self.health.clone(),
             fence.clone(),
             self.consumers.clone(),
@@ -397,7 +394,7 @@ impl Leader {
     /// the resync waits only for fronts this worker heard from or that answer at once).
     async fn recorded_fronts(&self) -> std::collections::HashSet<String> {
         let read = async {
-            let client = walcast_cdc::connect(&self.cfg.database_url).await?;
+            let client = walcast_pipeline::connect(&self.cfg.database_url).await?;
             self.registrar.fronts().load(&client).await
         };
         match tokio::time::timeout(std::time::Duration::from_secs(5), read).await {
@@ -535,7 +532,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         cfg.db.database_url.clone(),
         roles.clone(),
     );
-    let admin = Arc::new(walcast_cdc::admin::Admin::new(
+    let admin = Arc::new(walcast_realtime::admin::Admin::new(
         cfg.db.database_url.clone(),
         roles,
     ));

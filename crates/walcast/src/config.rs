@@ -3,8 +3,10 @@
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use walcast_cdc::{CdcConfig, ReadConfig, RlsMode, RlsOptions, SourceKind};
 use walcast_lease::LeaseMode;
+use walcast_pipeline::config as pipeline;
+use walcast_pipeline::{PipelineConfig, ReadConfig, SourceKind};
+use walcast_realtime::{RealtimeConfig, RlsMode, RlsOptions};
 
 /// How to trust and authenticate to NATS beyond `NATS_URL` (which may carry a user and
 /// password, and `tls://` to require TLS).
@@ -72,13 +74,13 @@ pub struct RolesArgs {
 
 impl RolesArgs {
     /// The worker's policy.
-    pub fn policy(&self) -> walcast_cdc::roles::RolePolicy {
-        walcast_cdc::roles::RolePolicy::new(self.allowed_roles.iter().cloned())
+    pub fn policy(&self) -> walcast_realtime::roles::RolePolicy {
+        walcast_realtime::roles::RolePolicy::new(self.allowed_roles.iter().cloned())
     }
 }
 
 /// The logical replication slot's default name.
-pub const DEFAULT_SLOT_NAME: &str = "walcast_cdc_slot";
+pub const DEFAULT_SLOT_NAME: &str = pipeline::DEFAULT_SLOT_NAME;
 
 #[derive(Args, Clone, Debug)]
 pub struct DbArgs {
@@ -105,7 +107,7 @@ pub struct CdcArgs {
     #[arg(long = "cdc-source", env = "CDC_SOURCE", default_value = "stream")]
     pub source: SourceKind,
     /// Stream mode: how often progress is acknowledged to Postgres, in milliseconds.
-    #[arg(long, env = "CDC_ACK_INTERVAL_MS", default_value_t = 100)]
+    #[arg(long, env = "CDC_ACK_INTERVAL_MS", default_value_t = pipeline::DEFAULT_ACK_INTERVAL.as_millis() as u64)]
     pub ack_interval_ms: u64,
     /// Name of the logical replication slot (created with wal2json when missing).
     #[arg(long, env = "CDC_SLOT_NAME", default_value = DEFAULT_SLOT_NAME)]
@@ -113,15 +115,15 @@ pub struct CdcArgs {
     /// Row-level-security checkers, each with its own Postgres connection; a project is
     /// routed to one by hash, so its changes stay in order while projects are checked
     /// side by side.
-    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = walcast_cdc::DEFAULT_SHARDS, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = walcast_realtime::DEFAULT_SHARDS, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub num_shards: u16,
     /// A change whose values (new and old row, as JSON) are larger is delivered the way
     /// Supabase does: large values dropped, the primary key kept, `errors: ["Error 413:
     /// Payload Too Large"]`. The bus's own `max_payload` lowers it further.
-    #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = walcast_cdc::DEFAULT_MAX_RECORD_BYTES)]
+    #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = walcast_realtime::DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
     /// Changes authorized together: one statement per (table, role, claims) covers them all.
-    #[arg(long, env = "CDC_RLS_BATCH", default_value_t = walcast_cdc::DEFAULT_RLS_BATCH)]
+    #[arg(long, env = "CDC_RLS_BATCH", default_value_t = walcast_realtime::DEFAULT_RLS_BATCH)]
     pub rls_batch: usize,
     /// `batched` (default) or `naive`: one check per subscriber per change, one statement
     /// per round trip. Naive exists to measure what batching saves; do not run it.
@@ -129,31 +131,31 @@ pub struct CdcArgs {
     pub rls_mode: RlsModeArg,
     /// Connections per shard over which a batch with many (role, claims) groups is
     /// spread, so one project's checks can use more than one database core.
-    #[arg(long, env = "CDC_RLS_CONNECTIONS", default_value_t = walcast_cdc::DEFAULT_RLS_CONNECTIONS, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, env = "CDC_RLS_CONNECTIONS", default_value_t = walcast_realtime::DEFAULT_RLS_CONNECTIONS, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub rls_connections: u16,
     /// statement_timeout of each RLS check, in milliseconds: a slow policy denies its
     /// subscribers instead of stalling the stream.
-    #[arg(long, env = "CDC_RLS_CHECK_TIMEOUT_MS", default_value_t = walcast_cdc::DEFAULT_RLS_CHECK_TIMEOUT_MS)]
+    #[arg(long, env = "CDC_RLS_CHECK_TIMEOUT_MS", default_value_t = walcast_realtime::DEFAULT_RLS_CHECK_TIMEOUT_MS)]
     pub rls_check_timeout_ms: u64,
     /// Rows per peek to start with; the poller grows it while polls come back full.
-    #[arg(long, env = "CDC_POLL_BATCH", default_value_t = 1000)]
+    #[arg(long, env = "CDC_POLL_BATCH", default_value_t = pipeline::DEFAULT_POLL_BATCH)]
     pub poll_batch: usize,
     /// Upper bound of the adaptive peek size (bounds server-side work per poll).
-    #[arg(long, env = "CDC_POLL_MAX_BATCH", default_value_t = 100_000)]
+    #[arg(long, env = "CDC_POLL_MAX_BATCH", default_value_t = pipeline::DEFAULT_POLL_MAX_BATCH)]
     pub poll_max_batch: usize,
     /// Wait after an empty poll, in milliseconds.
-    #[arg(long, env = "CDC_POLL_IDLE_MS", default_value_t = 100)]
+    #[arg(long, env = "CDC_POLL_IDLE_MS", default_value_t = pipeline::DEFAULT_POLL_IDLE.as_millis() as u64)]
     pub poll_idle_ms: u64,
     /// Re-read the realtime table registry at least this often, in milliseconds
     /// (registry edits are also seen in WAL order, at once).
-    #[arg(long, env = "TABLE_FILTER_REFRESH_MS", default_value_t = 3000)]
+    #[arg(long, env = "TABLE_FILTER_REFRESH_MS", default_value_t = pipeline::DEFAULT_FILTER_REFRESH.as_millis() as u64)]
     pub table_filter_refresh_ms: u64,
     /// Distinct subscription classes (table, event, filter, columns and role) the worker
     /// keeps per project: a join that would add one more is refused with an error.
-    #[arg(long, env = "CDC_MAX_CLASSES_PER_PROJECT", default_value_t = walcast_cdc::matcher::DEFAULT_MAX_CLASSES_PER_PROJECT)]
+    #[arg(long, env = "CDC_MAX_CLASSES_PER_PROJECT", default_value_t = walcast_realtime::subscriptions::matcher::DEFAULT_MAX_CLASSES_PER_PROJECT)]
     pub max_classes_per_project: usize,
     /// Distinct subscription classes with a subscription of one front.
-    #[arg(long, env = "CDC_MAX_CLASSES_PER_FRONT", default_value_t = walcast_cdc::matcher::DEFAULT_MAX_CLASSES_PER_FRONT)]
+    #[arg(long, env = "CDC_MAX_CLASSES_PER_FRONT", default_value_t = walcast_realtime::subscriptions::matcher::DEFAULT_MAX_CLASSES_PER_FRONT)]
     pub max_classes_per_front: usize,
     /// Start even when max_slot_wal_keep_size is -1 (a stalled slot can then fill the disk).
     #[arg(long, env = "CDC_ALLOW_UNBOUNDED_WAL", default_value_t = false)]
@@ -293,15 +295,16 @@ impl LeaseArgs {
 
 impl CdcArgs {
     /// The matcher's class limits.
-    pub fn class_limits(&self) -> walcast_cdc::matcher::ClassLimits {
-        walcast_cdc::matcher::ClassLimits {
+    pub fn class_limits(&self) -> walcast_realtime::subscriptions::matcher::ClassLimits {
+        walcast_realtime::subscriptions::matcher::ClassLimits {
             per_project: self.max_classes_per_project,
             per_front: self.max_classes_per_front,
         }
     }
 
-    pub fn to_config(&self, db: &DbArgs, origin: &str) -> CdcConfig {
-        CdcConfig {
+    /// The pipeline's settings (slot, source, reading).
+    pub fn to_config(&self, db: &DbArgs, origin: &str) -> PipelineConfig {
+        PipelineConfig {
             database_url: db.database_url.clone(),
             replication_url: db.replication_url().to_string(),
             allow_unbounded_wal: self.allow_unbounded_wal,
@@ -309,6 +312,20 @@ impl CdcArgs {
             ack_interval: Duration::from_millis(self.ack_interval_ms),
             origin: origin.to_string(),
             take_over_slot: self.lease.lease_mode != LeaseMode::None,
+            read: ReadConfig {
+                slot: self.slot_name.clone(),
+                min_batch: self.poll_batch,
+                max_batch: self.poll_max_batch,
+                idle: Duration::from_millis(self.poll_idle_ms),
+                filter_refresh: Duration::from_millis(self.table_filter_refresh_ms),
+            },
+        }
+    }
+
+    /// Realtime delivery's settings (row-level security, record size).
+    pub fn realtime_config(&self, db: &DbArgs) -> RealtimeConfig {
+        RealtimeConfig {
+            database_url: db.database_url.clone(),
             max_record_bytes: self.max_record_bytes,
             rls: RlsOptions {
                 mode: match self.rls_mode {
@@ -319,13 +336,6 @@ impl CdcArgs {
                 shards: usize::from(self.num_shards),
                 timeout_ms: self.rls_check_timeout_ms,
                 connections: usize::from(self.rls_connections),
-            },
-            read: ReadConfig {
-                slot: self.slot_name.clone(),
-                min_batch: self.poll_batch,
-                max_batch: self.poll_max_batch,
-                idle: Duration::from_millis(self.poll_idle_ms),
-                filter_refresh: Duration::from_millis(self.table_filter_refresh_ms),
             },
         }
     }
@@ -354,7 +364,7 @@ pub struct LogArgs {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `walcast_cdc=debug,info`.
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `walcast_pipeline=debug,info`.
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 }

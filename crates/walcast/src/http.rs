@@ -13,14 +13,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use walcast_bus::Bus;
-use walcast_cdc::{CdcHealth, CdcHealthReport};
 use walcast_front::Front;
 use walcast_lease::LeaseStatus;
+use walcast_pipeline::{PipelineHealth, PipelineHealthReport};
 
 #[derive(Clone)]
 pub struct OpsState {
     /// The CDC pipeline, in processes that run one.
-    pub cdc: Option<Arc<CdcHealth>>,
+    pub cdc: Option<Arc<PipelineHealth>>,
     /// The outbox relay, where enabled.
     pub outbox: Option<Arc<walcast_outbox::OutboxHealth>>,
     /// The realtime front, in processes that run one.
@@ -47,7 +47,7 @@ struct LeaseHealth {
 #[derive(Serialize)]
 struct HealthBody {
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    cdc: Option<CdcHealthReport>,
+    cdc: Option<PipelineHealthReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     outbox: Option<walcast_outbox::OutboxHealthReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -106,7 +106,7 @@ async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
 pub fn readiness(
     bus_connected: bool,
     front: Option<&walcast_front::Health>,
-    cdc: Option<&CdcHealthReport>,
+    cdc: Option<&PipelineHealthReport>,
 ) -> Result<(), String> {
     if !bus_connected {
         return Err("not ready: the bus (NATS) is not connected".into());
@@ -167,8 +167,8 @@ mod tests {
         }
     }
 
-    fn cdc(leader: bool, active: bool) -> CdcHealthReport {
-        let h = walcast_cdc::CdcHealth::new("walcast");
+    fn cdc(leader: bool, active: bool) -> PipelineHealthReport {
+        let h = walcast_pipeline::PipelineHealth::new("walcast");
         let mut r = h.report();
         r.leader = leader;
         r.cdc_active = active;

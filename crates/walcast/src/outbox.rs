@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use walcast_cdc::projects;
-use walcast_cdc::realtime_tables::DEFAULT_PROJECT;
+use walcast_core::DEFAULT_PROJECT;
 use walcast_outbox::replay::{Position, Replay};
+use walcast_realtime::projects;
 
 use crate::config::{redact_url, NatsAuthArgs, OutboxStreamArgs};
 
@@ -126,7 +126,7 @@ pub async fn outbox(cmd: OutboxCmd) -> anyhow::Result<()> {
 /// Migrations applied, then a connection.
 async fn database(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     crate::cdc_worker::migrate(url).await?;
-    walcast_cdc::connect(url)
+    walcast_pipeline::connect(url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))
 }

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use walcast_cdc::projects;
+use walcast_realtime::projects;
 
 use crate::admin::{sign_key, KEY_LIFETIME_SECS};
 use crate::config::redact_url;
@@ -55,7 +55,7 @@ pub fn project_keys(id: &str, secret: &str) -> anyhow::Result<(String, String)> 
 
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     crate::cdc_worker::migrate(&args.database_url).await?;
-    let mut client = walcast_cdc::connect(&args.database_url)
+    let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
     match args.action {

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
 use walcast_bus::Bus;
-use walcast_cdc::admin::Admin;
-use walcast_cdc::matcher::Matcher;
-use walcast_cdc::registrar::Registrar;
+use walcast_realtime::admin::Admin;
+use walcast_realtime::subscriptions::matcher::Matcher;
+use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{CdcArgs, DbArgs};
 use crate::front::FrontArgs;

@@ -36,7 +36,7 @@ pub enum SlotAction {
 
 pub async fn slot(args: SlotArgs) -> anyhow::Result<()> {
     let url = args.db.replication_url();
-    let client = walcast_cdc::connect(url)
+    let client = walcast_pipeline::connect(url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))?;
     let name = args.slot_name.as_str();
@@ -82,7 +82,7 @@ pub async fn slot(args: SlotArgs) -> anyhow::Result<()> {
             client
                 .execute("SELECT pg_drop_replication_slot($1)", &[&name])
                 .await
-                .map_err(|e| anyhow::anyhow!(walcast_cdc::db_message(&e)))
+                .map_err(|e| anyhow::anyhow!(walcast_pgtls::db_message(&e)))
                 .with_context(|| format!("dropping slot {name:?}"))?;
             println!("dropped replication slot {name:?}: Postgres no longer retains WAL for it");
         }

@@ -34,7 +34,8 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .map_err(|e| anyhow::anyhow!("metrics buckets: {e}"))?
         .install_recorder()
         .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
-    walcast_cdc::telemetry::describe();
+    walcast_pipeline::telemetry::describe();
+    walcast_realtime::telemetry::describe();
     walcast_lease::telemetry::describe();
     walcast_front::telemetry::describe();
     let upkeep = handle.clone();

@@ -144,7 +144,7 @@ fn stored(m: &jetstream::Message) -> Stored {
 }
 
 pub async fn client(pg: &Postgres) -> tokio_postgres::Client {
-    walcast_cdc::connect(&pg.url()).await.expect("connect")
+    walcast_pipeline::connect(&pg.url()).await.expect("connect")
 }
 
 /// `walcast.emit` in its own transaction; the event id.

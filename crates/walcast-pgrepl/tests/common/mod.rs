@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use walcast_core::Lsn;
 use walcast_pgrepl::{ReplEvent, ReplicationStream};
-use walcast_wal2json::Lsn;
 
 pub const WAIT: Duration = Duration::from_secs(20);
 

@@ -1,0 +1,28 @@
+//! # walcast-core
+//!
+//! The few words every walcast crate shares, each defined once, with no IO and no heavy
+//! dependency (so that depending on it costs nothing):
+//!
+//! - [`Lsn`]: a Postgres WAL position (`pg_lsn`);
+//! - [`DEFAULT_PROJECT`], [`DEFAULT_SCHEMA`]: the project every single-tenant deployment
+//!   is, and the schema its tables live in;
+//! - [`sql`]: identifier quoting and parsing (values are never quoted: always bound);
+//! - [`timestamp`]: Postgres timestamp text → RFC 3339 UTC milliseconds (commit times);
+//! - [`Backoff`]: the one retry schedule (doubling from a base up to a cap).
+
+#![forbid(unsafe_code)]
+
+mod backoff;
+mod lsn;
+pub mod sql;
+pub mod timestamp;
+
+pub use backoff::Backoff;
+pub use lsn::{Lsn, ParseLsnError};
+
+/// The project of a deployment without a project directory, and of tokens without a
+/// `project` claim.
+pub const DEFAULT_PROJECT: &str = "default";
+
+/// The schema of the default project's tables (and of a table named without one).
+pub const DEFAULT_SCHEMA: &str = "public";

@@ -1,0 +1,175 @@
+//! What `/health` reports about the pipeline, shared between the poller and the HTTP side.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+use walcast_wal2json::Lsn;
+
+/// A range of WAL whose changes were lost because the slot was invalidated.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct LostRange {
+    /// Last position we had confirmed (changes after it were never published).
+    pub from: Option<Lsn>,
+    /// Where the recreated slot starts.
+    pub to: Lsn,
+}
+
+/// The last change that was skipped or cut down instead of delivered whole.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SkippedChange {
+    /// `schema.table` (or the line's start when it could not be decoded).
+    pub table: String,
+    /// Commit LSN of its transaction.
+    pub commit_lsn: Option<Lsn>,
+    /// Why (`payload_too_large`, `undecodable`, `event`).
+    pub reason: String,
+}
+
+#[derive(Default)]
+pub struct PipelineHealth {
+    skipped_total: AtomicU64,
+    oversized_total: AtomicU64,
+    last_skipped: Mutex<Option<SkippedChange>>,
+    slot: Mutex<String>,
+    active: AtomicBool,
+    leader: AtomicBool,
+    confirmed_flush: AtomicU64,
+    lag_bytes: AtomicI64,
+    slot_lost_total: AtomicU64,
+    last_loss: Mutex<Option<LostRange>>,
+    last_error: Mutex<Option<String>>,
+    ddl_tracking: Mutex<Option<&'static str>>,
+    changes_total: AtomicU64,
+}
+
+/// The JSON body of `/health` for the CDC part.
+#[derive(Serialize, Debug, Clone)]
+pub struct PipelineHealthReport {
+    pub cdc_active: bool,
+    pub slot: String,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    pub lag_bytes: i64,
+    pub leader: bool,
+    pub slot_lost_total: u64,
+    pub last_slot_loss: Option<LostRange>,
+    pub last_error: Option<String>,
+    /// Changes that could not be delivered at all (a deterministic failure: retrying
+    /// would stall the slot forever), since start.
+    pub skipped_changes_total: u64,
+    /// Changes delivered without their large values (`Error 413`), since start.
+    pub oversized_changes_total: u64,
+    pub last_skipped_change: Option<SkippedChange>,
+    /// How privilege and schema changes are applied: `event_trigger` (at their WAL
+    /// position) or `per_batch` (no event trigger: each batch re-reads the catalog).
+    pub ddl_tracking: Option<&'static str>,
+    /// Changes read from the WAL since start (every table any consumer reads).
+    pub changes_total: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl PipelineHealth {
+    /// A change that no retry can deliver: log, count (`walcast_cdc_changes_skipped_total`
+    /// by `reason`), show on `/health`, move on. Consumers report their own skips here.
+    pub fn report_skip(
+        &self,
+        table: &str,
+        commit_lsn: Option<Lsn>,
+        reason: &'static str,
+        error: &str,
+    ) {
+        metrics::counter!(crate::telemetry::CHANGES_SKIPPED, "reason" => reason).increment(1);
+        tracing::error!(
+            table,
+            ?commit_lsn,
+            reason,
+            error,
+            "change skipped: it cannot be delivered"
+        );
+        self.record_skip(
+            SkippedChange {
+                table: table.to_string(),
+                commit_lsn,
+                reason: reason.to_string(),
+            },
+            false,
+        );
+    }
+
+    pub fn new(slot: &str) -> PipelineHealth {
+        let h = PipelineHealth::default();
+        *lock(&h.slot) = slot.to_string();
+        h
+    }
+
+    pub fn set_active(&self, active: bool) {
+        self.active.store(active, Ordering::SeqCst);
+        metrics::gauge!(crate::telemetry::ACTIVE).set(if active { 1.0 } else { 0.0 });
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::SeqCst);
+    }
+
+    pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64) {
+        self.confirmed_flush.store(confirmed.0, Ordering::SeqCst);
+        self.lag_bytes.store(lag_bytes, Ordering::SeqCst);
+        metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
+    }
+
+    pub fn record_slot_loss(&self, range: LostRange) {
+        self.slot_lost_total.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.last_loss) = Some(range);
+    }
+
+    /// Record how DDL is tracked; true if that changed.
+    pub fn set_ddl_tracking(&self, mode: &'static str) -> bool {
+        lock(&self.ddl_tracking).replace(mode) != Some(mode)
+    }
+
+    pub fn set_error(&self, error: Option<String>) {
+        *lock(&self.last_error) = error;
+    }
+
+    /// A change was read from the WAL.
+    pub fn record_change(&self) {
+        self.changes_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A change was skipped (`oversized: false`) or delivered reduced (`true`).
+    pub fn record_skip(&self, skip: SkippedChange, oversized: bool) {
+        let counter = if oversized {
+            &self.oversized_total
+        } else {
+            &self.skipped_total
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.last_skipped) = Some(skip);
+    }
+
+    pub fn report(&self) -> PipelineHealthReport {
+        let confirmed = self.confirmed_flush.load(Ordering::SeqCst);
+        PipelineHealthReport {
+            cdc_active: self.is_active(),
+            slot: lock(&self.slot).clone(),
+            confirmed_flush_lsn: (confirmed != 0).then_some(Lsn(confirmed)),
+            lag_bytes: self.lag_bytes.load(Ordering::SeqCst),
+            leader: self.leader.load(Ordering::SeqCst),
+            slot_lost_total: self.slot_lost_total.load(Ordering::SeqCst),
+            last_slot_loss: lock(&self.last_loss).clone(),
+            last_error: lock(&self.last_error).clone(),
+            skipped_changes_total: self.skipped_total.load(Ordering::SeqCst),
+            oversized_changes_total: self.oversized_total.load(Ordering::SeqCst),
+            last_skipped_change: lock(&self.last_skipped).clone(),
+            ddl_tracking: *lock(&self.ddl_tracking),
+            changes_total: self.changes_total.load(Ordering::Relaxed),
+        }
+    }
+}

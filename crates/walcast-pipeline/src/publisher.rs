@@ -1,0 +1,233 @@
+//! The one way a consumer sends anything: a [`Publisher`], made by the session for each
+//! consumer, holding the bus and the leadership term's fence so that no consumer holds
+//! either.
+//!
+//! Every message it sends is
+//! - **fenced**: the term's fence is checked right before the hand-over to the bus, so a
+//!   leader that lost its lease sends nothing more (what a fence cannot do is in the
+//!   README: a message already handed to the NATS client before a freeze);
+//! - **stamped**: `Walcast-Origin` (this process), `Walcast-Term` (the term, which fronts
+//!   use to drop a late message of an older leader) and `Walcast-Lsn` (the commit
+//!   position; `Walcast-Seq`, the change's place in its transaction, when given).
+//!
+//! Core NATS messages go through [`Publisher::publish`] and [`Publisher::barrier`];
+//! JetStream messages (which need the server's acknowledgement per message) through the
+//! [`JetStreamPublisher`] that [`Publisher::jetstream`] builds on the same connection.
+
+use std::sync::Arc;
+
+use async_nats::jetstream::context::{ContextBuilder, PublishAckFuture, Yes};
+use async_nats::{HeaderMap, HeaderValue};
+use bytes::Bytes;
+use walcast_bus::{Bus, BusError, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ, HEADER_TERM};
+use walcast_lease::{Action, Fence, Fenced};
+use walcast_wal2json::Lsn;
+
+use crate::error::{ConsumerError, Retry};
+use crate::telemetry;
+
+/// Where a message comes from in the WAL: its transaction's commit position and, for a
+/// change, its place in the transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub lsn: Lsn,
+    pub seq: Option<u32>,
+}
+
+impl Position {
+    /// A message about a whole transaction (a notice, a broadcast).
+    pub fn commit(lsn: Lsn) -> Position {
+        Position { lsn, seq: None }
+    }
+
+    /// The `seq`-th change of the transaction committed at `lsn`.
+    pub fn change(lsn: Lsn, seq: u32) -> Position {
+        Position {
+            lsn,
+            seq: Some(seq),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The term ended: nothing was sent.
+    #[error(transparent)]
+    Fenced(#[from] Fenced),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("JetStream publish failed: {0}")]
+    JetStream(#[source] async_nats::jetstream::context::PublishError),
+    /// JetStream was asked of an in-process bus.
+    #[error("JetStream needs NATS (NATS_URL); the bus is in-process")]
+    NoJetStream,
+}
+
+impl PublishError {
+    /// Whether retrying can help. A message over the server's `max_payload` will never
+    /// go through as it is: the consumer must handle that one itself (cut it down, or
+    /// skip and report it) before returning an error.
+    pub fn retry(&self) -> Retry {
+        match self {
+            PublishError::Fenced(_) => Retry::Fenced,
+            PublishError::NoJetStream => Retry::Never,
+            PublishError::Bus(_) | PublishError::JetStream(_) => Retry::Backoff,
+        }
+    }
+}
+
+impl From<PublishError> for ConsumerError {
+    fn from(e: PublishError) -> ConsumerError {
+        ConsumerError::new(e.retry(), e)
+    }
+}
+
+/// What [`Publisher`]s of one session share.
+struct Term {
+    bus: Bus,
+    fence: Fence,
+    origin: String,
+    term: String,
+}
+
+/// A consumer's way to the bus (see the module docs). Cheap to clone.
+#[derive(Clone)]
+pub struct Publisher {
+    term: Arc<Term>,
+    /// The consumer, for metrics and logs.
+    consumer: &'static str,
+}
+
+impl Publisher {
+    /// The session's publisher (the driver names one per consumer with
+    /// [`Publisher::for_consumer`]).
+    pub fn new(bus: Bus, fence: Fence, origin: impl Into<String>) -> Publisher {
+        let term = fence.term().to_string();
+        Publisher {
+            term: Arc::new(Term {
+                bus,
+                fence,
+                origin: origin.into(),
+                term,
+            }),
+            consumer: "session",
+        }
+    }
+
+    /// The same publisher, labelled with the consumer that uses it.
+    pub fn for_consumer(&self, consumer: &'static str) -> Publisher {
+        Publisher {
+            term: self.term.clone(),
+            consumer,
+        }
+    }
+
+    /// The leadership term messages are stamped with.
+    pub fn term(&self) -> u64 {
+        self.term.fence.term()
+    }
+
+    /// This process, as `Walcast-Origin` names it.
+    pub fn origin(&self) -> &str {
+        &self.term.origin
+    }
+
+    /// The largest message the bus takes (NATS' `max_payload`; `None` in process).
+    pub fn max_payload(&self) -> Option<usize> {
+        self.term.bus.max_payload()
+    }
+
+    /// Check the fence now (for work that is only worth doing while we lead).
+    pub fn check(&self, action: Action) -> Result<(), Fenced> {
+        self.term.fence.check(action).inspect_err(|_| {
+            metrics::counter!(telemetry::PUBLISH_FENCED, "consumer" => self.consumer).increment(1);
+        })
+    }
+
+    /// Send one message on core NATS (order kept per connection), stamped with origin,
+    /// term and `at`, plus `extra` headers. The fence is checked right before the
+    /// hand-over.
+    pub async fn publish(
+        &self,
+        subject: String,
+        at: Position,
+        extra: &[(&str, &str)],
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        let lsn = at.lsn.to_string();
+        let seq = at.seq.map(|s| s.to_string());
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(4 + extra.len());
+        headers.push((HEADER_ORIGIN, &self.term.origin));
+        headers.push((HEADER_TERM, &self.term.term));
+        headers.push((HEADER_LSN, &lsn));
+        if let Some(seq) = &seq {
+            headers.push((HEADER_SEQ, seq));
+        }
+        headers.extend_from_slice(extra);
+        self.check(Action::Publish)?;
+        Ok(self.term.bus.publish(subject, &headers, payload).await?)
+    }
+
+    /// Wait until everything published so far reached the NATS server.
+    pub async fn barrier(&self) -> Result<(), PublishError> {
+        Ok(self.term.bus.barrier().await?)
+    }
+
+    /// A JetStream publisher on the bus's NATS connection, its context configured by
+    /// `configure` (timeouts, acknowledgements in flight).
+    pub fn jetstream(
+        &self,
+        configure: impl FnOnce(ContextBuilder<Yes>) -> ContextBuilder<Yes>,
+    ) -> Result<JetStreamPublisher, PublishError> {
+        let Bus::Nats(nats) = &self.term.bus else {
+            return Err(PublishError::NoJetStream);
+        };
+        let js = configure(ContextBuilder::new()).build(nats.client().clone());
+        Ok(JetStreamPublisher {
+            js,
+            publisher: self.clone(),
+        })
+    }
+}
+
+/// JetStream through the fence (see [`Publisher::jetstream`]).
+pub struct JetStreamPublisher {
+    js: async_nats::jetstream::Context,
+    publisher: Publisher,
+}
+
+impl JetStreamPublisher {
+    /// The context, to manage streams with (never to publish: that is
+    /// [`JetStreamPublisher::publish`]'s).
+    pub fn context(&self) -> &async_nats::jetstream::Context {
+        &self.js
+    }
+
+    /// Send one message with `headers` plus origin, term and `at`; the fence is checked
+    /// right before. The future resolves to JetStream's acknowledgement.
+    pub async fn publish(
+        &self,
+        subject: String,
+        at: Position,
+        mut headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<PublishAckFuture, PublishError> {
+        let p = &self.publisher;
+        headers.insert(HEADER_ORIGIN, header(&p.term.origin));
+        headers.insert(HEADER_TERM, header(&p.term.term));
+        headers.insert(HEADER_LSN, header(&at.lsn.to_string()));
+        if let Some(seq) = at.seq {
+            headers.insert(HEADER_SEQ, header(&seq.to_string()));
+        }
+        p.check(Action::Publish)?;
+        self.js
+            .publish_with_headers(subject, headers, payload)
+            .await
+            .map_err(PublishError::JetStream)
+    }
+}
+
+/// A header value we produced (an origin is checked at start, the rest are digits).
+fn header(value: &str) -> HeaderValue {
+    HeaderValue::from(value)
+}

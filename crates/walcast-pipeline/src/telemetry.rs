@@ -1,0 +1,67 @@
+//! Every metric name of the pipeline (slot, sources, driver), each with its description
+//! (registered by [`describe`]); code records metrics only through these names. The
+//! names keep their `walcast_cdc_` prefix: dashboards and alerts written against them
+//! keep working.
+
+/// Counter: changes no retry can deliver, skipped (label `reason`).
+pub const CHANGES_SKIPPED: &str = "walcast_cdc_changes_skipped_total";
+/// Gauge: 1 while this worker reads the slot.
+pub const ACTIVE: &str = "walcast_cdc_active";
+/// Gauge: bytes of WAL between the server's position and the slot's confirmed one.
+pub const SLOT_LAG: &str = "walcast_cdc_slot_lag_bytes";
+/// Counter: lost slots recreated.
+pub const SLOT_LOST: &str = "walcast_cdc_slot_lost_total";
+/// Counter: session failures retried.
+pub const SOURCE_ERRORS: &str = "walcast_cdc_source_errors_total";
+/// Counter: wal2json lines that could not be decoded.
+pub const DECODE_ERRORS: &str = "walcast_cdc_decode_errors_total";
+/// Counter: `walcast.*` logical messages whose MAC did not verify (label `prefix`).
+pub const MESSAGES_FORGED: &str = "walcast_cdc_messages_forged_total";
+/// Counter: items a consumer panicked on (label `consumer`).
+pub const CONSUMER_PANICS: &str = "walcast_cdc_consumer_panics_total";
+/// Histogram: duration of one poll of the slot.
+pub const POLL_SECONDS: &str = "walcast_cdc_poll_duration_seconds";
+/// Histogram: lines returned by one poll.
+pub const POLL_ROWS: &str = "walcast_cdc_poll_rows";
+/// Counter: publishes refused by the [`crate::Publisher`] because the term's fence had
+/// closed (label `consumer`).
+pub const PUBLISH_FENCED: &str = "walcast_cdc_publish_fenced_total";
+
+/// Register the descriptions with the installed recorder.
+pub fn describe() {
+    metrics::describe_counter!(
+        CHANGES_SKIPPED,
+        "Changes not delivered because of a failure that retrying cannot fix (label reason)"
+    );
+    metrics::describe_gauge!(
+        ACTIVE,
+        "1 while this worker reads the slot (leader, connected), else 0"
+    );
+    metrics::describe_gauge!(
+        SLOT_LAG,
+        "Bytes of WAL between the server's current position and the slot's confirmed position"
+    );
+    metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
+    metrics::describe_counter!(SOURCE_ERRORS, "cdc session failures that were retried (Postgres or NATS unreachable, slot busy), in either source");
+    metrics::describe_counter!(
+        MESSAGES_FORGED,
+        "walcast.* logical messages skipped because their MAC did not verify (forged), by prefix"
+    );
+    metrics::describe_counter!(
+        CONSUMER_PANICS,
+        "Items a consumer panicked on (caught and skipped), by consumer"
+    );
+    metrics::describe_counter!(DECODE_ERRORS, "wal2json lines that could not be decoded (each skipped and counted in walcast_cdc_changes_skipped_total too)");
+    metrics::describe_histogram!(
+        POLL_SECONDS,
+        "Poll source: duration of one read of the slot, in seconds"
+    );
+    metrics::describe_histogram!(
+        POLL_ROWS,
+        "Poll source: wal2json lines returned by one read of the slot"
+    );
+    metrics::describe_counter!(
+        PUBLISH_FENCED,
+        "Publishes refused because this worker's leadership term had ended (its fence closed), by consumer"
+    );
+}

@@ -1,0 +1,296 @@
+//! The worker side of the admin protocol ([`walcast_bus::admin`]): the project list for
+//! the fronts' key verification, and enabling realtime per table for their REST API.
+//!
+//! A table is always looked up in its project's schema (`public` for the default
+//! project, `project_<hex>` for the others), so a project can never enable, disable or
+//! list another project's tables.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+use walcast_bus::admin::{
+    AdminError, AdminErrorKind, AdminHandler, AdminReply, AdminRequest, ProjectRecord, TableName,
+};
+use walcast_bus::subs::BoxFuture;
+
+use crate::authorize::channel::Channel;
+use crate::catalog::tables::{self, RealtimeTablesError};
+use crate::error::RealtimeError;
+use crate::projects::{self, ProjectError};
+use crate::roles::RolePolicy;
+
+/// Every admin session: a statement waits at most 3 s for a table lock and runs at most
+/// 5 s (a slow policy on `realtime.messages` fails its own check, never holds the others).
+const SESSION_LIMITS: &str = "SET lock_timeout = '3s'; SET statement_timeout = '5s'";
+
+/// Sessions for read-only requests (channel checks, replays, lists), used side by side;
+/// one more is kept for the requests that change something, answered one at a time.
+const READ_SESSIONS: usize = 4;
+
+/// Answers admin requests with lazily (re)connected database sessions.
+#[derive(Clone)]
+pub struct Admin {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    database_url: String,
+    /// `[0]` for ordered requests (see [`AdminRequest::is_ordered`]), the rest for reads.
+    sessions: Vec<Mutex<Option<Client>>>,
+    next_read: AtomicUsize,
+    /// The roles a private-channel check may act as.
+    roles: RolePolicy,
+}
+
+impl Admin {
+    pub fn new(database_url: String, roles: RolePolicy) -> Admin {
+        Admin {
+            inner: Arc::new(Inner {
+                database_url,
+                sessions: (0..=READ_SESSIONS).map(|_| Mutex::new(None)).collect(),
+                next_read: AtomicUsize::new(0),
+                roles,
+            }),
+        }
+    }
+
+    /// The session for `req`: the ordered one, or a free read session (else the next in
+    /// turn, waited for).
+    async fn session(&self, req: &AdminRequest) -> tokio::sync::MutexGuard<'_, Option<Client>> {
+        let sessions = &self.inner.sessions;
+        if req.is_ordered() {
+            return sessions[0].lock().await;
+        }
+        let reads = &sessions[1..];
+        if let Some(free) = reads.iter().find_map(|m| m.try_lock().ok()) {
+            return free;
+        }
+        let turn = self.inner.next_read.fetch_add(1, Ordering::Relaxed) % reads.len();
+        reads[turn].lock().await
+    }
+
+    async fn answer(&self, req: AdminRequest) -> Result<AdminReply, AdminError> {
+        let mut guard = self.session(&req).await;
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            // A busy table must not hold every admin request (and the fronts' project
+            // refreshes) behind `ALTER TABLE … REPLICA IDENTITY FULL`.
+            let connected = match walcast_pgtls::connect(&self.inner.database_url)
+                .await
+                .map_err(RealtimeError::from)
+            {
+                Ok(c) => c
+                    .batch_execute(SESSION_LIMITS)
+                    .await
+                    .map(|_| c)
+                    .map_err(RealtimeError::from),
+                Err(e) => Err(e),
+            };
+            match connected {
+                Ok(c) => *guard = Some(c),
+                Err(e) => {
+                    let message = e.to_string();
+                    tracing::error!(error = %message, "admin request: cannot connect");
+                    return Err(AdminError::new(AdminErrorKind::Unavailable, message));
+                }
+            }
+        }
+        let Some(client) = guard.as_ref() else {
+            return Err(AdminError::new(
+                AdminErrorKind::Unavailable,
+                "no database session",
+            ));
+        };
+        let result = run(client, &self.inner.roles, req).await;
+        if let Err(e) = &result {
+            if e.kind == AdminErrorKind::Internal {
+                // The session is suspect: reconnect next time.
+                *guard = None;
+                tracing::error!(error = %e, "admin request failed");
+            }
+        }
+        result
+    }
+}
+
+impl AdminHandler for Admin {
+    /// Answered on a task of its own: a caller that stops waiting (a front's timeout) must
+    /// not drop the work between `BEGIN` and `ROLLBACK`, which would leave the session in an
+    /// aborted transaction and fail every later request on it.
+    fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>> {
+        let this = self.clone();
+        let task = tokio::spawn(async move { this.answer(req).await });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| Err(internal(format!("admin request task: {e}"))))
+        })
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> AdminError {
+    AdminError::new(AdminErrorKind::Internal, e.to_string())
+}
+
+impl From<ProjectError> for AdminError {
+    fn from(e: ProjectError) -> AdminError {
+        internal(e)
+    }
+}
+
+impl From<RealtimeTablesError> for AdminError {
+    fn from(e: RealtimeTablesError) -> AdminError {
+        match e {
+            RealtimeTablesError::UnknownTable(_) => {
+                AdminError::new(AdminErrorKind::UnknownTable, e.to_string())
+            }
+            RealtimeTablesError::NoPrimaryKey(_) => {
+                AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
+            }
+            RealtimeTablesError::Partitioned(_) => {
+                AdminError::new(AdminErrorKind::PartitionedTable, e.to_string())
+            }
+            RealtimeTablesError::OtherProject { .. } => internal(e),
+            RealtimeTablesError::Db(d) => {
+                internal(format!("database: {}", walcast_pgtls::db_message(&d)))
+            }
+        }
+    }
+}
+
+async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError> {
+    projects::schema_of(client, project).await?.ok_or_else(|| {
+        AdminError::new(
+            AdminErrorKind::UnknownProject,
+            format!("project {project:?} does not exist"),
+        )
+    })
+}
+
+/// Private channels: a policy check, or a replay (see [`crate::authorize::channel`]), always
+/// of the asking project's channel.
+async fn private_channel(
+    client: &Client,
+    roles: &RolePolicy,
+    req: AdminRequest,
+) -> Result<AdminReply, AdminError> {
+    let db =
+        |e: tokio_postgres::Error| internal(format!("database: {}", walcast_pgtls::db_message(&e)));
+    match req {
+        AdminRequest::AuthorizeChannel {
+            project,
+            topic,
+            claims,
+            write,
+        } => {
+            let channel = Channel {
+                project: &project,
+                topic: &topic,
+            };
+            let allowed = crate::authorize::channel::may(client, roles, channel, &claims, write)
+                .await
+                .map_err(db)?;
+            Ok(AdminReply::Authorized { allowed })
+        }
+        AdminRequest::Replay {
+            project,
+            topic,
+            since_ms,
+            limit,
+        } => {
+            let channel = Channel {
+                project: &project,
+                topic: &topic,
+            };
+            let messages = crate::authorize::channel::stored(client, channel, since_ms, limit)
+                .await
+                .map_err(db)?;
+            Ok(AdminReply::Replayed { messages })
+        }
+        other => Err(internal(format!(
+            "not a private-channel request: {other:?}"
+        ))),
+    }
+}
+
+async fn run(
+    client: &Client,
+    roles: &RolePolicy,
+    req: AdminRequest,
+) -> Result<AdminReply, AdminError> {
+    match req {
+        AdminRequest::Projects => {
+            let projects = projects::list(client)
+                .await?
+                .into_iter()
+                .map(|p| ProjectRecord {
+                    id: p.id,
+                    name: p.name,
+                    schema: p.schema,
+                    jwt_secret: p.jwt_secret,
+                    jwt_secret_previous: p.jwt_secret_previous,
+                    jwks: p.jwks,
+                })
+                .collect();
+            Ok(AdminReply::Projects { projects })
+        }
+        AdminRequest::SetRealtime {
+            project,
+            table,
+            enabled,
+        } => {
+            let schema = schema_of(client, &project).await?;
+            if table.is_empty() || table.contains('\0') {
+                // Postgres text cannot hold NUL: no such table can exist.
+                return Err(
+                    RealtimeTablesError::UnknownTable(walcast_core::sql::qualified(
+                        &schema, &table,
+                    ))
+                    .into(),
+                );
+            }
+            let changed =
+                if enabled {
+                    let changed = tables::enable(client, &project, &schema, &table).await?;
+                    tracing::info!(%project, %schema, %table, changed, "realtime enabled");
+                    changed
+                } else {
+                    let changed = tables::disable(client, &project, &schema, &table).await?;
+                    if !changed
+                        && tables::inspect(client, &schema, &table)
+                            .await
+                            .map_err(RealtimeTablesError::Db)?
+                            .is_none()
+                    {
+                        return Err(RealtimeTablesError::UnknownTable(
+                            walcast_core::sql::qualified(&schema, &table),
+                        )
+                        .into());
+                    }
+                    tracing::info!(%project, %schema, %table, changed, "realtime disabled");
+                    changed
+                };
+            Ok(AdminReply::Realtime {
+                schema,
+                table,
+                enabled,
+                changed,
+            })
+        }
+        req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
+            private_channel(client, roles, req).await
+        }
+        AdminRequest::ListTables { project } => {
+            schema_of(client, &project).await?;
+            let tables = tables::list(client, Some(&project))
+                .await?
+                .into_iter()
+                .map(|t| TableName {
+                    schema: t.schema,
+                    table: t.table,
+                })
+                .collect();
+            Ok(AdminReply::Tables { tables })
+        }
+    }
+}

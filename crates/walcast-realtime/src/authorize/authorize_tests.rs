@@ -1,0 +1,206 @@
+//! The pure parts of [`crate::authorize`]: settling groups by their rule, applying the
+//! checks' outcomes, and shaping the audience — no database.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use walcast_bus::subs::SubscriptionSpec;
+use walcast_bus::ChangeEvent;
+use walcast_wal2json::Lsn;
+
+use super::*;
+use crate::authorize::check::{GroupOutcome, TableCheck, TableOutcome};
+use crate::authorize::policy::{ColumnFact, Predicate, Rule};
+
+fn sub(id: &str, front: &str, role: &str) -> Arc<Sub> {
+    let spec = SubscriptionSpec {
+        id: id.into(),
+        front: front.into(),
+        project: "default".into(),
+        schema: "public".into(),
+        table: Some("t".into()),
+        event: "*".into(),
+        filter: None,
+        select: None,
+        claims: serde_json::json!({ "role": role }),
+        from: None,
+    };
+    Arc::new(Sub::new(spec, None, Lsn(0)))
+}
+
+fn cols(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+fn event(columns: &[&str]) -> ChangeEvent {
+    let columns: Vec<_> = columns
+        .iter()
+        .map(|c| serde_json::json!({ "name": c, "type": "text" }))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "project": "default", "schema": "public", "table": "t", "type": "INSERT",
+        "commit_timestamp": "2026-01-01T00:00:00.000Z", "commit_lsn": "0/10", "seq": 0,
+        "columns": columns,
+    }))
+    .unwrap()
+}
+
+fn owner_predicate() -> Arc<Predicate> {
+    Arc::new(Predicate {
+        condition: "owner = current_setting('x')".into(),
+        columns: vec![ColumnFact {
+            name: "owner".into(),
+            ty: "text".into(),
+            nan_as_null: false,
+        }],
+    })
+}
+
+fn table_check(versions: Vec<Version>) -> TableCheck {
+    TableCheck {
+        schema: "public".into(),
+        table: "t".into(),
+        pk: Vec::new(),
+        columns: Vec::new(),
+        versions: Arc::new(versions),
+        groups: Vec::new(),
+    }
+}
+
+/// Changes 0 and 1 of a batch, both of table `t`, each waited on by one group per role.
+fn gather(roles: &[&str]) -> Gather {
+    let mut g = Gather::default();
+    for change in [0, 1] {
+        g.row_of(change);
+        for role in roles {
+            let s = sub(&format!("f:{role}{change}"), "f", role);
+            let key = (role.to_string(), s.claims_json.clone());
+            g.groups
+                .entry(key)
+                .or_default()
+                .push((change, s, cols(&["id"])));
+        }
+    }
+    g
+}
+
+fn ids(allowed: &[Allowed]) -> Vec<&str> {
+    let mut v: Vec<&str> = allowed.iter().map(|(_, _, id)| id.as_str()).collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn settled_rules_need_no_statement() {
+    let rules: HashMap<_, _> = [
+        (("public".into(), "t".into(), "exempt".into()), Rule::All),
+        (("public".into(), "t".into(), "none".into()), Rule::Nothing),
+    ]
+    .into_iter()
+    .collect();
+    let mut check = table_check(vec![Vec::new(), Vec::new()]);
+    let mut allowed = vec![Vec::new(), Vec::new()];
+    let g = gather(&["exempt", "none", "unknown"]);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut allowed);
+    assert!(check.groups.is_empty(), "no statement for settled rules");
+    assert!(subs.groups.is_empty());
+    assert_eq!(ids(&allowed[0]), ["f:exempt0"]);
+    assert_eq!(ids(&allowed[1]), ["f:exempt1"]);
+}
+
+#[test]
+fn a_condition_judges_complete_versions_by_their_own_values() {
+    let key = ("public".to_string(), "t".to_string(), "user".to_string());
+    let rules: HashMap<_, _> = [(key, Rule::Where(owner_predicate()))]
+        .into_iter()
+        .collect();
+    let complete = vec![("owner".to_string(), Some("a".to_string()))];
+    let missing = vec![("id".to_string(), Some("1".to_string()))];
+    let mut check = table_check(vec![complete, missing]);
+    let mut allowed = vec![Vec::new(), Vec::new()];
+    let subs = settle_groups(
+        &mut check,
+        gather(&["user"]),
+        &rules,
+        RlsMode::Batched,
+        &mut allowed,
+    );
+    assert_eq!(check.groups.len(), 1);
+    assert_eq!(check.groups[0].own, [0]);
+    assert_eq!(check.groups[0].by_row, [1]);
+    assert_eq!(subs.groups.len(), 1);
+    assert!(
+        allowed.iter().all(Vec::is_empty),
+        "nothing allowed before the check"
+    );
+}
+
+#[test]
+fn outcomes_allow_only_visible_versions_and_errors_deny_their_group() {
+    let key = ("public".to_string(), "t".to_string(), "user".to_string());
+    let rules: HashMap<_, _> = [(key, Rule::Where(owner_predicate()))]
+        .into_iter()
+        .collect();
+    let version = vec![("owner".to_string(), Some("a".to_string()))];
+    let mut check = table_check(vec![version.clone(), version]);
+    let mut allowed = vec![Vec::new(), Vec::new()];
+    let g = gather(&["user"]);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut allowed);
+    let ok = TableOutcome {
+        current_error: None,
+        groups: vec![Ok(GroupOutcome {
+            visible: HashSet::from([1]),
+            superseded: HashSet::new(),
+        })],
+    };
+    apply(&check, ok, subs, &mut allowed);
+    assert!(allowed[0].is_empty());
+    assert_eq!(ids(&allowed[1]), ["f:user1"]);
+
+    let mut allowed = vec![Vec::new(), Vec::new()];
+    let subs = settle_groups(
+        &mut check,
+        gather(&["user"]),
+        &rules,
+        RlsMode::Batched,
+        &mut allowed,
+    );
+    let failed = TableOutcome {
+        current_error: None,
+        groups: vec![Err("boom".into()), Err("boom".into())],
+    };
+    apply(&check, failed, subs, &mut allowed);
+    assert!(allowed.iter().all(Vec::is_empty), "a failed check denies");
+}
+
+#[test]
+fn audience_groups_by_front_and_columns() {
+    let ev = event(&["id", "owner"]);
+    let allowed: Vec<Allowed> = vec![
+        ("f2".into(), cols(&["id", "owner"]), "class-a".into()),
+        ("f1".into(), cols(&["id"]), "f1:1".into()),
+        ("f1".into(), cols(&["id"]), "f1:2".into()),
+        ("f1".into(), cols(&["id", "owner"]), "f1:3".into()),
+        // Seen again with other columns: the first decision stands.
+        ("f1".into(), cols(&["owner"]), "f1:1".into()),
+        // No column it may see: not in the audience.
+        ("f1".into(), BTreeSet::new(), "f1:4".into()),
+    ];
+    let a = audience(&ev, allowed);
+    assert_eq!(
+        a,
+        vec![
+            FrontAudience {
+                front: "f1".into(),
+                groups: vec![
+                    (Some(cols(&["id"])), vec!["f1:1".into(), "f1:2".into()]),
+                    (None, vec!["f1:3".into()]),
+                ],
+            },
+            FrontAudience {
+                front: "f2".into(),
+                groups: vec![(None, vec!["class-a".into()])],
+            },
+        ]
+    );
+}

@@ -1,0 +1,75 @@
+//! What realtime delivery is configured with, each default defined once here (the
+//! binaries' options use these constants).
+
+/// Default of [`RealtimeConfig::max_record_bytes`]: 1 MiB, as Supabase's `max_record_bytes`.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// Default of [`RlsOptions::max_batch`]: changes authorized together.
+pub const DEFAULT_RLS_BATCH: usize = 1000;
+/// Default of [`RlsOptions::shards`]: projects hash onto this many checkers.
+pub const DEFAULT_SHARDS: u16 = 4;
+/// Default of [`RlsOptions::timeout_ms`]: statement_timeout of an RLS check.
+pub const DEFAULT_RLS_CHECK_TIMEOUT_MS: u64 = 5000;
+/// Default of [`RlsOptions::connections`]: RLS connections per shard.
+pub const DEFAULT_RLS_CONNECTIONS: u16 = 2;
+
+/// Realtime delivery's own settings (the slot and sources are the pipeline's).
+#[derive(Clone, Debug)]
+pub struct RealtimeConfig {
+    /// For the catalog (types, the realtime tables) and the RLS checks:
+    /// `DATABASE_URL`.
+    pub database_url: String,
+    /// How row-level security is checked (batching, shards, timeout).
+    pub rls: RlsOptions,
+    /// A change whose values are larger is delivered without them (`Error 413`).
+    pub max_record_bytes: usize,
+}
+
+impl RealtimeConfig {
+    /// The defaults, against `database_url`.
+    pub fn new(database_url: &str) -> RealtimeConfig {
+        RealtimeConfig {
+            database_url: database_url.to_string(),
+            rls: RlsOptions::default(),
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+        }
+    }
+}
+
+/// How row-level security is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RlsMode {
+    /// One statement per (table, role, claims) per batch, all in one round trip.
+    #[default]
+    Batched,
+    /// One check per subscriber per change, one statement per round trip: the cost of
+    /// the straightforward approach, kept for benchmarks.
+    Naive,
+}
+
+/// How changes are authorized (see the authorizer, `authorize/`).
+#[derive(Clone, Debug)]
+pub struct RlsOptions {
+    pub mode: RlsMode,
+    /// Changes held for one authorization round (and published after it), at most.
+    pub max_batch: usize,
+    /// RLS checkers, each with its own connection; a project always uses the same one,
+    /// so its changes leave in order while other projects' checks run beside it.
+    pub shards: usize,
+    /// `statement_timeout` of each check, in milliseconds.
+    pub timeout_ms: u64,
+    /// Connections per shard that a batch with many groups is spread over (a project's
+    /// checks then use more than one core of the database).
+    pub connections: usize,
+}
+
+impl Default for RlsOptions {
+    fn default() -> Self {
+        RlsOptions {
+            mode: RlsMode::Batched,
+            max_batch: DEFAULT_RLS_BATCH,
+            shards: usize::from(DEFAULT_SHARDS),
+            timeout_ms: DEFAULT_RLS_CHECK_TIMEOUT_MS,
+            connections: usize::from(DEFAULT_RLS_CONNECTIONS),
+        }
+    }
+}

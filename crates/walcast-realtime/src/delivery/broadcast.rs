@@ -1,0 +1,259 @@
+//! Broadcast from the database: a [`Consumer`] that turns each committed insert into
+//! `realtime.messages` (what `realtime.send` and `realtime.broadcast_changes` write) into
+//! a broadcast on the bus, which every front delivers to the topic's channels.
+//!
+//! Only committed rows are read (the WAL), in commit order; a rolled-back `send` is
+//! never seen. The body is the row's `payload` with its `id` added (as Supabase sends
+//! it), and `meta.id` is the id too. A broadcast belongs to the row's `project` (set by
+//! the database from the writer's `walcast.project`, see sql/0014_project_messages.sql),
+//! and only that project's channels receive it.
+//!
+//! A broadcast larger than `MAX_RECORD_BYTES` or than one bus message can carry is
+//! skipped (logged, counted in `walcast_cdc_changes_skipped_total{reason=
+//! "payload_too_large"}`, shown on `/health`): it never stalls the pipeline.
+//!
+//! Like every message of the pipeline it goes through the session's [`Publisher`]: not
+//! sent once the leadership term's fence closed, and stamped with the term, so that the
+//! fronts drop a late one from a leader that woke up after losing its lease.
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use walcast_bus::broadcast::{encode_envelope, BroadcastTarget, Envelope};
+use walcast_wal2json::{Change, Column, Lsn};
+
+use std::sync::Arc;
+
+use walcast_bus::BusError;
+use walcast_pipeline::{ConsumerError, Position, PublishError, Publisher};
+
+use crate::catalog::tables::DEFAULT_PROJECT;
+use crate::telemetry;
+use walcast_pipeline::consumer::{Consumer, Handled, Item};
+use walcast_pipeline::health::PipelineHealth;
+
+/// Room left in a bus message for its subject and headers.
+const MESSAGE_OVERHEAD: usize = 1024;
+
+/// How `/health` and the logs name a skipped database broadcast.
+const SKIPPED_AS: &str = "realtime.messages";
+
+/// The schema of `realtime.messages` and its partitions (`messages_YYYY_MM_DD`).
+pub const REALTIME_SCHEMA: &str = "realtime";
+
+/// One broadcast read from a `realtime.messages` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbMessage {
+    pub subject: String,
+    pub payload: Bytes,
+}
+
+/// Why a broadcast cannot be published: `Some(text)` when `payload` is over
+/// `max_record_bytes` or, with room for subject and headers, over the bus's
+/// `max_payload`.
+pub fn too_large(
+    payload: usize,
+    max_record_bytes: usize,
+    max_payload: Option<usize>,
+) -> Option<String> {
+    if payload > max_record_bytes {
+        return Some(format!(
+            "{payload} bytes, over MAX_RECORD_BYTES ({max_record_bytes})"
+        ));
+    }
+    let budget = max_payload?.saturating_sub(MESSAGE_OVERHEAD);
+    (payload > budget)
+        .then(|| format!("{payload} bytes, over the bus's max_payload less {MESSAGE_OVERHEAD}"))
+}
+
+fn value(columns: &[Column<'_>], name: &str) -> Option<Value> {
+    let raw = columns.iter().find(|c| c.name == name)?.value?;
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// The broadcast of an inserted `realtime.messages` row (`None`: not a broadcast row).
+pub fn message(columns: &[Column<'_>]) -> Option<DbMessage> {
+    if value(columns, "extension")?.as_str()? != "broadcast" {
+        return None;
+    }
+    let topic = value(columns, "topic")?.as_str()?.to_string();
+    let event = value(columns, "event").and_then(|e| e.as_str().map(String::from));
+    let id = value(columns, "id")?.as_str()?.to_string();
+    let private = value(columns, "private")
+        .and_then(|p| p.as_bool())
+        .unwrap_or(false);
+    // Without the column (a table that predates sql/0014), the default project's.
+    let project = match value(columns, "project") {
+        None | Some(Value::Null) => DEFAULT_PROJECT.to_string(),
+        Some(p) => p.as_str()?.to_string(),
+    };
+    // jsonb arrives as its text in a JSON string.
+    let mut body = match value(columns, "payload") {
+        Some(Value::String(text)) => serde_json::from_str(&text).ok()?,
+        _ => Value::Null,
+    };
+    if let Value::Object(m) = &mut body {
+        m.entry("id").or_insert_with(|| Value::from(id.clone()));
+    }
+    let meta = RawValue::from_string(serde_json::json!({ "id": id }).to_string()).ok()?;
+    let env = Envelope {
+        event: event.unwrap_or_default().into(),
+        binary: false,
+        meta: Some(&meta),
+    };
+    let target = BroadcastTarget {
+        project,
+        private,
+        name: topic,
+    };
+    let payload = encode_envelope(&env, body.to_string().as_bytes())?;
+    Some(DbMessage {
+        subject: target.subject(),
+        payload,
+    })
+}
+
+/// The consumer (see the module docs).
+pub struct DbBroadcast {
+    publisher: Publisher,
+    health: Arc<PipelineHealth>,
+    max_record_bytes: usize,
+    txn: Vec<DbMessage>,
+    unconfirmed: bool,
+}
+
+impl DbBroadcast {
+    pub fn new(
+        publisher: Publisher,
+        health: Arc<PipelineHealth>,
+        max_record_bytes: usize,
+    ) -> DbBroadcast {
+        DbBroadcast {
+            publisher,
+            health,
+            max_record_bytes,
+            txn: Vec::new(),
+            unconfirmed: false,
+        }
+    }
+
+    /// Publish the transaction's broadcasts; one too large for the bus is skipped
+    /// (see the module docs), as is one the server refuses as too large (its
+    /// `max_payload` can shrink on a reconnect): retrying could never deliver it.
+    async fn publish(&mut self, commit_lsn: Lsn) -> Result<(), PublishError> {
+        for m in std::mem::take(&mut self.txn) {
+            let size = m.payload.len() + m.subject.len();
+            let max_payload = self.publisher.max_payload();
+            if let Some(why) = too_large(size, self.max_record_bytes, max_payload) {
+                self.skip(commit_lsn, &why);
+                continue;
+            }
+            let at = Position::commit(commit_lsn);
+            match self.publisher.publish(m.subject, at, &[], m.payload).await {
+                Err(PublishError::Bus(e @ BusError::PayloadTooLarge { .. })) => {
+                    self.skip(commit_lsn, &e.to_string());
+                    continue;
+                }
+                other => other?,
+            }
+            metrics::counter!(telemetry::DB_BROADCASTS).increment(1);
+            self.unconfirmed = true;
+        }
+        Ok(())
+    }
+
+    fn skip(&self, commit_lsn: Lsn, why: &str) {
+        self.health.report_skip(
+            SKIPPED_AS,
+            Some(commit_lsn),
+            "payload_too_large",
+            &format!("database broadcast too large: {why}"),
+        );
+    }
+}
+
+impl Consumer for DbBroadcast {
+    fn name(&self) -> &'static str {
+        "db_broadcast"
+    }
+
+    fn tables(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    fn schemas(&self) -> Vec<String> {
+        vec![REALTIME_SCHEMA.to_string()]
+    }
+
+    fn handle<'a>(&'a mut self, item: Item<'a>) -> BoxFuture<'a, Result<Handled, ConsumerError>> {
+        Box::pin(async move {
+            match item {
+                Item::Begin(_) => self.txn.clear(),
+                Item::Change(_, Change::Insert(row))
+                    if row.schema == REALTIME_SCHEMA && row.table.starts_with("messages") =>
+                {
+                    self.txn.extend(message(&row.columns));
+                }
+                Item::Change(..) => {}
+                Item::Commit(txn) => self.publish(txn.commit_lsn).await?,
+            }
+            Ok(Handled::Continue)
+        })
+    }
+
+    fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>> {
+        Box::pin(async move {
+            if std::mem::take(&mut self.unconfirmed) {
+                self.publisher.barrier().await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn reset(&mut self) {
+        self.txn.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::*;
+
+    #[test]
+    fn a_send_becomes_a_broadcast_with_its_id() {
+        let vals: Vec<(&str, Box<RawValue>)> = [
+            ("topic", r#""room:1""#),
+            ("extension", r#""broadcast""#),
+            ("payload", r#""{\"a\": 1}""#),
+            ("event", r#""ev""#),
+            ("private", "true"),
+            ("id", r#""u-1""#),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, RawValue::from_string(v.into()).unwrap()))
+        .collect();
+        let cols: Vec<Column<'_>> = vals
+            .iter()
+            .map(|(k, v)| Column {
+                name: Cow::Borrowed(k),
+                type_name: Cow::Borrowed(""),
+                type_oid: None,
+                value: Some(v),
+            })
+            .collect();
+        let m = message(&cols).unwrap();
+        let target = BroadcastTarget {
+            project: "default".into(),
+            private: true,
+            name: "room:1".into(),
+        };
+        assert_eq!(BroadcastTarget::parse(&m.subject), Some(target));
+        let (env, body) = walcast_bus::broadcast::decode_envelope(&m.payload).unwrap();
+        assert_eq!(env.event, "ev");
+        assert_eq!(env.meta.map(RawValue::get), Some(r#"{"id":"u-1"}"#));
+        assert_eq!(&body[..], br#"{"a":1,"id":"u-1"}"#);
+    }
+}

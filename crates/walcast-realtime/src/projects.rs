@@ -1,0 +1,140 @@
+//! Projects: tenants of one database, each with its own schema and JWT secret.
+//!
+//! The default project (id [`DEFAULT_PROJECT`], schema `public`, secret `JWT_SECRET`) is
+//! not stored; every other one is a row of `walcast.projects` created by [`create`].
+
+use tokio_postgres::{Client, GenericClient, Row};
+
+use crate::catalog::tables::DEFAULT_PROJECT;
+use walcast_core::sql::quote_ident;
+
+/// Schema of the default project.
+pub use walcast_core::DEFAULT_SCHEMA;
+/// Prefix of every stored project's schema (`project_<uuid hex>`).
+pub const SCHEMA_PREFIX: &str = "project_";
+
+/// A stored project.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Project {
+    pub id: String,
+    pub name: String,
+    pub schema: String,
+    pub jwt_secret: String,
+    /// RFC 3339, UTC, milliseconds.
+    pub created_at: String,
+    /// Accepted too during a secret rotation.
+    pub jwt_secret_previous: Option<String>,
+    /// A JWKS (JSON text) verifying its users' public-key tokens by `kid`.
+    pub jwks: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectError {
+    #[error("project name must not be empty")]
+    EmptyName,
+    #[error("database: {}", walcast_pgtls::db_message(.0))]
+    Db(#[from] tokio_postgres::Error),
+}
+
+const COLUMNS: &str = "id, name, schema_name, jwt_secret,
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    jwt_secret_previous, jwks::text";
+
+fn from_row(r: &Row) -> Project {
+    Project {
+        id: r.get(0),
+        name: r.get(1),
+        schema: r.get(2),
+        jwt_secret: r.get(3),
+        created_at: r.get(4),
+        jwt_secret_previous: r.get(5),
+        jwks: r.get(6),
+    }
+}
+
+/// Set a project's previous secret and JWKS (`None` clears them). The JWKS must be a
+/// JSON object with a `keys` array (the fronts check each key). `false`: no such project.
+pub async fn set_keys<C: GenericClient>(
+    client: &C,
+    id: &str,
+    previous: Option<&str>,
+    jwks: Option<&str>,
+) -> Result<bool, ProjectError> {
+    let n = client
+        .execute(
+            "UPDATE walcast.projects SET jwt_secret_previous = $2, jwks = $3::text::jsonb
+              WHERE id = $1",
+            &[&id, &previous, &jwks],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
+/// Create a project: a new uuid id, its schema `project_<uuid hex>` (usable by `anon`,
+/// `authenticated` and `service_role`) and a 64-hex-digit secret, all in one transaction.
+pub async fn create(client: &mut Client, name: &str) -> Result<Project, ProjectError> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(ProjectError::EmptyName);
+    }
+    let tx = client.transaction().await?;
+    let row = tx
+        .query_one(
+            "SELECT gen_random_uuid()::text,
+                    replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')",
+            &[],
+        )
+        .await?;
+    let id: String = row.get(0);
+    let secret: String = row.get(1);
+    let schema = format!("{SCHEMA_PREFIX}{}", id.replace('-', ""));
+    let q = quote_ident(&schema);
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA {q}; GRANT USAGE ON SCHEMA {q} TO anon, authenticated, service_role;"
+    ))
+    .await?;
+    let row = tx
+        .query_one(
+            &format!(
+                "INSERT INTO walcast.projects (id, name, schema_name, jwt_secret)
+                 VALUES ($1, $2, $3, $4) RETURNING {COLUMNS}"
+            ),
+            &[&id, &name, &schema, &secret],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(from_row(&row))
+}
+
+/// Every stored project, oldest first.
+pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Project>, ProjectError> {
+    let rows = client
+        .query(
+            &format!("SELECT {COLUMNS} FROM walcast.projects ORDER BY created_at, id"),
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(from_row).collect())
+}
+
+/// One stored project.
+pub async fn get<C: GenericClient>(client: &C, id: &str) -> Result<Option<Project>, ProjectError> {
+    let row = client
+        .query_opt(
+            &format!("SELECT {COLUMNS} FROM walcast.projects WHERE id = $1"),
+            &[&id],
+        )
+        .await?;
+    Ok(row.as_ref().map(from_row))
+}
+
+/// The schema of a project (`public` for the default one); `None` for an unknown id.
+pub async fn schema_of<C: GenericClient>(
+    client: &C,
+    id: &str,
+) -> Result<Option<String>, ProjectError> {
+    if id == DEFAULT_PROJECT {
+        return Ok(Some(DEFAULT_SCHEMA.to_string()));
+    }
+    Ok(get(client, id).await?.map(|p| p.schema))
+}

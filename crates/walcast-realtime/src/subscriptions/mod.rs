@@ -1,0 +1,7 @@
+//! The subscriptions the fronts register: validated against the realtime tables and
+//! their columns ([`registrar`]), matched against each change ([`matcher`]), and the
+//! fronts they come from ([`fronts`]).
+
+pub mod fronts;
+pub mod matcher;
+pub mod registrar;

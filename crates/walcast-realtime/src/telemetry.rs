@@ -1,0 +1,205 @@
+//! Every metric name of realtime delivery, each with its description (registered by
+//! [`describe`]); code records metrics only through these names.
+
+/// Counter: changes delivered without their large values, with `Error 413`.
+pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
+/// Counter: broadcasts from the database (`realtime.send`) published to the fronts.
+pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
+/// Counter: changes whose audience was split over several messages to fit the bus.
+pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
+
+/// Counter: bytes of change messages published (payloads: table subjects and the
+/// fronts' delivery subjects).
+pub const PUBLISHED_BYTES: &str = "walcast_cdc_published_bytes_total";
+/// Counter: change messages published.
+pub const PUBLISHED_MESSAGES: &str = "walcast_cdc_published_messages_total";
+/// Gauge: the largest change message published since start, in bytes.
+pub const LARGEST_MESSAGE: &str = "walcast_cdc_largest_message_bytes";
+
+/// Counter: check statements sent, one per (table, role, claims) group per batch whose
+/// role's policies make a condition.
+pub const RLS_CHECKS: &str = "walcast_cdc_rls_checks_total";
+/// Counter: (change, subscriber) pairs not delivered by the authorizer.
+pub const RLS_DENIED: &str = "walcast_cdc_rls_denied_total";
+/// Counter: failed checks (each denies its own subscribers only).
+pub const RLS_ERRORS: &str = "walcast_cdc_rls_errors_total";
+/// Counter: INSERT/UPDATE versions judged by their row's current state instead of their
+/// own values, because they lack a value the policies read.
+pub const RLS_CURRENT_ROW: &str = "walcast_cdc_rls_current_row_total";
+/// Counter: deliveries withheld because a version judged by its row's current state was
+/// no longer that state when checked.
+pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
+/// Counter: checks run although a transaction decoded before them was still not visible
+/// after waiting 2 s.
+pub const RLS_INVISIBLE: &str = "walcast_cdc_rls_invisible_total";
+
+// Subscriptions and matching.
+
+/// Counter: Row changes decoded from the slot for enabled tables.
+pub const CHANGES_DECODED: &str = "walcast_cdc_changes_decoded_total";
+/// Counter: Row changes published to the bus.
+pub const CHANGES_PUBLISHED: &str = "walcast_cdc_changes_published_total";
+/// Histogram: Time to authorize one batch of changes (RLS and column privileges), in seconds.
+pub const AUTHORIZE_SECONDS: &str = "walcast_cdc_authorize_seconds";
+/// Gauge: Subscriptions the leader matches changes against.
+pub const SUBSCRIPTIONS: &str = "walcast_cdc_subscriptions";
+/// Counter: Subscriptions registered (or registered again) by fronts.
+pub const SUBSCRIPTIONS_REGISTERED: &str = "walcast_cdc_subscriptions_registered_total";
+/// Histogram: Subscriptions handled together in one registration batch.
+pub const REGISTRATION_BATCH: &str = "walcast_cdc_registration_batch_subscriptions";
+/// Counter: subscriptions refused because their class key names a class with other
+/// fields (a hash collision or a forged key; never merged).
+pub const CLASS_COLLISIONS: &str = "walcast_cdc_class_collisions_total";
+/// Counter: subscriptions refused because their class would be one too many, label
+/// `limit` (`project` or `front`; see `CDC_MAX_CLASSES_PER_PROJECT` / `_PER_FRONT`).
+pub const CLASSES_REFUSED: &str = "walcast_cdc_classes_refused_total";
+/// Counter: Subscription filters that could not be evaluated against a change (the change is not delivered to them).
+pub const FILTER_ERRORS: &str = "walcast_cdc_filter_errors_total";
+
+// Catalog and DDL at their WAL position.
+
+/// Counter: catalog reads whose snapshot did not show the state at the position being
+/// judged (a later DDL already visible, or a decoded one not yet): what depended on them
+/// was withheld.
+pub const CATALOG_AHEAD: &str = "walcast_cdc_catalog_moved_total";
+/// Counter: catalog reads whose snapshot showed a later DDL, answered with the state the
+/// position's notice carried instead (exact for the table; nothing withheld).
+pub const CATALOG_CARRIED: &str = "walcast_cdc_catalog_carried_total";
+/// Counter: DDL notices (`walcast.ddl` logical messages) decoded, label `tag`.
+pub const DDL_NOTICES: &str = "walcast_cdc_ddl_notices_total";
+/// Counter: realtime tables dropped (their subscriptions ended with a system message).
+pub const TABLES_DROPPED: &str = "walcast_cdc_tables_dropped_total";
+/// Counter: subscriptions ended because their table was dropped.
+pub const SUBS_ENDED: &str = "walcast_cdc_subscriptions_ended_total";
+/// Gauge: 1 when DDL and privilege changes are tracked at their WAL position by the
+/// event triggers, 0 when every batch re-reads the catalog instead.
+pub const DDL_EVENT_TRIGGER: &str = "walcast_cdc_ddl_event_trigger";
+
+/// Register the descriptions with the installed recorder.
+pub fn describe() {
+    describe_catalog();
+    describe_rls();
+    describe_publishing();
+    describe_pipeline();
+}
+
+fn describe_catalog() {
+    metrics::describe_counter!(
+        CATALOG_AHEAD,
+        "Catalog reads whose snapshot did not show the privileges and columns at the WAL position \
+         being judged (a later DDL already committed, or a decoded one not yet visible); the \
+         deliveries depending on them were withheld"
+    );
+    metrics::describe_counter!(
+        CATALOG_CARRIED,
+        "Catalog reads whose snapshot already showed a later DDL, answered instead with the table \
+         state carried by the notice at the position being judged"
+    );
+    metrics::describe_counter!(
+        DDL_NOTICES,
+        "DDL and privilege notices (event-trigger logical messages) decoded, by command tag"
+    );
+    metrics::describe_counter!(
+        TABLES_DROPPED,
+        "Realtime tables dropped; their subscribers got a system error"
+    );
+    metrics::describe_counter!(
+        SUBS_ENDED,
+        "Subscriptions ended by the worker because their table was dropped"
+    );
+    metrics::describe_gauge!(
+        DDL_EVENT_TRIGGER,
+        "1: DDL and GRANT/REVOKE apply at their WAL position (event triggers); 0: no event \
+         trigger, each batch re-reads the catalog (see the README)"
+    );
+}
+
+fn describe_rls() {
+    metrics::describe_counter!(
+        RLS_CHECKS,
+        "Row-level-security check statements run (one per table, role and claims group per batch)"
+    );
+    metrics::describe_counter!(
+        RLS_DENIED,
+        "Change deliveries refused by the authorizer (no role, no privilege, not visible under RLS, failed check)"
+    );
+    metrics::describe_counter!(
+        RLS_ERRORS,
+        "Row-level-security checks that failed; their subscribers were denied, the others served"
+    );
+    metrics::describe_counter!(
+        RLS_CURRENT_ROW,
+        "INSERT/UPDATE versions judged by the row's current state instead of their own values, \
+         because they lack a value the policies read: an unchanged TOASTed column left out of an \
+         UPDATE (REPLICA IDENTITY other than FULL), a column added since, or a NULL in a numeric, \
+         real or double precision column (wal2json writes NaN and Infinity as null)"
+    );
+    metrics::describe_counter!(
+        RLS_SUPERSEDED,
+        "Deliveries withheld because a version judged by its row's current state (see \
+         walcast_cdc_rls_current_row_total) was no longer that state when checked: it cannot be judged"
+    );
+    metrics::describe_counter!(
+        RLS_INVISIBLE,
+        "Row-level-security checks run although a transaction decoded before them was still not \
+         visible to new snapshots after 2 s (a commit held by a synchronous standby): policies \
+         reading other tables saw the state before it"
+    );
+}
+
+fn describe_publishing() {
+    metrics::describe_counter!(
+        PUBLISHED_BYTES,
+        "Bytes of change messages published to the bus (table and delivery subjects)"
+    );
+    metrics::describe_counter!(PUBLISHED_MESSAGES, "Change messages published to the bus");
+    metrics::describe_gauge!(
+        LARGEST_MESSAGE,
+        "The largest change message published since start, in bytes"
+    );
+    metrics::describe_counter!(
+        CHANGES_OVERSIZED,
+        "Changes delivered with Error 413: values over MAX_RECORD_BYTES or the bus's max_payload dropped"
+    );
+    metrics::describe_counter!(
+        CHANGES_SPLIT,
+        "Changes whose subscriber list was split over several bus messages"
+    );
+}
+
+fn describe_pipeline() {
+    metrics::describe_counter!(
+        DB_BROADCASTS,
+        "Broadcasts from the database (realtime.send, realtime.broadcast_changes) published to the fronts"
+    );
+    metrics::describe_counter!(
+        CHANGES_DECODED,
+        "Row changes decoded from the slot for enabled tables"
+    );
+    metrics::describe_counter!(CHANGES_PUBLISHED, "Row changes published to the bus");
+    metrics::describe_counter!(
+        CLASS_COLLISIONS,
+        "Subscriptions refused because their class key names a class with other fields (never merged)"
+    );
+    metrics::describe_counter!(
+        CLASSES_REFUSED,
+        "Subscriptions refused because their class would exceed the classes allowed per project or per front (label limit)"
+    );
+    metrics::describe_histogram!(
+        AUTHORIZE_SECONDS,
+        "Time to authorize one batch of changes (RLS and column privileges), in seconds"
+    );
+    metrics::describe_gauge!(
+        SUBSCRIPTIONS,
+        "Subscriptions the leader matches changes against"
+    );
+    metrics::describe_counter!(
+        SUBSCRIPTIONS_REGISTERED,
+        "Subscriptions registered (or registered again) by fronts"
+    );
+    metrics::describe_histogram!(
+        REGISTRATION_BATCH,
+        "Subscriptions handled together in one registration batch"
+    );
+    metrics::describe_counter!(FILTER_ERRORS, "Subscription filters that could not be evaluated against a change (the change is not delivered to them)");
+}
