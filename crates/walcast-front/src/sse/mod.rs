@@ -42,169 +42,65 @@
 //! curl -N "http://localhost:4000/realtime/v1/sse?apikey=$ANON_KEY&table=todos"
 //! ```
 
-use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+mod events;
+mod stream;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use tokio::sync::{broadcast, OnceCell};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::ChangeEvent;
-use walcast_protocol::{EncodedChange, PgChangeBinding, RawValue};
-use walcast_wal2json::Lsn;
+use walcast_protocol::{PgChangeBinding, RawValue};
 
 use crate::auth::{now_secs, AuthError, Verified};
+use crate::config::FrontConfig;
+use crate::connections::{Connections, SseSlot};
 use crate::credentials::Credentials;
-use crate::http::error_response;
-use crate::limits::{OpenRate, SseSlot};
-use crate::registration;
-use crate::sink::{Change, Sink, SinkRef};
-use crate::state::Shared;
+use crate::limits::OpenRate;
+use crate::projects::Projects;
+use crate::registration::Registrar;
+use crate::reply::{auth_status, draining_response, error_response};
+use crate::sink::SinkRef;
 use crate::subscribe;
-use crate::telemetry;
+use events::{first_events, next_event, StreamState};
+use stream::{Pos, Reader, SseChannel, SseKey, Streams};
 
-type Pos = (Lsn, u32);
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct SseKey {
-    project: String,
-    channel: String,
-    binding: String,
-    identity: String,
-}
-
-pub(crate) struct Item {
-    pos: Pos,
-    id: String,
-    data: String,
-    /// The last item: the subscription ended (`data` is the `system` event's).
-    end: bool,
-}
-
-struct Inner {
-    ring: VecDeque<Arc<Item>>,
-    /// Position of the newest entry evicted from the ring.
-    evicted: Option<Pos>,
-    readers: usize,
-    idle_since: Option<Instant>,
-}
-
-/// One shared SSE subscription with its history.
-pub(crate) struct SseChannel {
-    pub id: u64,
-    key: SseKey,
-    binding: PgChangeBinding,
-    cap: usize,
-    /// Its subscription's number, once its first reader subscribed (the others wait for
-    /// the same answer).
-    sub: OnceCell<Result<u64, (StatusCode, String)>>,
-    inner: Mutex<Inner>,
-    live: broadcast::Sender<Arc<Item>>,
-}
-
-impl SseChannel {
-    /// Its subscription's number, if it has one.
-    fn sub(&self) -> Option<u64> {
-        self.sub.get().and_then(|r| r.as_ref().ok()).copied()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Record a change and hand it to live readers.
-    pub(crate) fn push(&self, ev: &ChangeEvent, enc: &EncodedChange, ids: &[u32]) {
-        let pos = ev.position();
-        let mut g = self.lock();
-        if g.ring.back().is_some_and(|last| last.pos >= pos) {
-            return; // a replay of something already recorded
-        }
-        let item = Arc::new(Item {
-            pos,
-            id: format!("{}:{}", pos.0, pos.1),
-            data: enc.payload_json(ids),
-            end: false,
-        });
-        g.ring.push_back(item.clone());
-        while g.ring.len() > self.cap {
-            if let Some(old) = g.ring.pop_front() {
-                g.evicted = Some(old.pos);
-            }
-        }
-        let _ = self.live.send(item);
-    }
-
-    /// The worker ended the subscription (its table was dropped): live readers get a
-    /// `system` error event, then their stream ends.
-    pub(crate) fn end(&self, message: &str) {
-        let data = serde_json::json!({
-            "extension": "postgres_changes",
-            "status": "error",
-            "message": message,
-        });
-        let item = Arc::new(Item {
-            pos: (Lsn(u64::MAX), u32::MAX),
-            id: String::new(),
-            data: data.to_string(),
-            end: true,
-        });
-        let _ = self.live.send(item);
-    }
-}
-
-impl Sink for SseChannel {
-    fn id(&self) -> u64 {
-        self.id
-    }
-
-    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool {
-        self.push(change.event, change.encoded, &ids);
-        true
-    }
-
-    /// Live readers get the reason and their streams end; a reader coming back
-    /// subscribes anew (and is refused with the reason).
-    fn end(&self, shared: &Shared, why: &str) {
-        shared.sse.remove_if(self);
-        SseChannel::end(self, why);
-    }
-}
-
+/// The SSE route's state: the front's streams, and what opening one takes.
 pub(crate) struct SseHub {
-    map: Mutex<HashMap<SseKey, Arc<SseChannel>>>,
-    /// New streams per project per second (see [`OpenRate`]).
+    cfg: FrontConfig,
+    projects: Projects,
+    registrar: Arc<Registrar>,
+    connections: Arc<Connections>,
+    /// Ends every stream when the front stops.
+    cancel: CancellationToken,
+    streams: Arc<Streams>,
+    /// New streams per project per second (see [`OpenRate`]): the joins' limits.
     opens: OpenRate,
 }
 
 impl SseHub {
-    /// `burst` and `per_second`: new streams per project (the joins' limits).
-    pub(crate) fn new(burst: u32, per_second: u32) -> SseHub {
+    pub(crate) fn new(
+        cfg: FrontConfig,
+        projects: Projects,
+        registrar: Arc<Registrar>,
+        connections: Arc<Connections>,
+        cancel: CancellationToken,
+    ) -> SseHub {
         SseHub {
-            map: Mutex::default(),
-            opens: OpenRate::new(burst, per_second),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SseKey, Arc<SseChannel>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn remove_if(&self, chan: &SseChannel) -> bool {
-        let mut g = self.lock();
-        if g.get(&chan.key)
-            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), chan))
-        {
-            g.remove(&chan.key);
-            true
-        } else {
-            false
+            opens: OpenRate::new(cfg.join_burst, cfg.joins_per_second),
+            cfg,
+            projects,
+            registrar,
+            connections,
+            cancel,
+            streams: Arc::default(),
         }
     }
 }
@@ -265,23 +161,23 @@ fn parse_pos(s: &str) -> Option<Pos> {
 
 /// `GET /realtime/v1/sse`.
 pub(crate) async fn handler(
-    State(shared): State<Arc<Shared>>,
+    State(hub): State<Arc<SseHub>>,
     Query(p): Query<SseParams>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    if shared.is_draining() {
-        return crate::http::draining_response();
+    if hub.connections.is_draining() {
+        return draining_response();
     }
     // WebSocket connections and SSE streams share MAX_CONNECTIONS.
-    let Some(slot) = SseSlot::acquire(&shared) else {
+    let Some(slot) = SseSlot::acquire(&hub.connections) else {
         return error_response(StatusCode::TOO_MANY_REQUESTS, "too many connections");
     };
-    let (socket, user, binding) = match subscriber(&shared, &p, &q, &headers).await {
+    let (socket, user, binding) = match subscriber(&hub.projects, &p, &q, &headers).await {
         Ok(v) => v,
         Err(r) => return r,
     };
-    if !shared.sse.opens.take(&socket.project) {
+    if !hub.opens.take(&socket.project) {
         return error_response(
             StatusCode::TOO_MANY_REQUESTS,
             "too many new streams for this project (JOINS_PER_SECOND)",
@@ -299,10 +195,10 @@ pub(crate) async fn handler(
         identity: identity(&user.claims),
     };
     let claims = Value::Object(user.claims.clone());
-    let (chan, guard) = open_channel(&shared, key, &binding);
-    if let Err((status, why)) = subscribe(&shared, &chan, &claims).await {
+    let (chan, guard) = open_channel(&hub, key, &binding);
+    if let Err((status, why)) = subscribe(&hub.registrar, &chan, &claims).await {
         drop(guard);
-        discard(&shared, &chan).await;
+        discard(&hub, &chan).await;
         return error_response(status, &why);
     }
     let (first, rx, last) = first_events(&chan, &name, resume);
@@ -314,36 +210,35 @@ pub(crate) async fn handler(
         last,
         expires: Instant::now() + until_exp.min(Duration::from_secs(10 * 365 * 86400)),
         exp,
-        cancel: shared.cancel.clone(),
+        cancel: hub.cancel.clone(),
         done: false,
         _guard: guard,
         _slot: slot,
     };
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(shared.cfg.sse_keepalive))
+        .keep_alive(KeepAlive::new().interval(hub.cfg.sse_keepalive))
         .into_response()
 }
 
 /// The project's key and the subscriber's token (see [`crate::credentials`]) verified,
 /// and the binding asked for (in a schema the project may use).
 async fn subscriber(
-    shared: &Shared,
+    projects: &Projects,
     p: &SseParams,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<(Verified, Verified, PgChangeBinding), Response> {
-    let refuse = |e: AuthError| error_response(crate::http::auth_status(&e), &e.to_string());
+    let refuse = |e: AuthError| error_response(auth_status(&e), &e.to_string());
     let creds = Credentials::from_request(query, headers);
-    let socket = shared
-        .projects
+    let socket = projects
         .verify(creds.key().unwrap_or(""))
         .await
         .map_err(refuse)?;
     let binding = binding_from(p, &socket.schema).map_err(bad)?;
     let token = creds.token().unwrap_or("");
     let bindings = std::slice::from_ref(&binding);
-    let user = subscribe::verify_subscriber(shared, &socket.project, token, bindings)
+    let user = subscribe::verify_subscriber(projects, &socket.project, token, bindings)
         .await
         .map_err(refuse)?;
     Ok((socket, user, binding))
@@ -365,29 +260,14 @@ fn resume_from(p: &SseParams, headers: &HeaderMap) -> Result<Option<Pos>, String
 
 /// The shared channel for `key` (created by its first reader), and this reader's guard.
 /// The reader is counted under the hub lock, so the reaper never drops a stream in use.
-fn open_channel(
-    shared: &Arc<Shared>,
-    key: SseKey,
-    binding: &PgChangeBinding,
-) -> (Arc<SseChannel>, Reader) {
-    let mut hub = shared.sse.lock();
-    let chan = hub
+fn open_channel(hub: &SseHub, key: SseKey, binding: &PgChangeBinding) -> (Arc<SseChannel>, Reader) {
+    let mut streams = hub.streams.lock();
+    let caps = (hub.cfg.history_size.max(1), hub.cfg.outbound_queue.max(1));
+    let chan = streams
         .entry(key.clone())
         .or_insert_with(|| {
-            Arc::new(SseChannel {
-                id: shared.next_id(),
-                key,
-                binding: binding.clone(),
-                cap: shared.cfg.history_size.max(1),
-                sub: OnceCell::new(),
-                inner: Mutex::new(Inner {
-                    ring: VecDeque::new(),
-                    evicted: None,
-                    readers: 0,
-                    idle_since: Some(Instant::now()),
-                }),
-                live: broadcast::channel(shared.cfg.outbound_queue.max(1)).0,
-            })
+            let id = hub.connections.next_id();
+            Arc::new(SseChannel::new(id, key, binding, caps, &hub.streams))
         })
         .clone();
     let guard = Reader::new(chan.clone());
@@ -398,7 +278,7 @@ fn open_channel(
 /// for the same answer). A refusal is the client's error (400), a failed registration
 /// the server's (503).
 async fn subscribe(
-    shared: &Arc<Shared>,
+    registrar: &Arc<Registrar>,
     chan: &Arc<SseChannel>,
     claims: &Value,
 ) -> Result<(), (StatusCode, String)> {
@@ -407,7 +287,7 @@ async fn subscribe(
             let bindings = std::slice::from_ref(&chan.binding);
             let sink: SinkRef = chan.clone();
             let project = &chan.key.project;
-            match subscribe::subscribe(shared, project, bindings, claims, sink).await {
+            match subscribe::subscribe(registrar, project, bindings, claims, sink).await {
                 Ok(s) => match (s.subs.first(), s.refused.into_values().next()) {
                     (Some(n), _) => Ok(*n),
                     (None, why) => Err((StatusCode::BAD_REQUEST, why.unwrap_or_default())),
@@ -420,146 +300,26 @@ async fn subscribe(
         .map(|_| ())
 }
 
-/// The stream's first events (`ready`, a `gap` if the history no longer reaches back to
-/// `resume`, then what it holds after `resume`), the live receiver and the last position
-/// sent, taken together under the channel's lock so nothing falls between them.
-fn first_events(
-    chan: &SseChannel,
-    name: &str,
-    resume: Option<Pos>,
-) -> (VecDeque<Event>, broadcast::Receiver<Arc<Item>>, Option<Pos>) {
-    let mut first = VecDeque::new();
-    let ready_data = format!(
-        "{{\"channel\":{},\"postgres_changes\":[{}]}}",
-        Value::from(name),
-        chan.binding.reply_entry()
-    );
-    first.push_back(Event::default().event("ready").data(ready_data));
-    let g = chan.lock();
-    let rx = chan.live.subscribe();
-    let mut last = resume;
-    if let Some(from) = resume {
-        if g.evicted.is_some_and(|ev| ev > from) {
-            let oldest = g.ring.front().map_or(String::new(), |i| i.id.clone());
-            first.push_back(Event::default().event("gap").data(format!(
-                "{{\"reason\":\"history exhausted\",\"oldest\":{}}}",
-                Value::from(oldest)
-            )));
-        }
-        for item in g.ring.iter().filter(|i| i.pos > from) {
-            first.push_back(item_event(item));
-            last = Some(item.pos);
-        }
-    }
-    (first, rx, last)
-}
-
-fn item_event(item: &Item) -> Event {
-    Event::default()
-        .id(&item.id)
-        .event("postgres_changes")
-        .data(&item.data)
-}
-
-struct StreamState {
-    first: VecDeque<Event>,
-    rx: broadcast::Receiver<Arc<Item>>,
-    last: Option<Pos>,
-    expires: Instant,
-    exp: i64,
-    cancel: CancellationToken,
-    done: bool,
-    _guard: Reader,
-    _slot: SseSlot,
-}
-
-async fn next_event(mut st: StreamState) -> Option<(Result<Event, Infallible>, StreamState)> {
-    if let Some(ev) = st.first.pop_front() {
-        return Some((Ok(ev), st));
-    }
-    if st.done {
-        return None;
-    }
-    loop {
-        tokio::select! {
-            _ = st.cancel.cancelled() => return None,
-            _ = tokio::time::sleep_until(st.expires) => {
-                st.done = true;
-                let msg = format!("Token has expired {} seconds ago", (now_secs() - st.exp).max(0));
-                let data = format!("{{\"extension\":\"system\",\"status\":\"error\",\"message\":{}}}", Value::from(msg));
-                return Some((Ok(Event::default().event("system").data(data)), st));
-            }
-            r = st.rx.recv() => match r {
-                Ok(item) if item.end => {
-                    st.done = true;
-                    return Some((Ok(Event::default().event("system").data(&item.data)), st));
-                }
-                Ok(item) => {
-                    if st.last.is_some_and(|l| item.pos <= l) {
-                        continue;
-                    }
-                    st.last = Some(item.pos);
-                    return Some((Ok(item_event(&item)), st));
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    st.done = true;
-                    metrics::counter!(telemetry::SLOW_CONSUMERS).increment(1);
-                    let data = format!("{{\"message\":\"slow consumer: {n} events dropped\"}}");
-                    return Some((Ok(Event::default().event("error").data(data)), st));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    }
-}
-
-/// Counts a reader of a channel while the response lives.
-struct Reader {
-    chan: Arc<SseChannel>,
-}
-
-impl Reader {
-    fn new(chan: Arc<SseChannel>) -> Reader {
-        {
-            let mut g = chan.lock();
-            g.readers += 1;
-            g.idle_since = None;
-        }
-        Reader { chan }
-    }
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        let mut g = self.chan.lock();
-        g.readers = g.readers.saturating_sub(1);
-        if g.readers == 0 {
-            g.idle_since = Some(Instant::now());
-        }
-    }
-}
-
 /// Drop a channel and its subscription.
-async fn discard(shared: &Arc<Shared>, chan: &Arc<SseChannel>) {
-    if shared.sse.remove_if(chan) {
-        let removed = shared.registry.remove(chan.sub().as_slice());
-        registration::unregister(shared, removed).await;
+async fn discard(hub: &SseHub, chan: &Arc<SseChannel>) {
+    if hub.streams.remove_if(chan) {
+        let removed = hub.registrar.registry().remove(chan.sub().as_slice());
+        hub.registrar.unregister(removed).await;
     }
 }
 
 /// Drop channels that have had no reader for `sse_linger`.
-pub(crate) async fn reaper(shared: Arc<Shared>, cancel: CancellationToken) {
-    let every =
-        (shared.cfg.sse_linger / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+pub(crate) async fn reaper(hub: Arc<SseHub>, cancel: CancellationToken) {
+    let linger = hub.cfg.sse_linger;
+    let every = (linger / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
         let idle: Vec<Arc<SseChannel>> = {
-            let mut hub = shared.sse.lock();
-            let linger = shared.cfg.sse_linger;
-            let keys: Vec<SseKey> = hub
+            let mut streams = hub.streams.lock();
+            let keys: Vec<SseKey> = streams
                 .iter()
                 .filter(|(_, c)| {
                     let g = c.lock();
@@ -567,11 +327,11 @@ pub(crate) async fn reaper(shared: Arc<Shared>, cancel: CancellationToken) {
                 })
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.iter().filter_map(|k| hub.remove(k)).collect()
+            keys.iter().filter_map(|k| streams.remove(k)).collect()
         };
         for c in idle {
-            let removed = shared.registry.remove(c.sub().as_slice());
-            registration::unregister(&shared, removed).await;
+            let removed = hub.registrar.registry().remove(c.sub().as_slice());
+            hub.registrar.unregister(removed).await;
         }
     }
 }
@@ -579,6 +339,7 @@ pub(crate) async fn reaper(shared: Arc<Shared>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use walcast_wal2json::Lsn;
 
     #[test]
     fn positions_parse() {
