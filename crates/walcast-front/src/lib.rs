@@ -13,6 +13,32 @@
 //!   [`PresenceStore`]: per front ([`MemoryPresence`]) or shared through JetStream KV
 //!   ([`KvPresence`]).
 //!
+//! ## Layout: each part owns its state
+//!
+//! There is no state shared by everything: [`Front::start`] makes the parts below and
+//! hands each task and route the handles it uses. Modules depend downward only: no
+//! module imports one that imports it back.
+//!
+//! | module | owns / does |
+//! |---|---|
+//! | `delivery` | `Delivery`: the `registry` (subscription → sink) and the `topics` (topic → channels) |
+//! | `connections` | `Connections`: the sockets' handles, the connection/channel/SSE counts, the `max_connections` slots, draining, the id counter |
+//! | [`cluster`] | the processes heard from (their health beacons), for the inspector |
+//! | `registration` | `Registrar`: the talk with the cdc-worker about subscriptions (register, unregister, background queue, sync, resync, roll call, subs-ended notices) |
+//! | `subscribe` | a transport's subscription: verify the subscriber, register its bindings |
+//! | `fanout` | the delivery subject's reader: changes to their sinks |
+//! | `guards`, `encode` | the term and replay guards of the change stream; a change's `data`, encoded once |
+//! | `sink`, `outbound`, `topics`, `registry` | where changes go; a connection's bounded queue and a channel's gate; channels by topic; subscriptions by number and class |
+//! | `channel` | a connection's `Session` (its channels) and the `Services` its commands use; one module per Phoenix command: `join`, `leave`, `access_token`, `broadcast`, `presence` |
+//! | `conn` | the WebSocket upgrade, read loop and writer |
+//! | `sse` | `SseHub`: the SSE streams (`stream`), their events (`events`), the route |
+//! | `broadcast` | `Broadcasts`: local delivery, the relay between fronts, the REST API |
+//! | [`presence`], [`kv_presence`] | presence stores (per front, or JetStream KV) and their diffs |
+//! | `private` | `Policies`: the app's policies for private channels, asked of the worker |
+//! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
+//! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
+//! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
+//!
 //! ```no_run
 //! # async fn demo(bus: walcast_bus::Bus, subs: walcast_bus::subs::SubsClient) -> Result<(), Box<dyn std::error::Error>> {
 //! use tokio_util::sync::CancellationToken;

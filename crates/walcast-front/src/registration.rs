@@ -1,6 +1,7 @@
-//! Talking to the cdc-worker about this front's subscriptions: register (on join, token
-//! refresh and resync), unregister, the periodic sync, and answering a new leader's
-//! resync request. The map they keep is [`crate::registry`].
+//! Talking to the cdc-worker about this front's subscriptions ([`Registrar`]): register
+//! (on join, token refresh and resync), unregister, the periodic sync, answering a new
+//! leader's resync request, and the worker's notice that it ended subscriptions (their
+//! table was dropped). The map they keep is [`crate::registry`].
 //!
 //! A join of a subscription whose class the worker already delivers by class to this
 //! front (see [`Registry::claim_ready`](crate::registry::Registry::claim_ready)) needs no
