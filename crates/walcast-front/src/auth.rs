@@ -1,7 +1,7 @@
 //! JWT verification: HS256/384/512 with the project's secrets, and RS/PS/ES/EdDSA with
 //! its JWKS keys chosen by `kid` (see [`crate::keys`]). `alg: none`, algorithm confusion,
 //! bad signatures, expired and not-yet-valid (`nbf`) tokens are refused. Which keys verify a token is the
-//! business of [`crate::projects::Projects`] (its `ref` claim names the project).
+//! business of the project directory (`projects::Projects`: its `ref` claim names the project).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

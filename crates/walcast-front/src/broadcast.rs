@@ -10,6 +10,9 @@
 //! broadcast to public channels (as anyone holding the anon key can through a socket);
 //! to a private channel, a `service_role` token or one the app's INSERT policy on
 //! `realtime.messages` allows ([`crate::private`]); refused messages are dropped.
+//!
+//! [`Broadcasts`] owns what this takes: the bus, this front's channels by topic (through
+//! [`Delivery`]) and the policies of private topics.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,14 +25,18 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::broadcast::{BroadcastTarget, Envelope};
-use walcast_bus::{BusMessage, Subscription, HEADER_ORIGIN, HEADER_TERM};
+use walcast_bus::{Bus, BusMessage, Subscription, HEADER_ORIGIN, HEADER_TERM};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
 
 use crate::credentials::Credentials;
-use crate::http::error_response;
+use crate::delivery::Delivery;
+use crate::guards::TermGuard;
+use crate::listen::next_message;
 use crate::outbound::Out;
-use crate::state::Shared;
+use crate::private::Policies;
+use crate::projects::Projects;
+use crate::reply::{auth_status, error_response};
 use crate::telemetry;
 use crate::topics::TopicKey;
 
@@ -81,33 +88,105 @@ fn decode_envelope(payload: &Bytes) -> Option<UserBroadcast> {
     })
 }
 
-/// Deliver to this front's channels of the topic (except channel `except`).
-pub(crate) fn deliver_local(
-    shared: &Shared,
-    key: &TopicKey,
-    b: &UserBroadcast,
-    except: Option<u64>,
-) {
-    let members = shared.topics.members(key);
-    if members.is_empty() {
-        return;
-    }
-    // Only the database's broadcasts of private topics can have been replayed.
-    let id = key.private.then(|| meta_id(b)).flatten();
-    let frame = server::broadcast(&key.topic, b.clone());
-    let mut v1: Option<Option<Out>> = None;
-    let mut v2: Option<Option<Out>> = None;
-    for m in members {
-        if Some(m.id) == except {
-            continue;
+/// Broadcast on this front: delivery to its channels, the relay between fronts, the
+/// REST API.
+pub(crate) struct Broadcasts {
+    front_id: String,
+    bus: Bus,
+    delivery: Arc<Delivery>,
+    projects: Projects,
+    policies: Policies,
+    max_frame_bytes: usize,
+}
+
+impl Broadcasts {
+    /// `max_frame_bytes` bounds a REST message's payload.
+    pub(crate) fn new(
+        front_id: String,
+        bus: Bus,
+        delivery: Arc<Delivery>,
+        policies: Policies,
+        projects: Projects,
+        max_frame_bytes: usize,
+    ) -> Broadcasts {
+        Broadcasts {
+            front_id,
+            bus,
+            delivery,
+            projects,
+            policies,
+            max_frame_bytes,
         }
-        let slot = match m.vsn {
-            Vsn::V1 => &mut v1,
-            Vsn::V2 => &mut v2,
+    }
+
+    /// Deliver to this front's channels of the topic (except channel `except`).
+    fn deliver_local(&self, key: &TopicKey, b: &UserBroadcast, except: Option<u64>) {
+        let members = self.delivery.topics.members(key);
+        if members.is_empty() {
+            return;
+        }
+        // Only the database's broadcasts of private topics can have been replayed.
+        let id = key.private.then(|| meta_id(b)).flatten();
+        let frame = server::broadcast(&key.topic, b.clone());
+        let mut v1: Option<Option<Out>> = None;
+        let mut v2: Option<Option<Out>> = None;
+        for m in members {
+            if Some(m.id) == except {
+                continue;
+            }
+            let slot = match m.vsn {
+                Vsn::V1 => &mut v1,
+                Vsn::V2 => &mut v2,
+            };
+            let out = slot.get_or_insert_with(|| encode_for(&frame, m.vsn));
+            if let Some(o) = out {
+                m.deliver_broadcast(o.clone(), id.as_ref());
+            }
+        }
+    }
+
+    /// Deliver locally and relay to the other fronts.
+    pub(crate) async fn send(&self, key: &TopicKey, b: &UserBroadcast, except: Option<u64>) {
+        self.deliver_local(key, b, except);
+        let Some(payload) = encode_envelope(b) else {
+            return;
         };
-        let out = slot.get_or_insert_with(|| encode_for(&frame, m.vsn));
-        if let Some(o) = out {
-            m.deliver_broadcast(o.clone(), id.as_ref());
+        if let Err(e) = self
+            .bus
+            .publish(subject(key), &[(HEADER_ORIGIN, &self.front_id)], payload)
+            .await
+        {
+            telemetry::error("broadcast_publish");
+            tracing::warn!(error = %e, "cannot relay broadcast");
+        }
+    }
+
+    fn relay_one(&self, msg: &BusMessage) {
+        if msg.header(HEADER_ORIGIN) == Some(self.front_id.as_str()) {
+            return;
+        }
+        let (Some(key), Some(b)) = (parse_subject(&msg.subject), decode_envelope(&msg.payload))
+        else {
+            telemetry::error("bad_broadcast_relay");
+            return;
+        };
+        metrics::counter!(telemetry::BROADCASTS, "source" => "bus").increment(1);
+        self.deliver_local(&key, &b, None);
+    }
+}
+
+/// Relay the other fronts' broadcasts, and the leader's database broadcasts, to local
+/// channels. A database broadcast carries its leader's term: one of a term older than
+/// the newest seen (a frozen leader's late message) is dropped, as changes are.
+pub(crate) async fn relay_loop(
+    broadcasts: Arc<Broadcasts>,
+    mut sub: Subscription,
+    cancel: CancellationToken,
+) {
+    let mut terms = TermGuard::default();
+    while let Some(msg) = next_message(&mut sub, &cancel, "broadcast relay").await {
+        if terms.admit(msg.header(HEADER_TERM), std::time::Instant::now()) {
+            broadcasts.relay_one(&msg);
         }
     }
 }
@@ -132,50 +211,6 @@ fn encode_for(frame: &walcast_protocol::Frame, vsn: Vsn) -> Option<Out> {
     }
 }
 
-/// Deliver locally and relay to the other fronts.
-pub(crate) async fn send(shared: &Shared, key: &TopicKey, b: &UserBroadcast, except: Option<u64>) {
-    deliver_local(shared, key, b, except);
-    let Some(payload) = encode_envelope(b) else {
-        return;
-    };
-    if let Err(e) = shared
-        .bus
-        .publish(subject(key), &[(HEADER_ORIGIN, &shared.front_id)], payload)
-        .await
-    {
-        telemetry::error("broadcast_publish");
-        tracing::warn!(error = %e, "cannot relay broadcast");
-    }
-}
-
-/// Relay the other fronts' broadcasts, and the leader's database broadcasts, to local
-/// channels. A database broadcast carries its leader's term: one of a term older than
-/// the newest seen (a frozen leader's late message) is dropped, as changes are.
-pub(crate) async fn relay_loop(
-    shared: Arc<Shared>,
-    mut sub: Subscription,
-    cancel: CancellationToken,
-) {
-    let mut terms = crate::fanout::TermGuard::default();
-    while let Some(msg) = crate::next_message(&mut sub, &cancel, "broadcast relay").await {
-        if terms.admit(msg.header(HEADER_TERM), std::time::Instant::now()) {
-            relay_one(&shared, &msg);
-        }
-    }
-}
-
-fn relay_one(shared: &Shared, msg: &BusMessage) {
-    if msg.header(HEADER_ORIGIN) == Some(shared.front_id.as_str()) {
-        return;
-    }
-    let (Some(key), Some(b)) = (parse_subject(&msg.subject), decode_envelope(&msg.payload)) else {
-        telemetry::error("bad_broadcast_relay");
-        return;
-    };
-    metrics::counter!(telemetry::BROADCASTS, "source" => "bus").increment(1);
-    deliver_local(shared, &key, &b, None);
-}
-
 /// Who sends a REST broadcast.
 struct RestSender {
     project: String,
@@ -187,7 +222,7 @@ struct RestSender {
 impl RestSender {
     /// May it send to `topic`? Public topics: yes; private ones: a `service_role` token,
     /// or the app's INSERT policy on `realtime.messages` (asked once per topic).
-    async fn may_send(&mut self, shared: &Shared, private: bool, topic: &str) -> bool {
+    async fn may_send(&mut self, policies: &Policies, private: bool, topic: &str) -> bool {
         if !private || self.claims["role"] == "service_role" {
             return true;
         }
@@ -195,7 +230,7 @@ impl RestSender {
         if let Some(known) = self.judged.get(&name) {
             return *known;
         }
-        let asked = crate::private::may(shared, &self.project, &name, &self.claims, true).await;
+        let asked = policies.may(&self.project, &name, &self.claims, true).await;
         let allowed = asked.unwrap_or(false);
         self.judged.insert(name, allowed);
         allowed
@@ -204,19 +239,19 @@ impl RestSender {
 
 /// Authorise a REST broadcast: the acting token (see [`crate::credentials`]), verified.
 async fn rest_auth(
-    shared: &Shared,
+    projects: &Projects,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
 ) -> Result<RestSender, (StatusCode, String)> {
     let creds = Credentials::from_request(query, headers);
     let token = creds.token().unwrap_or("");
-    match shared.projects.verify(token).await {
+    match projects.verify(token).await {
         Ok(v) => Ok(RestSender {
             project: v.project,
             claims: serde_json::Value::Object(v.claims),
             judged: HashMap::new(),
         }),
-        Err(e) => Err((crate::http::auth_status(&e), e.to_string())),
+        Err(e) => Err((auth_status(&e), e.to_string())),
     }
 }
 
@@ -246,12 +281,12 @@ pub(crate) const MAX_REST_PRIVATE_TOPICS: usize = 20;
 
 /// `POST /realtime/v1/api/broadcast` with `{"messages":[{topic,event,payload,private}]}`.
 pub(crate) async fn rest_batch(
-    State(shared): State<Arc<Shared>>,
+    State(bc): State<Arc<Broadcasts>>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let mut sender = match rest_auth(&shared, &headers, &query).await {
+    let mut sender = match rest_auth(&bc.projects, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
@@ -268,11 +303,11 @@ pub(crate) async fn rest_batch(
     let mut out = Vec::with_capacity(batch.messages.len());
     for m in batch.messages {
         let private = m.private.unwrap_or(false);
-        let payload = m.payload.unwrap_or_else(crate::state::empty_object);
-        if payload.get().len() > shared.cfg.max_frame_bytes {
+        let payload = m.payload.unwrap_or_else(empty_object);
+        if payload.get().len() > bc.max_frame_bytes {
             return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
         }
-        if !sender.may_send(&shared, private, &m.topic).await {
+        if !sender.may_send(&bc.policies, private, &m.topic).await {
             // Dropped, as Supabase drops what the policies refuse (the reply stays 202).
             continue;
         }
@@ -290,9 +325,15 @@ pub(crate) async fn rest_batch(
     }
     for (key, b) in out {
         metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
-        send(&shared, &key, &b, None).await;
+        bc.send(&key, &b, None).await;
     }
     StatusCode::ACCEPTED.into_response()
+}
+
+/// `{}` as a raw JSON value.
+fn empty_object() -> Box<RawValue> {
+    serde_json::value::to_raw_value(&serde_json::Map::new())
+        .unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 /// A request's size in messages and in private topics to judge (see the constants).
@@ -330,21 +371,21 @@ fn rest_key(project: &str, private: bool, topic: &str) -> TopicKey {
 
 /// `POST /realtime/v1/api/broadcast/<topic>/events/<event>[?private=true]`, raw body.
 pub(crate) async fn rest_single(
-    State(shared): State<Arc<Shared>>,
+    State(bc): State<Arc<Broadcasts>>,
     Path((topic, event)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let mut sender = match rest_auth(&shared, &headers, &query).await {
+    let mut sender = match rest_auth(&bc.projects, &headers, &query).await {
         Ok(a) => a,
         Err((status, msg)) => return error_response(status, &msg),
     };
     let private = query.get("private").map(String::as_str) == Some("true");
-    if !sender.may_send(&shared, private, &topic).await {
+    if !sender.may_send(&bc.policies, private, &topic).await {
         return StatusCode::ACCEPTED.into_response();
     }
-    if body.len() > shared.cfg.max_frame_bytes {
+    if body.len() > bc.max_frame_bytes {
         return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
     }
     let ctype = headers
@@ -367,17 +408,12 @@ pub(crate) async fn rest_single(
     };
     let key = rest_key(&sender.project, private, &topic);
     metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
-    send(
-        &shared,
-        &key,
-        &UserBroadcast {
-            event,
-            meta: None,
-            body,
-        },
-        None,
-    )
-    .await;
+    let b = UserBroadcast {
+        event,
+        meta: None,
+        body,
+    };
+    bc.send(&key, &b, None).await;
     StatusCode::ACCEPTED.into_response()
 }
 

@@ -7,7 +7,7 @@
 //! is forgotten.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use walcast_bus::beacon::Beacon;
 use walcast_bus::Subscription;
 
-use crate::state::Shared;
+use crate::listen::next_message;
 
 /// Processes remembered at most.
 pub const MAX_PROCESSES: usize = 256;
@@ -133,11 +133,23 @@ fn sample(prev: &Beacon, next: &Beacon, first: bool) -> Option<Sample> {
     })
 }
 
+/// The front's [`Cluster`], shared by the beacon listener and the inspector.
+#[derive(Default)]
+pub(crate) struct Heard {
+    cluster: Mutex<Cluster>,
+}
+
+impl Heard {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Cluster> {
+        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Take in every beacon on the bus until `cancel`.
-pub(crate) async fn listen(shared: Arc<Shared>, mut sub: Subscription, cancel: CancellationToken) {
-    while let Some(msg) = crate::next_message(&mut sub, &cancel, "health beacons").await {
+pub(crate) async fn listen(heard: Arc<Heard>, mut sub: Subscription, cancel: CancellationToken) {
+    while let Some(msg) = next_message(&mut sub, &cancel, "health beacons").await {
         match Beacon::decode(&msg.payload) {
-            Some(b) => shared.cluster().observe(b, Instant::now()),
+            Some(b) => heard.lock().observe(b, Instant::now()),
             None => crate::telemetry::error("bad_beacon"),
         }
     }

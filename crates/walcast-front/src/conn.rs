@@ -1,81 +1,126 @@
-//! One WebSocket connection: the read loop, the writer task and frame decoding.
+//! One WebSocket connection: the upgrade, the read loop, the writer task and frame
+//! decoding.
 //!
-//! The read loop owns the connection's channels and handles client frames one at a time
-//! (see [`crate::channel`]). Everything for the client — replies and fan-out alike — goes
-//! through the connection's bounded queue to the writer task, which batches writes and
-//! closes the socket with the recorded close code when the connection is killed.
+//! The read loop owns the connection's [`Session`] (its channels) and hands it client
+//! frames one at a time (see [`crate::channel`]). Everything for the client — replies and
+//! fan-out alike — goes through the connection's bounded queue to the writer task, which
+//! batches writes and closes the socket with the recorded close code when the connection
+//! is killed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use walcast_protocol::message::PHOENIX_TOPIC;
 use walcast_protocol::{server, Frame, Vsn};
 
 use crate::auth::Verified;
-use crate::channel::Channel;
+use crate::channel::{Services, Session};
+use crate::connections::ConnSlot;
 use crate::credentials::Credentials;
-use crate::limits::{ConnSlot, TokenBucket};
-use crate::outbound::{ConnHandle, Out};
-use crate::state::Shared;
+use crate::outbound::{ConnHandle, Out, CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG};
+use crate::reply::{auth_status, draining_response, error_response};
 use crate::telemetry;
 
-/// Close code: server going away (shutdown).
-pub const CLOSE_GOING_AWAY: u16 = 1001;
-/// Close code: a frame over `max_frame_bytes`.
-pub const CLOSE_TOO_BIG: u16 = 1009;
-
-pub(crate) struct Conn {
-    pub shared: Arc<Shared>,
-    pub handle: Arc<ConnHandle>,
-    pub vsn: Vsn,
-    pub project: String,
-    /// The upgrade request's credentials (a join without its own token acts with them).
-    pub creds: Credentials,
-    pub channels: HashMap<String, Channel>,
-    pub joins: TokenBucket,
-    /// Presence track/untrack events of this socket (see [`crate::presence`]).
-    pub presence_events: TokenBucket,
-    pub last_seen: Instant,
+/// What the WebSocket route needs: the services of its connections' commands, and the
+/// front's lifetime (connections close with 1001 when it is cancelled, and it waits
+/// for them).
+pub(crate) struct Sockets {
+    pub services: Arc<Services>,
+    pub cancel: CancellationToken,
+    pub tracker: TaskTracker,
 }
 
-pub(crate) async fn run(
-    shared: Arc<Shared>,
+/// `GET /realtime/v1/websocket?apikey=<jwt>&vsn=<1.0.0|2.0.0>` (the key may also come
+/// from the headers: see [`crate::credentials`]).
+pub(crate) async fn upgrade(
+    State(sockets): State<Arc<Sockets>>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let services = &sockets.services;
+    if services.connections.is_draining() {
+        return draining_response();
+    }
+    let vsn = match Vsn::from_query(q.get("vsn").map(String::as_str)) {
+        Ok(v) => v,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let creds = Credentials::from_request(&q, &headers);
+    let socket_auth = match services.projects.verify(creds.key().unwrap_or("")).await {
+        Ok(v) => v,
+        Err(e) => {
+            telemetry::error("auth");
+            return error_response(auth_status(&e), &e.to_string());
+        }
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(r) => return r.into_response(),
+    };
+    let Some(slot) = ConnSlot::acquire(&services.connections) else {
+        return error_response(StatusCode::TOO_MANY_REQUESTS, "too many connections");
+    };
+    let limit = services
+        .cfg
+        .max_frame_bytes
+        .saturating_mul(2)
+        .max(64 * 1024);
+    ws.max_message_size(limit)
+        .max_frame_size(limit)
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(8 * 1024)
+        .on_upgrade(move |socket| {
+            let tracker = sockets.tracker.clone();
+            tracker.track_future(run(sockets, socket, vsn, socket_auth, creds, slot))
+        })
+}
+
+struct Conn {
+    session: Session,
+    max_frame_bytes: usize,
+    idle_timeout: Duration,
+    last_seen: Instant,
+}
+
+async fn run(
+    sockets: Arc<Sockets>,
     socket: WebSocket,
     vsn: Vsn,
     auth: Verified,
     creds: Credentials,
     slot: ConnSlot,
 ) {
+    let services = sockets.services.clone();
     let (sink, mut stream) = socket.split();
-    let (handle, rx) = ConnHandle::new(shared.next_id(), shared.cfg.outbound_queue);
+    let id = services.connections.next_id();
+    let (handle, rx) = ConnHandle::new(id, services.cfg.outbound_queue);
     let writer = tokio::spawn(write_loop(sink, rx, handle.clone()));
-    shared.conns().insert(handle.id, handle.clone());
+    services.connections.opened(&handle);
     let mut conn = Conn {
-        joins: TokenBucket::new(shared.cfg.join_burst, shared.cfg.joins_per_second),
-        presence_events: TokenBucket::new(
-            crate::presence::EVENTS_BURST,
-            crate::presence::EVENTS_PER_SECOND,
-        ),
-        shared: shared.clone(),
-        handle: handle.clone(),
-        vsn,
-        project: auth.project,
-        creds,
-        channels: HashMap::new(),
+        max_frame_bytes: services.cfg.max_frame_bytes,
+        idle_timeout: services.cfg.idle_timeout,
+        session: Session::new(services.clone(), handle.clone(), vsn, auth.project, creds),
         last_seen: Instant::now(),
     };
     loop {
         let deadline = conn.next_deadline();
         tokio::select! {
             _ = handle.kill.cancelled() => break,
-            _ = shared.cancel.cancelled() => {
+            _ = sockets.cancel.cancelled() => {
                 handle.close_with(CLOSE_GOING_AWAY, "server shutting down");
                 break;
             }
@@ -108,8 +153,8 @@ pub(crate) async fn run(
     }
     // Stop the writer (it sends the close frame), then drop every channel.
     handle.kill.cancel();
-    conn.teardown().await;
-    shared.conns().remove(&handle.id);
+    conn.session.teardown().await;
+    services.connections.closed(&handle);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     drop(slot);
 }
@@ -117,27 +162,28 @@ pub(crate) async fn run(
 impl Conn {
     /// Returns false when the connection must close.
     async fn on_message(&mut self, m: Message) -> bool {
-        let max = self.shared.cfg.max_frame_bytes;
+        let max = self.max_frame_bytes;
+        let vsn = self.session.vsn;
         let frame = match m {
             Message::Text(t) => {
                 metrics::counter!(telemetry::FRAMES_IN).increment(1);
                 if t.len() > max {
                     return self.too_big(t.len());
                 }
-                Frame::decode_text(&t, self.vsn).map_err(|e| (salvage(&t, self.vsn), e))
+                Frame::decode_text(&t, vsn).map_err(|e| (salvage(&t, vsn), e))
             }
             Message::Binary(b) => {
                 metrics::counter!(telemetry::FRAMES_IN).increment(1);
                 if b.len() > max {
                     return self.too_big(b.len());
                 }
-                Frame::decode_client_binary(&b, self.vsn).map_err(|e| (Salvage::default(), e))
+                Frame::decode_client_binary(&b, vsn).map_err(|e| (Salvage::default(), e))
             }
             Message::Close(_) => return false,
             Message::Ping(_) | Message::Pong(_) => return true,
         };
         match frame {
-            Ok(f) => self.on_frame(f).await,
+            Ok(f) => self.session.apply(f).await,
             Err((s, e)) => {
                 telemetry::error("malformed_frame");
                 let topic = s.topic.as_deref().unwrap_or(PHOENIX_TOPIC);
@@ -147,7 +193,7 @@ impl Conn {
                     topic,
                     &server::error_reason("MalformedMessage", &e.to_string()),
                 );
-                self.handle.push_frame(&reply, self.vsn);
+                self.session.handle.push_frame(&reply, vsn);
             }
         }
         true
@@ -157,29 +203,25 @@ impl Conn {
         telemetry::limit("frame_size");
         let reason = format!(
             "frame too large: {len} bytes (max {})",
-            self.shared.cfg.max_frame_bytes
+            self.max_frame_bytes
         );
-        self.handle.close_with(CLOSE_TOO_BIG, &reason);
+        self.session.handle.close_with(CLOSE_TOO_BIG, &reason);
         false
     }
 
     fn next_deadline(&self) -> Instant {
-        let idle = self.last_seen + self.shared.cfg.idle_timeout;
-        self.channels
-            .values()
-            .map(|c| c.check_at)
-            .fold(idle, Instant::min)
+        self.session.next_check(self.last_seen + self.idle_timeout)
     }
 
     /// Idle check and token expiry. Returns false when the connection must close.
     async fn on_timer(&mut self) -> bool {
         let now = Instant::now();
-        if now >= self.last_seen + self.shared.cfg.idle_timeout {
+        if now >= self.last_seen + self.idle_timeout {
             telemetry::error("idle_timeout");
-            self.handle.close_with(1000, "heartbeat timeout");
+            self.session.handle.close_with(1000, "heartbeat timeout");
             return false;
         }
-        self.check_tokens(now).await;
+        self.session.check_tokens(now).await;
         true
     }
 }
@@ -261,7 +303,7 @@ async fn write_loop(mut sink: WsWriter, mut rx: mpsc::Receiver<Out>, handle: Arc
     // Flush what is already queued unless this is a slow consumer, then close.
     let (code, reason) = handle.close_reason().unwrap_or((1000, String::new()));
     let close = async {
-        if code != crate::outbound::CLOSE_SLOW_CONSUMER {
+        if code != CLOSE_SLOW_CONSUMER {
             while let Ok(m) = rx.try_recv() {
                 sink.feed(to_message(m)).await?;
             }

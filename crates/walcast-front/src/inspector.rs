@@ -25,10 +25,11 @@ use serde::Serialize;
 
 use walcast_bus::beacon::Beacon;
 
-use crate::cluster::ProcessView;
+use crate::cluster::{Heard, ProcessView};
 use crate::credentials::Credentials;
-use crate::http::{auth_status, error_response};
-use crate::state::Shared;
+use crate::health::{Health, Probe};
+use crate::projects::Projects;
+use crate::reply::{auth_status, error_response};
 
 const INDEX: &str = include_str!("../inspector/index.html");
 const SCRIPT: &str = include_str!("../inspector/inspector.js");
@@ -39,7 +40,15 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
                    img-src 'self' data:; connect-src 'self' ws: wss:; base-uri 'none'; \
                    form-action 'none'; frame-ancestors 'none'";
 
-pub(crate) fn routes() -> Router<Arc<Shared>> {
+/// What the health panel reads: the processes heard from, this front's own counts, and
+/// the projects (to verify the key that asks).
+pub(crate) struct Inspector {
+    pub projects: Projects,
+    pub heard: Arc<Heard>,
+    pub probe: Arc<Probe>,
+}
+
+pub(crate) fn routes() -> Router<Arc<Inspector>> {
     Router::new()
         .route(
             "/inspector",
@@ -87,12 +96,12 @@ struct HealthView {
 
 /// `GET /inspector/api/health` with a project key (see [`crate::credentials`]).
 async fn health(
-    State(shared): State<Arc<Shared>>,
+    State(inspector): State<Arc<Inspector>>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
     let creds = Credentials::from_request(&query, &headers);
-    let verified = match shared.projects.verify(creds.token().unwrap_or("")).await {
+    let verified = match inspector.projects.verify(creds.token().unwrap_or("")).await {
         Ok(v) => v,
         Err(e) => return error_response(auth_status(&e), &e.to_string()),
     };
@@ -102,11 +111,12 @@ async fn health(
         .and_then(|r| r.as_str())
         .unwrap_or("anon")
         .to_string();
-    let mut processes = shared.cluster().view(Instant::now());
-    with_own_front(&mut processes, &shared.health());
+    let mut processes = inspector.heard.lock().view(Instant::now());
+    let health = inspector.probe.health();
+    with_own_front(&mut processes, &health);
     scope(&mut processes, &verified.project, &role);
     let body = HealthView {
-        front: shared.front_id.clone(),
+        front: health.front_id.clone(),
         role,
         processes,
     };
@@ -114,7 +124,7 @@ async fn health(
 }
 
 /// This front as it is now (its beacon is up to a second old, or not sent yet).
-fn with_own_front(processes: &mut Vec<ProcessView>, h: &crate::Health) {
+fn with_own_front(processes: &mut Vec<ProcessView>, h: &Health) {
     let now = h.beacon();
     match processes
         .iter_mut()

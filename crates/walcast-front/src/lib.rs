@@ -13,6 +13,32 @@
 //!   [`PresenceStore`]: per front ([`MemoryPresence`]) or shared through JetStream KV
 //!   ([`KvPresence`]).
 //!
+//! ## Layout: each part owns its state
+//!
+//! There is no state shared by everything: [`Front::start`] makes the parts below and
+//! hands each task and route the handles it uses. Modules depend downward only: no
+//! module imports one that imports it back.
+//!
+//! | module | owns / does |
+//! |---|---|
+//! | `delivery` | `Delivery`: the `registry` (subscription → sink) and the `topics` (topic → channels) |
+//! | `connections` | `Connections`: the sockets' handles, the connection/channel/SSE counts, the `max_connections` slots, draining, the id counter |
+//! | [`cluster`] | the processes heard from (their health beacons), for the inspector |
+//! | `registration` | `Registrar`: the talk with the cdc-worker about subscriptions (register, unregister, background queue, sync, resync, roll call, subs-ended notices) |
+//! | `subscribe` | a transport's subscription: verify the subscriber, register its bindings |
+//! | `fanout` | the delivery subject's reader: changes to their sinks |
+//! | `guards`, `encode` | the term and replay guards of the change stream; a change's `data`, encoded once |
+//! | `sink`, `outbound`, `topics`, `registry` | where changes go; a connection's bounded queue and a channel's gate; channels by topic; subscriptions by number and class |
+//! | `channel` | a connection's `Session` (its channels) and the `Services` its commands use; one module per Phoenix command: `join`, `leave`, `access_token`, `broadcast`, `presence` |
+//! | `conn` | the WebSocket upgrade, read loop and writer |
+//! | `sse` | `SseHub`: the SSE streams (`stream`), their events (`events`), the route |
+//! | `broadcast` | `Broadcasts`: local delivery, the relay between fronts, the REST API |
+//! | [`presence`], [`kv_presence`] | presence stores (per front, or JetStream KV) and their diffs |
+//! | `private` | `Policies`: the app's policies for private channels, asked of the worker |
+//! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
+//! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
+//! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
+//!
 //! ```no_run
 //! # async fn demo(bus: walcast_bus::Bus, subs: walcast_bus::subs::SubsClient) -> Result<(), Box<dyn std::error::Error>> {
 //! use tokio_util::sync::CancellationToken;
@@ -37,13 +63,19 @@ mod channel;
 pub mod cluster;
 pub mod config;
 mod conn;
+mod connections;
 mod credentials;
+mod delivery;
+mod encode;
 mod fanout;
+mod guards;
+mod health;
 mod http;
 mod inspector;
 pub mod keys;
 pub mod kv_presence;
 mod limits;
+mod listen;
 mod outbound;
 pub mod presence;
 mod private;
@@ -51,73 +83,254 @@ pub mod projects;
 mod realtime_api;
 mod registration;
 mod registry;
+mod reply;
 mod sink;
 mod sse;
-mod state;
 mod subscribe;
 pub mod telemetry;
 mod topics;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::subject::delivery_subject;
 use walcast_bus::subs::{SubsClient, SUBJECT_RESYNC, SUBJECT_ROLL_CALL};
-use walcast_bus::{Bus, BusError};
+use walcast_bus::{Bus, BusError, Subscription};
 
 pub use auth::{AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 pub use broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 pub use channel::SUBSCRIBED;
 pub use config::FrontConfig;
-pub use conn::{CLOSE_GOING_AWAY, CLOSE_TOO_BIG};
+pub use health::Health;
 pub use kv_presence::{KvPresence, DEFAULT_PRESENCE_TTL, PRESENCE_BUCKET};
-pub use outbound::{CLOSE_SLOW_CONSUMER, REASON_SLOW_CONSUMER};
+pub use outbound::{CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG, REASON_SLOW_CONSUMER};
 pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore, RemoteDiffs};
 pub use projects::{DirectoryConfig, Projects};
-pub use realtime_api::API_ERRORS;
+pub use telemetry::API_ERRORS;
 pub use topics::TopicKey;
 
-use state::Shared;
+use broadcast::Broadcasts;
+use channel::Services;
+use cluster::Heard;
+use conn::Sockets;
+use connections::Connections;
+use delivery::Delivery;
+use health::Probe;
+use inspector::Inspector;
+use private::Policies;
+use registration::Registrar;
+use sse::SseHub;
 
 /// A running front. Cheap to clone.
 #[derive(Clone)]
 pub struct Front {
-    shared: Arc<Shared>,
+    inner: Arc<Inner>,
 }
 
-/// `GET /health` material.
-#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
-pub struct Health {
-    /// This front's id.
-    pub front_id: String,
-    /// Open WebSocket connections.
-    pub connections: usize,
-    /// Joined WebSocket channels.
-    pub channels: usize,
-    /// Open SSE streams.
-    pub sse_streams: usize,
-    /// Registered subscriptions (WebSocket bindings and SSE streams).
-    pub subscriptions: usize,
-    /// Bus kind (`nats` / `in-process`).
-    pub bus: &'static str,
-    /// Whether the bus is connected.
-    pub bus_connected: bool,
-    /// Shutting down (see [`Front::drain`]): not ready for new clients.
-    pub draining: bool,
+struct Inner {
+    front_id: String,
+    projects: Projects,
+    connections: Arc<Connections>,
+    probe: Arc<Probe>,
+    routes: http::Routes,
+    drain_window: Duration,
+    tracker: TaskTracker,
 }
 
-impl Health {
-    /// The front part of this process's health beacon ([`walcast_bus::beacon`]).
-    pub fn beacon(&self) -> walcast_bus::beacon::FrontBeacon {
-        walcast_bus::beacon::FrontBeacon {
+/// The bus subscriptions of a front, taken before it starts.
+struct Feeds {
+    /// Only what the worker sends this front: its subscribers' changes.
+    changes: Subscription,
+    broadcasts: Subscription,
+    resync: Subscription,
+    roll_call: Subscription,
+    beacons: Subscription,
+}
+
+impl Feeds {
+    async fn subscribe(bus: &Bus, front_id: &str) -> Result<Feeds, BusError> {
+        Ok(Feeds {
+            changes: bus.subscribe(&delivery_subject(front_id)).await?,
+            broadcasts: bus.subscribe(BROADCAST_ALL).await?,
+            resync: bus.subscribe(SUBJECT_RESYNC).await?,
+            roll_call: bus.subscribe(SUBJECT_ROLL_CALL).await?,
+            beacons: bus.subscribe(walcast_bus::beacon::BEACON_ALL).await?,
+        })
+    }
+}
+
+/// The queue of background registrations (see [`registration::background_loop`]).
+type Background = tokio::sync::mpsc::Receiver<registration::Background>;
+
+/// The parts of a front, made from its configuration; [`Parts::spawn`] starts their tasks.
+struct Parts {
+    cfg: FrontConfig,
+    front_id: String,
+    projects: Projects,
+    delivery: Arc<Delivery>,
+    connections: Arc<Connections>,
+    registrar: Arc<Registrar>,
+    broadcasts: Arc<Broadcasts>,
+    heard: Arc<Heard>,
+    sse: Arc<SseHub>,
+    probe: Arc<Probe>,
+    services: Arc<Services>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Parts {
+    fn new(
+        cfg: FrontConfig,
+        (front_id, bus, subs): (String, Bus, SubsClient),
+        projects: Projects,
+        presence: Arc<dyn PresenceStore>,
+        cancel: CancellationToken,
+    ) -> (Parts, Background) {
+        let tracker = TaskTracker::new();
+        let delivery = Arc::new(Delivery::new(&front_id));
+        let connections = Arc::new(Connections::new(cfg.max_connections));
+        let (registrar, background) = Registrar::new(
+            front_id.clone(),
+            subs,
+            delivery.clone(),
+            tracker.clone(),
+            &cfg,
+        );
+        let registrar = Arc::new(registrar);
+        let policies = Policies::new(projects.clone(), cfg.register_timeout);
+        let broadcasts = Arc::new(Broadcasts::new(
+            front_id.clone(),
+            bus.clone(),
+            delivery.clone(),
+            policies.clone(),
+            projects.clone(),
+            cfg.max_frame_bytes,
+        ));
+        let sse = Arc::new(SseHub::new(
+            cfg.clone(),
+            projects.clone(),
+            registrar.clone(),
+            connections.clone(),
+            cancel.clone(),
+        ));
+        let probe = Arc::new(Probe {
+            front_id: front_id.clone(),
+            bus,
+            connections: connections.clone(),
+            delivery: delivery.clone(),
+        });
+        let services = Arc::new(Services {
+            cfg: cfg.clone(),
+            front_id: front_id.clone(),
+            projects: projects.clone(),
+            policies,
+            delivery: delivery.clone(),
+            registrar: registrar.clone(),
+            presence,
+            broadcasts: broadcasts.clone(),
+            connections: connections.clone(),
+        });
+        let parts = Parts {
+            cfg,
+            front_id,
+            projects,
+            delivery,
+            connections,
+            registrar,
+            broadcasts,
+            heard: Arc::default(),
+            sse,
+            probe,
+            services,
+            tracker,
+            cancel,
+        };
+        (parts, background)
+    }
+
+    /// Spawn the fan-out, relay, registration, presence, beacon, directory and SSE
+    /// reaper tasks; the front they make.
+    fn spawn(self, feeds: Feeds, background: Background) -> Front {
+        let (t, cancel) = (&self.tracker, &self.cancel);
+        let reg = &self.registrar;
+        t.spawn(registration::background_loop(
+            reg.clone(),
+            background,
+            cancel.clone(),
+        ));
+        t.spawn(fanout::run(
+            self.delivery.clone(),
+            reg.clone(),
+            feeds.changes,
+            cancel.clone(),
+        ));
+        t.spawn(broadcast::relay_loop(
+            self.broadcasts.clone(),
+            feeds.broadcasts,
+            cancel.clone(),
+        ));
+        t.spawn(registration::sync_loop(reg.clone(), cancel.clone()));
+        t.spawn(registration::resync_loop(
+            reg.clone(),
+            feeds.resync,
+            cancel.clone(),
+        ));
+        t.spawn(registration::roll_call_loop(
+            reg.clone(),
+            feeds.roll_call,
+            cancel.clone(),
+        ));
+        if let Some(rx) = self.services.presence.remote_diffs() {
+            t.spawn(presence::remote_loop(
+                self.delivery.clone(),
+                rx,
+                cancel.clone(),
+            ));
+        }
+        t.spawn(cluster::listen(
+            self.heard.clone(),
+            feeds.beacons,
+            cancel.clone(),
+        ));
+        t.spawn(self.projects.clone().refresh_loop(cancel.clone()));
+        t.spawn(sse::reaper(self.sse.clone(), cancel.clone()));
+        self.into_front()
+    }
+
+    /// The front of these parts (their tasks spawned): its routes and handles.
+    fn into_front(self) -> Front {
+        let inspector = self.cfg.inspector.then(|| {
+            Arc::new(Inspector {
+                projects: self.projects.clone(),
+                heard: self.heard.clone(),
+                probe: self.probe.clone(),
+            })
+        });
+        let routes = http::Routes {
+            sockets: Arc::new(Sockets {
+                services: self.services,
+                cancel: self.cancel.clone(),
+                tracker: self.tracker.clone(),
+            }),
+            sse: self.sse,
+            broadcasts: self.broadcasts,
+            projects: self.projects.clone(),
+            inspector,
+        };
+        let inner = Inner {
+            front_id: self.front_id,
+            projects: self.projects,
             connections: self.connections,
-            channels: self.channels,
-            sse_streams: self.sse_streams,
-            subscriptions: self.subscriptions,
-            draining: self.draining,
+            probe: self.probe,
+            routes,
+            drain_window: self.cfg.drain_window,
+            tracker: self.tracker,
+        };
+        Front {
+            inner: Arc::new(inner),
         }
     }
 }
@@ -158,67 +371,25 @@ impl Front {
             .front_id
             .clone()
             .unwrap_or_else(|| format!("front-{:08x}", rand::random::<u32>()));
-        // Only what the worker sends this front: its subscribers' changes.
-        let changes = bus.subscribe(&delivery_subject(&front_id)).await?;
-        let broadcasts = bus.subscribe(BROADCAST_ALL).await?;
-        let resync = bus.subscribe(SUBJECT_RESYNC).await?;
-        let roll_call = bus.subscribe(SUBJECT_ROLL_CALL).await?;
-        let beacons = bus.subscribe(walcast_bus::beacon::BEACON_ALL).await?;
-        let tracker = TaskTracker::new();
-        let remote_diffs = presence.remote_diffs();
-        let (shared, background) = Shared::new(
-            cfg,
-            front_id,
-            bus,
-            subs,
-            projects,
-            presence,
-            cancel.clone(),
-            tracker.clone(),
-        );
-        let shared = Arc::new(shared);
-        tracker.spawn(registration::background_loop(
-            shared.clone(),
-            background,
-            cancel.clone(),
-        ));
-        tracker.spawn(fanout::run(shared.clone(), changes, cancel.clone()));
-        tracker.spawn(broadcast::relay_loop(
-            shared.clone(),
-            broadcasts,
-            cancel.clone(),
-        ));
-        tracker.spawn(registration::sync_loop(shared.clone(), cancel.clone()));
-        tracker.spawn(registration::resync_loop(
-            shared.clone(),
-            resync,
-            cancel.clone(),
-        ));
-        tracker.spawn(registration::roll_call_loop(
-            shared.clone(),
-            roll_call,
-            cancel.clone(),
-        ));
-        if let Some(rx) = remote_diffs {
-            tracker.spawn(presence::remote_loop(shared.clone(), rx, cancel.clone()));
-        }
-        tracker.spawn(cluster::listen(shared.clone(), beacons, cancel.clone()));
-        tracker.spawn(shared.projects.clone().refresh_loop(cancel.clone()));
-        tracker.spawn(sse::reaper(shared.clone(), cancel));
-        tracing::info!(front = %shared.front_id, bus = shared.bus.kind(), "realtime front started");
-        Ok(Front { shared })
+        let feeds = Feeds::subscribe(&bus, &front_id).await?;
+        let kind = bus.kind();
+        let (parts, background) =
+            Parts::new(cfg, (front_id, bus, subs), projects, presence, cancel);
+        let front = parts.spawn(feeds, background);
+        tracing::info!(front = %front.inner.front_id, bus = kind, "realtime front started");
+        Ok(front)
     }
 
     /// The routes: `GET /realtime/v1/websocket` (also `/socket/websocket`),
     /// `GET /realtime/v1/sse`, `POST /realtime/v1/api/broadcast` and
     /// `POST /realtime/v1/api/broadcast/{topic}/events/{event}`.
     pub fn router(&self) -> axum::Router {
-        http::router(self.shared.clone())
+        http::router(&self.inner.routes)
     }
 
     /// Counts for `/health`.
     pub fn health(&self) -> Health {
-        self.shared.health()
+        self.inner.probe.health()
     }
 
     /// Shut down gently: refuse new sockets and SSE streams (503, and `/readyz` says so),
@@ -227,56 +398,22 @@ impl Front {
     /// clients reconnect to other replicas a few at a time rather than all in the same
     /// second. Returns when the last is closed; cancel the front then.
     pub async fn drain(&self) {
-        let s = &self.shared;
-        let window = s.cfg.drain_window;
-        s.draining.store(true, Ordering::Relaxed);
-        let conns: Vec<Arc<outbound::ConnHandle>> = s.conns().values().cloned().collect();
-        tracing::info!(
-            connections = conns.len(),
-            window_secs = window.as_secs_f64(),
-            "draining: closing sockets over the window"
-        );
-        let spread = window.mul_f64(0.8);
-        let start = tokio::time::Instant::now();
-        let n = conns.len().max(1) as f64;
-        for (i, c) in conns.iter().enumerate() {
-            tokio::time::sleep_until(start + spread.mul_f64(i as f64 / n)).await;
-            c.close_with(CLOSE_GOING_AWAY, "server draining");
-        }
+        self.inner.connections.drain(self.inner.drain_window).await;
     }
 
     /// This front's id (subscription id prefix and `Walcast-Origin`).
     pub fn id(&self) -> &str {
-        &self.shared.front_id
+        &self.inner.front_id
     }
 
     /// The projects (add or remove them at run time).
     pub fn projects(&self) -> &Projects {
-        &self.shared.projects
+        &self.inner.projects
     }
 
     /// Wait until every task and socket of this front has ended (after `cancel`).
     pub async fn closed(&self) {
-        self.shared.tracker.close();
-        self.shared.tracker.wait().await;
-    }
-}
-
-/// The next message of a bus subscription, or `None` once `cancel` fires or the
-/// subscription ends (which is logged: `what` names it).
-pub(crate) async fn next_message(
-    sub: &mut walcast_bus::Subscription,
-    cancel: &CancellationToken,
-    what: &str,
-) -> Option<walcast_bus::BusMessage> {
-    use futures_util::StreamExt;
-    tokio::select! {
-        _ = cancel.cancelled() => None,
-        m = sub.next() => {
-            if m.is_none() {
-                tracing::warn!("{what} subscription ended");
-            }
-            m
-        }
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
     }
 }

@@ -1,12 +1,8 @@
-//! Per-socket rate limits and the connection-count limit (WebSocket connections and SSE
-//! streams share `max_connections`).
-
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+//! Rate limits: a token bucket (joins and presence events per socket), and new SSE
+//! streams per project. (The connection-count limit is the `connections` module's.)
 
 use tokio::time::Instant;
 
-use crate::state::Shared;
 use crate::telemetry;
 
 /// A token bucket: `burst` tokens, refilled at `per_second`.
@@ -38,61 +34,6 @@ impl TokenBucket {
         } else {
             false
         }
-    }
-}
-
-/// One of the `max_connections` slots, released on drop.
-pub(crate) struct ConnSlot {
-    shared: Arc<Shared>,
-}
-
-impl ConnSlot {
-    pub(crate) fn acquire(shared: &Arc<Shared>) -> Option<ConnSlot> {
-        let prev = shared.connections.fetch_add(1, Ordering::AcqRel);
-        if prev + shared.sse_streams.load(Ordering::Acquire) >= shared.cfg.max_connections {
-            shared.connections.fetch_sub(1, Ordering::AcqRel);
-            telemetry::limit("connections");
-            return None;
-        }
-        metrics::gauge!(telemetry::CONNECTIONS).increment(1.0);
-        Some(ConnSlot {
-            shared: shared.clone(),
-        })
-    }
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!(telemetry::CONNECTIONS).decrement(1.0);
-    }
-}
-
-/// One of the `max_connections` slots taken by an SSE stream (counted in `sse_streams`),
-/// released on drop. Taken before the stream subscribes, so requests in flight count too.
-pub(crate) struct SseSlot {
-    shared: Arc<Shared>,
-}
-
-impl SseSlot {
-    pub(crate) fn acquire(shared: &Arc<Shared>) -> Option<SseSlot> {
-        let prev = shared.sse_streams.fetch_add(1, Ordering::AcqRel);
-        if prev + shared.connections.load(Ordering::Acquire) >= shared.cfg.max_connections {
-            shared.sse_streams.fetch_sub(1, Ordering::AcqRel);
-            telemetry::limit("connections");
-            return None;
-        }
-        metrics::gauge!(telemetry::SSE_STREAMS).increment(1.0);
-        Some(SseSlot {
-            shared: shared.clone(),
-        })
-    }
-}
-
-impl Drop for SseSlot {
-    fn drop(&mut self) {
-        self.shared.sse_streams.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!(telemetry::SSE_STREAMS).decrement(1.0);
     }
 }
 

@@ -23,9 +23,12 @@ use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{Frame, Vsn, WireMessage};
 
 use crate::sink::{Change, Sink};
-use crate::state::Shared;
 use crate::telemetry;
 
+/// Close code: server going away (shutdown).
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// Close code: a frame over `max_frame_bytes`.
+pub const CLOSE_TOO_BIG: u16 = 1009;
 /// Close code for a slow consumer ("try again later").
 pub const CLOSE_SLOW_CONSUMER: u16 = 1013;
 /// Close reason for a slow consumer.
@@ -244,7 +247,7 @@ impl Sink for ChanOut {
     }
 
     /// The channel stays open (as for a refused join) with a `system` error.
-    fn end(&self, _shared: &Shared, why: &str) {
+    fn end(&self, why: &str) {
         let status = SystemStatus::Error;
         let f = server::system(None, &self.topic, "postgres_changes", status, why);
         if let Some(out) = Out::frame(&f, self.vsn) {

@@ -13,9 +13,9 @@ use serde_json::value::RawValue;
 use walcast_bus::subs::BoxFuture;
 use walcast_protocol::{server, PresenceAction, Vsn};
 
+use crate::delivery::Delivery;
 use crate::outbound::Out;
-use crate::state::Shared;
-use crate::topics::TopicKey;
+use crate::topics::{TopicKey, Topics};
 
 /// One tracked presence: `key` (the channel's presence key) and its meta
 /// (the track payload plus `phx_ref`, and `phx_ref_prev` after an update).
@@ -234,7 +234,7 @@ pub(crate) fn presence_map(metas: &[PresenceMeta]) -> String {
 }
 
 /// Send a diff to this front's channels of the topic that have presence enabled.
-pub(crate) fn send_diff(shared: &Shared, key: &TopicKey, d: &PresenceDiff) {
+pub(crate) fn send_diff(topics: &Topics, key: &TopicKey, d: &PresenceDiff) {
     let frame = server::presence_diff(
         &key.topic,
         &presence_map(&d.joins),
@@ -242,7 +242,7 @@ pub(crate) fn send_diff(shared: &Shared, key: &TopicKey, d: &PresenceDiff) {
     );
     let mut v1: Option<Option<Out>> = None;
     let mut v2: Option<Option<Out>> = None;
-    for m in shared.topics.members(key) {
+    for m in topics.members(key) {
         if !m.presence_enabled() {
             continue;
         }
@@ -258,7 +258,7 @@ pub(crate) fn send_diff(shared: &Shared, key: &TopicKey, d: &PresenceDiff) {
 
 /// Send other fronts' diffs to this front's subscribers until `cancel` fires.
 pub(crate) async fn remote_loop(
-    shared: std::sync::Arc<Shared>,
+    delivery: std::sync::Arc<Delivery>,
     mut rx: RemoteDiffs,
     cancel: tokio_util::sync::CancellationToken,
 ) {
@@ -268,7 +268,7 @@ pub(crate) async fn remote_loop(
             n = rx.recv() => n,
         };
         let Some((key, d)) = next else { return };
-        send_diff(&shared, &key, &d);
+        send_diff(&delivery.topics, &key, &d);
     }
 }
 

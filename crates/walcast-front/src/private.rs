@@ -5,9 +5,11 @@
 //! subscriber; each decision is kept for the channel's life (a token refresh asks
 //! again), never asked per message.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
-use crate::state::Shared;
+use crate::projects::Projects;
 use crate::telemetry;
 
 /// The join refusal's text, as Supabase words it.
@@ -15,30 +17,46 @@ pub(crate) fn read_refused(name: &str) -> String {
     format!("You do not have permissions to read from this Channel topic: {name}")
 }
 
-/// Whether `claims` may read (`write` false) or write the private channel `name` of
-/// `project`. `Err`: the worker could not be asked (the caller refuses, never allows).
-pub(crate) async fn may(
-    shared: &Shared,
-    project: &str,
-    name: &str,
-    claims: &Value,
-    write: bool,
-) -> Result<bool, String> {
-    let Some(admin) = shared.projects.admin() else {
-        return Err("private channels need the cdc-worker, which this front cannot reach".into());
-    };
-    let timeout = shared.cfg.register_timeout;
-    let allowed = admin
-        .authorize_channel(project, name, claims, write, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !allowed {
-        let what = if write {
-            "private_write_denied"
-        } else {
-            "private_read_denied"
-        };
-        telemetry::error(what);
+/// The app's policies, as the cdc-worker evaluates them (through the project
+/// directory's admin client, each question waiting at most `timeout`).
+#[derive(Clone)]
+pub(crate) struct Policies {
+    projects: Projects,
+    timeout: Duration,
+}
+
+impl Policies {
+    pub(crate) fn new(projects: Projects, timeout: Duration) -> Policies {
+        Policies { projects, timeout }
     }
-    Ok(allowed)
+
+    /// Whether `claims` may read (`write` false) or write the private channel `name` of
+    /// `project`. `Err`: the worker could not be asked (the caller refuses, never
+    /// allows).
+    pub(crate) async fn may(
+        &self,
+        project: &str,
+        name: &str,
+        claims: &Value,
+        write: bool,
+    ) -> Result<bool, String> {
+        let Some(admin) = self.projects.admin() else {
+            return Err(
+                "private channels need the cdc-worker, which this front cannot reach".into(),
+            );
+        };
+        let allowed = admin
+            .authorize_channel(project, name, claims, write, self.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !allowed {
+            let what = if write {
+                "private_write_denied"
+            } else {
+                "private_read_denied"
+            };
+            telemetry::error(what);
+        }
+        Ok(allowed)
+    }
 }

@@ -7,16 +7,22 @@
 //! at start, every [`DirectoryConfig::refresh_every`], and when a token names an unknown
 //! project. Those on-demand refreshes happen at most once per
 //! [`DirectoryConfig::min_refresh`] (tokens with random `ref`s cannot hammer the worker)
-//! and concurrent misses share one refresh.
+//! and concurrent misses share one refresh (the `directory` submodule).
+
+mod directory;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use serde_json::Value;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use walcast_bus::admin::{AdminClient, AdminError, ProjectRecord};
+use walcast_bus::admin::AdminClient;
+// The tests' (their module takes everything from here).
+#[cfg(test)]
+use {std::time::Duration, tokio::time::Instant, walcast_bus::admin::AdminError};
+
+use directory::Directory;
+pub use directory::DirectoryConfig;
 
 use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 use crate::keys::ProjectKeys;
@@ -28,8 +34,7 @@ pub struct Projects {
 }
 
 struct Inner {
-    map: RwLock<HashMap<String, Entry>>,
-    default: Entry,
+    table: Table,
     directory: Option<Directory>,
     /// The roles a token may act as (`ALLOWED_ROLES`).
     allowed_roles: RwLock<Arc<[String]>>,
@@ -44,33 +49,32 @@ struct Entry {
     keys: ProjectKeys,
 }
 
-/// How the directory keeps up with the worker's project list.
-#[derive(Clone, Debug)]
-pub struct DirectoryConfig {
-    /// Bound of one request to the worker.
-    pub timeout: Duration,
-    /// Refreshes caused by unknown projects are at least this far apart.
-    pub min_refresh: Duration,
-    /// Periodic refresh.
-    pub refresh_every: Duration,
+/// The known projects, the default one always among them.
+struct Table {
+    map: RwLock<HashMap<String, Entry>>,
+    default: Entry,
 }
 
-impl Default for DirectoryConfig {
-    fn default() -> Self {
-        DirectoryConfig {
-            timeout: Duration::from_secs(5),
-            min_refresh: Duration::from_secs(1),
-            refresh_every: Duration::from_secs(30),
-        }
+impl Table {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-struct Directory {
-    admin: AdminClient,
-    cfg: DirectoryConfig,
-    /// When the last refresh started, and how it ended. Held during a refresh, so
-    /// concurrent misses queue behind it and then share its result.
-    last: tokio::sync::Mutex<Option<(Instant, Result<(), AdminError>)>>,
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Entry>> {
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, id: &str) -> Option<Entry> {
+        self.read().get(id).cloned()
+    }
+
+    /// Replace every project with `stored` and the default one; how many there are now.
+    fn replace(&self, mut stored: HashMap<String, Entry>) -> usize {
+        stored.insert(DEFAULT_PROJECT.to_string(), self.default.clone());
+        let n = stored.len();
+        *self.write() = stored;
+        n
+    }
 }
 
 impl Projects {
@@ -87,14 +91,7 @@ impl Projects {
         admin: AdminClient,
         cfg: DirectoryConfig,
     ) -> Projects {
-        Projects::build(
-            default_keys.into(),
-            Some(Directory {
-                admin,
-                cfg,
-                last: tokio::sync::Mutex::new(None),
-            }),
-        )
+        Projects::build(default_keys.into(), Some(Directory::new(admin, cfg)))
     }
 
     fn build(default_keys: ProjectKeys, directory: Option<Directory>) -> Projects {
@@ -106,8 +103,10 @@ impl Projects {
         map.insert(DEFAULT_PROJECT.to_string(), default.clone());
         Projects {
             inner: Arc::new(Inner {
-                map: RwLock::new(map),
-                default,
+                table: Table {
+                    map: RwLock::new(map),
+                    default,
+                },
                 directory,
                 allowed_roles: RwLock::new(
                     DEFAULT_ALLOWED_ROLES
@@ -158,7 +157,7 @@ impl Projects {
 
     /// The worker's admin client, when this front has a directory.
     pub fn admin(&self) -> Option<&AdminClient> {
-        self.inner.directory.as_ref().map(|d| &d.admin)
+        self.inner.directory.as_ref().map(Directory::admin)
     }
 
     /// Add (or replace) a project. With a directory, the next refresh replaces every
@@ -185,15 +184,15 @@ impl Projects {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
-        self.inner.map.read().unwrap_or_else(|p| p.into_inner())
+        self.inner.table.read()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Entry>> {
-        self.inner.map.write().unwrap_or_else(|p| p.into_inner())
+        self.inner.table.write()
     }
 
     fn entry(&self, id: &str) -> Option<Entry> {
-        self.read().get(id).cloned()
+        self.inner.table.get(id)
     }
 
     /// The schema of a project, asking the worker if it is not known yet.
@@ -209,7 +208,7 @@ impl Projects {
         let Some(dir) = &self.inner.directory else {
             return Err(AuthError::UnknownProject(id.to_string()));
         };
-        let refreshed = self.refresh_after_miss(dir).await;
+        let refreshed = dir.refresh_after_miss(&self.inner.table).await;
         match (self.entry(id), refreshed) {
             (Some(e), _) => Ok(e),
             (None, Ok(())) => Err(AuthError::UnknownProject(id.to_string())),
@@ -217,68 +216,11 @@ impl Projects {
         }
     }
 
-    /// Refresh because a project was unknown at `now`: share a refresh that started
-    /// since, else wait until `min_refresh` after the previous one and refresh.
-    async fn refresh_after_miss(&self, dir: &Directory) -> Result<(), AdminError> {
-        let missed_at = Instant::now();
-        let mut last = dir.last.lock().await;
-        if let Some((started, result)) = last.as_ref() {
-            if *started >= missed_at {
-                return result.clone();
-            }
-            tokio::time::sleep_until(*started + dir.cfg.min_refresh).await;
-        }
-        let started = Instant::now();
-        let result = self.fetch(dir).await;
-        *last = Some((started, result.clone()));
-        result
-    }
-
-    /// Replace every project but the default one with the worker's list.
-    async fn fetch(&self, dir: &Directory) -> Result<(), AdminError> {
-        metrics::counter!(crate::telemetry::PROJECT_REFRESHES).increment(1);
-        let list = match dir.admin.projects(dir.cfg.timeout).await {
-            Ok(l) => l,
-            Err(e) => {
-                crate::telemetry::error("project_directory");
-                tracing::warn!(error = %e, "cannot refresh the project directory");
-                return Err(e);
-            }
-        };
-        let mut map: HashMap<String, Entry> = list
-            .into_iter()
-            .filter(|p| p.id != DEFAULT_PROJECT)
-            .map(|p| {
-                let entry = Entry {
-                    schema: Arc::from(p.schema.as_str()),
-                    keys: record_keys(&p),
-                };
-                (p.id, entry)
-            })
-            .collect();
-        map.insert(DEFAULT_PROJECT.to_string(), self.inner.default.clone());
-        tracing::debug!(projects = map.len(), "project directory refreshed");
-        *self.write() = map;
-        Ok(())
-    }
-
     /// Load the projects now and every `refresh_every` until `cancel` fires (nothing to
     /// do without a directory).
     pub async fn refresh_loop(self, cancel: CancellationToken) {
-        let Some(dir) = &self.inner.directory else {
-            return;
-        };
-        let mut tick = tokio::time::interval(dir.cfg.refresh_every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let mut last = dir.last.lock().await;
-            let started = Instant::now();
-            let result = self.fetch(dir).await;
-            *last = Some((started, result));
+        if let Some(dir) = &self.inner.directory {
+            dir.refresh_loop(&self.inner.table, cancel).await;
         }
     }
 
@@ -307,21 +249,6 @@ impl Projects {
         }
         Ok(v)
     }
-}
-
-/// A stored project's keys: its secret, its previous one, its JWKS (a JWKS that does not
-/// parse is left out, with an error in the log: the secrets still work).
-fn record_keys(p: &ProjectRecord) -> ProjectKeys {
-    let jwks = match p.jwks.as_deref().map(crate::keys::parse_jwks) {
-        None => Vec::new(),
-        Some(Ok(keys)) => keys,
-        Some(Err(e)) => {
-            tracing::error!(project = %p.id, error = %e, "the project's JWKS is unusable; its public-key tokens are refused");
-            Vec::new()
-        }
-    };
-    let previous = p.jwt_secret_previous.as_deref().map(str::as_bytes);
-    ProjectKeys::secret(p.jwt_secret.as_bytes()).with(previous, jwks)
 }
 
 #[cfg(test)]

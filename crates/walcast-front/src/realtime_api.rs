@@ -15,7 +15,6 @@
 //! `unknown_project` / `unknown_table`, 422 `no_primary_key` / `partitioned_table` / `invalid_body`, 503
 //! `unavailable` (no cdc-worker answered), 500 `internal`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -28,14 +27,11 @@ use walcast_bus::admin::{AdminClient, AdminError, AdminErrorKind, AdminReply};
 
 use crate::auth::AuthError;
 use crate::credentials::Credentials;
-use crate::state::Shared;
+use crate::projects::Projects;
 use crate::telemetry;
 
 /// How long a request waits for the cdc-worker.
 const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Counter: REST admin API errors, labels `status` and `error`.
-pub const API_ERRORS: &str = "walcast_front_admin_api_errors_total";
 
 pub(crate) struct ApiError {
     status: StatusCode,
@@ -74,7 +70,7 @@ impl ApiError {
 
     /// Count, log and answer.
     fn respond(self, op: &'static str, project: &str) -> Response {
-        metrics::counter!(API_ERRORS, "status" => self.status.as_u16().to_string(), "error" => self.error)
+        metrics::counter!(telemetry::API_ERRORS, "status" => self.status.as_u16().to_string(), "error" => self.error)
             .increment(1);
         telemetry::error("admin_api");
         if self.status.is_server_error() {
@@ -106,7 +102,7 @@ impl From<AdminError> for ApiError {
 /// Check that the request carries a `service_role` key of `project`; the client to the
 /// worker.
 async fn authorize(
-    shared: &Shared,
+    projects: &Projects,
     headers: &HeaderMap,
     project: &str,
 ) -> Result<AdminClient, ApiError> {
@@ -116,7 +112,7 @@ async fn authorize(
             "an apikey header (or Authorization: Bearer) with the project's service_role key is required",
         ));
     };
-    let verified = match shared.projects.verify(key).await {
+    let verified = match projects.verify(key).await {
         Ok(v) => v,
         Err(AuthError::UnknownProject(r)) if r == project => {
             return Err(ApiError::unknown_project(project))
@@ -131,7 +127,7 @@ async fn authorize(
         Err(e) => return Err(ApiError::unauthorized(e.to_string())),
     };
     if verified.project != project {
-        return match shared.projects.schema(project).await {
+        return match projects.schema(project).await {
             Ok(_) => Err(ApiError::forbidden(format!(
                 "this key belongs to project {:?}, not {project:?}",
                 verified.project
@@ -152,7 +148,7 @@ async fn authorize(
                 .map_or("missing".to_string(), |r| format!("{r:?}"))
         )));
     }
-    shared.projects.admin().cloned().ok_or_else(|| {
+    projects.admin().cloned().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
@@ -171,13 +167,13 @@ fn parse_enabled(body: &[u8]) -> Result<bool, ApiError> {
 }
 
 async fn set(
-    shared: &Shared,
+    projects: &Projects,
     headers: &HeaderMap,
     project: &str,
     table: &str,
     enabled: Result<bool, ApiError>,
 ) -> Result<Value, ApiError> {
-    let admin = authorize(shared, headers, project).await?;
+    let admin = authorize(projects, headers, project).await?;
     let enabled = enabled?;
     match admin
         .set_realtime(project, table, enabled, WORKER_TIMEOUT)
@@ -209,35 +205,34 @@ fn reply(op: &'static str, project: &str, r: Result<Value, ApiError>) -> Respons
 
 /// `PUT /v1/db/{project}/schema/tables/{table}/realtime`.
 pub(crate) async fn put(
-    State(shared): State<Arc<Shared>>,
+    State(projects): State<Projects>,
     Path((project, table)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let r = set(&shared, &headers, &project, &table, parse_enabled(&body)).await;
+    let r = set(&projects, &headers, &project, &table, parse_enabled(&body)).await;
     reply("put", &project, r)
 }
 
 /// `DELETE /v1/db/{project}/schema/tables/{table}/realtime`.
 pub(crate) async fn delete(
-    State(shared): State<Arc<Shared>>,
+    State(projects): State<Projects>,
     Path((project, table)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let r = set(&shared, &headers, &project, &table, Ok(false)).await;
+    let r = set(&projects, &headers, &project, &table, Ok(false)).await;
     reply("delete", &project, r)
 }
 
 /// `GET /v1/db/{project}/schema/tables/{table}/realtime`.
 pub(crate) async fn get_one(
-    State(shared): State<Arc<Shared>>,
+    State(projects): State<Projects>,
     Path((project, table)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
     let r = async {
-        let admin = authorize(&shared, &headers, &project).await?;
-        let schema = shared
-            .projects
+        let admin = authorize(&projects, &headers, &project).await?;
+        let schema = projects
             .schema(&project)
             .await
             .map_err(|_| ApiError::unknown_project(&project))?;
@@ -253,12 +248,12 @@ pub(crate) async fn get_one(
 
 /// `GET /v1/db/{project}/realtime/tables`.
 pub(crate) async fn list(
-    State(shared): State<Arc<Shared>>,
+    State(projects): State<Projects>,
     Path(project): Path<String>,
     headers: HeaderMap,
 ) -> Response {
     let r = async {
-        let admin = authorize(&shared, &headers, &project).await?;
+        let admin = authorize(&projects, &headers, &project).await?;
         let tables = admin.list_tables(&project, WORKER_TIMEOUT).await?;
         serde_json::to_value(tables).map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())

@@ -1,6 +1,7 @@
-//! Talking to the cdc-worker about this front's subscriptions: register (on join, token
-//! refresh and resync), unregister, the periodic sync, and answering a new leader's
-//! resync request. The map they keep is [`crate::registry`].
+//! Talking to the cdc-worker about this front's subscriptions ([`Registrar`]): register
+//! (on join, token refresh and resync), unregister, the periodic sync, answering a new
+//! leader's resync request, and the worker's notice that it ended subscriptions (their
+//! table was dropped). The map they keep is [`crate::registry`].
 //!
 //! A join of a subscription whose class the worker already delivers by class to this
 //! front (see [`Registry::claim_ready`](crate::registry::Registry::claim_ready)) needs no
@@ -12,16 +13,21 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use walcast_bus::subs::{
-    FrontHello, RegisterRequest, ResyncProgress, SubscriptionSpec, SyncMessage, UnregisterRequest,
-    SYNC_INTERVAL,
+    FrontHello, RegisterRequest, ResyncProgress, SubsClient, SubsEnded, SubscriptionSpec,
+    SyncMessage, UnregisterRequest, SYNC_INTERVAL,
 };
-use walcast_bus::Subscription;
+use walcast_bus::{BusMessage, Subscription};
 
-use crate::registry::Removed;
-use crate::state::Shared;
+use crate::config::FrontConfig;
+use crate::delivery::Delivery;
+use crate::listen::next_message;
+use crate::registry::{Registry, Removed};
 use crate::telemetry;
 
 /// Attempts of a background registration before the client is told it failed.
@@ -36,97 +42,296 @@ pub(crate) type Background = (u64, SubscriptionSpec);
 /// Refused ids → the worker's reason.
 pub(crate) type Refused = HashMap<String, String>;
 
-/// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
-/// `Err` is a readable reason the whole request failed (no answer in time …). An
-/// accepted subscription keeps the position it first became effective from.
-pub(crate) async fn register(
-    shared: &Shared,
-    specs: Vec<SubscriptionSpec>,
-) -> Result<Refused, String> {
-    if specs.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
-    let reply = shared
-        .subs
-        .register(RegisterRequest { subs: specs }, shared.cfg.register_timeout)
-        .await
-        .map_err(|e| {
-            telemetry::error("register");
-            e.to_string()
-        })?;
-    metrics::counter!(telemetry::REGISTRATIONS, "path" => "worker").increment(ids.len() as u64);
-    let results: HashMap<&str, &walcast_bus::subs::RegisterResult> =
-        reply.results.iter().map(|r| (r.id.as_str(), r)).collect();
-    let mut refused = HashMap::new();
-    let mut accepted = Vec::with_capacity(ids.len());
-    for id in ids {
-        match results.get(id.as_str()) {
-            Some(r) if r.ok => {
-                if let Some(at) = reply.effective_from {
-                    shared.registry.confirm(&id, r.by_class, at);
-                }
-                accepted.push(id);
-            }
-            Some(r) => {
-                let why = r
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "subscription refused by the cdc-worker".into());
-                refused.insert(id, why);
-            }
-            None => {
-                refused.insert(
-                    id,
-                    "the cdc-worker did not answer for this subscription".into(),
-                );
-            }
-        }
-    }
-    if let Some(at) = reply.effective_from {
-        shared.registry.set_from(&accepted, at);
-    }
-    Ok(refused)
+/// This front's side of the conversation with the cdc-worker about subscriptions: the
+/// subscription client, the registry the answers update, and the queue of background
+/// registrations.
+pub(crate) struct Registrar {
+    front_id: String,
+    subs: SubsClient,
+    delivery: Arc<Delivery>,
+    background: mpsc::Sender<Background>,
+    /// Delayed unregistrations run on it (see [`Registrar::unregister`]).
+    tracker: TaskTracker,
+    register_timeout: Duration,
+    resync_batch: usize,
 }
 
-/// Register the subscriptions of a join: those of a ready class at once (registered with
-/// the worker in the background), the others with the worker, waited for.
-pub(crate) async fn register_join(
-    shared: &Arc<Shared>,
-    subs: &[u64],
-    specs: Vec<SubscriptionSpec>,
-) -> Result<Refused, String> {
-    let mut slow = Vec::new();
-    for (n, mut spec) in subs.iter().zip(specs) {
-        let Some((from, class)) = shared.registry.claim_ready(&spec) else {
-            slow.push(spec);
-            continue;
+impl Registrar {
+    /// The registrar, and the queue of background registrations for [`background_loop`].
+    pub(crate) fn new(
+        front_id: String,
+        subs: SubsClient,
+        delivery: Arc<Delivery>,
+        tracker: TaskTracker,
+        cfg: &FrontConfig,
+    ) -> (Registrar, mpsc::Receiver<Background>) {
+        let (background, queue) = mpsc::channel(BACKGROUND_QUEUE);
+        let registrar = Registrar {
+            front_id,
+            subs,
+            delivery,
+            background,
+            tracker,
+            register_timeout: cfg.register_timeout,
+            resync_batch: cfg.resync_batch.max(1),
         };
-        let mut queued = spec.clone();
-        queued.from = Some(from);
-        if shared.background.try_send((*n, queued)).is_err() {
-            // The queue is full (or closing): this one waits for the worker.
-            shared.registry.end_pending(std::slice::from_ref(&class));
-            slow.push(spec);
-            continue;
-        }
-        shared
-            .registry
-            .set_from(std::slice::from_ref(&spec.id), from);
-        spec.from = Some(from);
-        metrics::counter!(telemetry::REGISTRATIONS, "path" => "ready_class").increment(1);
+        (registrar, queue)
     }
-    register(shared, slow).await
+
+    /// This front's id (the `front` of its subscription specs).
+    pub(crate) fn front_id(&self) -> &str {
+        &self.front_id
+    }
+
+    /// The subscriptions the registrar keeps up to date.
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.delivery.registry
+    }
+
+    /// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
+    /// `Err` is a readable reason the whole request failed (no answer in time …). An
+    /// accepted subscription keeps the position it first became effective from.
+    pub(crate) async fn register(&self, specs: Vec<SubscriptionSpec>) -> Result<Refused, String> {
+        if specs.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
+        let reply = self
+            .subs
+            .register(RegisterRequest { subs: specs }, self.register_timeout)
+            .await
+            .map_err(|e| {
+                telemetry::error("register");
+                e.to_string()
+            })?;
+        metrics::counter!(telemetry::REGISTRATIONS, "path" => "worker").increment(ids.len() as u64);
+        let results: HashMap<&str, &walcast_bus::subs::RegisterResult> =
+            reply.results.iter().map(|r| (r.id.as_str(), r)).collect();
+        let mut refused = HashMap::new();
+        let mut accepted = Vec::with_capacity(ids.len());
+        for id in ids {
+            match results.get(id.as_str()) {
+                Some(r) if r.ok => {
+                    if let Some(at) = reply.effective_from {
+                        self.registry().confirm(&id, r.by_class, at);
+                    }
+                    accepted.push(id);
+                }
+                Some(r) => {
+                    let why = r
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "subscription refused by the cdc-worker".into());
+                    refused.insert(id, why);
+                }
+                None => {
+                    refused.insert(
+                        id,
+                        "the cdc-worker did not answer for this subscription".into(),
+                    );
+                }
+            }
+        }
+        if let Some(at) = reply.effective_from {
+            self.registry().set_from(&accepted, at);
+        }
+        Ok(refused)
+    }
+
+    /// Register the subscriptions of a join: those of a ready class at once (registered
+    /// with the worker in the background), the others with the worker, waited for.
+    pub(crate) async fn register_join(
+        &self,
+        subs: &[u64],
+        specs: Vec<SubscriptionSpec>,
+    ) -> Result<Refused, String> {
+        let registry = self.registry();
+        let mut slow = Vec::new();
+        for (n, mut spec) in subs.iter().zip(specs) {
+            let Some((from, class)) = registry.claim_ready(&spec) else {
+                slow.push(spec);
+                continue;
+            };
+            let mut queued = spec.clone();
+            queued.from = Some(from);
+            if self.background.try_send((*n, queued)).is_err() {
+                // The queue is full (or closing): this one waits for the worker.
+                registry.end_pending(std::slice::from_ref(&class));
+                slow.push(spec);
+                continue;
+            }
+            registry.set_from(std::slice::from_ref(&spec.id), from);
+            spec.from = Some(from);
+            metrics::counter!(telemetry::REGISTRATIONS, "path" => "ready_class").increment(1);
+        }
+        self.register(slow).await
+    }
+
+    /// The worker's registration of subscriptions already in effect; one it refuses (the
+    /// table left realtime, a privilege was revoked in between) is removed and its channel
+    /// told, as a refused join would have been.
+    async fn register_in_background(self: &Arc<Self>, subs: Vec<(u64, SubscriptionSpec)>) {
+        let specs: Vec<SubscriptionSpec> = subs.iter().map(|(_, s)| s.clone()).collect();
+        let mut outcome = Err(String::new());
+        for attempt in 1..=BACKGROUND_ATTEMPTS {
+            outcome = self.register(specs.clone()).await;
+            match &outcome {
+                Ok(_) => break,
+                Err(e) => tracing::warn!(attempt, error = %e, "background registration failed"),
+            }
+        }
+        let refused: Refused = match outcome {
+            Ok(refused) => refused,
+            Err(e) => specs
+                .iter()
+                .map(|s| (s.id.clone(), format!("Unable to subscribe to changes: {e}")))
+                .collect(),
+        };
+        let ended: Vec<(u64, String)> = subs
+            .iter()
+            .filter_map(|(n, spec)| refused.get(&spec.id).map(|why| (*n, why.clone())))
+            .collect();
+        self.end_subscriptions(ended, "refused_after_join").await;
+    }
+
+    /// End subscriptions already in effect: tell each sink why (`Sink::end`), remove them
+    /// and tell the worker. `what` names the cause in the error counter.
+    pub(crate) async fn end_subscriptions(
+        self: &Arc<Self>,
+        ended: Vec<(u64, String)>,
+        what: &'static str,
+    ) {
+        for (n, why) in ended {
+            let sink = self.registry().sink_of(n);
+            let id = sink.as_ref().map(|(_, s)| s.id.clone()).unwrap_or_default();
+            tracing::warn!(%id, reason = %why, what, "subscription ended by the worker");
+            telemetry::error(what);
+            if let Some((sink, _)) = sink {
+                sink.end(&why);
+            }
+            let removed = self.registry().remove(&[n]);
+            self.unregister(removed).await;
+        }
+    }
+
+    /// The worker ended some of our subscriptions (their table was dropped; its notice on
+    /// the delivery subject): each channel gets a `system` error and the subscriptions are
+    /// removed.
+    pub(crate) async fn subs_ended(self: &Arc<Self>, m: &BusMessage) {
+        let notice: SubsEnded = match serde_json::from_slice(&m.payload) {
+            Ok(n) => n,
+            Err(e) => {
+                telemetry::error("bad_notice");
+                tracing::warn!(error = %e, "undecodable subs-ended notice");
+                return;
+            }
+        };
+        let ended: Vec<(u64, String)> = notice
+            .ids
+            .iter()
+            .filter_map(|id| self.registry().own(id))
+            .map(|n| (n, notice.message.clone()))
+            .collect();
+        self.end_subscriptions(ended, "table_dropped").await;
+    }
+
+    /// Tell the worker these subscriptions are gone (errors are logged: `sync` repairs
+    /// them). While a registration of one of their classes is on its way, this is sent
+    /// only once it arrived (in the background), so the worker keeps the class for the
+    /// subscription that depends on it.
+    pub(crate) async fn unregister(self: &Arc<Self>, removed: Removed) {
+        if removed.ids.is_empty() {
+            return;
+        }
+        if !removed.wait {
+            return self.send_unregister(removed.ids).await;
+        }
+        let me = self.clone();
+        self.tracker.spawn(async move {
+            let limit = me.register_timeout * BACKGROUND_ATTEMPTS as u32;
+            me.registry().settle(&removed.classes, limit).await;
+            me.send_unregister(removed.ids).await;
+        });
+    }
+
+    async fn send_unregister(&self, ids: Vec<String>) {
+        if let Err(e) = self.subs.unregister(UnregisterRequest { ids }).await {
+            telemetry::error("unregister");
+            tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
+        }
+    }
+
+    /// Register one chunk with a new leader (tried [`BACKGROUND_ATTEMPTS`] times). What it
+    /// refuses, or what could not be registered at all, ends with a `system` error to its
+    /// channel: a subscription the new leader does not know would stay subscribed and deaf.
+    async fn resync_chunk(self: &Arc<Self>, chunk: &[SubscriptionSpec]) {
+        let mut outcome = Err(String::new());
+        for attempt in 1..=BACKGROUND_ATTEMPTS {
+            outcome = self.register(chunk.to_vec()).await;
+            match &outcome {
+                Ok(_) => break,
+                Err(e) => tracing::warn!(attempt, error = %e, "resync registration failed"),
+            }
+        }
+        let refused: Refused = match outcome {
+            Ok(refused) => refused,
+            Err(e) => chunk
+                .iter()
+                .map(|s| {
+                    let why = format!("Unable to subscribe to changes after a failover: {e}");
+                    (s.id.clone(), why)
+                })
+                .collect(),
+        };
+        let ended: Vec<(u64, String)> = refused
+            .into_iter()
+            .filter_map(|(id, why)| self.registry().own(&id).map(|n| (n, why)))
+            .collect();
+        self.end_subscriptions(ended, "refused_on_resync").await;
+    }
+
+    /// Answer a resync request (a new worker leader): register everything again, telling
+    /// the leader where we are.
+    async fn resync(self: &Arc<Self>, request: &BusMessage) {
+        // The request's payload is where the new leader waits for our progress.
+        let reply_to = std::str::from_utf8(&request.payload)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        let progress = |done: bool| ResyncProgress {
+            front: self.front_id.clone(),
+            done,
+        };
+        if let Some(to) = &reply_to {
+            if let Err(e) = self.subs.answer(to, &progress(false)).await {
+                tracing::warn!(error = %e, "cannot answer a resync request");
+            }
+        }
+        let specs = self.registry().all_specs();
+        tracing::info!(
+            count = specs.len(),
+            "resync requested: registering all subscriptions again"
+        );
+        // In batches, so joins are not held behind one huge registration.
+        for chunk in specs.chunks(self.resync_batch) {
+            self.resync_chunk(chunk).await;
+        }
+        if let Some(to) = &reply_to {
+            if let Err(e) = self.subs.answer(to, &progress(true)).await {
+                tracing::warn!(error = %e, "cannot report a finished resync");
+            }
+        }
+    }
 }
 
 /// Send the background registrations in batches (of up to `resync_batch`), one batch at
 /// a time: a burst of joins costs the worker a few requests, not one per join.
 pub(crate) async fn background_loop(
-    shared: Arc<Shared>,
-    mut queue: tokio::sync::mpsc::Receiver<Background>,
+    registrar: Arc<Registrar>,
+    mut queue: mpsc::Receiver<Background>,
     cancel: CancellationToken,
 ) {
-    let max = shared.cfg.resync_batch.max(1);
+    let max = registrar.resync_batch;
     loop {
         let mut batch = Vec::with_capacity(max);
         tokio::select! {
@@ -135,88 +340,15 @@ pub(crate) async fn background_loop(
         }
         let classes: Vec<String> = batch
             .iter()
-            .map(|(_, s)| shared.registry.class_of(s))
+            .map(|(_, s)| registrar.registry().class_of(s))
             .collect();
-        register_in_background(&shared, batch).await;
-        shared.registry.end_pending(&classes);
-    }
-}
-
-/// The worker's registration of subscriptions already in effect; one it refuses (the
-/// table left realtime, a privilege was revoked in between) is removed and its channel
-/// told, as a refused join would have been.
-async fn register_in_background(shared: &Arc<Shared>, subs: Vec<(u64, SubscriptionSpec)>) {
-    let specs: Vec<SubscriptionSpec> = subs.iter().map(|(_, s)| s.clone()).collect();
-    let mut outcome = Err(String::new());
-    for attempt in 1..=BACKGROUND_ATTEMPTS {
-        outcome = register(shared, specs.clone()).await;
-        match &outcome {
-            Ok(_) => break,
-            Err(e) => tracing::warn!(attempt, error = %e, "background registration failed"),
-        }
-    }
-    let refused: Refused = match outcome {
-        Ok(refused) => refused,
-        Err(e) => specs
-            .iter()
-            .map(|s| (s.id.clone(), format!("Unable to subscribe to changes: {e}")))
-            .collect(),
-    };
-    let ended: Vec<(u64, String)> = subs
-        .iter()
-        .filter_map(|(n, spec)| refused.get(&spec.id).map(|why| (*n, why.clone())))
-        .collect();
-    end_subscriptions(shared, ended, "refused_after_join").await;
-}
-
-/// End subscriptions already in effect: tell each sink why ([`crate::sink::Sink::end`]),
-/// remove them and tell the worker. `what` names the cause in the error counter.
-pub(crate) async fn end_subscriptions(
-    shared: &Arc<Shared>,
-    ended: Vec<(u64, String)>,
-    what: &'static str,
-) {
-    for (n, why) in ended {
-        let sink = shared.registry.sink_of(n);
-        let id = sink.as_ref().map(|(_, s)| s.id.clone()).unwrap_or_default();
-        tracing::warn!(%id, reason = %why, what, "subscription ended by the worker");
-        telemetry::error(what);
-        if let Some((sink, _)) = sink {
-            sink.end(shared, &why);
-        }
-        let removed = shared.registry.remove(&[n]);
-        unregister(shared, removed).await;
-    }
-}
-
-/// Tell the worker these subscriptions are gone (errors are logged: `sync` repairs them).
-/// While a registration of one of their classes is on its way, this is sent only once it
-/// arrived (in the background), so the worker keeps the class for the subscription that
-/// depends on it.
-pub(crate) async fn unregister(shared: &Arc<Shared>, removed: Removed) {
-    if removed.ids.is_empty() {
-        return;
-    }
-    if !removed.wait {
-        return send_unregister(shared, removed.ids).await;
-    }
-    let shared2 = shared.clone();
-    shared.tracker.spawn(async move {
-        let limit = shared2.cfg.register_timeout * BACKGROUND_ATTEMPTS as u32;
-        shared2.registry.settle(&removed.classes, limit).await;
-        send_unregister(&shared2, removed.ids).await;
-    });
-}
-
-async fn send_unregister(shared: &Shared, ids: Vec<String>) {
-    if let Err(e) = shared.subs.unregister(UnregisterRequest { ids }).await {
-        telemetry::error("unregister");
-        tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
+        registrar.register_in_background(batch).await;
+        registrar.registry().end_pending(&classes);
     }
 }
 
 /// Every [`SYNC_INTERVAL`]: send the full list of this front's subscription ids.
-pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
+pub(crate) async fn sync_loop(registrar: Arc<Registrar>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(SYNC_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -224,8 +356,9 @@ pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let msg = SyncMessage::whole(shared.front_id.clone(), shared.registry.all_ids());
-        if let Err(e) = shared.subs.sync(msg).await {
+        let ids = registrar.registry().all_ids();
+        let msg = SyncMessage::whole(registrar.front_id.clone(), ids);
+        if let Err(e) = registrar.subs.sync(msg).await {
             telemetry::error("sync");
             tracing::warn!(error = %e, "subscription sync failed");
         }
@@ -235,86 +368,30 @@ pub(crate) async fn sync_loop(shared: Arc<Shared>, cancel: CancellationToken) {
 /// On every roll call (a worker starting), say that this front exists: a new leader then
 /// waits for this front's resync even if it is slow to answer.
 pub(crate) async fn roll_call_loop(
-    shared: Arc<Shared>,
+    registrar: Arc<Registrar>,
     mut sub: Subscription,
     cancel: CancellationToken,
 ) {
-    while let Some(request) = crate::next_message(&mut sub, &cancel, "roll call").await {
+    while let Some(request) = next_message(&mut sub, &cancel, "roll call").await {
         let Ok(to) = std::str::from_utf8(&request.payload) else {
             continue;
         };
         let hello = FrontHello {
-            front: shared.front_id.clone(),
+            front: registrar.front_id.clone(),
         };
-        if let Err(e) = shared.subs.answer(to, &hello).await {
+        if let Err(e) = registrar.subs.answer(to, &hello).await {
             tracing::warn!(error = %e, "cannot answer a roll call");
         }
     }
 }
 
-/// Register one chunk with a new leader (tried [`BACKGROUND_ATTEMPTS`] times). What it
-/// refuses, or what could not be registered at all, ends with a `system` error to its
-/// channel: a subscription the new leader does not know would stay subscribed and deaf.
-async fn resync_chunk(shared: &Arc<Shared>, chunk: &[SubscriptionSpec]) {
-    let mut outcome = Err(String::new());
-    for attempt in 1..=BACKGROUND_ATTEMPTS {
-        outcome = register(shared, chunk.to_vec()).await;
-        match &outcome {
-            Ok(_) => break,
-            Err(e) => tracing::warn!(attempt, error = %e, "resync registration failed"),
-        }
-    }
-    let refused: Refused = match outcome {
-        Ok(refused) => refused,
-        Err(e) => chunk
-            .iter()
-            .map(|s| {
-                let why = format!("Unable to subscribe to changes after a failover: {e}");
-                (s.id.clone(), why)
-            })
-            .collect(),
-    };
-    let ended: Vec<(u64, String)> = refused
-        .into_iter()
-        .filter_map(|(id, why)| shared.registry.own(&id).map(|n| (n, why)))
-        .collect();
-    end_subscriptions(shared, ended, "refused_on_resync").await;
-}
-
 /// On every resync request (a new worker leader), register everything again.
 pub(crate) async fn resync_loop(
-    shared: Arc<Shared>,
+    registrar: Arc<Registrar>,
     mut sub: Subscription,
     cancel: CancellationToken,
 ) {
-    while let Some(request) = crate::next_message(&mut sub, &cancel, "resync").await {
-        // The request's payload is where the new leader waits for our progress.
-        let reply_to = std::str::from_utf8(&request.payload)
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(str::to_string);
-        let progress = |done: bool| ResyncProgress {
-            front: shared.front_id.clone(),
-            done,
-        };
-        if let Some(to) = &reply_to {
-            if let Err(e) = shared.subs.answer(to, &progress(false)).await {
-                tracing::warn!(error = %e, "cannot answer a resync request");
-            }
-        }
-        let specs = shared.registry.all_specs();
-        tracing::info!(
-            count = specs.len(),
-            "resync requested: registering all subscriptions again"
-        );
-        // In batches, so joins are not held behind one huge registration.
-        for chunk in specs.chunks(shared.cfg.resync_batch.max(1)) {
-            resync_chunk(&shared, chunk).await;
-        }
-        if let Some(to) = &reply_to {
-            if let Err(e) = shared.subs.answer(to, &progress(true)).await {
-                tracing::warn!(error = %e, "cannot report a finished resync");
-            }
-        }
+    while let Some(request) = next_message(&mut sub, &cancel, "resync").await {
+        registrar.resync(&request).await;
     }
 }

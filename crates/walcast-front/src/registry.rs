@@ -2,8 +2,8 @@
 //! class.
 //!
 //! Every `postgres_changes` binding of a joined channel (or SSE stream) gets a
-//! subscription id `<front id>:<n>`, registered with the cdc-worker (see
-//! [`crate::registration`]), which names in each change's `subs` the ids or the classes
+//! subscription id `<front id>:<n>`, registered with the cdc-worker (by the
+//! `registration` module), which names in each change's `subs` the ids or the classes
 //! ([`walcast_bus::subs::class_key`]) it matched. This map turns those back into the channels to deliver to
 //! and the binding ids the client knows. It also remembers which classes the worker
 //! delivers by class ("ready"), so a join of one more subscription of such a class needs
@@ -82,7 +82,7 @@ pub(crate) struct Removed {
     pub ids: Vec<String>,
     pub classes: Vec<String>,
     /// A registration of one of these classes is on its way to the worker: unregister
-    /// only once it arrived (see [`crate::registration::unregister`]).
+    /// only once it arrived (see `registration::Registrar::unregister`).
     pub wait: bool,
 }
 

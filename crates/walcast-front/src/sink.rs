@@ -1,10 +1,10 @@
 //! Where a subscription's changes go: one [`Sink`] per transport.
 //!
-//! The registry ([`crate::registry`]) maps each subscription to a sink; fan-out
-//! ([`crate::fanout`]) hands every change to the sinks its subscriptions point to. A
-//! WebSocket channel ([`crate::outbound::ChanOut`]) and an SSE stream
-//! ([`crate::sse::SseChannel`]) are the two today; a third transport implements this
-//! trait in its own module and subscribes through [`crate::subscribe`].
+//! The registry (the `registry` module) maps each subscription to a sink; fan-out (the
+//! `fanout` module) hands every change to the sinks its subscriptions point to. A
+//! WebSocket channel (`outbound::ChanOut`) and an SSE stream (`sse::SseChannel`) are the
+//! two today; a third transport implements this trait in its own module and subscribes
+//! through the `subscribe` module.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,8 +12,6 @@ use std::sync::Arc;
 use axum::extract::ws::Utf8Bytes;
 use walcast_bus::ChangeEvent;
 use walcast_protocol::{EncodedChange, Vsn};
-
-use crate::state::Shared;
 
 /// One change on its way to its sinks: the event, its `data` encoded once, and the
 /// Phoenix frames made of it so far (shared by channels of the same version, topic and
@@ -53,7 +51,7 @@ pub(crate) trait Sink: Send + Sync {
     /// was queued (it counts as a delivery).
     fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool;
     /// The worker ended a subscription of this sink (`why` is its reason, for the client).
-    fn end(&self, shared: &Shared, why: &str);
+    fn end(&self, why: &str);
 }
 
 /// A shared sink, as the registry keeps it.

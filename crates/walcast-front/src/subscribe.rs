@@ -2,7 +2,7 @@
 //! subscriber, make each binding a subscription that delivers to the transport's
 //! [`Sink`](crate::sink::Sink), register them with the cdc-worker, keep the accepted.
 //!
-//! A WebSocket join ([`crate::channel`]) and an SSE stream ([`crate::sse`]) both go
+//! A WebSocket join (the `channel` module) and an SSE stream (the `sse` module) both go
 //! through here; they differ only in how they answer (a join reply and a `system`
 //! message, or `ready` and an HTTP status).
 
@@ -12,10 +12,10 @@ use serde_json::Value;
 use walcast_protocol::PgChangeBinding;
 
 use crate::auth::{AuthError, Verified};
-use crate::registration::{self, Refused};
+use crate::projects::Projects;
+use crate::registration::{Refused, Registrar};
 use crate::registry::{self, Target};
 use crate::sink::SinkRef;
-use crate::state::Shared;
 use crate::telemetry;
 
 /// The accepted subscriptions (their numbers in the registry) and the refused ones (the
@@ -29,13 +29,12 @@ pub(crate) struct Subscribed {
 /// `exp`, with every binding in a schema the project may use (tenant isolation; the
 /// worker also refuses any table not enabled for the project).
 pub(crate) async fn verify_subscriber(
-    shared: &Shared,
+    projects: &Projects,
     project: &str,
     token: &str,
     bindings: &[PgChangeBinding],
 ) -> Result<Verified, AuthError> {
-    let auth = shared
-        .projects
+    let auth = projects
         .verify_for(project, token)
         .await
         .and_then(|v| v.require_role_and_exp().map(|_| v))
@@ -51,7 +50,7 @@ pub(crate) async fn verify_subscriber(
 /// client wait in the sink), register them, and drop the refused ones.
 /// `Err`: the registration itself failed (nothing is left behind).
 pub(crate) async fn subscribe(
-    shared: &Arc<Shared>,
+    registrar: &Arc<Registrar>,
     project: &str,
     bindings: &[PgChangeBinding],
     claims: &Value,
@@ -60,15 +59,16 @@ pub(crate) async fn subscribe(
     let mut subs = Vec::with_capacity(bindings.len());
     let mut specs = Vec::with_capacity(bindings.len());
     let mut collided = Refused::new();
+    let registry = registrar.registry();
     for b in bindings {
-        let (n, sid) = shared.registry.alloc();
-        let spec = registry::spec_for(sid, &shared.front_id, project, b, claims);
+        let (n, sid) = registry.alloc();
+        let spec = registry::spec_for(sid, registrar.front_id(), project, b, claims);
         let target = Target {
             sink: sink.clone(),
             binding: b.id,
             spec: spec.clone(),
         };
-        match shared.registry.insert(n, target) {
+        match registry.insert(n, target) {
             Ok(()) => {
                 specs.push(spec);
                 subs.push(n);
@@ -79,12 +79,12 @@ pub(crate) async fn subscribe(
             }
         }
     }
-    let mut refused = match registration::register_join(shared, &subs, specs.clone()).await {
+    let mut refused = match registrar.register_join(&subs, specs.clone()).await {
         Ok(r) => r,
         Err(e) => {
             // The worker may still register them late: drop them there too.
-            let removed = shared.registry.remove(&subs);
-            registration::unregister(shared, removed).await;
+            let removed = registry.remove(&subs);
+            registrar.unregister(removed).await;
             return Err(e);
         }
     };
@@ -96,8 +96,8 @@ pub(crate) async fn subscribe(
         .collect();
     // The worker keeps nothing of a refused subscription; saying it is gone anyway keeps
     // the worker's view and ours the same whatever it did.
-    let removed = shared.registry.remove(&refused_ns);
-    registration::unregister(shared, removed).await;
+    let removed = registry.remove(&refused_ns);
+    registrar.unregister(removed).await;
     subs.retain(|n| !refused_ns.contains(n));
     refused.extend(collided);
     Ok(Subscribed { subs, refused })

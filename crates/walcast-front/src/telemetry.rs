@@ -43,6 +43,9 @@ pub const REGISTRATIONS: &str = "walcast_front_registrations_total";
 /// Counter: reloads of the project list from the worker.
 pub const PROJECT_REFRESHES: &str = "walcast_front_project_refreshes_total";
 
+/// Counter: REST admin API errors, labels `status` and `error`.
+pub const API_ERRORS: &str = "walcast_front_admin_api_errors_total";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
     describe_sockets();
@@ -110,7 +113,7 @@ fn describe_failures() {
          (OUTBOUND_QUEUE) was full"
     );
     metrics::describe_counter!(
-        crate::realtime_api::API_ERRORS,
+        API_ERRORS,
         "Refused or failed REST API requests, by status and error"
     );
 }

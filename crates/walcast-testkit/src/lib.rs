@@ -8,6 +8,7 @@
 //!   (the only fake: Kubernetes is not something a test can start).
 //! * [`phoenix::PhoenixClient`]: a raw Phoenix (Supabase Realtime) WebSocket client, vsn
 //!   1.0.0 and 2.0.0, for tests against a front.
+//! * [`tokens`]: test JWTs (HS256 by default) with given claims, role, project and expiry.
 //!
 //! Each service is owned by its handle: dropping it (also while unwinding from a panic)
 //! stops the process and removes its directory. Each process is started under a small
@@ -24,6 +25,7 @@ mod ports;
 mod postgres;
 mod process;
 pub mod tls;
+pub mod tokens;
 
 pub use error::KitError;
 pub use nats::Nats;

@@ -52,12 +52,7 @@ pub fn claims_of(key: &str, secret: &str) -> Value {
 }
 
 pub fn sign(secret: &str, claims: Value) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .expect("sign")
+    walcast_testkit::tokens::sign(secret, &claims)
 }
 
 /// `walcast project create --name <name>`, its output checked field by field.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use walcast_testkit::tokens;
 
 /// `JWT_SECRET` of the servers the tests start.
 pub const SECRET: &str = "e2e-secret-with-enough-bytes-0123456789";
@@ -19,12 +20,7 @@ pub fn now() -> i64 {
 
 /// An HS256 token signed with [`SECRET`].
 pub fn token(claims: Value) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .expect("sign jwt")
+    tokens::sign(SECRET, &claims)
 }
 
 /// An `anon` token valid for an hour.

@@ -1,10 +1,8 @@
 //! Hostile input and slow consumers: the right error, and nobody else is disturbed.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::json;
 use walcast_front::FrontConfig;
 

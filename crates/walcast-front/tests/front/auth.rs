@@ -1,10 +1,8 @@
 //! Tokens at upgrade, at join, on refresh and at expiry.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::json;
 
 async fn http_status(s: &Server, apikey: &str) -> (u16, String) {
@@ -86,10 +84,7 @@ async fn bad_join_tokens_get_invalid_jwt_errors() {
     }
     assert!(s.worker.registered().is_empty());
     // HS384 (and HS512) with the project's secret are accepted, as Supabase does.
-    let hs384 = token_alg(
-        jsonwebtoken::Algorithm::HS384,
-        json!({"role":"anon","exp": now() + 60}),
-    );
+    let hs384 = token_alg(Algorithm::HS384, json!({"role":"anon","exp": now() + 60}));
     let (_, f) = c
         .join("realtime:hs384", pg_config(json!([])), Some(&hs384))
         .await;

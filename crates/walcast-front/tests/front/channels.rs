@@ -1,11 +1,9 @@
 //! Heartbeat, join, delivery, leave, re-join, unmatched topic, shutdown.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::json;
 use tokio::sync::Semaphore;
 

@@ -1,10 +1,8 @@
 //! Broadcast (self, ack, binary kinds 3/4, v1 text, REST, across fronts) and presence.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::{json, Value};
 use walcast_protocol::{BroadcastBody, Frame, Payload, RawValue, UserBroadcast, Vsn, WireMessage};
 

@@ -1,10 +1,8 @@
 //! SSE: ready after registration, delivery, resume with Last-Event-ID, errors.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -1,13 +1,12 @@
 //! Test harness: a front on 127.0.0.1:0 with an in-process bus and a recording stand-in
-//! for the worker's registry; sockets are the test kit's Phoenix client.
-#![allow(dead_code)]
+//! for the worker's registry; sockets are the test kit's Phoenix client; tokens are the
+//! test kit's ([`walcast_testkit::tokens`]).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -18,9 +17,9 @@ use walcast_bus::subs::{
 };
 use walcast_bus::Bus;
 use walcast_front::{Front, FrontConfig, Projects};
-// What each test binary takes of the client (not all of them use everything).
-#[allow(unused_imports)]
 pub use walcast_testkit::phoenix::{pg_config, Msg, PhoenixClient};
+use walcast_testkit::tokens::{self, Claims};
+pub use walcast_testkit::tokens::{now, Algorithm};
 
 pub const SECRET: &str = "test-secret-with-enough-bytes-0123456789";
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -189,43 +188,29 @@ pub async fn start_with(cfg: FrontConfig) -> Server {
     }
 }
 
-pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
-
+/// `claims` signed with `secret` (HS256).
 pub fn token_with(secret: &str, claims: Value) -> String {
-    encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
+    tokens::sign(secret, &claims)
 }
 
-/// Signed with the right secret but another HMAC algorithm (HS256 is the only one accepted).
+/// Signed with the right secret but another HMAC algorithm.
 pub fn token_alg(alg: Algorithm, claims: Value) -> String {
-    encode(
-        &Header::new(alg),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .unwrap()
+    tokens::sign_with(alg, SECRET, &claims)
 }
 
+/// `claims` signed with [`SECRET`].
 pub fn token(claims: Value) -> String {
     token_with(SECRET, claims)
 }
 
 /// An `authenticated` user token valid for an hour.
 pub fn user(sub: &str) -> String {
-    token(json!({"role":"authenticated","sub":sub,"exp":now() + 3600}))
+    Claims::role("authenticated").claim("sub", sub).sign(SECRET)
 }
 
+/// An `anon` token valid for an hour.
 pub fn anon() -> String {
-    token(json!({"role":"anon","exp":now() + 3600}))
+    Claims::role("anon").sign(SECRET)
 }
 
 /// A socket on `url` (its vsn from the URL), each wait bounded by [`TIMEOUT`].

@@ -1,0 +1,127 @@
+//! `access_token`: a channel's token refreshed (its subscriptions re-registered with the
+//! new claims), and token expiry (the channel closed with a `system` error).
+
+use serde_json::Value;
+use tokio::time::Instant;
+use walcast_protocol::channel_name;
+use walcast_protocol::server::{self, SystemStatus};
+
+use super::{subscribed_message, Session};
+use crate::auth::{now_secs, AuthError};
+use crate::registry::{Removed, COLLISION};
+use crate::subscribe;
+use crate::telemetry;
+
+pub(super) async fn apply(s: &mut Session, topic: &str, token: Option<String>) {
+    let Some(token) = token.filter(|t| !t.is_empty() && !t.starts_with("sb_")) else {
+        return;
+    };
+    let Some(ch) = s.channels.get(topic) else {
+        return;
+    };
+    if ch.token == token {
+        return;
+    }
+    let projects = &s.services.projects;
+    let verified = subscribe::verify_subscriber(projects, &s.project, &token, &[]).await;
+    let auth = match verified {
+        Ok(v) => v,
+        Err(e) => return s.shut(topic, &e.to_string()).await,
+    };
+    let exp = auth.exp().unwrap_or(i64::MAX);
+    let claims = Value::Object(auth.claims);
+    if !still_may_read(s, topic, &claims).await {
+        let name = channel_name(topic).to_string();
+        return s.shut(topic, &crate::private::read_refused(&name)).await;
+    }
+    let check_at = s.check_at(exp);
+    let Some(ch) = s.channels.get_mut(topic) else {
+        return;
+    };
+    ch.token = token;
+    ch.exp = exp;
+    ch.check_at = check_at;
+    ch.claims = claims.clone();
+    ch.may_write = None;
+    if ch.bindings.is_empty() {
+        return;
+    }
+    let subs = ch.subs.clone();
+    let jr = ch.join_ref.clone();
+    let out = ch.out.clone();
+    let msg = resubscribe(s, &subs, &claims, jr.as_deref(), topic).await;
+    if let Some(o) = s.out(&msg) {
+        out.deliver(o);
+    }
+}
+
+/// Register a channel's subscriptions again with new claims; the `system` message that
+/// tells the client how it went.
+async fn resubscribe(
+    s: &Session,
+    subs: &[u64],
+    claims: &Value,
+    jr: Option<&str>,
+    topic: &str,
+) -> walcast_protocol::Frame {
+    let registrar = &s.services.registrar;
+    let (specs, collided) = registrar.registry().set_claims(subs, claims);
+    if !collided.is_empty() {
+        // Out of the map already; the worker forgets them too.
+        let removed = Removed {
+            ids: collided.clone(),
+            ..Default::default()
+        };
+        registrar.unregister(removed).await;
+    }
+    match registrar.register(specs).await {
+        Ok(mut refused) => {
+            let why = COLLISION.to_string();
+            refused.extend(collided.into_iter().map(|id| (id, why.clone())));
+            subscribed_message(jr, topic, &refused)
+        }
+        Err(e) => server::system(jr, topic, "postgres_changes", SystemStatus::Error, &e),
+    }
+}
+
+/// A refreshed token of a private channel: are its new claims still allowed to read?
+/// (Public channels: always.) A failure to ask counts as no.
+async fn still_may_read(s: &Session, topic: &str, claims: &Value) -> bool {
+    if !s.channels.get(topic).is_some_and(|c| c.key.private) {
+        return true;
+    }
+    let name = channel_name(topic);
+    let asked = s
+        .services
+        .policies
+        .may(&s.project, name, claims, false)
+        .await;
+    asked.unwrap_or(false)
+}
+
+/// Token expiry: channels whose check time passed are closed if their token expired,
+/// else checked again later.
+pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
+    let due: Vec<String> = s
+        .channels
+        .iter()
+        .filter(|(_, c)| c.check_at <= now)
+        .map(|(t, _)| t.clone())
+        .collect();
+    for topic in due {
+        let Some(exp) = s.channels.get(&topic).map(|c| c.exp) else {
+            continue;
+        };
+        let secs = now_secs();
+        if exp <= secs {
+            telemetry::error("token_expired");
+            let msg = AuthError::Expired(secs - exp).to_string();
+            s.shut(&topic, &msg).await;
+        } else {
+            let at = s.check_at(exp);
+            if let Some(c) = s.channels.get_mut(&topic) {
+                c.check_at = at;
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! `phx_join`: open a channel — check the limits and the token, route the topic, subscribe
+//! the `postgres_changes` bindings, answer (join reply, `system`, `presence_state`,
+//! replayed broadcasts), keep the channel.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+use walcast_protocol::message::TOPIC_PREFIX;
+use walcast_protocol::server;
+use walcast_protocol::{
+    channel_name, BroadcastBody, Frame, JoinRequest, PgChangeBinding, RawValue, Replay,
+    UserBroadcast,
+};
+
+use super::{subscribed_message, Channel, Session};
+use crate::auth::{AuthError, Verified};
+use crate::outbound::{ChanOut, Out};
+use crate::registration::Refused;
+use crate::sink::SinkRef;
+use crate::subscribe::{self, Subscribed};
+use crate::telemetry;
+use crate::topics::TopicKey;
+
+pub(super) async fn apply(s: &mut Session, f: &Frame, req: JoinRequest) {
+    let topic = f.topic.as_str();
+    let Some(name) = topic.strip_prefix(TOPIC_PREFIX) else {
+        telemetry::error("unmatched_topic");
+        return s.reply_error(f, "unmatched topic");
+    };
+    if name.is_empty() {
+        return join_error(s, f, "TopicNameRequired", "You must provide a topic name");
+    }
+    if !s.joins.take() {
+        telemetry::limit("join_rate");
+        return join_error(s, f, "TooManyJoins", "Too many joins per second");
+    }
+    // A second join on a joined topic replaces the channel.
+    if let Some(old) = s.channels.remove(topic) {
+        let close = s.out(&server::phx_close(old.join_ref.as_deref(), topic));
+        s.close_channel(old, close.into_iter().collect()).await;
+    }
+    if let Err((code, text)) = join_limits(s, req.config.postgres_changes.len()) {
+        return join_error(s, f, code, &text);
+    }
+    let (token, auth) = match join_credentials(s, &req).await {
+        Ok(v) => v,
+        Err(e) => return join_error(s, f, e.code(), &e.to_string()),
+    };
+    let exp = auth.exp().unwrap_or(i64::MAX);
+    let claims = Value::Object(auth.claims);
+    if req.config.private && !may_read(s, f, name, &claims).await {
+        return;
+    }
+    open_channel(s, f, req, token, exp, claims).await;
+}
+
+fn join_error(s: &Session, f: &Frame, code: &str, text: &str) {
+    metrics::counter!(telemetry::JOINS, "result" => "error").increment(1);
+    s.reply_error(f, &server::error_reason(code, text));
+}
+
+/// A private channel's read check; `false` once the join was refused.
+async fn may_read(s: &Session, f: &Frame, name: &str, claims: &Value) -> bool {
+    match s
+        .services
+        .policies
+        .may(&s.project, name, claims, false)
+        .await
+    {
+        Ok(true) => true,
+        Ok(false) => {
+            join_error(s, f, "Unauthorized", &crate::private::read_refused(name));
+            false
+        }
+        Err(e) => {
+            join_error(s, f, "UnableToConnectToProject", &e);
+            false
+        }
+    }
+}
+
+/// Open the channel of an accepted join: route its topic and subscribe its bindings,
+/// answer, keep it.
+async fn open_channel(
+    s: &mut Session,
+    f: &Frame,
+    req: JoinRequest,
+    token: String,
+    exp: i64,
+    claims: Value,
+) {
+    let topic = f.topic.as_str();
+    let id = s.services.connections.next_id();
+    let key = TopicKey {
+        project: s.project.clone(),
+        private: req.config.private,
+        topic: topic.to_string(),
+    };
+    let out = Arc::new(ChanOut::new(
+        id,
+        s.handle.clone(),
+        topic,
+        s.vsn,
+        req.config.broadcast.self_,
+        req.config.presence.enabled,
+        s.services.cfg.outbound_queue,
+    ));
+    let bindings = req.config.postgres_changes;
+    let Subscribed { subs, refused } = match subscribe(s, &out, &key, &bindings, &claims).await {
+        Ok(v) => v,
+        Err(e) => return join_error(s, f, "UnableToSubscribe", &e),
+    };
+    let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
+    let presence = req.config.presence.enabled.then_some(&key);
+    let mut first = first_frames(s, f, &bindings, &refused, presence).await;
+    let mut replayed_ids = HashSet::new();
+    if let Some(replay) = req.config.broadcast.replay.filter(|_| key.private) {
+        let (frames, ids) = replayed(s, &key, replay).await;
+        first.extend(frames);
+        replayed_ids = ids;
+    }
+    out.open(first, replayed_ids);
+    metrics::counter!(telemetry::JOINS, "result" => "ok").increment(1);
+    s.services.connections.channel_joined();
+    let presence_key = match req.config.presence.key.as_str() {
+        "" => uuid_v4(),
+        k => k.to_string(),
+    };
+    let channel = Channel {
+        id,
+        join_ref,
+        key,
+        out,
+        bindings,
+        subs,
+        token,
+        exp,
+        check_at: s.check_at(exp),
+        presence_key,
+        tracked: false,
+        ack: req.config.broadcast.ack,
+        claims,
+        may_write: None,
+    };
+    s.channels.insert(topic.to_string(), channel);
+}
+
+/// What a joined channel says first: the join reply, the `system` message of its
+/// bindings (subscribed, or the refusals), and the `presence_state` if presence is on.
+async fn first_frames(
+    s: &Session,
+    f: &Frame,
+    bindings: &[PgChangeBinding],
+    refused: &Refused,
+    presence: Option<&TopicKey>,
+) -> Vec<Out> {
+    let (topic, join_ref) = (
+        f.topic.as_str(),
+        f.join_ref.as_deref().or(f.ref_.as_deref()),
+    );
+    let reply = server::join_reply_ok(f.join_ref.as_deref(), f.ref_.as_deref(), topic, bindings);
+    let mut first: Vec<Out> = s.out(&reply).into_iter().collect();
+    if !bindings.is_empty() {
+        first.extend(s.out(&subscribed_message(join_ref, topic, refused)));
+    }
+    if let Some(key) = presence {
+        let metas = s.services.presence.list(key.clone()).await;
+        let state = crate::presence::presence_map(&metas);
+        first.extend(s.out(&server::presence_state(join_ref, topic, &state)));
+    }
+    first
+}
+
+/// A private channel's stored broadcasts since the replay's start, as broadcasts with
+/// `meta: {id, replayed: true}`, and their ids (none if the worker cannot be asked:
+/// logged).
+async fn replayed(s: &Session, key: &TopicKey, replay: Replay) -> (Vec<Out>, HashSet<String>) {
+    let Some(admin) = s.services.projects.admin() else {
+        return Default::default();
+    };
+    let name = channel_name(&key.topic);
+    let timeout = s.services.cfg.register_timeout;
+    let asked = admin.replay(&key.project, name, replay.since_ms, replay.limit, timeout);
+    let messages = match asked.await {
+        Ok(m) => m,
+        Err(e) => {
+            telemetry::error("replay");
+            tracing::warn!(error = %e, topic = %key.topic, "broadcast replay failed");
+            return Default::default();
+        }
+    };
+    let ids = messages.iter().map(|m| m.id.clone()).collect();
+    let frames = messages
+        .into_iter()
+        .filter_map(|m| {
+            let meta = serde_json::json!({ "id": m.id, "replayed": true }).to_string();
+            let b = UserBroadcast {
+                event: m.event,
+                meta: RawValue::from_string(meta).ok(),
+                body: BroadcastBody::Json(RawValue::from_string(m.payload).ok()?),
+            };
+            s.out(&server::broadcast(&key.topic, b))
+        })
+        .collect();
+    (frames, ids)
+}
+
+/// The socket's channel limit and the channel's binding limit.
+fn join_limits(s: &Session, bindings: usize) -> Result<(), (&'static str, String)> {
+    let cfg = &s.services.cfg;
+    if s.channels.len() >= cfg.max_channels_per_socket {
+        telemetry::limit("channels");
+        let text = format!(
+            "Too many channels (max {} per connection)",
+            cfg.max_channels_per_socket
+        );
+        return Err(("TooManyChannels", text));
+    }
+    if bindings > cfg.max_bindings_per_channel {
+        telemetry::limit("bindings");
+        let text = format!(
+            "Too many postgres_changes bindings (max {} per channel)",
+            cfg.max_bindings_per_channel
+        );
+        return Err(("TooManyBindings", text));
+    }
+    Ok(())
+}
+
+/// The join's token (its `access_token`, else the socket's: see
+/// [`crate::credentials`]), verified as the subscriber of its bindings.
+async fn join_credentials(s: &Session, req: &JoinRequest) -> Result<(String, Verified), AuthError> {
+    let token = s
+        .creds
+        .token_for_join(req.access_token.as_deref())
+        .unwrap_or_default();
+    let bindings = &req.config.postgres_changes;
+    let projects = &s.services.projects;
+    let auth = subscribe::verify_subscriber(projects, &s.project, &token, bindings).await?;
+    Ok((token, auth))
+}
+
+/// Route the topic's broadcasts and the bindings' changes to `out`; `Err` leaves
+/// nothing behind.
+async fn subscribe(
+    s: &Session,
+    out: &Arc<ChanOut>,
+    key: &TopicKey,
+    bindings: &[PgChangeBinding],
+    claims: &Value,
+) -> Result<Subscribed, String> {
+    let topics = &s.services.delivery.topics;
+    topics.add(key, out.clone());
+    let sink: SinkRef = out.clone();
+    let registrar = &s.services.registrar;
+    let result = subscribe::subscribe(registrar, &s.project, bindings, claims, sink).await;
+    if result.is_err() {
+        out.close(Vec::new());
+        topics.remove(key, out.id);
+    }
+    result
+}
+
+fn uuid_v4() -> String {
+    let b: [u8; 16] = rand::random();
+    let h =
+        |r: std::ops::Range<usize>| -> String { b[r].iter().map(|x| format!("{x:02x}")).collect() };
+    let mut s = format!("{}-{}-4{}-", h(0..4), h(4..6), &h(6..8)[1..]);
+    s.push_str(&format!("{:x}", 8 | (b[8] & 3)));
+    s.push_str(&h(8..10)[1..]);
+    s.push('-');
+    s.push_str(&h(10..16));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_shape() {
+        let u = uuid_v4();
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "4");
+        assert!(u.chars().filter(|c| *c == '-').count() == 4);
+    }
+}

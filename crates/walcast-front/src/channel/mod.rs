@@ -1,0 +1,288 @@
+//! Channels on one WebSocket connection: the Phoenix commands a client sends, one module
+//! per command (`join`, `leave`, `access_token`, `broadcast`, `presence`), each applied
+//! to the connection's [`Session`] by [`Session::apply`]; heartbeats are answered here.
+//!
+//! A [`Session`] holds the connection's channels and the front's [`Services`] its
+//! commands use. What every command shares (replies, closing a channel, the write
+//! check of private channels) is a method of the session; a command is a function of
+//! its module.
+
+mod access_token;
+mod broadcast;
+mod join;
+mod leave;
+mod presence;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::time::{Duration, Instant};
+use walcast_protocol::message::events;
+use walcast_protocol::server::{self, SystemStatus};
+use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, PgChangeBinding, Vsn};
+
+use crate::auth::now_secs;
+use crate::broadcast::Broadcasts;
+use crate::config::FrontConfig;
+use crate::connections::Connections;
+use crate::credentials::Credentials;
+use crate::delivery::Delivery;
+use crate::limits::TokenBucket;
+use crate::outbound::{ChanOut, ConnHandle, Out};
+use crate::presence::{PresenceStore, EVENTS_BURST, EVENTS_PER_SECOND};
+use crate::private::Policies;
+use crate::projects::Projects;
+use crate::registration::{Refused, Registrar};
+use crate::telemetry;
+use crate::topics::TopicKey;
+
+/// `system` message after a successful subscription.
+pub const SUBSCRIBED: &str = "Subscribed to PostgreSQL";
+
+/// What the commands of every connection use of the front.
+pub(crate) struct Services {
+    pub cfg: FrontConfig,
+    pub front_id: String,
+    pub projects: Projects,
+    pub policies: Policies,
+    pub delivery: Arc<Delivery>,
+    pub registrar: Arc<Registrar>,
+    pub presence: Arc<dyn PresenceStore>,
+    pub broadcasts: Arc<Broadcasts>,
+    pub connections: Arc<Connections>,
+}
+
+pub(crate) struct Channel {
+    pub id: u64,
+    pub join_ref: Option<String>,
+    pub key: TopicKey,
+    pub out: Arc<ChanOut>,
+    pub bindings: Vec<PgChangeBinding>,
+    /// Registry numbers of the accepted subscriptions.
+    pub subs: Vec<u64>,
+    pub token: String,
+    pub exp: i64,
+    pub check_at: Instant,
+    pub presence_key: String,
+    pub tracked: bool,
+    pub ack: bool,
+    /// The subscriber's claims (a private channel's write check needs them).
+    pub claims: Value,
+    /// Private channel: whether it may send (asked at its first send).
+    pub may_write: Option<bool>,
+}
+
+/// One connection's channels, and what its commands need.
+pub(crate) struct Session {
+    pub services: Arc<Services>,
+    pub handle: Arc<ConnHandle>,
+    pub vsn: Vsn,
+    pub project: String,
+    /// The upgrade request's credentials (a join without its own token acts with them).
+    pub creds: Credentials,
+    pub channels: HashMap<String, Channel>,
+    pub joins: TokenBucket,
+    /// Presence track/untrack events of this socket (see [`crate::presence`]).
+    pub presence_events: TokenBucket,
+}
+
+impl Session {
+    pub(crate) fn new(
+        services: Arc<Services>,
+        handle: Arc<ConnHandle>,
+        vsn: Vsn,
+        project: String,
+        creds: Credentials,
+    ) -> Session {
+        let cfg = &services.cfg;
+        Session {
+            joins: TokenBucket::new(cfg.join_burst, cfg.joins_per_second),
+            presence_events: TokenBucket::new(EVENTS_BURST, EVENTS_PER_SECOND),
+            services,
+            handle,
+            vsn,
+            project,
+            creds,
+            channels: HashMap::new(),
+        }
+    }
+
+    /// Handle one client frame.
+    pub(crate) async fn apply(&mut self, f: Frame) {
+        let msg = ClientMessage::parse(&f);
+        match msg {
+            Ok(ClientMessage::Heartbeat) => self.reply_ok(&f),
+            Ok(ClientMessage::Join(j)) => join::apply(self, &f, j).await,
+            Ok(ClientMessage::Leave) => leave::apply(self, &f).await,
+            Err(e) if f.event == events::JOIN => {
+                telemetry::error("bad_join");
+                metrics::counter!(telemetry::JOINS, "result" => "error").increment(1);
+                self.reply_error(
+                    &f,
+                    &server::error_reason("InvalidJoinPayload", &e.to_string()),
+                );
+            }
+            _ if !self.channels.contains_key(&f.topic) => {
+                telemetry::error("unmatched_topic");
+                self.reply_error(&f, "unmatched topic");
+            }
+            Ok(ClientMessage::AccessToken(t)) => access_token::apply(self, &f.topic, t).await,
+            Ok(ClientMessage::Broadcast(b)) => broadcast::apply(self, &f, b).await,
+            Ok(ClientMessage::Presence(a)) => presence::apply(self, &f, a).await,
+            Ok(ClientMessage::Unknown(ev)) => {
+                telemetry::error("unknown_event");
+                self.reply_error(
+                    &f,
+                    &server::error_reason("UnknownEvent", &format!("unknown event `{ev}`")),
+                );
+            }
+            Err(MessageError::PresencePayloadNotMap) => {
+                telemetry::error("bad_payload");
+                self.reply_error(&f, &MessageError::PresencePayloadNotMap.to_string());
+            }
+            Err(e) => {
+                telemetry::error("bad_payload");
+                self.reply_error(&f, &server::error_reason("InvalidPayload", &e.to_string()));
+            }
+        }
+    }
+
+    /// The earliest token check of the channels (no later than `limit`).
+    pub(crate) fn next_check(&self, limit: Instant) -> Instant {
+        self.channels
+            .values()
+            .map(|c| c.check_at)
+            .fold(limit, Instant::min)
+    }
+
+    /// Token expiry: close the channels whose token expired by `now`.
+    pub(crate) async fn check_tokens(&mut self, now: Instant) {
+        access_token::check_expiry(self, now).await;
+    }
+
+    fn push(&self, f: &Frame) {
+        self.handle.push_frame(f, self.vsn);
+    }
+
+    fn out(&self, f: &Frame) -> Option<Out> {
+        Out::frame(f, self.vsn)
+    }
+
+    fn reply_error(&self, f: &Frame, reason: &str) {
+        self.push(&server::reply_error(
+            f.join_ref.as_deref(),
+            f.ref_.as_deref(),
+            &f.topic,
+            reason,
+        ));
+    }
+
+    fn reply_ok(&self, f: &Frame) {
+        self.push(&server::reply_ok(
+            f.join_ref.as_deref(),
+            f.ref_.as_deref(),
+            &f.topic,
+            None,
+        ));
+    }
+
+    /// When to check a token expiring at `exp` next.
+    fn check_at(&self, exp: i64) -> Instant {
+        let left = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
+        Instant::now() + left.min(self.services.cfg.token_check_interval)
+    }
+
+    /// Close a channel: queue `last`, stop delivery, unregister, untrack.
+    async fn close_channel(&mut self, ch: Channel, last: Vec<Out>) {
+        ch.out.close(last);
+        let sv = self.services.clone();
+        sv.delivery.topics.remove(&ch.key, ch.id);
+        let removed = sv.delivery.registry.remove(&ch.subs);
+        sv.registrar.unregister(removed).await;
+        if ch.tracked {
+            let owner = format!("{}:{}", sv.front_id, ch.id);
+            if let Some(d) = sv.presence.untrack(ch.key.clone(), owner).await {
+                crate::presence::send_diff(&sv.delivery.topics, &ch.key, &d);
+            }
+        }
+        sv.connections.channel_closed();
+    }
+
+    /// Send `system` error then `phx_close`, and close the channel.
+    async fn shut(&mut self, topic: &str, message: &str) {
+        let Some(ch) = self.channels.remove(topic) else {
+            return;
+        };
+        let jr = ch.join_ref.as_deref();
+        let mut last: Vec<Out> = Vec::with_capacity(2);
+        last.extend(self.out(&server::system(
+            jr,
+            topic,
+            "system",
+            SystemStatus::Error,
+            message,
+        )));
+        last.extend(self.out(&server::phx_close(jr, topic)));
+        self.close_channel(ch, last).await;
+    }
+
+    /// Close every channel (the connection ended).
+    pub(crate) async fn teardown(&mut self) {
+        let topics: Vec<String> = self.channels.keys().cloned().collect();
+        for t in topics {
+            if let Some(ch) = self.channels.remove(&t) {
+                self.close_channel(ch, Vec::new()).await;
+            }
+        }
+    }
+
+    /// Whether the channel may send (broadcast, or track presence): public channels
+    /// always; a private one if its policies allow it (asked once, kept for the
+    /// channel's life).
+    async fn may_write(&mut self, topic: &str) -> bool {
+        let Some(ch) = self.channels.get(topic) else {
+            return false;
+        };
+        if !ch.key.private {
+            return true;
+        }
+        if let Some(known) = ch.may_write {
+            return known;
+        }
+        let name = channel_name(topic).to_string();
+        let claims = ch.claims.clone();
+        let policies = &self.services.policies;
+        let allowed = policies
+            .may(&self.project, &name, &claims, true)
+            .await
+            .unwrap_or(false);
+        if let Some(ch) = self.channels.get_mut(topic) {
+            ch.may_write = Some(allowed);
+        }
+        allowed
+    }
+}
+
+/// The `system` message for a (re-)subscription: ok, or the worker's refusals.
+fn subscribed_message(join_ref: Option<&str>, topic: &str, refused: &Refused) -> Frame {
+    if refused.is_empty() {
+        return server::system(
+            join_ref,
+            topic,
+            "postgres_changes",
+            SystemStatus::Ok,
+            SUBSCRIBED,
+        );
+    }
+    let mut reasons: Vec<&str> = refused.values().map(String::as_str).collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    server::system(
+        join_ref,
+        topic,
+        "postgres_changes",
+        SystemStatus::Error,
+        &reasons.join("; "),
+    )
+}

@@ -1,0 +1,44 @@
+//! `presence`: track or untrack this channel's presence on its topic (see
+//! [`crate::presence`]); the diff goes to this front's channels of the topic.
+
+use walcast_protocol::{Frame, PresenceAction};
+
+use super::Session;
+use crate::presence::{admit, send_diff};
+
+pub(super) async fn apply(s: &mut Session, f: &Frame, action: PresenceAction) {
+    if let Err(why) = admit(&mut s.presence_events, &action) {
+        return s.reply_error(f, why);
+    }
+    if matches!(action, PresenceAction::Track { .. }) && !s.may_write(&f.topic).await {
+        // Tracking on a private channel needs the write policy, as sending does.
+        return s.reply_error(
+            f,
+            "Unauthorized: You do not have permissions to write to this Channel topic",
+        );
+    }
+    let sv = s.services.clone();
+    let Some(ch) = s.channels.get_mut(&f.topic) else {
+        return;
+    };
+    let owner = format!("{}:{}", sv.front_id, ch.id);
+    let key = ch.key.clone();
+    let diff = match action {
+        PresenceAction::Track { payload } => {
+            ch.tracked = true;
+            ch.out
+                .presence
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let pkey = ch.presence_key.clone();
+            sv.presence.track(key.clone(), owner, pkey, payload).await
+        }
+        PresenceAction::Untrack => {
+            ch.tracked = false;
+            sv.presence.untrack(key.clone(), owner).await
+        }
+    };
+    s.reply_ok(f);
+    if let Some(d) = diff {
+        send_diff(&sv.delivery.topics, &key, &d);
+    }
+}

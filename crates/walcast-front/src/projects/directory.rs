@@ -1,0 +1,133 @@
+//! The project directory's link to the cdc-worker: it replaces the known projects with
+//! the worker's list at start, periodically, and when a token names an unknown project
+//! (at most once per `min_refresh`, concurrent misses sharing one refresh).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::admin::{AdminClient, AdminError, ProjectRecord};
+
+use super::{Entry, Table};
+use crate::auth::DEFAULT_PROJECT;
+use crate::keys::ProjectKeys;
+
+/// How the directory keeps up with the worker's project list.
+#[derive(Clone, Debug)]
+pub struct DirectoryConfig {
+    /// Bound of one request to the worker.
+    pub timeout: Duration,
+    /// Refreshes caused by unknown projects are at least this far apart.
+    pub min_refresh: Duration,
+    /// Periodic refresh.
+    pub refresh_every: Duration,
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            timeout: Duration::from_secs(5),
+            min_refresh: Duration::from_secs(1),
+            refresh_every: Duration::from_secs(30),
+        }
+    }
+}
+
+pub(super) struct Directory {
+    admin: AdminClient,
+    cfg: DirectoryConfig,
+    /// When the last refresh started, and how it ended. Held during a refresh, so
+    /// concurrent misses queue behind it and then share its result.
+    last: tokio::sync::Mutex<Option<(Instant, Result<(), AdminError>)>>,
+}
+
+impl Directory {
+    pub(super) fn new(admin: AdminClient, cfg: DirectoryConfig) -> Directory {
+        Directory {
+            admin,
+            cfg,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub(super) fn admin(&self) -> &AdminClient {
+        &self.admin
+    }
+
+    /// Refresh `table` because a project was unknown at `now`: share a refresh that
+    /// started since, else wait until `min_refresh` after the previous one and refresh.
+    pub(super) async fn refresh_after_miss(&self, table: &Table) -> Result<(), AdminError> {
+        let missed_at = Instant::now();
+        let mut last = self.last.lock().await;
+        if let Some((started, result)) = last.as_ref() {
+            if *started >= missed_at {
+                return result.clone();
+            }
+            tokio::time::sleep_until(*started + self.cfg.min_refresh).await;
+        }
+        let started = Instant::now();
+        let result = self.fetch(table).await;
+        *last = Some((started, result.clone()));
+        result
+    }
+
+    /// Replace every project of `table` but the default one with the worker's list.
+    async fn fetch(&self, table: &Table) -> Result<(), AdminError> {
+        metrics::counter!(crate::telemetry::PROJECT_REFRESHES).increment(1);
+        let list = match self.admin.projects(self.cfg.timeout).await {
+            Ok(l) => l,
+            Err(e) => {
+                crate::telemetry::error("project_directory");
+                tracing::warn!(error = %e, "cannot refresh the project directory");
+                return Err(e);
+            }
+        };
+        let map: HashMap<String, Entry> = list
+            .into_iter()
+            .filter(|p| p.id != DEFAULT_PROJECT)
+            .map(|p| {
+                let entry = Entry {
+                    schema: Arc::from(p.schema.as_str()),
+                    keys: record_keys(&p),
+                };
+                (p.id, entry)
+            })
+            .collect();
+        let projects = table.replace(map);
+        tracing::debug!(projects, "project directory refreshed");
+        Ok(())
+    }
+
+    /// Load the projects into `table` now and every `refresh_every` until `cancel` fires.
+    pub(super) async fn refresh_loop(&self, table: &Table, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.cfg.refresh_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let mut last = self.last.lock().await;
+            let started = Instant::now();
+            let result = self.fetch(table).await;
+            *last = Some((started, result));
+        }
+    }
+}
+
+/// A stored project's keys: its secret, its previous one, its JWKS (a JWKS that does not
+/// parse is left out, with an error in the log: the secrets still work).
+fn record_keys(p: &ProjectRecord) -> ProjectKeys {
+    let jwks = match p.jwks.as_deref().map(crate::keys::parse_jwks) {
+        None => Vec::new(),
+        Some(Ok(keys)) => keys,
+        Some(Err(e)) => {
+            tracing::error!(project = %p.id, error = %e, "the project's JWKS is unusable; its public-key tokens are refused");
+            Vec::new()
+        }
+    };
+    let previous = p.jwt_secret_previous.as_deref().map(str::as_bytes);
+    ProjectKeys::secret(p.jwt_secret.as_bytes()).with(previous, jwks)
+}

@@ -1,0 +1,113 @@
+//! What an SSE response sends: the first events of a reader (`ready`, a `gap`, the
+//! history it missed), then live changes until the token expires, the subscription ends
+//! or the reader falls behind.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::Event;
+use serde_json::Value;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::stream::{Item, Pos, Reader, SseChannel};
+use crate::auth::now_secs;
+use crate::connections::SseSlot;
+use crate::telemetry;
+
+/// The stream's first events (`ready`, a `gap` if the history no longer reaches back to
+/// `resume`, then what it holds after `resume`), the live receiver and the last position
+/// sent, taken together under the channel's lock so nothing falls between them.
+pub(super) fn first_events(
+    chan: &SseChannel,
+    name: &str,
+    resume: Option<Pos>,
+) -> (VecDeque<Event>, broadcast::Receiver<Arc<Item>>, Option<Pos>) {
+    let mut first = VecDeque::new();
+    let ready_data = format!(
+        "{{\"channel\":{},\"postgres_changes\":[{}]}}",
+        Value::from(name),
+        chan.binding.reply_entry()
+    );
+    first.push_back(Event::default().event("ready").data(ready_data));
+    let g = chan.lock();
+    let rx = chan.live.subscribe();
+    let mut last = resume;
+    if let Some(from) = resume {
+        if g.evicted.is_some_and(|ev| ev > from) {
+            let oldest = g.ring.front().map_or(String::new(), |i| i.id.clone());
+            first.push_back(Event::default().event("gap").data(format!(
+                "{{\"reason\":\"history exhausted\",\"oldest\":{}}}",
+                Value::from(oldest)
+            )));
+        }
+        for item in g.ring.iter().filter(|i| i.pos > from) {
+            first.push_back(item_event(item));
+            last = Some(item.pos);
+        }
+    }
+    (first, rx, last)
+}
+
+fn item_event(item: &Item) -> Event {
+    Event::default()
+        .id(&item.id)
+        .event("postgres_changes")
+        .data(&item.data)
+}
+
+pub(super) struct StreamState {
+    pub first: VecDeque<Event>,
+    pub rx: broadcast::Receiver<Arc<Item>>,
+    pub last: Option<Pos>,
+    pub expires: Instant,
+    pub exp: i64,
+    pub cancel: CancellationToken,
+    pub done: bool,
+    pub _guard: Reader,
+    pub _slot: SseSlot,
+}
+
+pub(super) async fn next_event(
+    mut st: StreamState,
+) -> Option<(Result<Event, Infallible>, StreamState)> {
+    if let Some(ev) = st.first.pop_front() {
+        return Some((Ok(ev), st));
+    }
+    if st.done {
+        return None;
+    }
+    loop {
+        tokio::select! {
+            _ = st.cancel.cancelled() => return None,
+            _ = tokio::time::sleep_until(st.expires) => {
+                st.done = true;
+                let msg = format!("Token has expired {} seconds ago", (now_secs() - st.exp).max(0));
+                let data = format!("{{\"extension\":\"system\",\"status\":\"error\",\"message\":{}}}", Value::from(msg));
+                return Some((Ok(Event::default().event("system").data(data)), st));
+            }
+            r = st.rx.recv() => match r {
+                Ok(item) if item.end => {
+                    st.done = true;
+                    return Some((Ok(Event::default().event("system").data(&item.data)), st));
+                }
+                Ok(item) => {
+                    if st.last.is_some_and(|l| item.pos <= l) {
+                        continue;
+                    }
+                    st.last = Some(item.pos);
+                    return Some((Ok(item_event(&item)), st));
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    st.done = true;
+                    metrics::counter!(telemetry::SLOW_CONSUMERS).increment(1);
+                    let data = format!("{{\"message\":\"slow consumer: {n} events dropped\"}}");
+                    return Some((Ok(Event::default().event("error").data(data)), st));
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
