@@ -20,7 +20,6 @@ pub enum ChangeKind {
     Insert,
     Update,
     Delete,
-    Truncate,
 }
 
 impl ChangeKind {
@@ -29,7 +28,6 @@ impl ChangeKind {
             ChangeKind::Insert => "INSERT",
             ChangeKind::Update => "UPDATE",
             ChangeKind::Delete => "DELETE",
-            ChangeKind::Truncate => "TRUNCATE",
         }
     }
 }

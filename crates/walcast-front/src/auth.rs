@@ -10,10 +10,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use crate::keys::{is_hmac, ProjectKeys};
 use serde_json::{Map, Value};
 
-/// Id of the default project.
-pub const DEFAULT_PROJECT: &str = "default";
-/// Schema of the default project.
-pub const DEFAULT_SCHEMA: &str = "public";
+pub use walcast_core::{DEFAULT_PROJECT, DEFAULT_SCHEMA};
 
 /// A verified token.
 #[derive(Clone, Debug)]

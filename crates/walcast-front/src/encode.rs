@@ -18,7 +18,6 @@ pub(crate) fn encode(ev: &ChangeEvent) -> Option<EncodedChange> {
         ChangeKind::Insert => ChangeType::Insert,
         ChangeKind::Update => ChangeType::Update,
         ChangeKind::Delete => ChangeType::Delete,
-        ChangeKind::Truncate => return None,
     };
     let columns: Vec<Column<'_>> = ev
         .columns

@@ -52,7 +52,7 @@ impl TermGuard {
 /// replay that each channel already got.
 #[derive(Default)]
 pub(crate) struct ReplayGuard {
-    last: Option<(walcast_wal2json::Lsn, u32, u32)>,
+    last: Option<(walcast_core::Lsn, u32, u32)>,
 }
 
 impl ReplayGuard {

@@ -418,8 +418,14 @@ async fn open(client: &async_nats::Client, ttl: Duration) -> Result<Store, Strin
         })
 }
 
+/// Waits between attempts to open the bucket: 200 ms, doubling up to 5 s.
+const OPEN_BACKOFF: walcast_core::Backoff = walcast_core::Backoff {
+    base: Duration::from_millis(200),
+    cap: Duration::from_secs(5),
+};
+
 async fn watch_loop(inner: Arc<Inner>, client: async_nats::Client, cancel: CancellationToken) {
-    let mut backoff = Duration::from_millis(200);
+    let mut failures = 0;
     let store = loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -430,9 +436,9 @@ async fn watch_loop(inner: Arc<Inner>, client: async_nats::Client, cancel: Cance
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(OPEN_BACKOFF.delay(failures)) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        failures += 1;
     };
     let store = inner.kv.get_or_init(|| async { store }).await.clone();
     tracing::info!(bucket = PRESENCE_BUCKET, "presence: KV bucket open");

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use walcast_bus::subs::{is_class_key, ClassFields, SubscriptionSpec, SYNC_INTERVAL};
+use walcast_core::Lsn;
 use walcast_protocol::PgChangeBinding;
-use walcast_wal2json::Lsn;
 
 use crate::sink::SinkRef;
 use crate::telemetry;

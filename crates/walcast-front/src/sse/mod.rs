@@ -339,7 +339,7 @@ pub(crate) async fn reaper(hub: Arc<SseHub>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use walcast_wal2json::Lsn;
+    use walcast_core::Lsn;
 
     #[test]
     fn positions_parse() {

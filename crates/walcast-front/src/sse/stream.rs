@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use tokio::sync::{broadcast, OnceCell};
 use tokio::time::Instant;
 use walcast_bus::ChangeEvent;
+use walcast_core::Lsn;
 use walcast_protocol::{EncodedChange, PgChangeBinding};
-use walcast_wal2json::Lsn;
 
 use crate::sink::{Change, Sink};
 

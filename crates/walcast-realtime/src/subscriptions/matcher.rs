@@ -135,7 +135,6 @@ impl Class {
             ChangeKind::Insert => self.kinds[0],
             ChangeKind::Update => self.kinds[1],
             ChangeKind::Delete => self.kinds[2],
-            ChangeKind::Truncate => false,
         }
     }
 }
