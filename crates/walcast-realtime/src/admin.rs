@@ -238,45 +238,7 @@ async fn run(
             project,
             table,
             enabled,
-        } => {
-            let schema = schema_of(client, &project).await?;
-            if table.is_empty() || table.contains('\0') {
-                // Postgres text cannot hold NUL: no such table can exist.
-                return Err(
-                    RealtimeTablesError::UnknownTable(walcast_core::sql::qualified(
-                        &schema, &table,
-                    ))
-                    .into(),
-                );
-            }
-            let changed =
-                if enabled {
-                    let changed = tables::enable(client, &project, &schema, &table).await?;
-                    tracing::info!(%project, %schema, %table, changed, "realtime enabled");
-                    changed
-                } else {
-                    let changed = tables::disable(client, &project, &schema, &table).await?;
-                    if !changed
-                        && tables::inspect(client, &schema, &table)
-                            .await
-                            .map_err(RealtimeTablesError::Db)?
-                            .is_none()
-                    {
-                        return Err(RealtimeTablesError::UnknownTable(
-                            walcast_core::sql::qualified(&schema, &table),
-                        )
-                        .into());
-                    }
-                    tracing::info!(%project, %schema, %table, changed, "realtime disabled");
-                    changed
-                };
-            Ok(AdminReply::Realtime {
-                schema,
-                table,
-                enabled,
-                changed,
-            })
-        }
+        } => set_realtime(client, project, table, enabled).await,
         req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
             private_channel(client, roles, req).await
         }
@@ -293,4 +255,46 @@ async fn run(
             Ok(AdminReply::Tables { tables })
         }
     }
+}
+
+/// Enable or disable realtime for a table of `project`'s schema.
+async fn set_realtime(
+    client: &Client,
+    project: String,
+    table: String,
+    enabled: bool,
+) -> Result<AdminReply, AdminError> {
+    let schema = schema_of(client, &project).await?;
+    if table.is_empty() || table.contains('\0') {
+        // Postgres text cannot hold NUL: no such table can exist.
+        return Err(
+            RealtimeTablesError::UnknownTable(walcast_core::sql::qualified(&schema, &table)).into(),
+        );
+    }
+    let changed = if enabled {
+        let changed = tables::enable(client, &project, &schema, &table).await?;
+        tracing::info!(%project, %schema, %table, changed, "realtime enabled");
+        changed
+    } else {
+        let changed = tables::disable(client, &project, &schema, &table).await?;
+        if !changed
+            && tables::inspect(client, &schema, &table)
+                .await
+                .map_err(RealtimeTablesError::Db)?
+                .is_none()
+        {
+            return Err(
+                RealtimeTablesError::UnknownTable(walcast_core::sql::qualified(&schema, &table))
+                    .into(),
+            );
+        }
+        tracing::info!(%project, %schema, %table, changed, "realtime disabled");
+        changed
+    };
+    Ok(AdminReply::Realtime {
+        schema,
+        table,
+        enabled,
+        changed,
+    })
 }
