@@ -159,7 +159,7 @@ pub fn sign_key(
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).context("the JWT secret")?,
     )
     .context("signing the key")
 }

@@ -200,7 +200,7 @@ pub fn token_with(secret: &str, claims: Value) -> String {
     encode(
         &Header::new(Algorithm::HS256),
         &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
+        &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
     )
     .unwrap()
 }
@@ -210,7 +210,7 @@ pub fn token_alg(alg: Algorithm, claims: Value) -> String {
     encode(
         &Header::new(alg),
         &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
+        &EncodingKey::from_secret(SECRET.as_bytes()).unwrap(),
     )
     .unwrap()
 }
