@@ -98,26 +98,22 @@ impl KnownFronts {
             return Ok(());
         };
         let client = nats.client();
-        let subscribe = |s: String| async move {
-            client
-                .subscribe(s)
-                .await
-                .map_err(|e| BusError::Subscribe(e.to_string()))
-        };
+        let subscribe =
+            |s: String| async move { client.subscribe(s).await.map_err(BusError::Subscribe) };
         let mut syncs = subscribe(SUBJECT_SYNC.to_string()).await?;
         let inbox = client.new_inbox();
         let mut hellos = subscribe(inbox.clone()).await?;
         client
             .publish(SUBJECT_ROLL_CALL, Bytes::from(inbox))
             .await
-            .map_err(|e| BusError::Publish(e.to_string()))?;
+            .map_err(BusError::Publish)?;
         tokio::pin!(shutdown);
         loop {
             let payload = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 Some(m) = syncs.next() => m.payload,
                 Some(m) = hellos.next() => m.payload,
-                else => return Err(BusError::Subscribe("front subscriptions closed".into())),
+                else => return Err(BusError::Closed("front subscriptions")),
             };
             // A sync list and a hello both name their front; the ids are skipped unread.
             match serde_json::from_slice::<FrontHello>(&payload) {

@@ -201,9 +201,7 @@ impl SubsClient {
         match (bus, local) {
             (Bus::Nats(b), _) => Ok(SubsClient::Nats(b.client().clone())),
             (Bus::Local(_), Some(h)) => Ok(SubsClient::Local(h)),
-            (Bus::Local(_), None) => Err(BusError::Subscribe(
-                "an in-process bus needs the worker's subscription handler".into(),
-            )),
+            (Bus::Local(_), None) => Err(BusError::NoSubsHandler),
         }
     }
 
@@ -218,7 +216,7 @@ impl SubsClient {
         match self {
             SubsClient::Local(h) => tokio::time::timeout(timeout, h.register(req))
                 .await
-                .map_err(|_| BusError::Publish("subscription registration timed out".into())),
+                .map_err(|_| BusError::RegisterTimeout),
             SubsClient::Nats(c) => {
                 let mut merged = RegisterReply::default();
                 let mut chunks = chunks_by_size(req.subs, MESSAGE_BUDGET);
@@ -257,10 +255,10 @@ impl SubsClient {
         match self {
             SubsClient::Local(_) => Ok(()),
             SubsClient::Nats(c) => {
-                let body = serde_json::to_vec(p).map_err(|e| BusError::Publish(e.to_string()))?;
+                let body = serde_json::to_vec(p).map_err(BusError::Encode)?;
                 c.publish(to.to_string(), Bytes::from(body))
                     .await
-                    .map_err(|e| BusError::Publish(e.to_string()))
+                    .map_err(BusError::Publish)
             }
         }
     }
@@ -299,19 +297,12 @@ async fn register_once(
     req: &RegisterRequest,
     timeout: Duration,
 ) -> Result<RegisterReply, BusError> {
-    let body = serde_json::to_vec(req).map_err(|e| BusError::Publish(e.to_string()))?;
+    let body = serde_json::to_vec(req).map_err(BusError::Encode)?;
     let msg = tokio::time::timeout(timeout, c.request(SUBJECT_REGISTER, Bytes::from(body)))
         .await
-        .map_err(|_| {
-            BusError::Publish("no cdc-worker answered the subscription request in time".into())
-        })?
-        .map_err(|e| {
-            BusError::Publish(format!(
-                "no cdc-worker answered the subscription request: {e}"
-            ))
-        })?;
-    serde_json::from_slice(&msg.payload)
-        .map_err(|e| BusError::Publish(format!("bad registration reply: {e}")))
+        .map_err(|_| BusError::RequestTimeout)?
+        .map_err(BusError::Request)?;
+    serde_json::from_slice(&msg.payload).map_err(BusError::BadReply)
 }
 
 /// Split `items` into runs whose JSON array stays under `budget` bytes (an item larger
@@ -338,10 +329,10 @@ async fn publish_json<T: Serialize>(
     subject: &'static str,
     v: &T,
 ) -> Result<(), BusError> {
-    let body = serde_json::to_vec(v).map_err(|e| BusError::Publish(e.to_string()))?;
+    let body = serde_json::to_vec(v).map_err(BusError::Encode)?;
     c.publish(subject, Bytes::from(body))
         .await
-        .map_err(|e| BusError::Publish(e.to_string()))
+        .map_err(BusError::Publish)
 }
 
 /// Worker side over NATS: answer registrations and apply unregister and sync messages
@@ -366,11 +357,7 @@ pub async fn serve_nats(
     let client = nats.client().clone();
     let sub = |s: &'static str| {
         let c = client.clone();
-        async move {
-            c.subscribe(s)
-                .await
-                .map_err(|e| BusError::Subscribe(e.to_string()))
-        }
+        async move { c.subscribe(s).await.map_err(BusError::Subscribe) }
     };
     let mut register = sub(SUBJECT_REGISTER).await?;
     let mut unregister = sub(SUBJECT_UNREGISTER).await?;
@@ -381,7 +368,7 @@ pub async fn serve_nats(
     let progress = client
         .subscribe(inbox.clone())
         .await
-        .map_err(|e| BusError::Subscribe(e.to_string()))?;
+        .map_err(BusError::Subscribe)?;
     let asker = client.clone();
     let wait = ResyncWait::new(tokio::time::Instant::now(), expected);
     tokio::spawn(async move {
@@ -427,7 +414,7 @@ pub async fn serve_nats(
                 Ok(m) => handler.sync(m),
                 Err(e) => tracing::warn!(error = %e, "malformed sync message"),
             },
-            else => return Err(BusError::Subscribe("subscription registry subscriptions closed".into())),
+            else => return Err(BusError::Closed("subscription registry subscriptions")),
         }
     }
 }
