@@ -22,6 +22,7 @@ pub mod event;
 mod local;
 mod nats;
 pub mod resync;
+mod spec;
 pub mod subject;
 pub mod subs;
 

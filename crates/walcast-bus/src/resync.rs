@@ -23,10 +23,14 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::subs::{SUBJECT_SYNC, SYNC_INTERVAL};
 use crate::{Bus, BusError};
 
 pub const SUBJECT_RESYNC: &str = "walcast.cdc.subs.resync";
+/// A front's full subscription list (a `SyncMessage` of the registry protocol); every
+/// worker hears them, which is how it knows which fronts are alive.
+pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
+/// How often a front sends its full subscription list.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// A worker asks which fronts exist; the payload is where fronts answer ([`FrontHello`]).
 pub const SUBJECT_ROLL_CALL: &str = "walcast.cdc.subs.roll-call";
 

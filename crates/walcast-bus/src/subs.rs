@@ -37,57 +37,16 @@ pub use crate::class::{is_class_key, ClassFields};
 use crate::resync::request_resync;
 pub use crate::resync::{
     FrontHello, KnownFronts, ResyncProgress, ResyncSummary, ResyncWait, FRONT_ALIVE, RESYNC_GRACE,
-    RESYNC_KNOWN_WAIT, RESYNC_MAX_WAIT, SUBJECT_RESYNC, SUBJECT_ROLL_CALL,
+    RESYNC_KNOWN_WAIT, RESYNC_MAX_WAIT, SUBJECT_RESYNC, SUBJECT_ROLL_CALL, SUBJECT_SYNC,
+    SYNC_INTERVAL,
 };
+pub use crate::spec::{selected, SubscriptionSpec};
 use crate::{Bus, BusError};
 
 pub const SUBJECT_REGISTER: &str = "walcast.cdc.subs.register";
 pub const SUBJECT_UNREGISTER: &str = "walcast.cdc.subs.unregister";
-pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
-
-/// How often a front sends its full subscription list.
-pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// A front silent this long is considered dead and its subscriptions dropped.
 pub const FRONT_EXPIRY: Duration = Duration::from_secs(20);
-
-/// One `postgres_changes` binding of one channel of one socket.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct SubscriptionSpec {
-    /// Unique across the deployment: `<front id>:<counter>`.
-    pub id: String,
-    /// The front that owns it.
-    pub front: String,
-    pub project: String,
-    /// Schema name, or `*` for all schemas of the project.
-    pub schema: String,
-    /// Table name; `None` for every table of the schema.
-    pub table: Option<String>,
-    /// `*`, `INSERT`, `UPDATE` or `DELETE` (upper case).
-    pub event: String,
-    /// The binding's `filter` string, unparsed (the worker parses and validates it).
-    pub filter: Option<String>,
-    /// Selected columns, if the binding has `select`.
-    pub select: Option<Vec<String>>,
-    /// The subscriber's JWT claims (JSON object); its `role` is the Postgres role.
-    pub claims: serde_json::Value,
-    /// The position the subscription has been effective from since it was first
-    /// registered (the first reply's `effective_from`), sent again when a front registers
-    /// it anew (resync to a new leader, token refresh): the worker keeps matching from
-    /// there, so a backlog it replays after a failover or a restart is matched as the
-    /// first leader matched it. `None` on the first registration.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<Lsn>,
-}
-
-/// The selected columns of a subscription, sorted and once each (`None`: every column).
-pub fn selected(spec: &SubscriptionSpec) -> Option<Vec<String>> {
-    spec.select.as_ref().map(|s| {
-        let mut cols: Vec<String> = s.iter().map(|c| c.trim().to_string()).collect();
-        cols.sort();
-        cols.dedup();
-        cols
-    })
-}
 
 /// The class of a subscription: its [`ClassFields`] named by [`ClassFields::key`]
 /// (`c` and 32 hex digits of a SHA-256; a subscription id always has a `:`). Subscriptions
