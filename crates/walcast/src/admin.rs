@@ -1,5 +1,5 @@
 //! Admin subcommands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`,
-//! `walcast key` (projects: [`crate::project`]).
+//! `walcast key` (projects: the `project` module, which signs its keys with [`sign_key`]).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
