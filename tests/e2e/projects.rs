@@ -30,7 +30,7 @@ async fn cli_creates_and_lists_projects() {
     v.required_spec_claims.clear();
     let wrong = jsonwebtoken::decode::<Value>(
         &a.service,
-        &jsonwebtoken::DecodingKey::from_secret(b.secret.as_bytes()),
+        &jsonwebtoken::DecodingKey::from_secret(b.secret.as_bytes()).expect("jwt secret"),
         &v,
     );
     assert!(wrong.is_err(), "A's key verified with B's secret");

@@ -198,7 +198,7 @@ fn token(i: usize) -> anyhow::Result<String> {
     Ok(jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &json!({"role": "authenticated", "sub": uid(i), "exp": exp}),
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes())?,
     )?)
 }
 

@@ -559,7 +559,7 @@ pub(crate) fn jwt() -> anyhow::Result<String> {
     Ok(jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &json!({"role": "anon", "exp": exp}),
-        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes())?,
     )?)
 }
 

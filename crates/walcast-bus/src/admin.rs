@@ -340,7 +340,7 @@ pub async fn serve_nats(
     let mut requests = client
         .subscribe(SUBJECT_ADMIN)
         .await
-        .map_err(|e| crate::BusError::Subscribe(e.to_string()))?;
+        .map_err(crate::BusError::Subscribe)?;
     let reads = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_READS));
     tokio::pin!(shutdown);
     loop {
@@ -348,7 +348,7 @@ pub async fn serve_nats(
             _ = &mut shutdown => return Ok(()),
             m = requests.next() => match m {
                 Some(m) => m,
-                None => return Err(crate::BusError::Subscribe("admin subscription closed".into())),
+                None => return Err(crate::BusError::Closed("admin subscription")),
             },
         };
         let Some(reply_to) = msg.reply else { continue };

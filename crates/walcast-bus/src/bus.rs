@@ -8,28 +8,10 @@ use futures_util::Stream;
 
 use crate::local::LocalBus;
 use crate::nats::NatsBus;
+use crate::BusError;
 
 /// Message headers as (name, value) pairs.
 pub type Headers = Vec<(String, String)>;
-
-#[derive(Debug, thiserror::Error)]
-pub enum BusError {
-    #[error("cannot connect to NATS at {url}: {message}")]
-    Connect { url: String, message: String },
-    #[error("publish failed: {0}")]
-    Publish(String),
-    /// The message is larger than the server accepts: retrying cannot help.
-    #[error(
-        "publish failed: the message has {size} bytes, over the server's max_payload of {max}"
-    )]
-    PayloadTooLarge { size: usize, max: usize },
-    #[error("subscribe failed: {0}")]
-    Subscribe(String),
-    #[error("barrier not confirmed by the NATS server within {0:?}")]
-    BarrierTimeout(std::time::Duration),
-    #[error("barrier failed: {0}")]
-    Barrier(String),
-}
 
 /// A received message.
 #[derive(Clone, Debug)]

@@ -12,7 +12,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::subs::SubscriptionSpec;
+use crate::spec::{selected, SubscriptionSpec};
 
 /// Prefix of the hashed encoding (a new encoding gets a new prefix, so keys of two
 /// encodings never meet).
@@ -61,7 +61,7 @@ impl ClassFields {
                 .and_then(|r| r.as_str())
                 .unwrap_or_default()
                 .to_string(),
-            select: crate::subs::selected(spec),
+            select: selected(spec),
         }
     }
 

@@ -17,14 +17,17 @@ pub mod beacon;
 pub mod broadcast;
 mod bus;
 pub mod class;
+mod error;
 pub mod event;
 mod local;
 mod nats;
 pub mod resync;
+mod spec;
 pub mod subject;
 pub mod subs;
 
-pub use bus::{Bus, BusError, BusMessage, Headers, Subscription};
+pub use bus::{Bus, BusMessage, Headers, Subscription};
+pub use error::{BarrierError, BusError, Retry};
 pub use event::{ChangeEvent, ChangeKind, ColumnInfo, Restriction};
 pub use nats::{NatsAuth, INBOX_PREFIX};
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::Mutex;
 
-use crate::{BusError, BusMessage, Subscription};
+use crate::{BarrierError, BusError, BusMessage, Subscription};
 
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -140,7 +140,7 @@ impl NatsBus {
         let sub = client
             .subscribe(subject.clone())
             .await
-            .map_err(|e| BusError::Subscribe(e.to_string()))?;
+            .map_err(BusError::Subscribe)?;
         Ok(NatsBus {
             client,
             barrier: Arc::new(Barrier {
@@ -171,7 +171,7 @@ impl NatsBus {
         self.client
             .publish_with_headers(subject, map, payload)
             .await
-            .map_err(|e| BusError::Publish(e.to_string()))
+            .map_err(BusError::Publish)
     }
 
     pub async fn barrier(&self) -> Result<(), BusError> {
@@ -184,11 +184,11 @@ impl NatsBus {
         self.client
             .publish(self.barrier.subject.clone(), Bytes::from(token.clone()))
             .await
-            .map_err(|e| BusError::Barrier(e.to_string()))?;
+            .map_err(|e| BusError::Barrier(BarrierError::Publish(e)))?;
         self.client
             .flush()
             .await
-            .map_err(|e| BusError::Barrier(e.to_string()))?;
+            .map_err(|e| BusError::Barrier(BarrierError::Flush(e)))?;
         let wait = async {
             while let Some(msg) = sub.next().await {
                 if msg.payload.as_ref() == token.as_bytes() {
@@ -196,7 +196,7 @@ impl NatsBus {
                 }
                 // An older token whose waiter timed out: skip it.
             }
-            Err(BusError::Barrier("barrier subscription closed".into()))
+            Err(BusError::Barrier(BarrierError::Closed))
         };
         tokio::time::timeout(BARRIER_TIMEOUT, wait)
             .await
@@ -208,7 +208,7 @@ impl NatsBus {
             .client
             .subscribe(pattern.to_string())
             .await
-            .map_err(|e| BusError::Subscribe(e.to_string()))?;
+            .map_err(BusError::Subscribe)?;
         let stream = sub.map(|m| BusMessage {
             subject: m.subject.to_string(),
             headers: m

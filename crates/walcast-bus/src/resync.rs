@@ -23,10 +23,14 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::subs::{SUBJECT_SYNC, SYNC_INTERVAL};
 use crate::{Bus, BusError};
 
 pub const SUBJECT_RESYNC: &str = "walcast.cdc.subs.resync";
+/// A front's full subscription list (a `SyncMessage` of the registry protocol); every
+/// worker hears them, which is how it knows which fronts are alive.
+pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
+/// How often a front sends its full subscription list.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// A worker asks which fronts exist; the payload is where fronts answer ([`FrontHello`]).
 pub const SUBJECT_ROLL_CALL: &str = "walcast.cdc.subs.roll-call";
 
@@ -98,26 +102,22 @@ impl KnownFronts {
             return Ok(());
         };
         let client = nats.client();
-        let subscribe = |s: String| async move {
-            client
-                .subscribe(s)
-                .await
-                .map_err(|e| BusError::Subscribe(e.to_string()))
-        };
+        let subscribe =
+            |s: String| async move { client.subscribe(s).await.map_err(BusError::Subscribe) };
         let mut syncs = subscribe(SUBJECT_SYNC.to_string()).await?;
         let inbox = client.new_inbox();
         let mut hellos = subscribe(inbox.clone()).await?;
         client
             .publish(SUBJECT_ROLL_CALL, Bytes::from(inbox))
             .await
-            .map_err(|e| BusError::Publish(e.to_string()))?;
+            .map_err(BusError::Publish)?;
         tokio::pin!(shutdown);
         loop {
             let payload = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
                 Some(m) = syncs.next() => m.payload,
                 Some(m) = hellos.next() => m.payload,
-                else => return Err(BusError::Subscribe("front subscriptions closed".into())),
+                else => return Err(BusError::Closed("front subscriptions")),
             };
             // A sync list and a hello both name their front; the ids are skipped unread.
             match serde_json::from_slice::<FrontHello>(&payload) {

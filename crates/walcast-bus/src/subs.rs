@@ -37,57 +37,16 @@ pub use crate::class::{is_class_key, ClassFields};
 use crate::resync::request_resync;
 pub use crate::resync::{
     FrontHello, KnownFronts, ResyncProgress, ResyncSummary, ResyncWait, FRONT_ALIVE, RESYNC_GRACE,
-    RESYNC_KNOWN_WAIT, RESYNC_MAX_WAIT, SUBJECT_RESYNC, SUBJECT_ROLL_CALL,
+    RESYNC_KNOWN_WAIT, RESYNC_MAX_WAIT, SUBJECT_RESYNC, SUBJECT_ROLL_CALL, SUBJECT_SYNC,
+    SYNC_INTERVAL,
 };
+pub use crate::spec::{selected, SubscriptionSpec};
 use crate::{Bus, BusError};
 
 pub const SUBJECT_REGISTER: &str = "walcast.cdc.subs.register";
 pub const SUBJECT_UNREGISTER: &str = "walcast.cdc.subs.unregister";
-pub const SUBJECT_SYNC: &str = "walcast.cdc.subs.sync";
-
-/// How often a front sends its full subscription list.
-pub const SYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// A front silent this long is considered dead and its subscriptions dropped.
 pub const FRONT_EXPIRY: Duration = Duration::from_secs(20);
-
-/// One `postgres_changes` binding of one channel of one socket.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct SubscriptionSpec {
-    /// Unique across the deployment: `<front id>:<counter>`.
-    pub id: String,
-    /// The front that owns it.
-    pub front: String,
-    pub project: String,
-    /// Schema name, or `*` for all schemas of the project.
-    pub schema: String,
-    /// Table name; `None` for every table of the schema.
-    pub table: Option<String>,
-    /// `*`, `INSERT`, `UPDATE` or `DELETE` (upper case).
-    pub event: String,
-    /// The binding's `filter` string, unparsed (the worker parses and validates it).
-    pub filter: Option<String>,
-    /// Selected columns, if the binding has `select`.
-    pub select: Option<Vec<String>>,
-    /// The subscriber's JWT claims (JSON object); its `role` is the Postgres role.
-    pub claims: serde_json::Value,
-    /// The position the subscription has been effective from since it was first
-    /// registered (the first reply's `effective_from`), sent again when a front registers
-    /// it anew (resync to a new leader, token refresh): the worker keeps matching from
-    /// there, so a backlog it replays after a failover or a restart is matched as the
-    /// first leader matched it. `None` on the first registration.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<Lsn>,
-}
-
-/// The selected columns of a subscription, sorted and once each (`None`: every column).
-pub fn selected(spec: &SubscriptionSpec) -> Option<Vec<String>> {
-    spec.select.as_ref().map(|s| {
-        let mut cols: Vec<String> = s.iter().map(|c| c.trim().to_string()).collect();
-        cols.sort();
-        cols.dedup();
-        cols
-    })
-}
 
 /// The class of a subscription: its [`ClassFields`] named by [`ClassFields::key`]
 /// (`c` and 32 hex digits of a SHA-256; a subscription id always has a `:`). Subscriptions
@@ -201,9 +160,7 @@ impl SubsClient {
         match (bus, local) {
             (Bus::Nats(b), _) => Ok(SubsClient::Nats(b.client().clone())),
             (Bus::Local(_), Some(h)) => Ok(SubsClient::Local(h)),
-            (Bus::Local(_), None) => Err(BusError::Subscribe(
-                "an in-process bus needs the worker's subscription handler".into(),
-            )),
+            (Bus::Local(_), None) => Err(BusError::NoSubsHandler),
         }
     }
 
@@ -218,7 +175,7 @@ impl SubsClient {
         match self {
             SubsClient::Local(h) => tokio::time::timeout(timeout, h.register(req))
                 .await
-                .map_err(|_| BusError::Publish("subscription registration timed out".into())),
+                .map_err(|_| BusError::RegisterTimeout),
             SubsClient::Nats(c) => {
                 let mut merged = RegisterReply::default();
                 let mut chunks = chunks_by_size(req.subs, MESSAGE_BUDGET);
@@ -257,10 +214,10 @@ impl SubsClient {
         match self {
             SubsClient::Local(_) => Ok(()),
             SubsClient::Nats(c) => {
-                let body = serde_json::to_vec(p).map_err(|e| BusError::Publish(e.to_string()))?;
+                let body = serde_json::to_vec(p).map_err(BusError::Encode)?;
                 c.publish(to.to_string(), Bytes::from(body))
                     .await
-                    .map_err(|e| BusError::Publish(e.to_string()))
+                    .map_err(BusError::Publish)
             }
         }
     }
@@ -299,19 +256,12 @@ async fn register_once(
     req: &RegisterRequest,
     timeout: Duration,
 ) -> Result<RegisterReply, BusError> {
-    let body = serde_json::to_vec(req).map_err(|e| BusError::Publish(e.to_string()))?;
+    let body = serde_json::to_vec(req).map_err(BusError::Encode)?;
     let msg = tokio::time::timeout(timeout, c.request(SUBJECT_REGISTER, Bytes::from(body)))
         .await
-        .map_err(|_| {
-            BusError::Publish("no cdc-worker answered the subscription request in time".into())
-        })?
-        .map_err(|e| {
-            BusError::Publish(format!(
-                "no cdc-worker answered the subscription request: {e}"
-            ))
-        })?;
-    serde_json::from_slice(&msg.payload)
-        .map_err(|e| BusError::Publish(format!("bad registration reply: {e}")))
+        .map_err(|_| BusError::RequestTimeout)?
+        .map_err(BusError::Request)?;
+    serde_json::from_slice(&msg.payload).map_err(BusError::BadReply)
 }
 
 /// Split `items` into runs whose JSON array stays under `budget` bytes (an item larger
@@ -338,10 +288,10 @@ async fn publish_json<T: Serialize>(
     subject: &'static str,
     v: &T,
 ) -> Result<(), BusError> {
-    let body = serde_json::to_vec(v).map_err(|e| BusError::Publish(e.to_string()))?;
+    let body = serde_json::to_vec(v).map_err(BusError::Encode)?;
     c.publish(subject, Bytes::from(body))
         .await
-        .map_err(|e| BusError::Publish(e.to_string()))
+        .map_err(BusError::Publish)
 }
 
 /// Worker side over NATS: answer registrations and apply unregister and sync messages
@@ -366,11 +316,7 @@ pub async fn serve_nats(
     let client = nats.client().clone();
     let sub = |s: &'static str| {
         let c = client.clone();
-        async move {
-            c.subscribe(s)
-                .await
-                .map_err(|e| BusError::Subscribe(e.to_string()))
-        }
+        async move { c.subscribe(s).await.map_err(BusError::Subscribe) }
     };
     let mut register = sub(SUBJECT_REGISTER).await?;
     let mut unregister = sub(SUBJECT_UNREGISTER).await?;
@@ -381,7 +327,7 @@ pub async fn serve_nats(
     let progress = client
         .subscribe(inbox.clone())
         .await
-        .map_err(|e| BusError::Subscribe(e.to_string()))?;
+        .map_err(BusError::Subscribe)?;
     let asker = client.clone();
     let wait = ResyncWait::new(tokio::time::Instant::now(), expected);
     tokio::spawn(async move {
@@ -427,7 +373,7 @@ pub async fn serve_nats(
                 Ok(m) => handler.sync(m),
                 Err(e) => tracing::warn!(error = %e, "malformed sync message"),
             },
-            else => return Err(BusError::Subscribe("subscription registry subscriptions closed".into())),
+            else => return Err(BusError::Closed("subscription registry subscriptions")),
         }
     }
 }

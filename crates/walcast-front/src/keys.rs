@@ -102,6 +102,7 @@ fn algorithm_of(jwk: &Jwk) -> Result<Algorithm, String> {
         },
         AlgorithmParameters::OctetKeyPair(_) => Ok(Algorithm::EdDSA),
         AlgorithmParameters::OctetKey(_) => Err("a symmetric key does not belong in a JWKS".into()),
+        _ => Err("unsupported key type".into()),
     }
 }
 

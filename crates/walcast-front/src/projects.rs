@@ -268,7 +268,7 @@ mod tests {
         encode(
             &Header::new(Algorithm::HS256),
             &claims,
-            &EncodingKey::from_secret(secret.as_bytes()),
+            &EncodingKey::from_secret(secret.as_bytes()).unwrap(),
         )
         .unwrap()
     }
@@ -419,7 +419,7 @@ mod tests {
         let hs512 = encode(
             &Header::new(Algorithm::HS512),
             &json!({"role":"anon"}),
-            &EncodingKey::from_secret(b"s1"),
+            &EncodingKey::from_secret(b"s1").unwrap(),
         )
         .unwrap();
         // HS384/512 are accepted with the project's secret (#14); public-key algorithms

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::chrono::Utc;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -394,7 +394,7 @@ impl Elector {
 
 /// The Lease with us as holder, and whether it must be created.
 fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
-    let now = MicroTime(Utc::now());
+    let now = MicroTime(Timestamp::now());
     let secs = i32::try_from(cfg.duration.as_secs().max(1)).unwrap_or(i32::MAX);
     match current {
         None => (
@@ -410,6 +410,7 @@ fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
                     acquire_time: Some(now.clone()),
                     renew_time: Some(now),
                     lease_transitions: Some(0),
+                    ..LeaseSpec::default()
                 }),
             },
             true,
@@ -479,7 +480,7 @@ impl Renewer {
             }
             let mut lease = self.lease.clone();
             if let Some(spec) = lease.spec.as_mut() {
-                spec.renew_time = Some(MicroTime(Utc::now()));
+                spec.renew_time = Some(MicroTime(Timestamp::now()));
             }
             let pp = PostParams::default();
             let result = tokio::select! {

@@ -4,9 +4,11 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::binary::{self, BinaryError};
+pub mod binary;
+
 use crate::json;
 use crate::vsn::Vsn;
+use binary::BinaryError;
 
 /// One Phoenix channel message.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,6 +9,7 @@
 //! - [`message`] / [`join`]: typed client messages (heartbeat, join with its config and
 //!   `postgres_changes` bindings, leave, access_token, broadcast, presence) and stable
 //!   binding ids.
+//! - [`events`]: the Phoenix event names (`phx_join`, `postgres_changes`, …).
 //! - [`server`]: builders for server frames (`phx_reply`, `system`, `phx_close`,
 //!   `phx_error`, presence, broadcast).
 //! - [`payload`]: `postgres_changes` payloads encoded once and spliced per channel.
@@ -33,7 +34,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod binary;
+pub mod events;
 pub mod filter;
 pub mod frame;
 pub mod join;
@@ -45,8 +46,8 @@ pub use walcast_core::timestamp;
 pub mod values;
 pub mod vsn;
 
-pub use binary::BinaryError;
 pub use filter::{ColumnText, EvalError, Filter, FilterError, RecordView, SliceRecord};
+pub use frame::binary::{self, BinaryError};
 pub use frame::{
     BroadcastBody, DecodeError, EncodeError, Frame, Payload, UserBroadcast, WireMessage,
 };

@@ -3,9 +3,9 @@
 
 use serde_json::value::RawValue;
 
+use crate::events;
 use crate::frame::{encode_text_parts, Frame, Payload};
 use crate::json;
-use crate::message::events;
 use crate::vsn::Vsn;
 
 /// Type of a database change.

@@ -2,10 +2,11 @@
 
 use serde_json::value::RawValue;
 
+use crate::events;
 use crate::frame::{BroadcastBody, Frame, Payload, UserBroadcast};
 use crate::join::PgChangeBinding;
 use crate::json;
-use crate::message::{channel_name, events};
+use crate::message::channel_name;
 
 fn frame(
     join_ref: Option<&str>,

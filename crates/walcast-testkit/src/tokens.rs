@@ -39,7 +39,7 @@ pub fn sign_with(alg: Algorithm, secret: &str, claims: &Value) -> String {
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(alg),
         claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).expect("a test secret"),
     )
     .expect("sign a test JWT")
 }
@@ -104,7 +104,7 @@ mod tests {
     fn claims_of(token: &str, secret: &str, alg: Algorithm) -> Value {
         let mut v = jsonwebtoken::Validation::new(alg);
         v.required_spec_claims.clear();
-        let key = jsonwebtoken::DecodingKey::from_secret(secret.as_bytes());
+        let key = jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()).expect("a test secret");
         jsonwebtoken::decode::<Value>(token, &key, &v)
             .expect("verifies")
             .claims

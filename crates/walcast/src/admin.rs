@@ -1,5 +1,5 @@
 //! Admin subcommands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`,
-//! `walcast key` (projects: [`crate::project`]).
+//! `walcast key` (projects: the `project` module, which signs its keys with [`sign_key`]).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -159,7 +159,7 @@ pub fn sign_key(
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).context("the JWT secret")?,
     )
     .context("signing the key")
 }

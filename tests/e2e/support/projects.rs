@@ -44,7 +44,7 @@ pub fn claims_of(key: &str, secret: &str) -> Value {
     v.required_spec_claims.clear();
     jsonwebtoken::decode::<Value>(
         key,
-        &jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()),
+        &jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()).expect("jwt secret"),
         &v,
     )
     .unwrap_or_else(|e| panic!("key does not verify with the project's secret: {e}"))

@@ -1,5 +1,5 @@
 //! Measures streaming a slot vs. the SQL interface on the same data. Ignored by default:
-//! `cargo test -p walcast-pgrepl --test throughput -- --ignored --nocapture`
+//! `cargo test -p walcast-pgrepl --test pgrepl -- throughput --ignored --nocapture`
 //! (`WALCAST_BENCH_TXNS` sets the number of single-row transactions, default 100000).
 
 use std::time::Instant;

@@ -1,13 +1,11 @@
 //! The inbox table, binding, stopping, and losing the database, against a real Postgres
 //! and nats-server.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use walcast_inbox::{ConsumerConfig, EventId, Inbox, InboxConsumer, InboxError, Outcome};
 
-use support::*;
+use crate::support::*;
 
 /// `migrate` is idempotent and safe to run concurrently; table and schema names are
 /// quoted identifiers; `contains` and `prune` use the same table.

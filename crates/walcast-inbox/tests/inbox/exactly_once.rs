@@ -2,8 +2,6 @@
 //! JetStream, with messages in the relay's format: a consumer killed between its commit
 //! and its ack, duplicates, handler failures, per-key order, unidentifiable messages.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walcast_inbox::{headers, Event, Outcome, SettleHook};
 
-use support::*;
+use crate::support::*;
 
 /// Issue #13's crash window "consumer after its side effect before its ack", injected
 /// three times: the consumer commits an event's side effect and is killed (its task

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::frame::{BroadcastBody, Frame, Payload, UserBroadcast};
+use super::{BroadcastBody, Frame, Payload, UserBroadcast};
 
 /// Kind byte of a client → server broadcast push.
 pub const KIND_CLIENT_PUSH: u8 = 3;

@@ -1,10 +1,8 @@
 //! Streaming from a wal2json slot on a real throwaway Postgres.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{next, read_commits, wait_for_value, Line, OPTIONS, WAIT};
+use crate::common::{next, read_commits, wait_for_value, Line, OPTIONS, WAIT};
 use walcast_core::Lsn;
 use walcast_pgrepl::{ReplError, ReplEvent, ReplicationClient};
 use walcast_testkit::Postgres;
