@@ -25,6 +25,12 @@ for (const sc of SCENARIOS) {
       await enableTable(env, 'big')
       await enableTable(env, 'other')
       await first.stop()
+      // The stopped worker's walsender ends a moment after its client went away.
+      for (let tries = 0; ; tries++) {
+        const r = await env.db.query("SELECT active FROM pg_replication_slots WHERE slot_name = 'walcast_first'")
+        if (r.rows.length === 0 || !r.rows[0].active || tries >= 100) break
+        await new Promise((resolve) => setTimeout(resolve, 100))
+      }
       await env.db.query("SELECT pg_drop_replication_slot('walcast_first')")
       front = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
     })
