@@ -1,8 +1,8 @@
 //! Binaries of walcast: `walcast` (all-in-one server and admin commands) and `cdc-worker`.
 
-pub mod admin;
 pub mod beacon;
 pub mod cdc_worker;
+pub mod commands;
 pub mod config;
 pub mod front;
 pub mod http;

@@ -1,7 +1,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
-use walcast::admin::{RealtimeArgs, TailArgs};
+use walcast::commands::{RealtimeArgs, TailArgs};
 use walcast::config::{CdcArgs, DbArgs, HttpArgs, LogArgs};
 use walcast_bus::Bus;
 
@@ -30,7 +30,7 @@ enum Command {
     /// Print change events from NATS as JSON lines.
     Tail(TailArgs),
     /// Print a signed API key / access token (HS256 JWT) for a role.
-    Key(walcast::admin::KeyArgs),
+    Key(walcast::commands::KeyArgs),
     /// Inspect or drop the logical replication slot (to remove walcast cleanly).
     Slot(walcast::slot::SlotArgs),
     /// The transactional outbox: create and list outbox tables, redrive quarantined
@@ -95,10 +95,10 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
-        Command::Realtime(args) => walcast::admin::realtime(args).await,
+        Command::Realtime(args) => walcast::commands::realtime(args).await,
         Command::Project(args) => walcast::project::project(args).await,
-        Command::Tail(args) => walcast::admin::tail(args).await,
-        Command::Key(args) => walcast::admin::key(args),
+        Command::Tail(args) => walcast::commands::tail(args).await,
+        Command::Key(args) => walcast::commands::key(args),
         Command::Slot(args) => walcast::slot::slot(args).await,
         Command::Outbox(cmd) => walcast::outbox::outbox(cmd).await,
     }

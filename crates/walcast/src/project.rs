@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 use walcast_realtime::projects;
 
-use crate::admin::{sign_key, KEY_LIFETIME_SECS};
+use crate::commands::{sign_key, KEY_LIFETIME_SECS};
 use crate::config::redact_url;
 
 #[derive(Args, Debug, Clone)]

@@ -1,4 +1,4 @@
-//! Admin subcommands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`,
+//! Operator commands: `walcast realtime enable|disable|list`, `walcast migrate`, `walcast tail`,
 //! `walcast key` (projects: the `project` module, which signs its keys with [`sign_key`]).
 
 use anyhow::Context;
