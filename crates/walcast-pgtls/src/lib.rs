@@ -299,6 +299,15 @@ pub async fn negotiate(
     Ok(Box::new(tls))
 }
 
+/// A database error with the server's message, severity and SQLSTATE (tokio-postgres'
+/// own display says only "db error").
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{}: {} ({})", d.severity(), d.message(), d.code().code()),
+        None => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,14 +352,5 @@ mod tests {
         })
         .unwrap()
         .is_none());
-    }
-}
-
-/// A database error with the server's message, severity and SQLSTATE (tokio-postgres'
-/// own display says only "db error").
-pub fn db_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{}: {} ({})", d.severity(), d.message(), d.code().code()),
-        None => e.to_string(),
     }
 }
