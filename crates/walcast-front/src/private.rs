@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use walcast_bus::admin::{AdminError, AdminErrorKind};
+
 use crate::projects::Projects;
 use crate::telemetry;
 
@@ -31,24 +33,24 @@ impl Policies {
     }
 
     /// Whether `claims` may read (`write` false) or write the private channel `name` of
-    /// `project`. `Err`: the worker could not be asked (the caller refuses, never
-    /// allows).
+    /// `project`. `Err`: the worker could not be asked (`Unavailable`: none leads,
+    /// NATS is down, or this front has no way to it); the caller refuses, never allows.
     pub(crate) async fn may(
         &self,
         project: &str,
         name: &str,
         claims: &Value,
         write: bool,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, AdminError> {
         let Some(admin) = self.projects.admin() else {
-            return Err(
-                "private channels need the cdc-worker, which this front cannot reach".into(),
-            );
+            return Err(AdminError::new(
+                AdminErrorKind::Unavailable,
+                "private channels need the cdc-worker, which this front cannot reach",
+            ));
         };
         let allowed = admin
             .authorize_channel(project, name, claims, write, self.timeout)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if !allowed {
             let what = if write {
                 "private_write_denied"

@@ -22,7 +22,7 @@ use walcast_bus::subs::{
     FrontHello, RegisterRequest, ResyncProgress, SubsClient, SubsEnded, SubscriptionSpec,
     SyncMessage, UnregisterRequest, SYNC_INTERVAL,
 };
-use walcast_bus::{BusMessage, Subscription};
+use walcast_bus::{BusError, BusMessage, Subscription};
 
 use crate::config::FrontConfig;
 use crate::delivery::Delivery;
@@ -89,9 +89,9 @@ impl Registrar {
     }
 
     /// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
-    /// `Err` is a readable reason the whole request failed (no answer in time …). An
+    /// `Err` is why the whole request failed (no answer in time, NATS down …). An
     /// accepted subscription keeps the position it first became effective from.
-    pub(crate) async fn register(&self, specs: Vec<SubscriptionSpec>) -> Result<Refused, String> {
+    pub(crate) async fn register(&self, specs: Vec<SubscriptionSpec>) -> Result<Refused, BusError> {
         if specs.is_empty() {
             return Ok(HashMap::new());
         }
@@ -100,10 +100,7 @@ impl Registrar {
             .subs
             .register(RegisterRequest { subs: specs }, self.register_timeout)
             .await
-            .map_err(|e| {
-                telemetry::error("register");
-                e.to_string()
-            })?;
+            .inspect_err(|_| telemetry::error("register"))?;
         metrics::counter!(telemetry::REGISTRATIONS, "path" => "worker").increment(ids.len() as u64);
         let results: HashMap<&str, &walcast_bus::subs::RegisterResult> =
             reply.results.iter().map(|r| (r.id.as_str(), r)).collect();
@@ -144,7 +141,7 @@ impl Registrar {
         &self,
         subs: &[u64],
         specs: Vec<SubscriptionSpec>,
-    ) -> Result<Refused, String> {
+    ) -> Result<Refused, BusError> {
         let registry = self.registry();
         let mut slow = Vec::new();
         for (n, mut spec) in subs.iter().zip(specs) {
@@ -167,19 +164,31 @@ impl Registrar {
         self.register(slow).await
     }
 
+    /// [`Registrar::register`], tried up to [`BACKGROUND_ATTEMPTS`] times while the
+    /// request fails as a whole (`what` names the caller in the logs).
+    async fn register_retrying(
+        &self,
+        specs: &[SubscriptionSpec],
+        what: &'static str,
+    ) -> Result<Refused, BusError> {
+        let mut attempt = 1;
+        loop {
+            match self.register(specs.to_vec()).await {
+                Err(e) if attempt < BACKGROUND_ATTEMPTS => {
+                    tracing::warn!(attempt, error = %e, what, "registration failed; retrying");
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// The worker's registration of subscriptions already in effect; one it refuses (the
     /// table left realtime, a privilege was revoked in between) is removed and its channel
     /// told, as a refused join would have been.
     async fn register_in_background(self: &Arc<Self>, subs: Vec<(u64, SubscriptionSpec)>) {
         let specs: Vec<SubscriptionSpec> = subs.iter().map(|(_, s)| s.clone()).collect();
-        let mut outcome = Err(String::new());
-        for attempt in 1..=BACKGROUND_ATTEMPTS {
-            outcome = self.register(specs.clone()).await;
-            match &outcome {
-                Ok(_) => break,
-                Err(e) => tracing::warn!(attempt, error = %e, "background registration failed"),
-            }
-        }
+        let outcome = self.register_retrying(&specs, "background").await;
         let refused: Refused = match outcome {
             Ok(refused) => refused,
             Err(e) => specs
@@ -265,14 +274,7 @@ impl Registrar {
     /// refuses, or what could not be registered at all, ends with a `system` error to its
     /// channel: a subscription the new leader does not know would stay subscribed and deaf.
     async fn resync_chunk(self: &Arc<Self>, chunk: &[SubscriptionSpec]) {
-        let mut outcome = Err(String::new());
-        for attempt in 1..=BACKGROUND_ATTEMPTS {
-            outcome = self.register(chunk.to_vec()).await;
-            match &outcome {
-                Ok(_) => break,
-                Err(e) => tracing::warn!(attempt, error = %e, "resync registration failed"),
-            }
-        }
+        let outcome = self.register_retrying(chunk, "resync").await;
         let refused: Refused = match outcome {
             Ok(refused) => refused,
             Err(e) => chunk

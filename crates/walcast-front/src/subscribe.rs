@@ -85,7 +85,7 @@ pub(crate) async fn subscribe(
             // The worker may still register them late: drop them there too.
             let removed = registry.remove(&subs);
             registrar.unregister(removed).await;
-            return Err(e);
+            return Err(e.to_string());
         }
     };
     let refused_ns: Vec<u64> = subs

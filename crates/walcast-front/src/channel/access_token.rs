@@ -80,7 +80,10 @@ async fn resubscribe(
             refused.extend(collided.into_iter().map(|id| (id, why.clone())));
             subscribed_message(jr, topic, &refused)
         }
-        Err(e) => server::system(jr, topic, "postgres_changes", SystemStatus::Error, &e),
+        Err(e) => {
+            let why = e.to_string();
+            server::system(jr, topic, "postgres_changes", SystemStatus::Error, &why)
+        }
     }
 }
 

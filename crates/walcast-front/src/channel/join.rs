@@ -74,7 +74,7 @@ async fn may_read(s: &Session, f: &Frame, name: &str, claims: &Value) -> bool {
             false
         }
         Err(e) => {
-            join_error(s, f, "UnableToConnectToProject", &e);
+            join_error(s, f, "UnableToConnectToProject", &e.to_string());
             false
         }
     }
