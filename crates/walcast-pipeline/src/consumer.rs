@@ -10,9 +10,11 @@
 //!   transactional logical messages, of every consumer's tables, so it filters), its commit;
 //! - may hold work ([`Consumer::has_pending`], [`Consumer::flush`]), flushed whenever the
 //!   source has nothing waiting;
-//! - confirms in [`Consumer::barrier`] that everything it was handed is durable where it
-//!   goes: the driver acknowledges a position to Postgres only after every consumer's
-//!   barrier, so a crash replays and never skips;
+//! - says in [`Consumer::settle`], without waiting on anything slow, how far what it was
+//!   handed is durable where it goes: the driver acknowledges the lowest such position of
+//!   all consumers, so a crash replays and never skips, and no consumer waits for another;
+//! - may refuse more for a while ([`Consumer::accepting`]): it is then handed the
+//!   transactions it missed once it accepts again;
 //! - publishes only through the [`crate::Publisher`] the session handed it, which checks
 //!   the leadership term's fence before every message and stamps it with the origin,
 //!   term and position (a consumer holds neither the bus nor the fence).
@@ -95,6 +97,28 @@ pub trait Consumer: Send {
 
     /// Flush, then wait until everything handed over so far is durable where it goes.
     fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>>;
+
+    /// Without waiting on anything slow: the position up to which everything this
+    /// consumer was handed is durable where it goes (at most `handed`, the commit of the
+    /// last transaction it was handed or the source's caught-up position). The driver
+    /// acknowledges the slot at the lowest such position of all consumers, and never waits
+    /// for one consumer to hand the next transaction to the others. Default: the blocking
+    /// [`Consumer::barrier`], then `handed`.
+    fn settle(&mut self, handed: Lsn) -> BoxFuture<'_, Result<Lsn, ConsumerError>> {
+        Box::pin(async move {
+            self.barrier().await?;
+            Ok(handed)
+        })
+    }
+
+    /// Whether it takes more transactions now. `false` (its own bounded buffer is full):
+    /// the driver stops handing it transactions, from the next one on, and keeps the slot's
+    /// acknowledgement at its settled position; once it is `true` again the driver reads
+    /// the WAL again from the slot's position and hands it only the transactions it has not
+    /// had (the others get nothing twice).
+    fn accepting(&self) -> bool {
+        true
+    }
 
     /// The source restarts from the last acknowledged commit: forget a partial
     /// transaction (its items come again).
