@@ -271,8 +271,10 @@ impl RealtimeConsumer {
         let view = self.ddl.next_view();
         let mut parts: Vec<(usize, Vec<PendingChange>)> = Vec::new();
         for change in batch {
-            let seed = self.ddl.seeder();
-            let lane = self.lanes.lane_for(&change.event.project, seed);
+            let ddl = &self.ddl;
+            let lane = self
+                .lanes
+                .lane_for(&change.event.project, |rls| ddl.seed(rls));
             match parts.iter_mut().find(|(l, _)| *l == lane) {
                 Some((_, part)) => part.push(change),
                 None => parts.push((lane, vec![change])),
@@ -308,7 +310,10 @@ impl RealtimeConsumer {
 
     /// The schemas of the enabled tables.
     fn schemas(&self) -> std::collections::BTreeSet<String> {
-        self.routes.keys().map(|(schema, _)| schema.clone()).collect()
+        self.routes
+            .keys()
+            .map(|(schema, _)| schema.clone())
+            .collect()
     }
 
     /// See [`Consumer::refresh`]: `true` if the decoded schemas changed.

@@ -250,7 +250,11 @@ impl Lanes {
         notice: &'static str,
         payload: Bytes,
     ) -> bool {
-        let Some(lane) = self.by_project.get(project).and_then(|i| self.lanes.get_mut(*i)) else {
+        let Some(lane) = self
+            .by_project
+            .get(project)
+            .and_then(|i| self.lanes.get_mut(*i))
+        else {
             return false;
         };
         let work = Work::Publish {
@@ -438,7 +442,9 @@ impl LaneTask {
             }
         }
         for change in &mut batch.changes {
-            self.outlet.publish(&mut change.event, &Audience::new()).await?;
+            self.outlet
+                .publish(&mut change.event, &Audience::new())
+                .await?;
         }
         self.tell(by_front, batch.through).await
     }
@@ -460,7 +466,11 @@ impl LaneTask {
             ids.sort_unstable();
             ids.dedup();
             let now = Instant::now();
-            ids.retain(|id| self.told.get(id).is_none_or(|t| t.elapsed() >= NOTICE_EVERY));
+            ids.retain(|id| {
+                self.told
+                    .get(id)
+                    .is_none_or(|t| t.elapsed() >= NOTICE_EVERY)
+            });
             if ids.is_empty() {
                 continue;
             }
@@ -476,7 +486,12 @@ impl LaneTask {
             let headers = [(HEADER_NOTICE, NOTICE_SUBS_LAGGED)];
             self.outlet
                 .publisher
-                .publish(delivery_subject(&front), Position::commit(at), &headers, payload.into())
+                .publish(
+                    delivery_subject(&front),
+                    Position::commit(at),
+                    &headers,
+                    payload.into(),
+                )
                 .await?;
         }
         Ok(())

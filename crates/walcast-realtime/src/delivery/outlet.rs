@@ -38,7 +38,11 @@ pub struct Outlet {
 }
 
 impl Outlet {
-    pub fn new(publisher: Publisher, max_record_bytes: usize, health: Arc<PipelineHealth>) -> Outlet {
+    pub fn new(
+        publisher: Publisher,
+        max_record_bytes: usize,
+        health: Arc<PipelineHealth>,
+    ) -> Outlet {
         Outlet {
             publisher,
             max_record_bytes,
@@ -207,5 +211,4 @@ impl Outlet {
         metrics::counter!(crate::telemetry::CHANGES_PUBLISHED).increment(1);
         Ok(())
     }
-
 }

@@ -86,19 +86,11 @@ impl CatalogTracking {
 }
 
 impl CatalogTracking {
-    /// What prepares a new lane's checker: it knows the states carried so far.
-    pub(super) fn seeder(&self) -> impl FnOnce(&mut RlsChecker) {
-        let carried = match self.tracking {
-            Tracking::EventTrigger => {
-                let states: Vec<TableState> = self.carried.values().cloned().collect();
-                Some((View::Epoch(self.seen), states))
-            }
-            Tracking::PerBatch(_) => None,
-        };
-        move |rls: &mut RlsChecker| {
-            if let Some((view, states)) = carried {
-                rls.seed(view, &states);
-            }
+    /// Prepare a new lane's checker: it knows the states carried so far.
+    pub(super) fn seed(&self, rls: &mut RlsChecker) {
+        if let Tracking::EventTrigger = self.tracking {
+            let states: Vec<TableState> = self.carried.values().cloned().collect();
+            rls.seed(View::Epoch(self.seen), &states);
         }
     }
 }
@@ -220,7 +212,11 @@ impl RealtimeConsumer {
         );
         let at = Position::commit(self.txn.as_ref().map(|x| x.commit_lsn).unwrap_or_default());
         let key = (t.schema.clone(), t.table.clone());
-        let project = self.routes.get(&key).or(self.removed_routes.get(&key)).cloned();
+        let project = self
+            .routes
+            .get(&key)
+            .or(self.removed_routes.get(&key))
+            .cloned();
         for (front, ids) in by_front {
             metrics::counter!(telemetry::SUBS_ENDED).increment(ids.len() as u64);
             let payload = serde_json::to_vec(&SubsEnded {
@@ -231,13 +227,21 @@ impl RealtimeConsumer {
             let payload = Bytes::from(payload);
             // After the table's changes its project's lane still holds.
             if let Some(p) = &project {
-                if self.lanes.publish_after(p, front.clone(), at, NOTICE_SUBS_ENDED, payload.clone()) {
+                if self.lanes.publish_after(
+                    p,
+                    front.clone(),
+                    at,
+                    NOTICE_SUBS_ENDED,
+                    payload.clone(),
+                ) {
                     continue;
                 }
             }
             let notice = [(HEADER_NOTICE, NOTICE_SUBS_ENDED)];
             let subject = delivery_subject(&front);
-            self.publisher.publish(subject, at, &notice, payload).await?;
+            self.publisher
+                .publish(subject, at, &notice, payload)
+                .await?;
         }
         Ok(())
     }
