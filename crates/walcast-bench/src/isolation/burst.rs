@@ -226,6 +226,12 @@ pub(super) async fn run(args: &IsolationBench) -> anyhow::Result<Vec<String>> {
     report(args, &before, &during, &enables, join_ms, last_ms);
     stack.report_log();
     let s = lock(&sub);
+    if let Some(why) = &s.closed {
+        println!("steady subscriber's socket closed: {why}");
+    }
+    if s.duplicates > 0 {
+        println!("steady subscriber got {} duplicate(s)", s.duplicates);
+    }
     if before.missed + during.missed > 0 && s.errors.is_empty() {
         return Ok(vec![format!(
             "steady table: {} row(s) before and {} during the burst not delivered {} s after \

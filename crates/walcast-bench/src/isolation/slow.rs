@@ -178,6 +178,9 @@ fn report_noisy(noisy: &[Noisy], written: &[u64], failures: &mut Vec<String>) {
             if got < w && s.errors.is_empty() {
                 silent += 1;
             }
+            if let Some(why) = &s.closed {
+                println!("           a subscriber's socket closed: {why}");
+            }
         }
         let expected = w * p.subs.len() as u64;
         println!(
@@ -263,6 +266,12 @@ pub(super) async fn run(args: &IsolationBench) -> anyhow::Result<Vec<String>> {
     let q = lock(&quiet);
     if !q.errors.is_empty() {
         println!("quiet subscriber's system errors: {:?}", q.errors);
+    }
+    if let Some(why) = &q.closed {
+        println!("quiet subscriber's socket closed: {why}");
+    }
+    if q.duplicates > 0 {
+        println!("quiet subscriber got {} duplicate(s)", q.duplicates);
     }
     if alone.missed + beside.missed > 0 && q.errors.is_empty() {
         failures.push(format!(
