@@ -11,6 +11,11 @@
 //! front's subject, which the front turns into a `system` error on each channel, at most
 //! once per subscription every [`NOTICE_EVERY`]), and it is logged and counted.
 //!
+//! Projects that cannot keep up (a batch waited over [`LAGGING_AFTER`] or a check took
+//! over [`SLOW_CHECK`], in the last [`LAGGING_FOR`]) share one check
+//! slot between them, so however many tenants have slow policies, they occupy at most one
+//! database connection at a time and leave the database's cores to those that keep up.
+//!
 //! The lanes report how far they got ([`Lanes::position`]): the slot is acknowledged at
 //! the lowest position of all, so a crash replays what a slow lane had not published.
 //! There are at most `max` lanes (`CDC_NUM_SHARDS`): beyond, projects share lanes by
@@ -48,6 +53,18 @@ pub const NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// Subscriptions remembered as told, at most (then forgotten, so told again sooner).
 const MAX_TOLD: usize = 100_000;
+
+/// A batch that waited longer than this for its turn is a lagging project's: its checks
+/// take the lagging projects' one shared slot, so projects that cannot keep up never
+/// occupy more than one database connection at a time between them (the database's
+/// cores stay free for the projects that keep up).
+const LAGGING_AFTER: Duration = Duration::from_secs(1);
+
+/// A check that took longer marks its project as lagging too.
+const SLOW_CHECK: Duration = Duration::from_millis(250);
+
+/// How long a project stays lagging after its last slow check or late batch.
+const LAGGING_FOR: Duration = Duration::from_secs(30);
 
 /// How far a lane may fall behind.
 #[derive(Clone, Copy, Debug)]
@@ -139,6 +156,8 @@ pub struct Lanes {
     rls: RlsOptions,
     limits: LaneLimits,
     outlet: Arc<Outlet>,
+    /// The lagging projects' one check slot (see [`LAGGING_AFTER`]).
+    lagging: Arc<tokio::sync::Semaphore>,
 }
 
 impl Lanes {
@@ -156,6 +175,7 @@ impl Lanes {
             rls,
             limits,
             outlet,
+            lagging: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -188,6 +208,8 @@ impl Lanes {
             mode: self.rls.mode,
             timeout_ms: self.rls.timeout_ms,
             told: HashMap::new(),
+            lagging: self.lagging.clone(),
+            lagging_until: None,
         };
         tracing::info!(lane = %name, "delivery lane started");
         self.lanes.push(Lane {
@@ -351,6 +373,9 @@ struct LaneTask {
     timeout_ms: u64,
     /// Subscription → when it was last told of skipped changes.
     told: HashMap<String, Instant>,
+    lagging: Arc<tokio::sync::Semaphore>,
+    /// Its checks take the lagging projects' slot until then.
+    lagging_until: Option<Instant>,
 }
 
 impl LaneTask {
@@ -394,16 +419,34 @@ impl LaneTask {
 
     /// Authorize and publish a batch, or skip it if it waited too long.
     async fn batch(&mut self, mut batch: Batch) -> Result<(), RealtimeError> {
+        let checked = batch.changes.iter().any(|c| !c.matched.is_empty());
+        let now = Instant::now();
+        if batch.sent.elapsed() > LAGGING_AFTER {
+            self.lagging_until = Some(now + LAGGING_FOR);
+        }
+        // Held while this batch is checked, when its project lags.
+        let lagging = self.lagging_until.is_some_and(|t| t > now);
+        let _slot = match checked && lagging {
+            true => self.lagging.clone().acquire_owned().await.ok(),
+            false => None,
+        };
         let late = batch.sent.elapsed() > self.limits.max_lag;
         if batch.overflow || late {
             self.skip(&mut batch, if late { "lag" } else { "bytes" })
                 .await?;
         } else {
             self.rls.set_view(batch.view);
-            let audiences = if batch.changes.iter().all(|c| c.matched.is_empty()) {
+            let audiences = if !checked {
                 vec![Audience::new(); batch.changes.len()]
             } else {
-                authorize_batch(&mut self.rls, &batch.changes, self.mode, self.timeout_ms).await?
+                let started = Instant::now();
+                let audiences =
+                    authorize_batch(&mut self.rls, &batch.changes, self.mode, self.timeout_ms)
+                        .await?;
+                if started.elapsed() > SLOW_CHECK {
+                    self.lagging_until = Some(Instant::now() + LAGGING_FOR);
+                }
+                audiences
             };
             for (change, audience) in batch.changes.iter_mut().zip(&audiences) {
                 self.outlet.publish(&mut change.event, audience).await?;
