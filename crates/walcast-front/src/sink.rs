@@ -52,6 +52,9 @@ pub(crate) trait Sink: Send + Sync {
     fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool;
     /// The worker ended a subscription of this sink (`why` is its reason, for the client).
     fn end(&self, why: &str);
+    /// Changes for this sink may have been lost on their way from the worker (`why`, for
+    /// the client); its subscriptions go on.
+    fn missed(&self, why: &str);
 }
 
 /// A shared sink, as the registry keeps it.

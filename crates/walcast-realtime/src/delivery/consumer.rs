@@ -10,10 +10,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 use walcast_bus::event::Shrink;
-use walcast_bus::{
-    subject::{change_subject, delivery_subject},
-    BusError, ChangeEvent, ChangeKind, Restriction,
-};
+use walcast_bus::{subject::change_subject, BusError, ChangeEvent, ChangeKind, Restriction};
 use walcast_pipeline::{ConsumerError, Position, PublishError, Publisher};
 use walcast_wal2json::{Change, Lsn, RowChange};
 
@@ -28,6 +25,7 @@ use crate::catalog::tables_drift;
 use crate::catalog::types::TypeCache;
 use crate::config::RlsOptions;
 use crate::delivery::event::build_event;
+use crate::delivery::links::FrontLinks;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::{Matcher, RowView};
 use crate::telemetry;
@@ -56,14 +54,22 @@ pub struct RealtimeOptions {
     pub health: Arc<PipelineHealth>,
     /// The session's way to the bus: fenced, stamped with origin, term and position.
     pub publisher: Publisher,
+    /// Every message to a front goes through it (numbered, kept for resending).
+    pub links: Arc<FrontLinks>,
     /// The slot read (its DDL epochs are recorded under its name).
     pub slot: String,
     /// How catalog changes reach the pipeline, and the epoch at the start position.
     pub catalog: CatalogTracking,
 }
 
-/// A message to publish: subject and payload.
-type Message = (String, Vec<u8>);
+/// Where a message goes: a front's delivery subject (through [`FrontLinks`]) or a subject.
+enum To {
+    Front(String),
+    Subject(String),
+}
+
+/// A message to publish: where, and its payload.
+type Message = (To, Vec<u8>);
 
 /// Room left in a bus message for the subject, headers and framing.
 const MESSAGE_OVERHEAD: usize = 1024;
@@ -74,6 +80,7 @@ const MAX_UNCONFIRMED: usize = 4096;
 
 pub struct RealtimeConsumer {
     publisher: Publisher,
+    links: Arc<FrontLinks>,
     matcher: Arc<Matcher>,
     shards: Vec<RlsChecker>,
     rls_opts: RlsOptions,
@@ -102,6 +109,7 @@ impl RealtimeConsumer {
         let rls_opts = opts.rls;
         let mut pipeline = RealtimeConsumer {
             publisher: opts.publisher,
+            links: opts.links,
             matcher,
             shards: (0..rls_opts.shards.max(1))
                 .map(|_| RlsChecker::new(opts.database_url.clone(), rls_opts.connections))
@@ -444,8 +452,11 @@ impl RealtimeConsumer {
             if parts.len() > 1 {
                 metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
             }
-            let subject = delivery_subject(&front.front);
-            out.extend(parts.into_iter().map(|m| (subject.clone(), m)));
+            out.extend(
+                parts
+                    .into_iter()
+                    .map(|m| (To::Front(front.front.clone()), m)),
+            );
         }
         // The audience-free copy last: a consumer of both knows a change's deliveries
         // are complete when it arrives.
@@ -453,13 +464,13 @@ impl RealtimeConsumer {
         let Some(bare) = event.split(budget).map_err(json)? else {
             return Ok(None);
         };
-        out.extend(bare.into_iter().map(|m| (subject.clone(), m)));
+        out.extend(bare.into_iter().map(|m| (To::Subject(subject.clone()), m)));
         Ok(Some(out))
     }
 
     async fn send(&self, event: &ChangeEvent, messages: Vec<Message>) -> Result<(), RealtimeError> {
         let at = Position::change(event.commit_lsn, event.seq);
-        for (subject, payload) in messages {
+        for (to, payload) in messages {
             metrics::counter!(telemetry::PUBLISHED_BYTES).increment(payload.len() as u64);
             metrics::counter!(telemetry::PUBLISHED_MESSAGES).increment(1);
             let size = payload.len();
@@ -471,9 +482,15 @@ impl RealtimeConsumer {
             }
             // The publisher checks the fence right before the hand-over: a leader that
             // lost its lease sends nothing.
-            self.publisher
-                .publish(subject, at, &[], Bytes::from(payload))
-                .await?;
+            let payload = Bytes::from(payload);
+            match to {
+                To::Front(f) => {
+                    self.links
+                        .send(&self.publisher, &f, at, None, payload)
+                        .await?
+                }
+                To::Subject(s) => self.publisher.publish(s, at, &[], payload).await?,
+            }
         }
         metrics::counter!(crate::telemetry::CHANGES_PUBLISHED).increment(1);
         Ok(())

@@ -1,8 +1,9 @@
 //! Publishing what the WAL says to the fronts: the realtime consumer ([`consumer`]:
 //! realtime-tables edits, routing, matching, authorization, publishing, DDL notices), the
-//! events it builds ([`event`]), and database broadcast ([`broadcast`]), a consumer of
-//! its own.
+//! events it builds ([`event`]), database broadcast ([`broadcast`]), a consumer of
+//! its own, and the numbered, resendable stream of each front ([`links`]).
 
 pub mod broadcast;
 pub mod consumer;
 pub mod event;
+pub mod links;

@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use walcast_bus::subject::delivery_subject;
 use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
-use walcast_bus::HEADER_NOTICE;
 use walcast_pipeline::Position;
 
 use super::RealtimeConsumer;
@@ -216,10 +214,10 @@ impl RealtimeConsumer {
                 message: message.clone(),
             })
             .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
-            let notice = [(HEADER_NOTICE, NOTICE_SUBS_ENDED)];
-            let subject = delivery_subject(&front);
-            self.publisher
-                .publish(subject, at, &notice, Bytes::from(payload))
+            let (notice, payload) = (Some(NOTICE_SUBS_ENDED), Bytes::from(payload));
+            let publisher = &self.publisher;
+            self.links
+                .send(publisher, &front, at, notice, payload)
                 .await?;
         }
         Ok(())
