@@ -36,7 +36,7 @@ impl Seen {
 async fn read(mut ws: PhoenixClient, rows: usize, stop_on_error: bool, within: Duration) -> Seen {
     let deadline = Instant::now() + within;
     let mut seen = Seen::default();
-    while seen.rows.len() < rows && !(stop_on_error && !seen.postgres_errors().is_empty()) {
+    while seen.rows.len() < rows && (!stop_on_error || seen.postgres_errors().is_empty()) {
         let left = deadline.saturating_duration_since(Instant::now());
         match ws.try_recv(left.min(Duration::from_secs(5))).await {
             Some(Msg::Frame(f)) if f[3] == "postgres_changes" => {
