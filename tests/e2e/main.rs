@@ -8,6 +8,7 @@ mod support;
 mod crash;
 mod drain;
 mod fenced_consumers;
+mod front_gaps;
 mod front_hostile;
 mod front_slow;
 mod hostile_classes;

@@ -200,7 +200,11 @@ async fn drain(
         bus,
         Arc::new(PipelineHealth::new(slot)),
         Fence::unfenced(cancel.clone()),
-        walcast_realtime::factories(RealtimeConfig::new(db), Matcher::new()),
+        walcast_realtime::factories(
+            RealtimeConfig::new(db),
+            Matcher::new(),
+            walcast_realtime::FrontLinks::new(Default::default()),
+        ),
     ));
     let finished = tokio::time::timeout(Duration::from_secs(args.max_wait), done_rx).await;
     cancel.cancel();

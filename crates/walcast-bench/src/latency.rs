@@ -150,7 +150,11 @@ async fn start_worker(
         bus,
         health.clone(),
         Fence::unfenced(cancel.clone()),
-        walcast_realtime::factories(RealtimeConfig::new(&pg.url()), Matcher::new()),
+        walcast_realtime::factories(
+            RealtimeConfig::new(&pg.url()),
+            Matcher::new(),
+            walcast_realtime::FrontLinks::new(Default::default()),
+        ),
     ));
     // PipelineHealth has no notification: poll it (bounded).
     let deadline = Instant::now() + Duration::from_secs(60);

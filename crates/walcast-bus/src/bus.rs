@@ -107,6 +107,14 @@ impl Bus {
         }
     }
 
+    /// NATS' connection losses and reconnections (`None` in process: nothing is lost).
+    pub fn link_events(&self) -> Option<&std::sync::Arc<crate::LinkEvents>> {
+        match self {
+            Bus::Nats(b) => Some(b.link_events()),
+            Bus::Local(_) => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Bus::Nats(_) => "nats",

@@ -11,6 +11,8 @@
 //! * [`Bus`]: publish, barrier and subscribe over core NATS or in process.
 //! * [`subs`] and [`admin`]: request/reply between the fronts and the cdc-worker;
 //!   [`resync`]: how a new leader learns every front's subscriptions.
+//! * [`links`]: what keeps the delivery subjects whole: a per-front sequence number on
+//!   every message ([`HEADER_FRONT_SEQ`]), heartbeats, and a front's resend requests.
 
 pub mod admin;
 pub mod beacon;
@@ -19,6 +21,7 @@ mod bus;
 pub mod class;
 mod error;
 pub mod event;
+pub mod links;
 mod local;
 mod nats;
 pub mod resync;
@@ -29,7 +32,7 @@ pub mod subs;
 pub use bus::{Bus, BusMessage, Headers, Subscription};
 pub use error::{BarrierError, BusError, Retry};
 pub use event::{ChangeEvent, ChangeKind, ColumnInfo, Restriction};
-pub use nats::{NatsAuth, INBOX_PREFIX};
+pub use nats::{LinkEvents, NatsAuth, INBOX_PREFIX};
 
 /// Header naming the instance that published a message (a replica ignores its own).
 pub const HEADER_ORIGIN: &str = "Walcast-Origin";
@@ -45,3 +48,10 @@ pub const HEADER_SEQ: &str = "Walcast-Seq";
 /// Header marking a delivery-subject message that is not a change: its value names what
 /// it is (see [`subs::NOTICE_SUBS_ENDED`]). A message without it is a change.
 pub const HEADER_NOTICE: &str = "Walcast-Notice";
+/// Header with a delivery-subject message's number in its front's stream (1, 2, 3 … per
+/// front, per leader term and process, see [`links`]): a front that sees a number jump
+/// knows what it missed and asks for it again. On a heartbeat it is the last number sent.
+pub const HEADER_FRONT_SEQ: &str = "Walcast-Front-Seq";
+/// Header marking a delivery-subject message sent again at a front's request (its
+/// [`HEADER_FRONT_SEQ`] is the original number).
+pub const HEADER_RESENT: &str = "Walcast-Resent";

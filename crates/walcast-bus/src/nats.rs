@@ -17,6 +17,58 @@ const BARRIER_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct NatsBus {
     client: Client,
     barrier: Arc<Barrier>,
+    events: Arc<LinkEvents>,
+}
+
+/// The connection's losses: how many, the last one, and a signal on every reconnection
+/// after one (core NATS drops what was published to us meanwhile).
+pub struct LinkEvents {
+    disconnects: AtomicU64,
+    /// Unix time of the last disconnect, in microseconds (`0`: none yet).
+    last_disconnect: std::sync::atomic::AtomicI64,
+    /// The count of reconnections so far, bumped on each.
+    reconnected: tokio::sync::watch::Sender<u64>,
+}
+
+impl LinkEvents {
+    fn new() -> LinkEvents {
+        LinkEvents {
+            disconnects: AtomicU64::new(0),
+            last_disconnect: std::sync::atomic::AtomicI64::new(0),
+            reconnected: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    fn on(&self, event: &async_nats::Event) {
+        match event {
+            async_nats::Event::Disconnected => {
+                self.disconnects.fetch_add(1, Ordering::Relaxed);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as i64);
+                self.last_disconnect.store(now, Ordering::Relaxed);
+            }
+            async_nats::Event::Connected if self.disconnects.load(Ordering::Relaxed) > 0 => {
+                self.reconnected.send_modify(|n| *n += 1);
+            }
+            _ => {}
+        }
+    }
+
+    /// Times the connection was lost since start.
+    pub fn disconnects(&self) -> u64 {
+        self.disconnects.load(Ordering::Relaxed)
+    }
+
+    /// When it was last lost (Unix microseconds).
+    pub fn last_disconnect(&self) -> Option<i64> {
+        Some(self.last_disconnect.load(Ordering::Relaxed)).filter(|t| *t > 0)
+    }
+
+    /// Changes on every reconnection after a loss.
+    pub fn reconnections(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reconnected.subscribe()
+    }
 }
 
 /// A private inbox on our own connection: a message we publish to it comes back only
@@ -120,6 +172,8 @@ fn decode(s: &str) -> String {
 
 impl NatsBus {
     pub async fn connect(url: &str, name: &str, auth: &NatsAuth) -> Result<NatsBus, BusError> {
+        let events = Arc::new(LinkEvents::new());
+        let seen = events.clone();
         let client = auth
             .options(url)
             .await?
@@ -127,8 +181,11 @@ impl NatsBus {
             .retry_on_initial_connect()
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(5))
-            .event_callback(|ev| async move {
-                tracing::info!(event = %ev, "nats connection event");
+            .event_callback(move |ev| {
+                seen.on(&ev);
+                async move {
+                    tracing::info!(event = %ev, "nats connection event");
+                }
             })
             .connect(url)
             .await
@@ -148,6 +205,7 @@ impl NatsBus {
                 next: AtomicU64::new(0),
                 sub: Mutex::new(sub),
             }),
+            events,
         })
     }
 
@@ -248,6 +306,11 @@ impl NatsBus {
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The connection's losses and reconnections.
+    pub fn link_events(&self) -> &Arc<LinkEvents> {
+        &self.events
     }
 }
 

@@ -42,8 +42,17 @@ pub struct FrontConfig {
     pub drain_window: Duration,
     /// Serve the inspector page and its health API (see [`crate::Front::router`]).
     pub inspector: bool,
+    /// How long a gap in the leader's stream to this front is waited for (resend asked
+    /// for) before its channels are told with a `system` error.
+    pub gap_recovery: Duration,
+    /// Messages held behind such a gap, at most.
+    pub gap_max_held: usize,
 }
 
+/// Default of [`FrontConfig::gap_recovery`], in milliseconds.
+pub const DEFAULT_GAP_RECOVERY_MS: u64 = 5000;
+/// Default of [`FrontConfig::gap_max_held`].
+pub const DEFAULT_GAP_MAX_HELD: usize = 10_000;
 /// Default of [`FrontConfig::inspector`].
 pub const DEFAULT_INSPECTOR: bool = true;
 /// Default of [`FrontConfig::drain_window`], in seconds.
@@ -85,6 +94,8 @@ impl Default for FrontConfig {
             resync_batch: 500,
             drain_window: Duration::from_secs(DEFAULT_DRAIN_SECS),
             inspector: DEFAULT_INSPECTOR,
+            gap_recovery: Duration::from_millis(DEFAULT_GAP_RECOVERY_MS),
+            gap_max_held: DEFAULT_GAP_MAX_HELD,
         }
     }
 }

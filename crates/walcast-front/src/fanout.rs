@@ -2,43 +2,202 @@
 //!
 //! One task reads this front's delivery subject (`walcast.deliver.<front id>`, see
 //! [`walcast_bus::subject::delivery_subject`]): the cdc-worker sends there only the
-//! changes this front's subscriptions matched, and its notices about them. Per event:
-//! parse once, keep only this front's subscription ids, group them by channel, encode the
-//! change once, and produce each channel's frame text once (cached by version, topic and
-//! ids, so identical channels share the bytes). Frames go into each connection's bounded
-//! queue without waiting.
+//! changes this front's subscriptions matched, and its notices about them. The leader
+//! numbers them; a gap (NATS dropped messages while our link was down) holds what follows
+//! while the missing numbers are asked for again, and what cannot be had is told to every
+//! `postgres_changes` channel with a `system` error (see [`crate::sequence`] and
+//! [`walcast_bus::links`]). Per event: parse once, keep only this front's subscription
+//! ids, group them by channel, encode the change once, and produce each channel's frame
+//! text once (cached by version, topic and ids, so identical channels share the bytes).
+//! Frames go into each connection's bounded queue without waiting.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use walcast_bus::links::{ResendClient, ResendError, ResendReply, ResendRequest, NOTICE_HEARTBEAT};
 use walcast_bus::subs::{NOTICE_SUBS_ENDED, NOTICE_SUBS_LAGGED};
-use walcast_bus::HEADER_TERM;
 use walcast_bus::{BusMessage, ChangeEvent, Subscription, HEADER_NOTICE};
+use walcast_bus::{HEADER_FRONT_SEQ, HEADER_ORIGIN, HEADER_RESENT, HEADER_TERM};
 
 use crate::delivery::Delivery;
 use crate::encode::encode;
 use crate::guards::{ReplayGuard, TermGuard};
 use crate::listen::next_message;
 use crate::registration::Registrar;
+use crate::sequence::{Loss, Out, Sequencer, Step, StreamId};
 use crate::sink::Change;
 use crate::telemetry;
 
-pub(crate) async fn run(
-    delivery: Arc<Delivery>,
-    registrar: Arc<Registrar>,
-    mut sub: Subscription,
-    cancel: CancellationToken,
-) {
-    let mut replays = ReplayGuard::default();
-    let mut terms = TermGuard::default();
-    while let Some(m) = next_message(&mut sub, &cancel, "change").await {
-        if !terms.admit(m.header(HEADER_TERM), std::time::Instant::now()) {
-            continue;
+/// What the fan-out task works with.
+pub(crate) struct Feed {
+    pub delivery: Arc<Delivery>,
+    pub registrar: Arc<Registrar>,
+    pub resend: ResendClient,
+    pub front_id: String,
+    /// How long a gap is recovered, and how much is held behind it.
+    pub window: Duration,
+    pub max_held: usize,
+}
+
+/// How often an open gap's clock is checked.
+const TICK: Duration = Duration::from_millis(250);
+
+/// A leader's answer to a resend request (or why there is none).
+type Answer = (StreamId, u64, u64, Result<ResendReply, ResendError>);
+
+struct Fanout {
+    feed: Feed,
+    replays: ReplayGuard,
+    terms: TermGuard,
+    seq: Sequencer<BusMessage>,
+    answers: mpsc::UnboundedSender<Answer>,
+}
+
+pub(crate) async fn run(feed: Feed, mut sub: Subscription, cancel: CancellationToken) {
+    let (answers, mut answered) = mpsc::unbounded_channel();
+    let seq = Sequencer::new(feed.window, feed.max_held);
+    let mut f = Fanout {
+        feed,
+        replays: ReplayGuard::default(),
+        terms: TermGuard::default(),
+        seq,
+        answers,
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let step = tokio::select! {
+            m = next_message(&mut sub, &cancel, "change") => match m {
+                Some(m) => f.on_message(m),
+                None => return,
+            },
+            Some(a) = answered.recv() => f.on_answer(a),
+            _ = tick.tick(), if f.seq.waiting() => f.seq.tick(Instant::now()),
+        };
+        f.apply(step).await;
+    }
+}
+
+impl Fanout {
+    /// A message of the delivery subject: numbered ones go through the sequencer.
+    fn on_message(&mut self, m: BusMessage) -> Step<BusMessage> {
+        let now = Instant::now();
+        if !self.terms.admit(m.header(HEADER_TERM), now) {
+            return Step::default();
         }
+        let Some(n) = m.header(HEADER_FRONT_SEQ).and_then(|v| v.parse().ok()) else {
+            // From a worker that does not number its messages.
+            let mut step = Step::default();
+            step.out.push(Out::Deliver(m));
+            return step;
+        };
+        let stream = StreamId {
+            term: m
+                .header(HEADER_TERM)
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0),
+            origin: m.header(HEADER_ORIGIN).unwrap_or_default().to_string(),
+        };
+        if m.header(HEADER_NOTICE) == Some(NOTICE_HEARTBEAT) {
+            return self.seq.heartbeat(stream, n, now);
+        }
+        let resent = m.header(HEADER_RESENT).is_some();
+        let step = self.seq.message(stream, n, m, now);
+        if resent && step.duplicates == 0 {
+            metrics::counter!(telemetry::DELIVERY_RECOVERED).increment(1);
+        }
+        step
+    }
+
+    fn on_answer(&mut self, (stream, from, to, answer): Answer) -> Step<BusMessage> {
+        let now = Instant::now();
+        let lost = match answer {
+            Ok(reply) => {
+                if let Some((a, b)) = reply.resent {
+                    tracing::info!(
+                        from = a,
+                        to = b,
+                        "the leader resends what this front missed"
+                    );
+                }
+                reply
+                    .lost
+                    .map(|(a, b)| (a, b, reply.reason.unwrap_or_default()))
+            }
+            Err(ResendError::Unsupported) => Some((from, to, "nothing to resend them".into())),
+            Err(e) => {
+                tracing::warn!(error = %e, from, to, "resend request failed (asked again)");
+                return Step::default();
+            }
+        };
+        self.seq.answered(&stream, lost, now)
+    }
+
+    async fn apply(&mut self, step: Step<BusMessage>) {
+        if step.duplicates > 0 {
+            metrics::counter!(telemetry::REPLAYS_DROPPED).increment(step.duplicates);
+        }
+        if let Some((stream, from, to)) = step.ask {
+            self.ask(stream, from, to);
+        }
+        for out in step.out {
+            match out {
+                Out::Deliver(m) => self.handle(m).await,
+                Out::Lost(loss) => self.lost(&loss),
+            }
+        }
+    }
+
+    /// Ask the stream's leader for `from..=to` again; the answer comes back to the loop.
+    fn ask(&self, stream: StreamId, from: u64, to: u64) {
+        tracing::warn!(
+            from,
+            to,
+            term = stream.term,
+            "messages from the leader missed: asking for them again"
+        );
+        let req = ResendRequest {
+            front: self.feed.front_id.clone(),
+            term: stream.term,
+            origin: stream.origin.clone(),
+            from,
+            to,
+        };
+        let (resend, answers, timeout) = (
+            self.feed.resend.clone(),
+            self.answers.clone(),
+            self.feed.window,
+        );
+        tokio::spawn(async move {
+            let answer = resend.request(&req, timeout).await;
+            let _ = answers.send((stream, from, to, answer));
+        });
+    }
+
+    /// Messages lost for good: every channel with `postgres_changes` subscriptions is told.
+    fn lost(&self, loss: &Loss) {
+        metrics::counter!(telemetry::DELIVERY_GAPS).increment(1);
+        metrics::counter!(telemetry::DELIVERY_LOST).increment(loss.missing);
+        let sinks = self.feed.delivery.registry.sinks();
+        tracing::error!(from = loss.from, to = loss.to, missing = loss.missing, why = %loss.why, channels = sinks.len(), "messages from the leader lost: every postgres_changes channel is told");
+        let why = format!(
+            "Some database changes may not have been delivered: this server lost its link to \
+             the change stream for a moment and {} message(s) could not be recovered ({})",
+            loss.missing, loss.why
+        );
+        for sink in sinks {
+            sink.missed(&why);
+        }
+    }
+
+    async fn handle(&mut self, m: BusMessage) {
         match m.header(HEADER_NOTICE) {
-            None => deliver(&delivery, &m, &mut replays),
-            Some(NOTICE_SUBS_ENDED) => registrar.subs_ended(&m).await,
-            Some(NOTICE_SUBS_LAGGED) => registrar.subs_lagged(&m),
+            None => deliver(&self.feed.delivery, &m, &mut self.replays),
+            Some(NOTICE_SUBS_ENDED) => self.feed.registrar.subs_ended(&m).await,
+            Some(NOTICE_SUBS_LAGGED) => self.feed.registrar.subs_lagged(&m),
+            Some(NOTICE_HEARTBEAT) => {}
             Some(other) => {
                 telemetry::error("unknown_notice");
                 tracing::warn!(notice = other, "unknown notice on the delivery subject");

@@ -25,6 +25,13 @@ pub struct Health {
     pub bus: &'static str,
     /// Whether the bus is connected.
     pub bus_connected: bool,
+    /// Whether the NATS connection was lost within the last minute (what was published
+    /// to this front meanwhile is recovered or reported, see the README's guarantees).
+    pub bus_disconnected_recently: bool,
+    /// When it was last lost (RFC 3339, UTC), if ever.
+    pub bus_last_disconnect: Option<String>,
+    /// Times it was lost since start.
+    pub bus_disconnects: u64,
     /// Shutting down (see [`crate::Front::drain`]): not ready for new clients.
     pub draining: bool,
 }
@@ -42,6 +49,9 @@ impl Health {
     }
 }
 
+/// How long a disconnect counts as recent: a minute, in microseconds.
+const RECENT_MICROS: i64 = 60_000_000;
+
 /// Where the counts come from.
 pub(crate) struct Probe {
     pub front_id: String,
@@ -53,6 +63,11 @@ pub(crate) struct Probe {
 impl Probe {
     pub(crate) fn health(&self) -> Health {
         let counts = self.connections.counts();
+        let events = self.bus.link_events();
+        let last = events.and_then(|e| e.last_disconnect());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
         Health {
             front_id: self.front_id.clone(),
             connections: counts.connections,
@@ -61,6 +76,9 @@ impl Probe {
             subscriptions: self.delivery.registry.len(),
             bus: self.bus.kind(),
             bus_connected: self.bus.is_connected(),
+            bus_disconnected_recently: last.is_some_and(|t| now - t < RECENT_MICROS),
+            bus_last_disconnect: last.map(walcast_core::timestamp::format_rfc3339_millis),
+            bus_disconnects: events.map_or(0, |e| e.disconnects()),
             draining: self.connections.is_draining(),
         }
     }

@@ -26,7 +26,8 @@
 //! | [`cluster`] | the processes heard from (their health beacons), for the inspector |
 //! | `registration` | `Registrar`: the talk with the cdc-worker about subscriptions (register, unregister, background queue, sync, resync, roll call, subs-ended notices) |
 //! | `subscribe` | a transport's subscription: verify the subscriber, register its bindings |
-//! | `fanout` | the delivery subject's reader: changes to their sinks |
+//! | `fanout`, `sequence` | the delivery subject's reader: changes to their sinks, in the leader's order, gaps recovered or reported |
+//! | `bus_link` | after a NATS loss: every channel told broadcasts may have been missed |
 //! | `guards`, `encode` | the term and replay guards of the change stream; a change's `data`, encoded once |
 //! | `sink`, `outbound`, `topics`, `registry` | where changes go; a connection's bounded queue and a channel's gate; channels by topic; subscriptions by number and class |
 //! | `channel` | a connection's `Session` (its channels) and the `Services` its commands use; one module per Phoenix command: `join`, `leave`, `access_token`, `broadcast`, `presence` |
@@ -59,6 +60,7 @@
 
 pub mod auth;
 mod broadcast;
+mod bus_link;
 mod channel;
 pub mod cluster;
 pub mod config;
@@ -84,6 +86,7 @@ mod realtime_api;
 mod registration;
 mod registry;
 mod reply;
+mod sequence;
 mod sink;
 mod sse;
 mod subscribe;
@@ -261,10 +264,18 @@ impl Parts {
             background,
             cancel.clone(),
         ));
-        t.spawn(fanout::run(
+        let feed = fanout::Feed {
+            delivery: self.delivery.clone(),
+            registrar: reg.clone(),
+            resend: walcast_bus::links::ResendClient::new(&self.probe.bus),
+            front_id: self.front_id.clone(),
+            window: self.cfg.gap_recovery,
+            max_held: self.cfg.gap_max_held,
+        };
+        t.spawn(fanout::run(feed, feeds.changes, cancel.clone()));
+        t.spawn(bus_link::watch(
             self.delivery.clone(),
-            reg.clone(),
-            feeds.changes,
+            self.probe.bus.clone(),
             cancel.clone(),
         ));
         t.spawn(broadcast::relay_loop(

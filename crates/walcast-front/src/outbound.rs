@@ -246,6 +246,11 @@ impl Sink for ChanOut {
         ChanOut::deliver(self, Out::Text(text))
     }
 
+    /// A `system` error; the channel goes on.
+    fn missed(&self, why: &str) {
+        self.end(why);
+    }
+
     /// The channel stays open (as for a refused join) with a `system` error.
     fn end(&self, why: &str) {
         let status = SystemStatus::Error;

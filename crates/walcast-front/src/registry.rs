@@ -411,6 +411,17 @@ impl Registry {
             .collect()
     }
 
+    /// Every sink with a subscription, once each.
+    pub(crate) fn sinks(&self) -> Vec<SinkRef> {
+        let g = self.read();
+        let mut seen = std::collections::HashSet::new();
+        g.targets
+            .values()
+            .filter(|t| seen.insert(t.sink.id()))
+            .map(|t| t.sink.clone())
+            .collect()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.read().targets.len()
     }

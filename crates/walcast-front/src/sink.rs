@@ -55,6 +55,9 @@ pub(crate) trait Sink: Send + Sync {
     /// Changes were lost for a subscription of this sink, which goes on: the client gets
     /// a `system` error saying `why`.
     fn warn(&self, why: &str);
+    /// Changes for this sink may have been lost on their way from the worker (`why`, for
+    /// the client); its subscriptions go on.
+    fn missed(&self, why: &str);
 }
 
 /// A shared sink, as the registry keeps it.

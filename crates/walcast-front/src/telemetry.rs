@@ -40,6 +40,19 @@ pub const STALE_TERM_DROPPED: &str = "walcast_front_stale_term_dropped_total";
 /// class to this front; registered with the worker in the background).
 pub const REGISTRATIONS: &str = "walcast_front_registrations_total";
 
+/// Counter: delivery-subject messages this front missed and got again from the leader.
+pub const DELIVERY_RECOVERED: &str = "walcast_front_delivery_recovered_total";
+/// Counter: delivery-subject messages this front missed for good (the leader no longer
+/// had them, or did not resend them in time); each affected channel got a `system` error.
+pub const DELIVERY_LOST: &str = "walcast_front_delivery_lost_total";
+/// Counter: gaps given up (each told every `postgres_changes` channel of the front).
+pub const DELIVERY_GAPS: &str = "walcast_front_delivery_gaps_total";
+/// Counter: times this front's NATS connection was lost.
+pub const BUS_DISCONNECTS: &str = "walcast_front_bus_disconnects_total";
+/// Counter: `system` notices sent to channels after a NATS disconnect (broadcast and
+/// presence messages of other fronts may have been missed).
+pub const BROADCAST_GAP_NOTICES: &str = "walcast_front_broadcast_gap_notices_total";
+
 /// Counter: reloads of the project list from the worker.
 pub const PROJECT_REFRESHES: &str = "walcast_front_project_refreshes_total";
 
@@ -50,6 +63,7 @@ pub const API_ERRORS: &str = "walcast_front_admin_api_errors_total";
 pub fn describe() {
     describe_sockets();
     describe_delivery();
+    describe_links();
     describe_failures();
 }
 
@@ -97,6 +111,32 @@ fn describe_delivery() {
         STALE_TERM_DROPPED,
         "Change messages dropped because they came from an older leader term than one already \
          received (a leader that woke up after losing its lease)"
+    );
+}
+
+fn describe_links() {
+    metrics::describe_counter!(
+        DELIVERY_RECOVERED,
+        "Delivery-subject messages this front missed (NATS dropped them) and got again from the leader"
+    );
+    metrics::describe_counter!(
+        DELIVERY_LOST,
+        "Delivery-subject messages this front missed for good (no longer kept by the leader, or \
+         not resent within GAP_RECOVERY_MS); its postgres_changes channels got a system error"
+    );
+    metrics::describe_counter!(
+        DELIVERY_GAPS,
+        "Gaps in the leader's stream to this front given up; each told every postgres_changes \
+         channel of the front with a system error"
+    );
+    metrics::describe_counter!(
+        BUS_DISCONNECTS,
+        "Times this front's NATS connection was lost"
+    );
+    metrics::describe_counter!(
+        BROADCAST_GAP_NOTICES,
+        "System notices sent to channels after a NATS disconnect: broadcast and presence \
+         messages of other fronts may have been missed meanwhile"
     );
 }
 

@@ -41,4 +41,15 @@ impl Topics {
         let g = self.map.read().unwrap_or_else(|p| p.into_inner());
         g.get(key).cloned().unwrap_or_default()
     }
+
+    /// Every joined channel, once each.
+    pub(crate) fn all(&self) -> Vec<Arc<ChanOut>> {
+        let g = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let mut seen = std::collections::HashSet::new();
+        g.values()
+            .flatten()
+            .filter(|c| seen.insert(c.id))
+            .cloned()
+            .collect()
+    }
 }

@@ -17,6 +17,32 @@ pub const DEFAULT_RLS_CHECK_TIMEOUT_MS: u64 = 5000;
 /// Default of [`RlsOptions::connections`]: RLS connections per shard.
 pub const DEFAULT_RLS_CONNECTIONS: u16 = 2;
 
+/// Default of [`LinkOptions::max_messages`]: messages kept per front for resending.
+pub const DEFAULT_RESEND_MESSAGES: usize = 10_000;
+/// Default of [`LinkOptions::max_bytes`]: bytes kept per front for resending (16 MiB).
+pub const DEFAULT_RESEND_BYTES: usize = 16 * 1024 * 1024;
+/// Default of [`LinkOptions::max_age`], in seconds.
+pub const DEFAULT_RESEND_SECS: u64 = 30;
+
+/// What the leader keeps of what it sent each front, to resend what a front missed (see
+/// [`crate::delivery::links`]): the oldest goes first past any bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkOptions {
+    pub max_messages: usize,
+    pub max_bytes: usize,
+    pub max_age: std::time::Duration,
+}
+
+impl Default for LinkOptions {
+    fn default() -> Self {
+        LinkOptions {
+            max_messages: DEFAULT_RESEND_MESSAGES,
+            max_bytes: DEFAULT_RESEND_BYTES,
+            max_age: std::time::Duration::from_secs(DEFAULT_RESEND_SECS),
+        }
+    }
+}
+
 /// Realtime delivery's own settings (the slot and sources are the pipeline's).
 #[derive(Clone, Debug)]
 pub struct RealtimeConfig {
@@ -29,6 +55,8 @@ pub struct RealtimeConfig {
     pub max_record_bytes: usize,
     /// How far a project's delivery may fall behind.
     pub lanes: LaneLimits,
+    /// What is kept per front to resend.
+    pub links: LinkOptions,
 }
 
 pub use crate::delivery::lanes::LaneLimits;
@@ -50,6 +78,7 @@ impl RealtimeConfig {
             rls: RlsOptions::default(),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             lanes: LaneLimits::default(),
+            links: LinkOptions::default(),
         }
     }
 }

@@ -32,10 +32,12 @@ pub mod subscriptions;
 pub mod telemetry;
 
 pub use config::{
-    LaneLimits, RealtimeConfig, RlsMode, RlsOptions, DEFAULT_MAX_LAG_BYTES, DEFAULT_MAX_LAG_MS,
-    DEFAULT_MAX_RECORD_BYTES, DEFAULT_RLS_BATCH, DEFAULT_RLS_CHECK_TIMEOUT_MS,
-    DEFAULT_RLS_CONNECTIONS, DEFAULT_SHARDS,
+    LaneLimits, LinkOptions, RealtimeConfig, RlsMode, RlsOptions, DEFAULT_MAX_LAG_BYTES,
+    DEFAULT_MAX_LAG_MS, DEFAULT_MAX_RECORD_BYTES, DEFAULT_RESEND_BYTES, DEFAULT_RESEND_MESSAGES,
+    DEFAULT_RESEND_SECS, DEFAULT_RLS_BATCH, DEFAULT_RLS_CHECK_TIMEOUT_MS, DEFAULT_RLS_CONNECTIONS,
+    DEFAULT_SHARDS,
 };
+pub use delivery::links::FrontLinks;
 pub use error::RealtimeError;
 pub use session::factories;
 pub use subscriptions::matcher::Matcher;

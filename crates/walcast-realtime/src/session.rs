@@ -13,25 +13,40 @@ use crate::catalog::change::{self, Resume, Tracking};
 use crate::config::RealtimeConfig;
 use crate::delivery::broadcast::DbBroadcast;
 use crate::delivery::consumer::{CatalogTracking, RealtimeConsumer, RealtimeOptions};
+use crate::delivery::links::FrontLinks;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::Matcher;
 use crate::telemetry;
 
 /// The consumers realtime delivery adds to a pipeline: the realtime consumer, then
 /// database broadcast.
-pub fn factories(cfg: RealtimeConfig, matcher: Arc<Matcher>) -> Vec<Arc<dyn ConsumerFactory>> {
+/// Every message to a front goes through `links` (numbered, kept for resending; the
+/// caller runs [`FrontLinks::lead`] for each term it leads).
+pub fn factories(
+    cfg: RealtimeConfig,
+    matcher: Arc<Matcher>,
+    links: Arc<FrontLinks>,
+) -> Vec<Arc<dyn ConsumerFactory>> {
     let max_record_bytes = cfg.max_record_bytes;
     let broadcast = walcast_pipeline::factory(move |s| {
         let publisher = s.publisher("db_broadcast");
         let health = s.health.clone();
         Box::new(DbBroadcast::new(publisher, health, max_record_bytes))
     });
-    vec![Arc::new(RealtimeFactory { cfg, matcher }), broadcast]
+    vec![
+        Arc::new(RealtimeFactory {
+            cfg,
+            matcher,
+            links,
+        }),
+        broadcast,
+    ]
 }
 
 struct RealtimeFactory {
     cfg: RealtimeConfig,
     matcher: Arc<Matcher>,
+    links: Arc<FrontLinks>,
 }
 
 impl ConsumerFactory for RealtimeFactory {
@@ -58,6 +73,7 @@ impl RealtimeFactory {
             max_record_bytes: self.cfg.max_record_bytes,
             health: session.health.clone(),
             publisher: session.publisher("realtime"),
+            links: self.links.clone(),
             slot: slot_name.clone(),
             catalog: tracking,
             limits: self.cfg.lanes,

@@ -44,6 +44,15 @@ pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
 /// after waiting 2 s.
 pub const RLS_INVISIBLE: &str = "walcast_cdc_rls_invisible_total";
 
+// Each front's numbered stream (delivery/links.rs).
+
+/// Counter: delivery-subject messages sent again at a front's request.
+pub const FRONT_RESENT: &str = "walcast_cdc_front_resent_total";
+/// Counter: delivery-subject messages a front asked for that were no longer kept.
+pub const FRONT_RESEND_LOST: &str = "walcast_cdc_front_resend_lost_total";
+/// Gauge: bytes kept for resending, all fronts together.
+pub const FRONT_KEPT_BYTES: &str = "walcast_cdc_front_kept_bytes";
+
 // Subscriptions and matching.
 
 /// Counter: Row changes decoded from the slot for enabled tables.
@@ -191,6 +200,19 @@ fn describe_publishing() {
     metrics::describe_counter!(
         LAG_NOTICES,
         "Subscriptions told with a system error that changes were skipped because their project lagged"
+    );
+    metrics::describe_counter!(
+        FRONT_RESENT,
+        "Delivery-subject messages sent again because a front missed them (NATS dropped them)"
+    );
+    metrics::describe_counter!(
+        FRONT_RESEND_LOST,
+        "Delivery-subject messages a front asked for again that the leader no longer kept \
+         (CDC_RESEND_MAX_MESSAGES / _BYTES / _SECS); the front told its channels"
+    );
+    metrics::describe_gauge!(
+        FRONT_KEPT_BYTES,
+        "Bytes of delivery-subject messages kept for resending, all fronts together"
     );
 }
 

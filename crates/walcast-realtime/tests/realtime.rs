@@ -122,7 +122,11 @@ fn config(url: String, source: SourceKind) -> PipelineConfig {
 
 /// Realtime delivery of a pipeline, with its matcher.
 fn realtime(url: &str, matcher: Arc<Matcher>) -> Vec<Arc<dyn ConsumerFactory>> {
-    walcast_realtime::factories(RealtimeConfig::new(url), matcher)
+    walcast_realtime::factories(
+        RealtimeConfig::new(url),
+        matcher,
+        walcast_realtime::FrontLinks::new(Default::default()),
+    )
 }
 
 /// Every row written is either received or still in the slot (nothing acknowledged that

@@ -8,6 +8,8 @@
 //!   (the only fake: Kubernetes is not something a test can start).
 //! * [`phoenix::PhoenixClient`]: a raw Phoenix (Supabase Realtime) WebSocket client, vsn
 //!   1.0.0 and 2.0.0, for tests against a front.
+//! * [`proxy::TcpProxy`]: a TCP relay to a local service whose link a test can cut and
+//!   restore (a process's NATS connection dropping while NATS keeps running).
 //! * [`tokens`]: test JWTs (HS256 by default) with given claims, role, project and expiry.
 //!
 //! Each service is owned by its handle: dropping it (also while unwinding from a panic)
@@ -24,6 +26,7 @@ pub mod phoenix;
 mod ports;
 mod postgres;
 mod process;
+pub mod proxy;
 pub mod tls;
 pub mod tokens;
 
@@ -31,3 +34,4 @@ pub use error::KitError;
 pub use nats::Nats;
 pub use ports::free_port;
 pub use postgres::{Postgres, PostgresBuilder};
+pub use proxy::TcpProxy;

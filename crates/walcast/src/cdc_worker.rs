@@ -59,6 +59,9 @@ pub fn describe(
         "num_shards": cdc.num_shards,
         "rls_batch": cdc.rls_batch,
         "max_record_bytes": cdc.max_record_bytes,
+        "resend_max_messages": cdc.resend_max_messages,
+        "resend_max_bytes": cdc.resend_max_bytes,
+        "resend_max_secs": cdc.resend_max_secs,
         "rls_mode": format!("{:?}", cdc.rls_mode).to_lowercase(),
         "rls_check_timeout_ms": cdc.rls_check_timeout_ms,
         "rls_connections": cdc.rls_connections,
@@ -154,7 +157,9 @@ pub async fn run(
     realtime.database_url = cfg.database_url.clone();
     let health = Arc::new(PipelineHealth::new(&cdc.slot_name));
     let (outbox, outbox_health) = outbox_consumer(cdc, &cfg, &bus);
-    let mut consumers = walcast_realtime::factories(realtime, registrar.matcher().clone());
+    let links = walcast_realtime::FrontLinks::new(realtime.links);
+    let matcher = registrar.matcher().clone();
+    let mut consumers = walcast_realtime::factories(realtime, matcher, links.clone());
     consumers.extend(outbox);
     let maintenance = outbox_maintenance(cdc, &cfg);
     let tracker = TaskTracker::new();
@@ -189,6 +194,7 @@ pub async fn run(
         admin,
         health,
         known_fronts,
+        links,
         consumers,
         maintenance,
         failure: Default::default(),
@@ -302,6 +308,8 @@ struct Leader {
     admin: Arc<dyn AdminHandler>,
     health: Arc<PipelineHealth>,
     known_fronts: KnownFronts,
+    /// Each front's numbered stream: heartbeats and resends while leading.
+    links: Arc<walcast_realtime::FrontLinks>,
     /// The consumers of the WAL: realtime delivery, then the outbox relay when on.
     consumers: Vec<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
     /// The outbox tables' partition maintenance, run by each term.
@@ -316,6 +324,7 @@ impl Leader {
         let term = fence.token().clone();
         self.health.set_leader(true);
         let maintenance = self.spawn_maintenance(&fence);
+        let links = self.spawn_links(&fence);
         let responder = self.serve_fronts(&term).await;
         let run = walcast_pipeline::run(
             self.cfg.clone(),
@@ -337,7 +346,32 @@ impl Leader {
         if let Some(t) = maintenance {
             let _ = t.await;
         }
+        let _ = links.await;
         self.health.set_leader(false);
+    }
+
+    /// This term's heartbeats to the fronts and answers to their resend requests (see
+    /// `walcast_realtime::delivery::links`), until the term ends.
+    fn spawn_links(&self, fence: &Fence) -> tokio::task::JoinHandle<()> {
+        let publisher = walcast_pipeline::Publisher::new(
+            self.bus.clone(),
+            fence.clone(),
+            self.cfg.origin.clone(),
+        )
+        .for_consumer("links");
+        let (links, bus, stop) = (self.links.clone(), self.bus.clone(), fence.token().clone());
+        let lead = links.clone().lead(
+            publisher,
+            self.registrar.matcher().clone(),
+            stop.clone().cancelled_owned(),
+        );
+        tokio::spawn(async move {
+            let serve = walcast_bus::links::serve_nats(&bus, links.handler(), stop.cancelled());
+            let (_, served) = tokio::join!(lead, serve);
+            if let Err(e) = served {
+                tracing::error!(error = %e, "resend requests stopped");
+            }
+        })
     }
 
     /// The outbox partition maintenance of this term: at once, then every interval, while

@@ -132,6 +132,17 @@ pub struct CdcArgs {
     /// Payload Too Large"]`. The bus's own `max_payload` lowers it further.
     #[arg(long, env = "MAX_RECORD_BYTES", default_value_t = walcast_realtime::DEFAULT_MAX_RECORD_BYTES)]
     pub max_record_bytes: usize,
+    /// Messages kept per front for resending what a front missed (NATS dropped them while
+    /// its link was down); the oldest go first past this, CDC_RESEND_MAX_BYTES or
+    /// CDC_RESEND_MAX_SECS.
+    #[arg(long, env = "CDC_RESEND_MAX_MESSAGES", default_value_t = walcast_realtime::DEFAULT_RESEND_MESSAGES)]
+    pub resend_max_messages: usize,
+    /// Bytes kept per front for resending.
+    #[arg(long, env = "CDC_RESEND_MAX_BYTES", default_value_t = walcast_realtime::DEFAULT_RESEND_BYTES)]
+    pub resend_max_bytes: usize,
+    /// Seconds a message is kept for resending.
+    #[arg(long, env = "CDC_RESEND_MAX_SECS", default_value_t = walcast_realtime::DEFAULT_RESEND_SECS)]
+    pub resend_max_secs: u64,
     /// Changes authorized together: one statement per (table, role, claims) covers them all.
     #[arg(long, env = "CDC_RLS_BATCH", default_value_t = walcast_realtime::DEFAULT_RLS_BATCH)]
     pub rls_batch: usize,
@@ -340,6 +351,11 @@ impl CdcArgs {
             lanes: walcast_realtime::LaneLimits {
                 max_lag: Duration::from_millis(self.max_lag_ms),
                 max_bytes: self.max_lag_bytes,
+            },
+            links: walcast_realtime::LinkOptions {
+                max_messages: self.resend_max_messages,
+                max_bytes: self.resend_max_bytes,
+                max_age: Duration::from_secs(self.resend_max_secs),
             },
             rls: RlsOptions {
                 mode: match self.rls_mode {

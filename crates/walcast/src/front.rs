@@ -60,6 +60,15 @@ pub struct FrontArgs {
     /// over this many seconds, so they reconnect to other replicas gradually; then exit.
     #[arg(long, env = "DRAIN_SECS", default_value_t = walcast_front::config::DEFAULT_DRAIN_SECS)]
     pub drain_secs: u64,
+    /// A gap in what the leader sent this front (NATS dropped messages while the link was
+    /// down) is asked for again for at most this long; past it the affected channels get
+    /// a `system` error and delivery goes on.
+    #[arg(long, env = "GAP_RECOVERY_MS", default_value_t = walcast_front::config::DEFAULT_GAP_RECOVERY_MS)]
+    pub gap_recovery_ms: u64,
+    /// Messages held behind a gap while it is recovered, at most (past it, it is given
+    /// up at once).
+    #[arg(long, env = "GAP_MAX_HELD", default_value_t = walcast_front::config::DEFAULT_GAP_MAX_HELD)]
+    pub gap_max_held: usize,
     /// Serve the inspector page at `/inspector` (and its health API). It is a client like
     /// any other: it shows only what the key pasted into it may see.
     #[arg(long, env = "INSPECTOR", default_value_t = walcast_front::config::DEFAULT_INSPECTOR, action = clap::ArgAction::Set)]
@@ -83,6 +92,8 @@ impl FrontArgs {
             register_timeout: Duration::from_millis(self.register_timeout_ms),
             drain_window: Duration::from_secs(self.drain_secs),
             inspector: self.inspector,
+            gap_recovery: Duration::from_millis(self.gap_recovery_ms),
+            gap_max_held: self.gap_max_held,
             ..FrontConfig::default()
         }
     }
@@ -162,6 +173,8 @@ impl FrontArgs {
             "presence_ttl_secs": self.presence_ttl_secs,
             "drain_secs": self.drain_secs,
             "inspector": self.inspector,
+            "gap_recovery_ms": self.gap_recovery_ms,
+            "gap_max_held": self.gap_max_held,
             "allowed_roles": self.roles.allowed_roles,
         })
     }

@@ -163,6 +163,9 @@ mod tests {
             subscriptions: 0,
             bus: "nats",
             bus_connected: true,
+            bus_disconnected_recently: false,
+            bus_last_disconnect: None,
+            bus_disconnects: 0,
             draining,
         }
     }

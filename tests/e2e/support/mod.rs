@@ -501,6 +501,12 @@ impl Collector {
                 {
                     continue;
                 }
+                // Heartbeats and notices are not changes; a resent message was seen.
+                if msg.header(walcast_bus::HEADER_NOTICE).is_some()
+                    || msg.header(walcast_bus::HEADER_RESENT).is_some()
+                {
+                    continue;
+                }
                 let ev: ChangeEvent = serde_json::from_slice(&msg.payload).unwrap_or_else(|e| {
                     panic!(
                         "bad event JSON {e}: {}",

@@ -22,8 +22,12 @@ const FREEZE_MS = 30000
 // Then the new leader starts reading: 3 s of margin for that on a busy machine.
 const takeoverBoundMs = (mode) => LEASE_SECS * 1000 * (mode === 'kubernetes' ? 5 / 3 : 1) + 3000
 
-// Change messages: the table subject (no audience) and the fronts' delivery subjects.
-const isChange = (m) => m.subject.startsWith('walcast.realtime.') || m.subject.startsWith('walcast.deliver.')
+// Change messages: the table subject (no audience) and the fronts' delivery subjects
+// (not their heartbeats and notices, nor what a leader sent a front again).
+const isChange = (m) =>
+  (m.subject.startsWith('walcast.realtime.') || m.subject.startsWith('walcast.deliver.')) &&
+  !m.headers['walcast-notice'] &&
+  !m.headers['walcast-resent']
 const position = (m) => [m.headers['walcast-lsn'], Number(m.headers['walcast-seq'])]
 const lsnValue = (lsn) => {
   const [hi, lo] = lsn.split('/')

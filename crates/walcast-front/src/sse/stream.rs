@@ -147,6 +147,12 @@ impl Sink for SseChannel {
 
     /// Live readers get the reason and their streams end; a reader coming back
     /// subscribes anew (and is refused with the reason).
+    /// Its readers get a `system` error and their streams end (a reader that comes back
+    /// resumes from the history, which lacks what was lost).
+    fn missed(&self, why: &str) {
+        SseChannel::end(self, why);
+    }
+
     fn end(&self, why: &str) {
         if let Some(streams) = self.streams.upgrade() {
             streams.remove_if(self);

@@ -24,6 +24,7 @@ use crate::catalog::types::TypeCache;
 use crate::config::RlsOptions;
 use crate::delivery::event::build_event;
 use crate::delivery::lanes::{LaneLimits, Lanes};
+use crate::delivery::links::FrontLinks;
 use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::{Matcher, RowView};
@@ -52,6 +53,8 @@ pub struct RealtimeOptions {
     pub health: Arc<PipelineHealth>,
     /// The session's way to the bus: fenced, stamped with origin, term and position.
     pub publisher: Publisher,
+    /// Every message to a front goes through it (numbered, kept for resending).
+    pub links: Arc<FrontLinks>,
     /// The slot read (its DDL epochs are recorded under its name).
     pub slot: String,
     /// How catalog changes reach the pipeline, and the epoch at the start position.
@@ -98,6 +101,7 @@ impl RealtimeConsumer {
             opts.publisher.clone(),
             opts.max_record_bytes,
             opts.health.clone(),
+            opts.links,
         ));
         let lanes = Lanes::new(
             opts.database_url.clone(),

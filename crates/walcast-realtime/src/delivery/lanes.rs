@@ -29,9 +29,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use walcast_bus::subject::delivery_subject;
 use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_LAGGED};
-use walcast_bus::HEADER_NOTICE;
 use walcast_pipeline::health::PartLag;
 use walcast_pipeline::Position;
 use walcast_wal2json::Lsn;
@@ -405,11 +403,9 @@ impl LaneTask {
                 notice,
                 payload,
             } => {
-                let headers = [(HEADER_NOTICE, notice)];
-                let subject = delivery_subject(&front);
-                self.outlet
-                    .publisher
-                    .publish(subject, at, &headers, payload)
+                let out = &self.outlet;
+                out.links
+                    .send(&out.publisher, &front, at, Some(notice), payload)
                     .await?;
             }
             Work::Batch(batch) => self.batch(batch).await?,
@@ -526,15 +522,11 @@ impl LaneTask {
                 message: message.clone(),
             })
             .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
-            let headers = [(HEADER_NOTICE, NOTICE_SUBS_LAGGED)];
-            self.outlet
-                .publisher
-                .publish(
-                    delivery_subject(&front),
-                    Position::commit(at),
-                    &headers,
-                    payload.into(),
-                )
+            let out = &self.outlet;
+            let at = Position::commit(at);
+            let notice = Some(NOTICE_SUBS_LAGGED);
+            out.links
+                .send(&out.publisher, &front, at, notice, payload.into())
                 .await?;
         }
         Ok(())

@@ -9,20 +9,24 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use walcast_bus::event::Shrink;
-use walcast_bus::{
-    subject::{change_subject, delivery_subject},
-    BusError, ChangeEvent, Restriction,
-};
+use walcast_bus::{subject::change_subject, BusError, ChangeEvent, Restriction};
 use walcast_pipeline::health::{PipelineHealth, SkippedChange};
 use walcast_pipeline::{Position, PublishError, Publisher};
 use walcast_wal2json::Lsn;
 
 use crate::authorize::Audience;
+use crate::delivery::links::FrontLinks;
 use crate::error::RealtimeError;
 use crate::telemetry;
 
-/// A message to publish: subject and payload.
-type Message = (String, Vec<u8>);
+/// Where a message goes: a front's delivery subject (through [`FrontLinks`]) or a subject.
+enum To {
+    Front(String),
+    Subject(String),
+}
+
+/// A message to publish: where, and its payload.
+type Message = (To, Vec<u8>);
 
 /// Room left in a bus message for the subject, headers and framing.
 const MESSAGE_OVERHEAD: usize = 1024;
@@ -33,6 +37,8 @@ pub struct Outlet {
     pub max_record_bytes: usize,
     /// Where skipped and reduced changes are reported.
     pub health: Arc<PipelineHealth>,
+    /// Every message to a front goes through them (numbered, kept to resend).
+    pub links: Arc<FrontLinks>,
     /// The largest message published so far (for the gauge).
     largest: AtomicUsize,
 }
@@ -42,11 +48,13 @@ impl Outlet {
         publisher: Publisher,
         max_record_bytes: usize,
         health: Arc<PipelineHealth>,
+        links: Arc<FrontLinks>,
     ) -> Outlet {
         Outlet {
             publisher,
             max_record_bytes,
             health,
+            links,
             largest: AtomicUsize::new(0),
         }
     }
@@ -149,7 +157,7 @@ impl Outlet {
         Ok(())
     }
 
-    /// (subject, payload) of every message of a change; `None` if one cannot fit.
+    /// (where, payload) of every message of a change; `None` if one cannot fit.
     fn messages(
         &self,
         event: &ChangeEvent,
@@ -177,8 +185,11 @@ impl Outlet {
             if parts.len() > 1 {
                 metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
             }
-            let subject = delivery_subject(&front.front);
-            out.extend(parts.into_iter().map(|m| (subject.clone(), m)));
+            out.extend(
+                parts
+                    .into_iter()
+                    .map(|m| (To::Front(front.front.clone()), m)),
+            );
         }
         // The audience-free copy last: a consumer of both knows a change's deliveries
         // are complete when it arrives.
@@ -186,13 +197,13 @@ impl Outlet {
         let Some(bare) = event.split(budget).map_err(json)? else {
             return Ok(None);
         };
-        out.extend(bare.into_iter().map(|m| (subject.clone(), m)));
+        out.extend(bare.into_iter().map(|m| (To::Subject(subject.clone()), m)));
         Ok(Some(out))
     }
 
     async fn send(&self, event: &ChangeEvent, messages: Vec<Message>) -> Result<(), RealtimeError> {
         let at = Position::change(event.commit_lsn, event.seq);
-        for (subject, payload) in messages {
+        for (to, payload) in messages {
             metrics::counter!(telemetry::PUBLISHED_BYTES).increment(payload.len() as u64);
             metrics::counter!(telemetry::PUBLISHED_MESSAGES).increment(1);
             let size = payload.len();
@@ -204,9 +215,15 @@ impl Outlet {
             }
             // The publisher checks the fence right before the hand-over: a leader that
             // lost its lease sends nothing.
-            self.publisher
-                .publish(subject, at, &[], Bytes::from(payload))
-                .await?;
+            let payload = Bytes::from(payload);
+            match to {
+                To::Front(f) => {
+                    self.links
+                        .send(&self.publisher, &f, at, None, payload)
+                        .await?
+                }
+                To::Subject(s) => self.publisher.publish(s, at, &[], payload).await?,
+            }
         }
         metrics::counter!(crate::telemetry::CHANGES_PUBLISHED).increment(1);
         Ok(())

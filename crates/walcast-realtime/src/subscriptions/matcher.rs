@@ -468,6 +468,11 @@ impl Matcher {
         self.read().fronts.keys().cloned().collect()
     }
 
+    /// The fronts that have subscriptions (the leader's heartbeats go to these).
+    pub fn subscribed_fronts(&self) -> Vec<String> {
+        self.read().per_front.keys().cloned().collect()
+    }
+
     /// Note that a front is alive (it sent part of a sync).
     pub fn touch(&self, front: &str) {
         self.write()

@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use walcast_bus::subject::delivery_subject;
 use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
-use walcast_bus::HEADER_NOTICE;
 use walcast_pipeline::Position;
 
 use super::RealtimeConsumer;
@@ -237,10 +235,10 @@ impl RealtimeConsumer {
                     continue;
                 }
             }
-            let notice = [(HEADER_NOTICE, NOTICE_SUBS_ENDED)];
-            let subject = delivery_subject(&front);
-            self.publisher
-                .publish(subject, at, &notice, payload)
+            let publisher = &self.publisher;
+            self.outlet
+                .links
+                .send(publisher, &front, at, Some(NOTICE_SUBS_ENDED), payload)
                 .await?;
         }
         Ok(())
