@@ -96,6 +96,28 @@ pub trait Consumer: Send {
     /// Flush, then wait until everything handed over so far is durable where it goes.
     fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>>;
 
+    /// Without waiting on anything slow: the position up to which everything this
+    /// consumer was handed is durable where it goes (at most `handed`, the commit of the
+    /// last transaction it was handed or the source's caught-up position). The driver
+    /// acknowledges the slot at the lowest such position of all consumers, and never waits
+    /// for one consumer to hand the next transaction to the others. Default: the blocking
+    /// [`Consumer::barrier`], then `handed`.
+    fn settle(&mut self, handed: Lsn) -> BoxFuture<'_, Result<Lsn, ConsumerError>> {
+        Box::pin(async move {
+            self.barrier().await?;
+            Ok(handed)
+        })
+    }
+
+    /// Whether it takes more transactions now. `false` (its own bounded buffer is full):
+    /// the driver stops handing it transactions, from the next one on, and keeps the slot's
+    /// acknowledgement at its settled position; once it is `true` again the driver reads
+    /// the WAL again from the slot's position and hands it only the transactions it has not
+    /// had (the others get nothing twice).
+    fn accepting(&self) -> bool {
+        true
+    }
+
     /// The source restarts from the last acknowledged commit: forget a partial
     /// transaction (its items come again).
     fn reset(&mut self) {}
