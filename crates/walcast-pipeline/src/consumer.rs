@@ -10,9 +10,11 @@
 //!   transactional logical messages, of every consumer's tables, so it filters), its commit;
 //! - may hold work ([`Consumer::has_pending`], [`Consumer::flush`]), flushed whenever the
 //!   source has nothing waiting;
-//! - confirms in [`Consumer::barrier`] that everything it was handed is durable where it
-//!   goes: the driver acknowledges a position to Postgres only after every consumer's
-//!   barrier, so a crash replays and never skips;
+//! - says in [`Consumer::settle`], without waiting on anything slow, how far what it was
+//!   handed is durable where it goes: the driver acknowledges the lowest such position of
+//!   all consumers, so a crash replays and never skips, and no consumer waits for another;
+//! - may refuse more for a while ([`Consumer::accepting`]): it is then handed the
+//!   transactions it missed once it accepts again;
 //! - publishes only through the [`crate::Publisher`] the session handed it, which checks
 //!   the leadership term's fence before every message and stamps it with the origin,
 //!   term and position (a consumer holds neither the bus nor the fence).

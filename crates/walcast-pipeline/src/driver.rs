@@ -4,13 +4,23 @@
 //! It owns what both sources used to repeat: framing lines into transactions
 //! ([`crate::txn`]), the table filter (the union of the consumers' tables), the initial
 //! load and the periodic re-check of the consumers' state, slot statistics, `/health`,
-//! the fence checks, and the acknowledgement rule: a position is acknowledged only after
-//! every consumer's barrier confirmed what it was handed, so a crash replays and never
-//! skips. When a consumer's tables change inside a transaction, the source is
-//! acknowledged up to that commit and restarted from there with the new filter.
+//! the fence checks, and the acknowledgement rule: the slot is acknowledged at the lowest
+//! position every consumer has made durable ([`Consumer::settle`]), so a crash replays and
+//! never skips.
+//!
+//! Consumers do not wait for each other: each has its own position (the last transaction
+//! handed to it, the last it settled), settling never waits on a slow part, and a consumer
+//! whose own buffer is full ([`Consumer::accepting`]) is detached: it is handed nothing
+//! more while the others go on, the slot's acknowledgement stays at its position, and
+//! once it accepts again the source is read again from there, each consumer handed only
+//! the transactions it has not had. When a consumer's tables change inside a transaction,
+//! the source is restarted after that commit with the new filter (again each consumer
+//! skipping what it already had).
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
+
+use crate::health::ConsumerProgress;
 
 use futures_util::FutureExt;
 
@@ -29,6 +39,9 @@ use crate::{telemetry, PipelineError};
 
 /// Slot statistics are read at most this often (and at once after a busy checkpoint).
 const STATS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// At a graceful stop, how long each consumer's blocking barrier may take.
+const STOP_BARRIER: Duration = Duration::from_secs(10);
 
 /// How a read of the source ended.
 enum Stop {
@@ -54,16 +67,39 @@ pub struct DriverOptions<'a> {
     pub message_key: Option<MessageKey>,
 }
 
+/// A consumer and how far it got.
+struct Part<'a> {
+    consumer: Box<dyn Consumer + 'a>,
+    /// The commit of the last transaction handed to it (or the source's caught-up
+    /// position): it never gets a transaction committed at or before this again.
+    handed: Lsn,
+    /// Durable, as its last [`Consumer::settle`] said.
+    settled: Lsn,
+    /// Items were handed to it since its last settle.
+    unsettled: bool,
+    /// Its last settle reached what it had been handed: with nothing handed since, it
+    /// is durable up to `handed` without asking.
+    clean: bool,
+    /// It refused more ([`Consumer::accepting`]): handed nothing until it accepts again.
+    detached: bool,
+    /// Not handed the current transaction (it had it already, or is detached).
+    skip: bool,
+}
+
+impl Part<'_> {
+    fn name(&self) -> &'static str {
+        self.consumer.name()
+    }
+}
+
 pub struct Driver<'a> {
     opts: DriverOptions<'a>,
-    consumers: Vec<Box<dyn Consumer + 'a>>,
+    parts: Vec<Part<'a>>,
     txns: TxnReader,
     /// Acknowledged to the server.
     confirmed: Lsn,
-    /// Handed to the consumers, safe to acknowledge once their barriers pass.
+    /// Read: the last commit (or caught-up position) of the source.
     handled: Lsn,
-    /// Lines were handed over since the last barrier.
-    unsettled: bool,
     /// A consumer's tables changed in the current transaction.
     tables_changed: bool,
     refreshed_at: Instant,
@@ -72,13 +108,24 @@ pub struct Driver<'a> {
 
 impl<'a> Driver<'a> {
     pub fn new(opts: DriverOptions<'a>, consumers: Vec<Box<dyn Consumer + 'a>>) -> Driver<'a> {
+        let parts = consumers
+            .into_iter()
+            .map(|consumer| Part {
+                consumer,
+                handed: opts.confirmed,
+                settled: opts.confirmed,
+                unsettled: false,
+                clean: true,
+                detached: false,
+                skip: false,
+            })
+            .collect();
         Driver {
             confirmed: opts.confirmed,
             handled: opts.confirmed,
             opts,
-            consumers,
+            parts,
             txns: TxnReader::new(),
-            unsettled: false,
             tables_changed: false,
             refreshed_at: Instant::now(),
             stats_at: None,
@@ -86,21 +133,27 @@ impl<'a> Driver<'a> {
     }
 
     /// Load every consumer's state, then read until cancelled (or a failure the caller
-    /// retries), restarting the source whenever the filter changes.
+    /// retries), restarting the source whenever the filter changes or a detached
+    /// consumer accepts again.
     pub async fn run<S: Source>(
         mut self,
         source: &mut S,
         cancel: &CancellationToken,
     ) -> Result<(), PipelineError> {
-        for c in &mut self.consumers {
-            c.refresh(Refresh::Start).await.map_err(failed(c.name()))?;
+        for p in &mut self.parts {
+            let name = p.name();
+            p.consumer
+                .refresh(Refresh::Start)
+                .await
+                .map_err(failed(name))?;
         }
         self.refreshed_at = Instant::now();
         loop {
             self.opts.fence.check(Action::Read)?;
             let filter = self.filter();
-            tracing::info!(filter = %filter, from = %self.confirmed, "reading the slot");
-            source.start(self.confirmed, &filter).await?;
+            let from = self.restart_point();
+            tracing::info!(filter = %filter, from = %from, confirmed = %self.confirmed, "reading the slot");
+            source.start(from, &filter).await?;
             // Reading: active from now on, not only after the first round (a first poll
             // of a long backlog can take a while).
             self.opts.health.set_active(true);
@@ -113,22 +166,37 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// Where to read from: the acknowledged position when a consumer is detached (it
+    /// needs what came after its own position), else the lowest position handed over (a
+    /// stream starts there; the polling source always reads from the acknowledged one).
+    fn restart_point(&self) -> Lsn {
+        if self.parts.iter().any(|p| p.detached) {
+            return self.confirmed;
+        }
+        let handed = self.parts.iter().map(|p| p.handed).min();
+        handed.unwrap_or(self.handled).max(self.confirmed)
+    }
+
     /// The union of the consumers' tables, schemas and message prefixes.
     fn filter(&self) -> Filter {
-        let tables = self.consumers.iter().flat_map(|c| c.tables()).collect();
-        let schemas = self.consumers.iter().flat_map(|c| c.schemas()).collect();
-        let prefixes = self.consumers.iter().flat_map(|c| c.message_prefixes());
+        let consumers = || self.parts.iter().map(|p| &p.consumer);
+        let tables = consumers().flat_map(|c| c.tables()).collect();
+        let schemas = consumers().flat_map(|c| c.schemas()).collect();
+        let prefixes = consumers().flat_map(|c| c.message_prefixes());
         Filter::new(tables, schemas, prefixes.collect())
     }
 
     fn reset(&mut self) {
         self.txns.reset();
         self.tables_changed = false;
-        self.consumers.iter_mut().for_each(|c| c.reset());
+        for p in &mut self.parts {
+            p.skip = false;
+            p.consumer.reset();
+        }
     }
 
     fn has_pending(&self) -> bool {
-        self.consumers.iter().any(|c| c.has_pending())
+        self.parts.iter().any(|p| p.consumer.has_pending())
     }
 
     async fn read<S: Source>(
@@ -142,14 +210,15 @@ impl<'a> Driver<'a> {
                 // more is waiting.
                 biased;
                 _ = cancel.cancelled() => {
-                    self.settle(source, self.handled, false).await?;
+                    self.drain(source).await?;
                     source.stop().await;
                     return Ok(Stop::Cancelled);
                 }
                 input = source.next() => input?,
                 _ = std::future::ready(()), if S::FLUSH_WHILE_WAITING && self.has_pending() => {
-                    for c in &mut self.consumers {
-                        c.flush().await.map_err(failed(c.name()))?;
+                    for p in &mut self.parts {
+                        let name = p.name();
+                        p.consumer.flush().await.map_err(failed(name))?;
                     }
                     continue;
                 }
@@ -157,15 +226,11 @@ impl<'a> Driver<'a> {
             match input {
                 Input::Line(data) => {
                     if self.line(&data).await? {
-                        self.settle(source, self.handled, false).await?;
+                        self.settle(source, false).await?;
                         return Ok(Stop::Restart);
                     }
                 }
-                Input::CaughtUp(lsn) => {
-                    if !self.txns.in_transaction() {
-                        self.handled = self.handled.max(lsn);
-                    }
-                }
+                Input::CaughtUp(lsn) => self.caught_up(lsn),
                 Input::Checkpoint { busy, reply } => {
                     if self.checkpoint(source, busy, reply).await? {
                         return Ok(Stop::Restart);
@@ -175,21 +240,33 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Read a line and hand it to every consumer. `true`: a transaction committed that
-    /// changed a consumer's tables.
+    /// Everything before `lsn` was read: between transactions, every attached consumer
+    /// has had all of it.
+    fn caught_up(&mut self, lsn: Lsn) {
+        if self.txns.in_transaction() {
+            return;
+        }
+        self.handled = self.handled.max(lsn);
+        for p in self.parts.iter_mut().filter(|p| !p.detached) {
+            p.handed = p.handed.max(lsn);
+        }
+    }
+
+    /// Read a line and hand it to every consumer that takes it. `true`: a transaction
+    /// committed that changed a consumer's tables.
     async fn line(&mut self, data: &[u8]) -> Result<bool, PipelineError> {
         let text = std::str::from_utf8(data).map_err(|e| {
             PipelineError::decode(e, &String::from_utf8_lossy(&data[..data.len().min(300)]))
         })?;
-        self.unsettled = true;
         let step = self.txns.read(text).inspect_err(|_| {
             metrics::counter!(telemetry::DECODE_ERRORS).increment(1);
         })?;
         let commit = match step {
             Step::Begin => {
                 if let Some(txn) = self.txns.txn() {
+                    begin(&mut self.parts, txn.commit_lsn);
                     self.tables_changed |=
-                        dispatch(&mut self.consumers, self.opts.health, Item::Begin(txn)).await?;
+                        dispatch(&mut self.parts, self.opts.health, Item::Begin(txn)).await?;
                 }
                 return Ok(false);
             }
@@ -204,8 +281,7 @@ impl<'a> Driver<'a> {
                     return Ok(false);
                 };
                 let item = Item::Change(txn, &change);
-                self.tables_changed |=
-                    dispatch(&mut self.consumers, self.opts.health, item).await?;
+                self.tables_changed |= dispatch(&mut self.parts, self.opts.health, item).await?;
                 return Ok(false);
             }
             Step::Outside(_) => return Ok(false),
@@ -220,13 +296,17 @@ impl<'a> Driver<'a> {
             Step::Commit(txn) => txn,
         };
         self.tables_changed |=
-            dispatch(&mut self.consumers, self.opts.health, Item::Commit(&commit)).await?;
+            dispatch(&mut self.parts, self.opts.health, Item::Commit(&commit)).await?;
+        for p in self.parts.iter_mut().filter(|p| !p.skip) {
+            p.handed = p.handed.max(commit.commit_lsn);
+        }
         self.handled = self.handled.max(commit.commit_lsn);
         Ok(std::mem::take(&mut self.tables_changed))
     }
 
-    /// Acknowledge what was handled, check the fence, refresh statistics and health, and
-    /// re-check the consumers' state when due. `true`: restart with a new filter.
+    /// Acknowledge what was settled, check the fence, refresh statistics and health, and
+    /// re-check the consumers' state when due. `true`: restart (a new filter, or a
+    /// detached consumer accepts again).
     async fn checkpoint<S: Source>(
         &mut self,
         source: &mut S,
@@ -234,7 +314,7 @@ impl<'a> Driver<'a> {
         reply: bool,
     ) -> Result<bool, PipelineError> {
         self.opts.fence.check(Action::Read)?;
-        self.settle(source, self.handled, reply).await?;
+        self.settle(source, reply).await?;
         let due = busy || self.stats_at.is_none_or(|t| t.elapsed() >= STATS_INTERVAL);
         if let Some(client) = self.opts.client.filter(|_| due) {
             self.stats_at = Some(Instant::now());
@@ -242,58 +322,146 @@ impl<'a> Driver<'a> {
         }
         self.opts.health.set_active(true);
         self.opts.health.set_error(None);
-        if self.txns.in_transaction() || self.refreshed_at.elapsed() < self.opts.refresh {
+        if self.txns.in_transaction() {
+            return Ok(false);
+        }
+        if self.reattach() {
+            return Ok(true);
+        }
+        if self.refreshed_at.elapsed() < self.opts.refresh {
             return Ok(false);
         }
         self.refreshed_at = Instant::now();
         let mut changed = false;
-        for c in &mut self.consumers {
+        for p in &mut self.parts {
             let when = Refresh::Check {
                 confirmed: self.confirmed,
             };
-            if c.refresh(when).await.map_err(failed(c.name()))? {
-                tracing::info!(consumer = c.name(), "tables changed on re-check");
+            let name = p.name();
+            if p.consumer.refresh(when).await.map_err(failed(name))? {
+                tracing::info!(consumer = name, "tables changed on re-check");
                 changed = true;
             }
         }
         Ok(changed)
     }
 
-    /// Every consumer's barrier (if anything was handed over since the last), then
-    /// acknowledge `upto`. `reply`: send a status even if nothing advanced.
+    /// Detached consumers that accept again: `true` if any (the source is then read
+    /// again from the acknowledged position).
+    fn reattach(&mut self) -> bool {
+        let mut any = false;
+        for p in self.parts.iter_mut().filter(|p| p.detached) {
+            if p.consumer.accepting() {
+                p.detached = false;
+                any = true;
+                tracing::info!(consumer = p.name(), from = %p.handed, "consumer accepts again: reading the WAL again from its position");
+            }
+        }
+        any
+    }
+
+    /// Ask each consumer how far it is durable (without waiting on anything slow), then
+    /// acknowledge the lowest position. `reply`: send a status even if nothing advanced.
     async fn settle<S: Source>(
         &mut self,
         source: &mut S,
-        upto: Lsn,
         reply: bool,
     ) -> Result<(), PipelineError> {
+        for p in &mut self.parts {
+            if !std::mem::take(&mut p.unsettled) && p.clean {
+                p.settled = p.handed;
+                continue;
+            }
+            let name = p.name();
+            let settled = p.consumer.settle(p.handed).await.map_err(failed(name))?;
+            p.clean = settled >= p.handed;
+            p.settled = settled.min(p.handed).max(p.settled);
+        }
+        self.acknowledge(source, reply).await
+    }
+
+    /// A graceful stop: every consumer's blocking barrier (each bounded), then
+    /// acknowledge what they made durable.
+    async fn drain<S: Source>(&mut self, source: &mut S) -> Result<(), PipelineError> {
+        for p in &mut self.parts {
+            let name = p.name();
+            match tokio::time::timeout(STOP_BARRIER, p.consumer.barrier()).await {
+                Ok(Ok(())) => p.settled = p.settled.max(p.handed),
+                Ok(Err(e)) if e.retry() == crate::Retry::Fenced => return Err(failed(name)(e)),
+                Ok(Err(e)) => {
+                    tracing::warn!(consumer = name, error = %e, "barrier failed at stop: its position stays where it was settled")
+                }
+                Err(_) => tracing::warn!(
+                    consumer = name,
+                    "barrier did not end in time at stop: its position stays where it was settled"
+                ),
+            }
+        }
+        self.acknowledge(source, false).await
+    }
+
+    /// Acknowledge the lowest settled position (never past what was read).
+    async fn acknowledge<S: Source>(
+        &mut self,
+        source: &mut S,
+        reply: bool,
+    ) -> Result<(), PipelineError> {
+        let lowest = self.parts.iter().map(|p| p.settled).min();
+        let upto = lowest.unwrap_or(self.handled).min(self.handled);
+        self.report_progress();
         if upto <= self.confirmed && !reply {
             return Ok(());
         }
-        if upto > self.confirmed && self.unsettled {
-            for c in &mut self.consumers {
-                c.barrier().await.map_err(failed(c.name()))?;
-            }
-            self.unsettled = false;
-        }
-        // Checked after the barriers (which can take a while), right before the status.
+        // Checked right before the status.
         self.opts.fence.check(Action::Ack)?;
         self.confirmed = source.ack(upto.max(self.confirmed)).await?;
         Ok(())
     }
+
+    /// Each consumer's distance behind what was read, in metrics and on `/health`.
+    fn report_progress(&self) {
+        for p in &self.parts {
+            let lag = self.handled.0.saturating_sub(p.settled.0);
+            let name = p.name();
+            metrics::gauge!(telemetry::CONSUMER_LAG, "consumer" => name).set(lag as f64);
+            let detached = if p.detached { 1.0 } else { 0.0 };
+            metrics::gauge!(telemetry::CONSUMER_DETACHED_NOW, "consumer" => name).set(detached);
+            let progress = ConsumerProgress {
+                settled: p.settled,
+                lag_bytes: lag,
+                detached: p.detached,
+            };
+            self.opts.health.set_consumer(name, progress);
+        }
+    }
 }
 
-/// Hand an item to every consumer, in order. `true`: one's tables changed. A consumer
+/// A transaction begins: which consumers take it. One that had it already (read again
+/// after a restart) or is detached does not; one whose buffer is full is detached now.
+fn begin(parts: &mut [Part<'_>], commit_lsn: Lsn) {
+    for p in parts.iter_mut() {
+        if !p.detached && !p.consumer.accepting() {
+            p.detached = true;
+            metrics::counter!(telemetry::CONSUMER_DETACHED, "consumer" => p.name()).increment(1);
+            tracing::warn!(consumer = p.name(), at = %p.handed, "consumer cannot take more: detached; the others go on, the slot keeps its WAL");
+        }
+        p.skip = p.detached || commit_lsn <= p.handed;
+        p.unsettled |= !p.skip;
+    }
+}
+
+/// Hand an item to every consumer that takes the transaction, in order. `true`: one's tables changed. A consumer
 /// that panics on an item is isolated: the panic is caught, logged, counted and reported
 /// as a skip of that item for that consumer (the same item would panic again on every
 /// replay, so retrying would stall the slot or kill the process for good).
 async fn dispatch(
-    consumers: &mut [Box<dyn Consumer + '_>],
+    parts: &mut [Part<'_>],
     health: &PipelineHealth,
     item: Item<'_>,
 ) -> Result<bool, PipelineError> {
     let mut changed = false;
-    for c in consumers {
+    for p in parts.iter_mut().filter(|p| !p.skip) {
+        let c = &mut p.consumer;
         let name = c.name();
         // `handle` called inside the future: a panic before its future exists is caught too.
         let handled = AssertUnwindSafe(async { c.handle(item).await });

@@ -1,6 +1,7 @@
 //! The driver without a database: a scripted source and recording consumers.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -20,9 +21,22 @@ use crate::PipelineError;
 type Log = Arc<Mutex<Vec<String>>>;
 
 /// Yields its script, then fails (which ends the run); logs starts, acks and stops.
+/// A `Toggle` entry sets consumer `b`'s gate (whether it accepts) and is not yielded.
 struct Scripted {
-    script: VecDeque<Input>,
+    script: VecDeque<Entry>,
     log: Log,
+    gate: Arc<AtomicBool>,
+}
+
+enum Entry {
+    Input(Input),
+    Toggle(bool),
+}
+
+impl From<Input> for Entry {
+    fn from(i: Input) -> Entry {
+        Entry::Input(i)
+    }
 }
 
 impl Source for Scripted {
@@ -37,7 +51,12 @@ impl Source for Scripted {
     }
 
     async fn next(&mut self) -> Result<Input, PipelineError> {
-        self.script.pop_front().ok_or(PipelineError::StreamEnded)
+        loop {
+            match self.script.pop_front().ok_or(PipelineError::StreamEnded)? {
+                Entry::Input(input) => return Ok(input),
+                Entry::Toggle(on) => self.gate.store(on, Ordering::SeqCst),
+            }
+        }
     }
 
     async fn ack(&mut self, upto: Lsn) -> Result<Lsn, PipelineError> {
@@ -51,10 +70,13 @@ impl Source for Scripted {
 }
 
 /// Logs what it is handed; its tables change when it sees a row of table `switch`.
+/// It accepts while its gate is open; it settles no further than `settles_to`.
 struct Recording {
     name: &'static str,
     tables: Vec<(String, String)>,
     log: Log,
+    gate: Arc<AtomicBool>,
+    settles_to: Option<Lsn>,
 }
 
 impl Consumer for Recording {
@@ -101,6 +123,19 @@ impl Consumer for Recording {
             .push(format!("{} barrier", self.name));
         Box::pin(async { Ok(()) })
     }
+
+    fn settle(&mut self, handed: Lsn) -> BoxFuture<'_, Result<Lsn, crate::ConsumerError>> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{} barrier", self.name));
+        let to = self.settles_to.map_or(handed, |s| s.min(handed));
+        Box::pin(async move { Ok(to) })
+    }
+
+    fn accepting(&self) -> bool {
+        self.name != "b" || self.gate.load(Ordering::SeqCst)
+    }
 }
 
 fn line(s: String) -> Input {
@@ -139,8 +174,19 @@ async fn run_with(
     script: Vec<Input>,
     message_key: Option<MessageKey>,
 ) -> (Vec<String>, crate::health::PipelineHealthReport) {
+    let script = script.into_iter().map(Entry::from).collect();
+    run_entries(script, message_key, None).await
+}
+
+/// [`run_with`] with toggles of `b`'s gate, and `b` settling no further than `b_settles_to`.
+async fn run_entries(
+    script: Vec<Entry>,
+    message_key: Option<MessageKey>,
+    b_settles_to: Option<Lsn>,
+) -> (Vec<String>, crate::health::PipelineHealthReport) {
     let log = Log::default();
     let health = PipelineHealth::new("s");
+    let gate = Arc::new(AtomicBool::new(true));
     let consumers: Vec<Box<dyn Consumer>> = ["a", "b"]
         .into_iter()
         .map(|name| {
@@ -148,6 +194,8 @@ async fn run_with(
                 name,
                 tables: vec![("public".into(), format!("t{name}"))],
                 log: log.clone(),
+                gate: gate.clone(),
+                settles_to: (name == "b").then_some(b_settles_to).flatten(),
             }) as Box<dyn Consumer>
         })
         .collect();
@@ -166,6 +214,7 @@ async fn run_with(
     let mut source = Scripted {
         script: script.into(),
         log: log.clone(),
+        gate,
     };
     let end = driver.run(&mut source, &CancellationToken::new()).await;
     assert!(matches!(end, Err(PipelineError::StreamEnded)), "{end:?}");
@@ -316,4 +365,76 @@ async fn a_consumer_panicking_on_an_item_skips_it_and_the_rest_flows() {
         (last.table.as_str(), last.reason.as_str()),
         ("public.boom", "consumer_panic")
     );
+}
+
+fn entries(inputs: Vec<Input>) -> Vec<Entry> {
+    inputs.into_iter().map(Entry::from).collect()
+}
+
+/// What matters to these tests: begins, acks, starts and stops.
+fn progress(log: Vec<String>) -> Vec<String> {
+    log.into_iter()
+        .filter(|e| e.contains("begin") || e.starts_with("ack") || e.starts_with("st"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_consumer_that_settles_slowly_holds_the_ack_not_the_others() {
+    let mut script = entries(txn("ta", 0x20));
+    script.extend(entries(txn("ta", 0x30)));
+    script.push(checkpoint().into());
+    script.extend(entries(txn("ta", 0x40)));
+    script.push(checkpoint().into());
+    let (log, health) = run_entries(script, None, Some(Lsn(0x20))).await;
+    assert_eq!(
+        progress(log),
+        [
+            "start 0/10 public.ta,public.tb",
+            "a begin 0/20",
+            "b begin 0/20",
+            "a begin 0/30",
+            "b begin 0/30",
+            "ack 0/20",
+            "a begin 0/40",
+            "b begin 0/40",
+        ]
+    );
+    let b = &health.consumers["b"];
+    assert_eq!(
+        (b.settled, b.lag_bytes, b.detached),
+        (Lsn(0x20), 0x20, false)
+    );
+    assert_eq!(health.consumers["a"].settled, Lsn(0x40));
+}
+
+#[tokio::test]
+async fn a_full_consumer_is_detached_then_fed_what_it_missed_and_nobody_gets_twice() {
+    let mut script = entries(txn("ta", 0x20));
+    script.push(Entry::Toggle(false));
+    script.extend(entries(txn("ta", 0x30)));
+    script.push(checkpoint().into());
+    script.push(Entry::Toggle(true));
+    script.push(checkpoint().into());
+    // Read again from the acknowledged position, as a source does after a restart.
+    script.extend(entries(txn("ta", 0x30)));
+    script.extend(entries(txn("ta", 0x40)));
+    script.push(checkpoint().into());
+    let (log, health) = run_entries(script, None, None).await;
+    assert_eq!(
+        progress(log),
+        [
+            "start 0/10 public.ta,public.tb",
+            "a begin 0/20",
+            "b begin 0/20",
+            "a begin 0/30",
+            "ack 0/20",
+            "stop",
+            "start 0/20 public.ta,public.tb",
+            "b begin 0/30",
+            "a begin 0/40",
+            "b begin 0/40",
+            "ack 0/40",
+        ]
+    );
+    assert!(!health.consumers["b"].detached);
 }

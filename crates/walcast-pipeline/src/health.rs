@@ -26,8 +26,32 @@ pub struct SkippedChange {
     pub reason: String,
 }
 
+/// How far one consumer got (see the driver).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ConsumerProgress {
+    /// Everything before this position is durable where the consumer sends it.
+    pub settled: Lsn,
+    /// WAL bytes between what was read and `settled`.
+    pub lag_bytes: u64,
+    /// Its own buffer is full: it is handed nothing until it accepts again.
+    pub detached: bool,
+}
+
+/// How far one part of a consumer got (e.g. realtime delivery of one project).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PartLag {
+    /// Age of its oldest change not yet delivered, in milliseconds (0: none waiting).
+    pub lag_ms: u64,
+    /// Changes waiting.
+    pub queued: u64,
+    /// Changes skipped because it lagged past its bound, since start.
+    pub skipped_total: u64,
+}
+
 #[derive(Default)]
 pub struct PipelineHealth {
+    consumers: Mutex<std::collections::BTreeMap<&'static str, ConsumerProgress>>,
+    parts: Mutex<std::collections::BTreeMap<String, PartLag>>,
     skipped_total: AtomicU64,
     oversized_total: AtomicU64,
     last_skipped: Mutex<Option<SkippedChange>>,
@@ -65,7 +89,14 @@ pub struct PipelineHealthReport {
     pub ddl_tracking: Option<&'static str>,
     /// Changes read from the WAL since start (every table any consumer reads).
     pub changes_total: u64,
+    /// Each consumer's progress (the slot is acknowledged at the lowest).
+    pub consumers: std::collections::BTreeMap<&'static str, ConsumerProgress>,
+    /// Parts of consumers that lag (e.g. `realtime/<project>`); absent when none waits.
+    pub lagging: std::collections::BTreeMap<String, PartLag>,
 }
+
+/// Lagging parts shown on `/health` at most (the metrics have them all).
+pub const MAX_LAGGING_PARTS: usize = 100;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -138,6 +169,26 @@ impl PipelineHealth {
         *lock(&self.last_error) = error;
     }
 
+    /// A consumer's progress, as the driver sees it.
+    pub fn set_consumer(&self, name: &'static str, progress: ConsumerProgress) {
+        lock(&self.consumers).insert(name, progress);
+    }
+
+    /// A part of a consumer lags (`Some`), or no longer does (`None`). At most
+    /// [`MAX_LAGGING_PARTS`] are kept.
+    pub fn set_part_lag(&self, part: &str, lag: Option<PartLag>) {
+        let mut parts = lock(&self.parts);
+        match lag {
+            Some(lag) if parts.len() < MAX_LAGGING_PARTS || parts.contains_key(part) => {
+                parts.insert(part.to_string(), lag);
+            }
+            Some(_) => {}
+            None => {
+                parts.remove(part);
+            }
+        }
+    }
+
     /// A change was read from the WAL.
     pub fn record_change(&self) {
         self.changes_total.fetch_add(1, Ordering::Relaxed);
@@ -170,6 +221,8 @@ impl PipelineHealth {
             last_skipped_change: lock(&self.last_skipped).clone(),
             ddl_tracking: *lock(&self.ddl_tracking),
             changes_total: self.changes_total.load(Ordering::Relaxed),
+            consumers: lock(&self.consumers).clone(),
+            lagging: lock(&self.parts).clone(),
         }
     }
 }

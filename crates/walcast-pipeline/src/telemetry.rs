@@ -26,9 +26,28 @@ pub const POLL_ROWS: &str = "walcast_cdc_poll_rows";
 /// Counter: publishes refused by the [`crate::Publisher`] because the term's fence had
 /// closed (label `consumer`).
 pub const PUBLISH_FENCED: &str = "walcast_cdc_publish_fenced_total";
+/// Gauge: bytes of WAL between what was read and what a consumer made durable (label
+/// `consumer`).
+pub const CONSUMER_LAG: &str = "walcast_cdc_consumer_lag_bytes";
+/// Gauge: 1 while a consumer is detached (its buffer full; label `consumer`).
+pub const CONSUMER_DETACHED_NOW: &str = "walcast_cdc_consumer_detached";
+/// Counter: times a consumer was detached (label `consumer`).
+pub const CONSUMER_DETACHED: &str = "walcast_cdc_consumer_detached_total";
 
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
+    metrics::describe_gauge!(
+        CONSUMER_LAG,
+        "Bytes of WAL between what the pipeline read and what a consumer made durable (label consumer); the slot is acknowledged at the lowest"
+    );
+    metrics::describe_gauge!(
+        CONSUMER_DETACHED_NOW,
+        "1 while a consumer is detached: its own buffer is full, it is handed nothing while the others go on (label consumer)"
+    );
+    metrics::describe_counter!(
+        CONSUMER_DETACHED,
+        "Times a consumer was detached because its own buffer was full (label consumer)"
+    );
     metrics::describe_counter!(
         CHANGES_SKIPPED,
         "Changes not delivered because of a failure that retrying cannot fix (label reason)"
