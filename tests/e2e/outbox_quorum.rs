@@ -164,6 +164,13 @@ async fn jetstream_without_quorum_does_not_hold_realtime_and_loses_no_event() {
         cluster.kill(i);
     }
     tokio::time::sleep(OUTAGE).await;
+    // JetStream took nothing meanwhile: the relay holds the events, and says so.
+    let outbox = worker.health().expect("health")["outbox"].clone();
+    let waiting = outbox["oldest_unpublished_ms"].as_i64().unwrap_or(0);
+    assert!(
+        waiting > 5_000 && outbox["queued_events"].as_u64().unwrap_or(0) > 0,
+        "the relay holds the events of the outage: {outbox}"
+    );
     let restarted_at = Instant::now();
     for &i in &lost {
         cluster.restart(i).expect("restart a node");
