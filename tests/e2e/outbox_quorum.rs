@@ -116,6 +116,34 @@ fn percentile(sorted: &[Option<Duration>], p: f64) -> Option<Duration> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_without_quorum_does_not_hold_realtime_and_loses_no_event() {
     let _machine = crate::support::alone().await;
+    let worker = outage(&[]).await;
+    assert_eq!(detached(&worker), 0, "the relay's buffer held the outage");
+}
+
+/// The same with a relay that may hold 40 events only: it is detached during the
+/// outage, handed what it missed from the slot once JetStream is back, and still every
+/// event is on the stream once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_buffer_fills_is_detached_and_catches_up_from_the_slot() {
+    let _machine = crate::support::alone().await;
+    let worker = outage(&[("OUTBOX_MAX_QUEUED", "40")]).await;
+    assert!(detached(&worker) >= 1, "the relay was never detached");
+}
+
+/// Times the outbox relay was detached (its buffer full).
+fn detached(worker: &Worker) -> u64 {
+    let metrics = worker.get("/metrics").unwrap_or_default();
+    metrics
+        .lines()
+        .find(|l| l.starts_with("walcast_cdc_consumer_detached_total{consumer=\"outbox\"}"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The scenario (see the module docs), with `extra` environment for the worker; the
+/// worker, to look at afterwards.
+async fn outage(extra: &[(&str, &str)]) -> Worker {
     let pg = Postgres::builder().start().expect("start postgres");
     let mut cluster = NatsCluster::start(3).expect("start a NATS cluster");
     cluster
@@ -132,12 +160,13 @@ async fn jetstream_without_quorum_does_not_hold_realtime_and_loses_no_event() {
     assert!(out.status.success(), "{out:?}");
     pg.psql("GRANT SELECT ON ticks TO anon, authenticated, service_role")
         .expect("grant");
-    let env = [
+    let mut env = vec![
         ("CDC_SOURCE", "stream"),
         ("OUTBOX_STREAM_REPLICAS", "3"),
         ("OUTBOX_ACK_TIMEOUT_MS", "2000"),
         ("OUTBOX_RETRY_MAX_MS", "1000"),
     ];
+    env.extend_from_slice(extra);
     let mut worker = Worker::spawn(&pg.url(), &nats, &env);
     worker.source = Some("stream");
     worker.wait_active(STARTUP);
@@ -167,8 +196,9 @@ async fn jetstream_without_quorum_does_not_hold_realtime_and_loses_no_event() {
     // JetStream took nothing meanwhile: the relay holds the events, and says so.
     let outbox = worker.health().expect("health")["outbox"].clone();
     let waiting = outbox["oldest_unpublished_ms"].as_i64().unwrap_or(0);
+    let queued = outbox["queued_events"].as_u64().unwrap_or(0);
     assert!(
-        waiting > 5_000 && outbox["queued_events"].as_u64().unwrap_or(0) > 0,
+        waiting > 5_000 && queued > 0,
         "the relay holds the events of the outage: {outbox}"
     );
     let restarted_at = Instant::now();
@@ -186,6 +216,11 @@ async fn jetstream_without_quorum_does_not_hold_realtime_and_loses_no_event() {
         times.lock().unwrap().received.len() as i64 >= written
     })
     .await;
+    let slot = worker
+        .health()
+        .map(|h| h["consumers"].clone())
+        .unwrap_or_default();
+    eprintln!("relay at the end of the outage: {outbox}; consumers now {slot}");
     let during = latencies(&times.lock().unwrap(), killed_at, restarted_at);
     assert!(
         during.len() >= 100,
@@ -227,4 +262,5 @@ async fn jetstream_without_quorum_does_not_hold_realtime_and_loses_no_event() {
         p99.is_some_and(|p| p < P99_BOUND),
         "realtime rows committed while JetStream had no quorum: p99 {p99:?} (bound {P99_BOUND:?})"
     );
+    worker
 }
