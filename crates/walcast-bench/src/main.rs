@@ -4,6 +4,7 @@
 
 mod cdc;
 mod env;
+mod isolation;
 mod latency;
 mod outbox;
 mod outbox_poll;
@@ -42,6 +43,10 @@ enum Bench {
     /// the same events: backlog events/s relayed with JetStream acks and commit-to-ack
     /// latency at a steady rate, with and without an idle transaction open.
     Outbox(outbox::OutboxBench),
+    /// Fault isolation between tenants: the default project's INSERT→client latency alone
+    /// and beside projects with a slow RLS policy, and another table's latency during a
+    /// burst of table enables through the REST API.
+    Isolation(isolation::IsolationBench),
     /// (internal) `walcast serve` with the in-process bus, run as the `ws` child.
     #[command(hide = true)]
     WsServer(Box<ws_server::ServerArgs>),
@@ -65,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Ws(args) => ws::run(args).await,
         Bench::Rls(args) => rls::run(args).await,
         Bench::Outbox(args) => outbox::run(args).await,
+        Bench::Isolation(args) => isolation::run(args).await,
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
         Bench::Scale(args) => scale::run(args).await,

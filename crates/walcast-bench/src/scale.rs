@@ -72,7 +72,7 @@ struct Step {
 /// A child process running a walcast entry point, killed on drop.
 pub(crate) struct Proc {
     pub(crate) child: Child,
-    port: u16,
+    pub(crate) port: u16,
     name: String,
 }
 
@@ -85,7 +85,29 @@ impl Drop for Proc {
 
 impl Proc {
     pub(crate) fn start(sub: &str, name: String, env: &[(&str, String)]) -> anyhow::Result<Proc> {
+        Proc::start_logged(sub, name, env, None)
+    }
+
+    /// As [`Proc::start`], with the child's output (its logs) appended to `log` instead of
+    /// this process's stdout and stderr.
+    pub(crate) fn start_logged(
+        sub: &str,
+        name: String,
+        env: &[(&str, String)],
+        log: Option<&std::path::Path>,
+    ) -> anyhow::Result<Proc> {
         let port = walcast_testkit::free_port()?;
+        let (out, err) = match log {
+            Some(path) => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                (Stdio::from(f.try_clone()?), Stdio::from(f))
+            }
+            None => (Stdio::inherit(), Stdio::inherit()),
+        };
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg(sub)
             .env_clear()
@@ -96,8 +118,8 @@ impl Proc {
             .env("LOG_FORMAT", "text")
             .env("LOG_LEVEL", "warn")
             .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
+            .stdout(out)
+            .stderr(err);
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -93,6 +93,12 @@ pub struct UnregisterRequest {
 /// [`crate::HEADER_NOTICE`] value of a [`SubsEnded`] message.
 pub const NOTICE_SUBS_ENDED: &str = "subs-ended";
 
+/// [`crate::HEADER_NOTICE`] value of a notice that changes were skipped for these
+/// subscriptions (their project lagged past its bound): same body as [`SubsEnded`]; the
+/// front tells each channel with a `system` error carrying `message`, and the
+/// subscriptions go on.
+pub const NOTICE_SUBS_LAGGED: &str = "subs-lagged";
+
 /// Worker → front, on the front's delivery subject (so in order with its changes):
 /// these subscriptions ended on the worker's side (their table was dropped). The front
 /// tells each channel with a `system` error carrying `message` and removes them.

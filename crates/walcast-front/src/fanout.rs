@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use walcast_bus::subs::NOTICE_SUBS_ENDED;
+use walcast_bus::subs::{NOTICE_SUBS_ENDED, NOTICE_SUBS_LAGGED};
 use walcast_bus::HEADER_TERM;
 use walcast_bus::{BusMessage, ChangeEvent, Subscription, HEADER_NOTICE};
 
@@ -38,6 +38,7 @@ pub(crate) async fn run(
         match m.header(HEADER_NOTICE) {
             None => deliver(&delivery, &m, &mut replays),
             Some(NOTICE_SUBS_ENDED) => registrar.subs_ended(&m).await,
+            Some(NOTICE_SUBS_LAGGED) => registrar.subs_lagged(&m),
             Some(other) => {
                 telemetry::error("unknown_notice");
                 tracing::warn!(notice = other, "unknown notice on the delivery subject");

@@ -1,6 +1,7 @@
 //! What the front refuses of the change stream: messages of a stale leader term, and
 //! changes it already delivered (a replay after a leader change or a worker restart).
 
+use std::collections::HashMap;
 use walcast_bus::ChangeEvent;
 
 use crate::telemetry;
@@ -46,24 +47,35 @@ impl TermGuard {
     }
 }
 
-/// Drops what this front already delivered. Changes leave the leader in commit order, so
-/// `(commit_lsn, seq, part)` only grows; a new leader (or a restarted one) replays from
-/// the slot's last acknowledged position, and everything up to what we saw last is a
-/// replay that each channel already got.
+/// Drops what this front already delivered. A project's changes leave the leader in
+/// commit order (projects are published side by side, so not across projects), so per
+/// project `(commit_lsn, seq, part)` only grows; a new leader (or a restarted one)
+/// replays from the slot's last acknowledged position, and everything up to what we saw
+/// last of that project is a replay that each channel already got.
 #[derive(Default)]
 pub(crate) struct ReplayGuard {
-    last: Option<(walcast_core::Lsn, u32, u32)>,
+    last: HashMap<String, (walcast_core::Lsn, u32, u32)>,
 }
+
+/// Projects remembered at most (then forgotten all at once: a replay may then pass once).
+const MAX_PROJECTS: usize = 100_000;
 
 impl ReplayGuard {
     /// True if the change is new (and remember it).
     pub(crate) fn admit(&mut self, ev: &ChangeEvent) -> bool {
         let at = (ev.commit_lsn, ev.seq, ev.part);
-        if self.last.is_some_and(|last| at <= last) {
-            metrics::counter!(telemetry::REPLAYS_DROPPED).increment(1);
-            return false;
+        if let Some(last) = self.last.get_mut(&ev.project) {
+            if at <= *last {
+                metrics::counter!(telemetry::REPLAYS_DROPPED).increment(1);
+                return false;
+            }
+            *last = at;
+            return true;
         }
-        self.last = Some(at);
+        if self.last.len() >= MAX_PROJECTS {
+            self.last.clear();
+        }
+        self.last.insert(ev.project.clone(), at);
         true
     }
 }
@@ -71,6 +83,29 @@ impl ReplayGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn change(project: &str, lsn: u64, seq: u32) -> ChangeEvent {
+        let mut ev: ChangeEvent = serde_json::from_value(serde_json::json!({
+            "project": project, "schema": "public", "table": "t", "type": "INSERT",
+            "commit_timestamp": "", "commit_lsn": "0/0", "seq": seq, "columns": [],
+            "record": {}, "old_record": {}, "subs": []
+        }))
+        .unwrap();
+        ev.commit_lsn = walcast_core::Lsn(lsn);
+        ev
+    }
+
+    #[test]
+    fn replays_are_dropped_per_project_not_across() {
+        let mut g = ReplayGuard::default();
+        assert!(g.admit(&change("a", 0x30, 1)));
+        // Another project's lane is behind: its older positions are new changes.
+        assert!(g.admit(&change("b", 0x10, 1)));
+        assert!(g.admit(&change("b", 0x20, 1)));
+        assert!(!g.admit(&change("a", 0x30, 1)), "a replay of a");
+        assert!(!g.admit(&change("b", 0x10, 1)), "a replay of b");
+        assert!(g.admit(&change("a", 0x30, 2)));
+    }
 
     #[test]
     fn an_older_term_is_dropped_unless_the_newest_went_silent() {

@@ -254,6 +254,11 @@ impl Sink for ChanOut {
             ChanOut::deliver(self, out);
         }
     }
+
+    /// The same `system` error; the channel stays subscribed.
+    fn warn(&self, why: &str) {
+        Sink::end(self, why)
+    }
 }
 
 #[cfg(test)]

@@ -244,6 +244,29 @@ impl Registrar {
         self.end_subscriptions(ended, "table_dropped").await;
     }
 
+    /// The worker skipped changes for some of our subscriptions (their project lagged
+    /// past its bound): each channel gets a `system` error; the subscriptions go on.
+    pub(crate) fn subs_lagged(&self, m: &BusMessage) {
+        let notice: SubsEnded = match serde_json::from_slice(&m.payload) {
+            Ok(n) => n,
+            Err(e) => {
+                telemetry::error("bad_notice");
+                tracing::warn!(error = %e, "undecodable subs-lagged notice");
+                return;
+            }
+        };
+        for id in &notice.ids {
+            let Some(n) = self.registry().own(id) else {
+                continue;
+            };
+            if let Some((sink, _)) = self.registry().sink_of(n) {
+                telemetry::error("changes_lagged");
+                tracing::warn!(%id, reason = %notice.message, "changes skipped for a subscription: its project lagged");
+                sink.warn(&notice.message);
+            }
+        }
+    }
+
     /// Tell the worker these subscriptions are gone (errors are logged: `sync` repairs
     /// them). While a registration of one of their classes is on its way, this is sent
     /// only once it arrived (in the background), so the worker keeps the class for the

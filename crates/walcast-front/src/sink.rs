@@ -52,6 +52,9 @@ pub(crate) trait Sink: Send + Sync {
     fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool;
     /// The worker ended a subscription of this sink (`why` is its reason, for the client).
     fn end(&self, why: &str);
+    /// Changes were lost for a subscription of this sink, which goes on: the client gets
+    /// a `system` error saying `why`.
+    fn warn(&self, why: &str);
 }
 
 /// A shared sink, as the registry keeps it.

@@ -5,8 +5,13 @@
 pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
 /// Default of [`RlsOptions::max_batch`]: changes authorized together.
 pub const DEFAULT_RLS_BATCH: usize = 1000;
-/// Default of [`RlsOptions::shards`]: projects hash onto this many checkers.
-pub const DEFAULT_SHARDS: u16 = 4;
+/// Default of [`RlsOptions::shards`]: delivery lanes (each project its own, up to this
+/// many; beyond, projects share them by hash).
+pub const DEFAULT_SHARDS: u16 = 16;
+/// Default of [`LaneLimits::max_lag`]: 10 s.
+pub const DEFAULT_MAX_LAG_MS: u64 = 10_000;
+/// Default of [`LaneLimits::max_bytes`]: 64 MiB per lane.
+pub const DEFAULT_MAX_LAG_BYTES: usize = 64 * 1024 * 1024;
 /// Default of [`RlsOptions::timeout_ms`]: statement_timeout of an RLS check.
 pub const DEFAULT_RLS_CHECK_TIMEOUT_MS: u64 = 5000;
 /// Default of [`RlsOptions::connections`]: RLS connections per shard.
@@ -22,6 +27,19 @@ pub struct RealtimeConfig {
     pub rls: RlsOptions,
     /// A change whose values are larger is delivered without them (`Error 413`).
     pub max_record_bytes: usize,
+    /// How far a project's delivery may fall behind.
+    pub lanes: LaneLimits,
+}
+
+pub use crate::delivery::lanes::LaneLimits;
+
+impl Default for LaneLimits {
+    fn default() -> Self {
+        LaneLimits {
+            max_lag: std::time::Duration::from_millis(DEFAULT_MAX_LAG_MS),
+            max_bytes: DEFAULT_MAX_LAG_BYTES,
+        }
+    }
 }
 
 impl RealtimeConfig {
@@ -31,6 +49,7 @@ impl RealtimeConfig {
             database_url: database_url.to_string(),
             rls: RlsOptions::default(),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            lanes: LaneLimits::default(),
         }
     }
 }
@@ -52,12 +71,13 @@ pub struct RlsOptions {
     pub mode: RlsMode,
     /// Changes held for one authorization round (and published after it), at most.
     pub max_batch: usize,
-    /// RLS checkers, each with its own connection; a project always uses the same one,
-    /// so its changes leave in order while other projects' checks run beside it.
+    /// Delivery lanes, each with its own RLS checker and connections: each project has
+    /// its own (its changes leave in order while other projects' run beside it), up to
+    /// this many; beyond, projects share them by hash.
     pub shards: usize,
     /// `statement_timeout` of each check, in milliseconds.
     pub timeout_ms: u64,
-    /// Connections per shard that a batch with many groups is spread over (a project's
+    /// Connections per lane that a batch with many groups is spread over (a project's
     /// checks then use more than one core of the database).
     pub connections: usize,
 }

@@ -32,8 +32,9 @@ pub mod subscriptions;
 pub mod telemetry;
 
 pub use config::{
-    RealtimeConfig, RlsMode, RlsOptions, DEFAULT_MAX_RECORD_BYTES, DEFAULT_RLS_BATCH,
-    DEFAULT_RLS_CHECK_TIMEOUT_MS, DEFAULT_RLS_CONNECTIONS, DEFAULT_SHARDS,
+    LaneLimits, RealtimeConfig, RlsMode, RlsOptions, DEFAULT_MAX_LAG_BYTES, DEFAULT_MAX_LAG_MS,
+    DEFAULT_MAX_RECORD_BYTES, DEFAULT_RLS_BATCH, DEFAULT_RLS_CHECK_TIMEOUT_MS,
+    DEFAULT_RLS_CONNECTIONS, DEFAULT_SHARDS,
 };
 pub use error::RealtimeError;
 pub use session::factories;

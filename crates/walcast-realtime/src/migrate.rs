@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "project_messages",
         include_str!("../../../sql/0014_project_messages.sql"),
     ),
+    (
+        15,
+        "catalog_log",
+        include_str!("../../../sql/0015_catalog_log.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

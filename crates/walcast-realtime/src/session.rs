@@ -60,6 +60,7 @@ impl RealtimeFactory {
             publisher: session.publisher("realtime"),
             slot: slot_name.clone(),
             catalog: tracking,
+            limits: self.cfg.lanes,
         };
         RealtimeConsumer::new(self.matcher.clone(), catalog, opts).await
     }

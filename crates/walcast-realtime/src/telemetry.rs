@@ -7,6 +7,17 @@ pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
 pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
 /// Counter: changes whose audience was split over several messages to fit the bus.
 pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
+/// Counter: catalog reads kept although their snapshot was ahead of the position judged,
+/// because no DDL in between touched the tables read.
+pub const CATALOG_AHEAD_KEPT: &str = "walcast_realtime_catalog_ahead_kept_total";
+/// Gauge: how long the oldest change waiting in a delivery lane has waited, in seconds
+/// (label `lane`: the project, or `shared-…`).
+pub const LANE_LAG: &str = "walcast_realtime_lane_lag_seconds";
+/// Counter: changes not checked nor delivered to their subscribers because their project
+/// lagged past its bound (label `reason`: `lag` or `bytes`).
+pub const CHANGES_LAGGED: &str = "walcast_realtime_changes_lagged_total";
+/// Counter: subscriptions told (`system` error) that changes were skipped for lag.
+pub const LAG_NOTICES: &str = "walcast_realtime_lag_notices_total";
 
 /// Counter: bytes of change messages published (payloads: table subjects and the
 /// fronts' delivery subjects).
@@ -164,6 +175,22 @@ fn describe_publishing() {
     metrics::describe_counter!(
         CHANGES_SPLIT,
         "Changes whose subscriber list was split over several bus messages"
+    );
+    metrics::describe_counter!(
+        CATALOG_AHEAD_KEPT,
+        "Catalog reads kept although the snapshot was ahead of the WAL position judged, because no DDL in between touched the tables read (walcast.catalog_log)"
+    );
+    metrics::describe_gauge!(
+        LANE_LAG,
+        "Age of the oldest change waiting in a project's delivery lane, in seconds (label lane)"
+    );
+    metrics::describe_counter!(
+        CHANGES_LAGGED,
+        "Changes skipped for their subscribers because their project lagged past REALTIME_MAX_LAG_MS or REALTIME_MAX_LAG_BYTES (label reason)"
+    );
+    metrics::describe_counter!(
+        LAG_NOTICES,
+        "Subscriptions told with a system error that changes were skipped because their project lagged"
     );
 }
 

@@ -112,11 +112,21 @@ pub struct CdcArgs {
     /// Name of the logical replication slot (created with wal2json when missing).
     #[arg(long, env = "CDC_SLOT_NAME", default_value = DEFAULT_SLOT_NAME)]
     pub slot_name: String,
-    /// Row-level-security checkers, each with its own Postgres connection; a project is
-    /// routed to one by hash, so its changes stay in order while projects are checked
-    /// side by side.
+    /// Delivery lanes: each project's changes are authorized and published by a lane of
+    /// its own (its own RLS checker and connections, opened when first needed), in order
+    /// within the project and independently of the others, up to this many lanes;
+    /// beyond, projects share lanes by hash.
     #[arg(long, env = "CDC_NUM_SHARDS", default_value_t = walcast_realtime::DEFAULT_SHARDS, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub num_shards: u16,
+    /// How long a project's changes may wait for delivery (its RLS checks too slow to keep
+    /// up): older ones are not checked nor delivered; its subscribers get a `system`
+    /// error saying so. Other projects are never held.
+    #[arg(long, env = "REALTIME_MAX_LAG_MS", default_value_t = walcast_realtime::DEFAULT_MAX_LAG_MS)]
+    pub max_lag_ms: u64,
+    /// Bytes of changes a project may have waiting for delivery; past it, new ones are
+    /// skipped the same way.
+    #[arg(long, env = "REALTIME_MAX_LAG_BYTES", default_value_t = walcast_realtime::DEFAULT_MAX_LAG_BYTES)]
+    pub max_lag_bytes: usize,
     /// A change whose values (new and old row, as JSON) are larger is delivered the way
     /// Supabase does: large values dropped, the primary key kept, `errors: ["Error 413:
     /// Payload Too Large"]`. The bus's own `max_payload` lowers it further.
@@ -340,6 +350,10 @@ impl CdcArgs {
         RealtimeConfig {
             database_url: db.database_url.clone(),
             max_record_bytes: self.max_record_bytes,
+            lanes: walcast_realtime::LaneLimits {
+                max_lag: Duration::from_millis(self.max_lag_ms),
+                max_bytes: self.max_lag_bytes,
+            },
             rls: RlsOptions {
                 mode: match self.rls_mode {
                     RlsModeArg::Batched => RlsMode::Batched,

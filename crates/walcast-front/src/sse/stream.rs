@@ -115,6 +115,11 @@ impl SseChannel {
     /// The worker ended the subscription (its table was dropped): live readers get a
     /// `system` error event, then their stream ends.
     pub(crate) fn end(&self, message: &str) {
+        self.system(message, true)
+    }
+
+    /// A `system` error event for live readers; `end`: then their stream ends.
+    fn system(&self, message: &str, end: bool) {
         let data = serde_json::json!({
             "extension": "postgres_changes",
             "status": "error",
@@ -124,7 +129,7 @@ impl SseChannel {
             pos: (Lsn(u64::MAX), u32::MAX),
             id: String::new(),
             data: data.to_string(),
-            end: true,
+            end,
         });
         let _ = self.live.send(item);
     }
@@ -147,6 +152,10 @@ impl Sink for SseChannel {
             streams.remove_if(self);
         }
         SseChannel::end(self, why);
+    }
+
+    fn warn(&self, why: &str) {
+        self.system(why, false)
     }
 }
 

@@ -83,6 +83,17 @@ SELECT q.n, p.polname::text, p.polpermissive, pg_get_expr(p.polqual, p.polrelid)
                            ELSE pg_has_role(r.oid, pr.oid, 'USAGE') END)
  ORDER BY q.n, p.polname";
 
+/// `$1 < epoch <= $2` all logged and none touching a table of `$3`/`$4` (schema, table
+/// pairs) or every table (see `sql/0015_catalog_log.sql`).
+const UNTOUCHED_SQL: &str = "
+SELECT count(*) = $2 - $1
+   AND NOT coalesce(bool_or(l.tables IS NULL OR EXISTS (
+        SELECT FROM jsonb_array_elements(l.tables) t
+          JOIN unnest($3::text[], $4::text[]) AS q(s, n)
+            ON t->>'schema' = q.s AND t->>'table' = q.n)), false)
+  FROM walcast.catalog_log l
+ WHERE l.epoch > $1 AND l.epoch <= $2";
+
 impl RlsChecker {
     /// `parallel`: connections a large batch's checks are spread over.
     pub fn new(database_url: String, parallel: usize) -> RlsChecker {
@@ -149,6 +160,48 @@ impl RlsChecker {
         }
     }
 
+    /// [`RlsChecker::settle`], and a snapshot ahead of the position is kept when no
+    /// epoch in between touched `tables` (DDL on other tables, say a burst of enables,
+    /// keeps the catalog ahead of the stream without changing these facts).
+    async fn accept(
+        &mut self,
+        epoch: Option<i64>,
+        since: Instant,
+        tables: &[(&str, &str)],
+    ) -> Result<bool, RealtimeError> {
+        let moved = match self.settle(epoch, since) {
+            Err(e @ RealtimeError::CatalogMoved { ahead: true, .. }) => e,
+            other => return other,
+        };
+        let (View::Epoch(Some(from)), Some(to)) = (self.cache.view(), epoch) else {
+            return Err(moved);
+        };
+        if self.untouched(from, to, tables).await? {
+            metrics::counter!(telemetry::CATALOG_AHEAD_KEPT).increment(1);
+            return Ok(true);
+        }
+        Err(moved)
+    }
+
+    /// Every epoch in `(from, to]` is logged (`walcast.catalog_log`) and none touched
+    /// these tables (nor every table).
+    async fn untouched(
+        &mut self,
+        from: i64,
+        to: i64,
+        tables: &[(&str, &str)],
+    ) -> Result<bool, RealtimeError> {
+        let schemas: Vec<&str> = tables.iter().map(|(s, _)| *s).collect();
+        let names: Vec<&str> = tables.iter().map(|(_, t)| *t).collect();
+        let stmt = self.catalog_statement(UNTOUCHED_SQL).await?;
+        let client = self.client().await?;
+        let row = client
+            .query_one(&stmt, &[&from, &to, &schemas, &names])
+            .await
+            .inspect_err(|_| self.client = None)?;
+        Ok(row.try_get(0)?)
+    }
+
     fn tracks_epoch(&self) -> bool {
         matches!(self.cache.view(), View::Epoch(Some(_)))
     }
@@ -164,7 +217,7 @@ impl RlsChecker {
             let client = self.client().await?;
             let read = read::read_table(client, schema, table, epoch).await;
             let (info, n) = read.inspect_err(|_| self.client = None)?;
-            match self.settle(n, since) {
+            match self.accept(n, since, &[(schema, table)]).await {
                 Ok(true) => {
                     self.cache.put_table(schema, table, info.clone());
                     return Ok(info);
@@ -193,7 +246,7 @@ impl RlsChecker {
             let client = self.client().await?;
             let read = read::read_access(client, role, schema, table, epoch).await;
             let (access, n) = read.inspect_err(|_| self.client = None)?;
-            match self.settle(n, since) {
+            match self.accept(n, since, &[(schema, table)]).await {
                 Ok(true) => {
                     self.cache.put_access(role, schema, table, access.clone());
                     return Ok(access);
@@ -230,7 +283,11 @@ impl RlsChecker {
             );
             let read = read::in_snapshot(client, epoch, reads).await;
             let (rows, n) = read.inspect_err(|_| self.client = None)?;
-            match self.settle(n, since) {
+            let tables: Vec<(&str, &str)> = pairs
+                .iter()
+                .map(|(s, t, _)| (s.as_str(), t.as_str()))
+                .collect();
+            match self.accept(n, since, &tables).await {
                 Ok(true) => break rows,
                 Ok(false) => {}
                 Err(e) => return carried_or(None, e),

@@ -5,34 +5,30 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
-use walcast_bus::event::Shrink;
-use walcast_bus::{
-    subject::{change_subject, delivery_subject},
-    BusError, ChangeEvent, ChangeKind, Restriction,
-};
-use walcast_pipeline::{ConsumerError, Position, PublishError, Publisher};
+use walcast_bus::ChangeKind;
+use walcast_pipeline::{ConsumerError, Publisher};
 use walcast_wal2json::{Change, Lsn, RowChange};
 
 mod catalog;
 pub use catalog::CatalogTracking;
 
-use crate::authorize::rls::RlsChecker;
-use crate::authorize::{authorize_batch, Audience, PendingChange, RlsMode};
+use crate::authorize::{PendingChange, RlsMode};
 use crate::catalog::change::NOTICE_PREFIX;
 use crate::catalog::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
 use crate::catalog::tables_drift;
 use crate::catalog::types::TypeCache;
 use crate::config::RlsOptions;
 use crate::delivery::event::build_event;
+use crate::delivery::lanes::{LaneLimits, Lanes};
+use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::{Matcher, RowView};
-use crate::telemetry;
 use walcast_pipeline::consumer::{Consumer, Handled, Item, Refresh};
-use walcast_pipeline::health::{PipelineHealth, SkippedChange};
+use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::TxnContext;
 
 /// A stable shard for a project (FNV-1a), so routing survives restarts.
@@ -60,32 +56,30 @@ pub struct RealtimeOptions {
     pub slot: String,
     /// How catalog changes reach the pipeline, and the epoch at the start position.
     pub catalog: CatalogTracking,
+    /// How far a project's delivery may fall behind.
+    pub limits: LaneLimits,
 }
 
-/// A message to publish: subject and payload.
-type Message = (String, Vec<u8>);
-
-/// Room left in a bus message for the subject, headers and framing.
-const MESSAGE_OVERHEAD: usize = 1024;
-
-/// Transactions decoded with no check since, at most: then their visibility is confirmed
-/// without one (one query), so the list stays bounded.
-const MAX_UNCONFIRMED: usize = 4096;
+/// While stopping, how often the lanes are looked at.
+const IDLE_POLL: Duration = Duration::from_millis(5);
 
 pub struct RealtimeConsumer {
     publisher: Publisher,
+    outlet: Arc<Outlet>,
     matcher: Arc<Matcher>,
-    shards: Vec<RlsChecker>,
+    lanes: Lanes,
     rls_opts: RlsOptions,
-    /// Decoded changes waiting to be authorized and published, in WAL order.
+    /// Decoded changes waiting to be handed to their lanes, in WAL order.
     pending: Vec<PendingChange>,
-    max_record_bytes: usize,
+    /// The last commit decoded.
+    last_commit: Lsn,
     health: Arc<PipelineHealth>,
-    /// The largest message published so far (for the gauge).
-    largest: std::sync::atomic::AtomicUsize,
     catalog: Client,
     types: TypeCache,
     routes: HashMap<(String, String), String>,
+    /// Routes removed in the current transaction (a dropped table's notice may come
+    /// after its realtime-tables row is deleted).
+    removed_routes: HashMap<(String, String), String>,
     txn: Option<TxnContext>,
     seq: u32,
     slot: String,
@@ -100,27 +94,35 @@ impl RealtimeConsumer {
     ) -> Result<RealtimeConsumer, RealtimeError> {
         let types = TypeCache::load(&catalog).await?;
         let rls_opts = opts.rls;
-        let mut pipeline = RealtimeConsumer {
+        let outlet = Arc::new(Outlet::new(
+            opts.publisher.clone(),
+            opts.max_record_bytes,
+            opts.health.clone(),
+        ));
+        let lanes = Lanes::new(
+            opts.database_url.clone(),
+            rls_opts.clone(),
+            opts.limits,
+            outlet.clone(),
+        );
+        Ok(RealtimeConsumer {
             publisher: opts.publisher,
+            outlet,
             matcher,
-            shards: (0..rls_opts.shards.max(1))
-                .map(|_| RlsChecker::new(opts.database_url.clone(), rls_opts.connections))
-                .collect(),
+            lanes,
             rls_opts,
             pending: Vec::new(),
-            max_record_bytes: opts.max_record_bytes,
+            last_commit: Lsn(0),
             health: opts.health,
-            largest: std::sync::atomic::AtomicUsize::new(0),
             catalog,
             types,
             routes: HashMap::new(),
+            removed_routes: HashMap::new(),
             txn: None,
             seq: 0,
             slot: opts.slot,
             ddl: opts.catalog,
-        };
-        pipeline.seed_carried();
-        Ok(pipeline)
+        })
     }
 
     /// The catalog connection (`DATABASE_URL`): the sources read the realtime tables
@@ -145,7 +147,10 @@ impl RealtimeConsumer {
             Item::Begin(txn) => {
                 self.txn = Some(txn.clone());
                 self.seq = 0;
-                self.decoded(txn.xid).await?;
+                self.removed_routes.clear();
+                if let Some(xid) = txn.xid {
+                    self.lanes.decoded(xid);
+                }
                 Ok(Handled::Continue)
             }
             Item::Change(_, change) => match change {
@@ -158,27 +163,12 @@ impl RealtimeConsumer {
                 }
                 _ => Ok(Handled::Continue),
             },
-            Item::Commit(_) => {
+            Item::Commit(txn) => {
                 self.txn = None;
+                self.last_commit = self.last_commit.max(txn.commit_lsn);
                 Ok(Handled::Continue)
             }
         }
-    }
-
-    /// A transaction is decoded, whatever tables it wrote (wal2json sends every BEGIN):
-    /// the checks of later changes wait until it is visible, so a policy reading another
-    /// table (a membership) never sees a state older than their commit (see
-    /// [`RlsChecker::wait_visible`]). Confirmed now and then when no check comes.
-    async fn decoded(&mut self, xid: Option<u32>) -> Result<(), RealtimeError> {
-        for rls in &mut self.shards {
-            if let Some(xid) = xid {
-                rls.decoded(xid);
-            }
-            if rls.unconfirmed() >= MAX_UNCONFIRMED {
-                rls.wait_visible(&[]).await?;
-            }
-        }
-        Ok(())
     }
 
     async fn row(
@@ -187,7 +177,13 @@ impl RealtimeConsumer {
         row: &RowChange<'_>,
     ) -> Result<Handled, RealtimeError> {
         if row.schema == TABLES_SCHEMA && row.table == TABLES_TABLE {
+            let before = self.schemas();
             self.tables_edit(kind, row);
+            // Whole schemas are decoded: enabling a table of a schema already decoded
+            // changes nothing in the filter (no restart; the edit applies right here).
+            if self.schemas() == before {
+                return Ok(Handled::Continue);
+            }
             return Ok(Handled::TablesChanged);
         }
         let Some(txn) = self.txn.as_ref() else {
@@ -214,11 +210,12 @@ impl RealtimeConsumer {
             Ok(event) => event,
             Err(e) => {
                 let table = format!("{}.{}", row.schema, row.table);
-                self.skip(&table, Some(txn.commit_lsn), "event", &e.to_string());
+                self.outlet
+                    .skip(&table, Some(txn.commit_lsn), "event", &e.to_string());
                 return Ok(Handled::Continue);
             }
         };
-        if !self.fit_record(&mut event)? {
+        if !self.outlet.fit_record(&mut event)? {
             return Ok(Handled::Continue);
         }
         // Filters see the old row for a DELETE; otherwise the new one, with unchanged
@@ -262,230 +259,64 @@ impl RealtimeConsumer {
         Ok(Handled::Continue)
     }
 
-    /// Authorize the held changes (each shard one round trip, shards side by side) and
-    /// hand them to the bus in WAL order.
+    /// Hand the held changes to their projects' lanes, in WAL order (see
+    /// [`crate::delivery::lanes`]).
     pub async fn flush(&mut self) -> Result<(), RealtimeError> {
+        self.lanes.failure()?;
         if self.pending.is_empty() {
             return Ok(());
         }
         self.verify_triggers().await?;
         let batch = std::mem::take(&mut self.pending);
         let view = self.ddl.next_view();
-        self.shards.iter_mut().for_each(|s| s.set_view(view));
-        let n = self.shards.len();
-        let mut parts: Vec<Vec<PendingChange>> = (0..n).map(|_| Vec::new()).collect();
-        let mut order: Vec<(usize, usize)> = Vec::with_capacity(batch.len());
+        let mut parts: Vec<(usize, Vec<PendingChange>)> = Vec::new();
         for change in batch {
-            let s = shard_of(&change.event.project, n);
-            let part = &mut parts[s];
-            order.push((s, part.len()));
-            part.push(change);
+            let ddl = &self.ddl;
+            let lane = self
+                .lanes
+                .lane_for(&change.event.project, |rls| ddl.seed(rls));
+            match parts.iter_mut().find(|(l, _)| *l == lane) {
+                Some((_, part)) => part.push(change),
+                None => parts.push((lane, vec![change])),
+            }
         }
-        let started = std::time::Instant::now();
-        let mode = self.rls_opts.mode;
-        let timeout = self.rls_opts.timeout_ms;
-        let audiences = futures_util::future::join_all(self.shards.iter_mut().zip(&parts).map(
-            |(rls, part)| async move {
-                if part.iter().all(|c| c.matched.is_empty()) {
-                    return Ok(vec![Vec::new(); part.len()]);
-                }
-                authorize_batch(rls, part, mode, timeout).await
-            },
-        ))
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, RealtimeError>>()?;
-        metrics::histogram!(crate::telemetry::AUTHORIZE_SECONDS)
-            .record(started.elapsed().as_secs_f64());
-        tracing::debug!(
-            changes = order.len(),
-            ms = started.elapsed().as_millis() as u64,
-            "batch authorized"
-        );
-        let mut parts: Vec<std::vec::IntoIter<PendingChange>> =
-            parts.into_iter().map(Vec::into_iter).collect();
-        for (s, j) in order {
-            let Some(mut change) = parts.get_mut(s).and_then(Iterator::next) else {
-                continue;
-            };
-            let audience = audiences
-                .get(s)
-                .and_then(|a| a.get(j))
-                .cloned()
-                .unwrap_or_default();
-            self.publish(&mut change.event, &audience).await?;
+        for (lane, changes) in parts {
+            self.lanes.batch(lane, changes, view, self.last_commit);
         }
         Ok(())
     }
 
-    /// The largest message the bus takes, less room for subject and headers.
-    fn message_budget(&self) -> usize {
-        self.publisher
-            .max_payload()
-            .map_or(usize::MAX, |m| m.saturating_sub(MESSAGE_OVERHEAD))
+    /// How far everything handed over is published: the lanes' lowest position, once
+    /// what they published has reached the bus. Never waits for a slow lane.
+    pub async fn settle(&mut self, handed: Lsn) -> Result<Lsn, RealtimeError> {
+        self.flush().await?;
+        let position = self.lanes.position(handed);
+        self.lanes.report();
+        self.publisher.barrier().await?;
+        Ok(position)
     }
 
-    /// Bring a change's values within `MAX_RECORD_BYTES` and what one bus message can
-    /// carry, the Supabase way (see [`ChangeEvent::shrink_to`]). `false`: it cannot be
-    /// sent at all (skipped, reported).
-    fn fit_record(&self, event: &mut ChangeEvent) -> Result<bool, RealtimeError> {
-        let columns: usize = event
-            .columns
-            .iter()
-            .map(|c| c.name.len() + c.type_name.len() + 24)
-            .sum();
-        let limit = self.max_record_bytes.min(
-            self.message_budget()
-                .saturating_sub(columns + MESSAGE_OVERHEAD),
-        );
-        let size = event.record_bytes();
-        let outcome = event
-            .shrink_to(limit)
-            .map_err(crate::delivery::event::EventError::Json)?;
-        let table = format!("{}.{}", event.schema, event.table);
-        match outcome {
-            Shrink::Fits => Ok(true),
-            Shrink::SmallValues | Shrink::KeyOnly => {
-                metrics::counter!(telemetry::CHANGES_OVERSIZED).increment(1);
-                tracing::warn!(%table, commit_lsn = %event.commit_lsn, bytes = size, limit, "change too large: delivered without its large values (Error 413)");
-                self.health.record_skip(
-                    SkippedChange {
-                        table,
-                        commit_lsn: Some(event.commit_lsn),
-                        reason: "payload_too_large".into(),
-                    },
-                    true,
-                );
-                Ok(true)
-            }
-            Shrink::TooLarge => {
-                self.skip(
-                    &table,
-                    Some(event.commit_lsn),
-                    "payload_too_large",
-                    &format!("even its primary key is over {limit} bytes"),
-                );
-                Ok(false)
-            }
-        }
-    }
-
-    /// A change that no retry can deliver: log, count, report, move on.
-    fn skip(&self, table: &str, commit_lsn: Option<Lsn>, reason: &'static str, error: &str) {
-        self.health.report_skip(table, commit_lsn, reason, error);
-    }
-
-    /// Publish a change: once, without its audience, on its table's subject (for `walcast
-    /// tail` and other services), and to each front with subscribers that may see it, on
-    /// that front's delivery subject, naming them (in several parts when they do not fit
-    /// one message). A change the server refuses as too large (its `max_payload` can
-    /// shrink on a reconnect) is fitted again to the new size once; if that fails too it
-    /// is skipped.
-    async fn publish(
-        &self,
-        event: &mut ChangeEvent,
-        audience: &Audience,
-    ) -> Result<(), RealtimeError> {
-        let table = format!("{}.{}", event.schema, event.table);
-        for attempt in 0..2 {
-            if attempt > 0 && !self.fit_record(event)? {
-                return Ok(());
-            }
-            let Some(messages) = self.messages(event, audience)? else {
-                self.skip(
-                    &table,
-                    Some(event.commit_lsn),
-                    "payload_too_large",
-                    "one subscriber's share does not fit a message",
-                );
-                return Ok(());
-            };
-            match self.send(event, messages).await {
-                Err(RealtimeError::Publish(PublishError::Bus(BusError::PayloadTooLarge {
-                    ..
-                }))) => continue,
-                other => return other,
-            }
-        }
-        self.skip(
-            &table,
-            Some(event.commit_lsn),
-            "payload_too_large",
-            "the bus refused it twice",
-        );
-        Ok(())
-    }
-
-    /// (subject, payload) of every message of a change; `None` if one cannot fit.
-    fn messages(
-        &self,
-        event: &ChangeEvent,
-        audience: &Audience,
-    ) -> Result<Option<Vec<Message>>, RealtimeError> {
-        let budget = self.message_budget();
-        let json = |e: serde_json::Error| {
-            RealtimeError::Event(crate::delivery::event::EventError::Json(e))
-        };
-        let mut out = Vec::with_capacity(1 + audience.len());
-        for front in audience {
-            let mut e = event.clone();
-            for (columns, ids) in &front.groups {
-                if let Some(cols) = columns {
-                    e.restricted.push(Restriction {
-                        columns: cols.iter().cloned().collect(),
-                        subs: ids.clone(),
-                    });
-                }
-                e.subs.extend(ids.iter().cloned());
-            }
-            let Some(parts) = e.split(budget).map_err(json)? else {
-                return Ok(None);
-            };
-            if parts.len() > 1 {
-                metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
-            }
-            let subject = delivery_subject(&front.front);
-            out.extend(parts.into_iter().map(|m| (subject.clone(), m)));
-        }
-        // The audience-free copy last: a consumer of both knows a change's deliveries
-        // are complete when it arrives.
-        let subject = change_subject(&event.project, &event.schema, &event.table);
-        let Some(bare) = event.split(budget).map_err(json)? else {
-            return Ok(None);
-        };
-        out.extend(bare.into_iter().map(|m| (subject.clone(), m)));
-        Ok(Some(out))
-    }
-
-    async fn send(&self, event: &ChangeEvent, messages: Vec<Message>) -> Result<(), RealtimeError> {
-        let at = Position::change(event.commit_lsn, event.seq);
-        for (subject, payload) in messages {
-            metrics::counter!(telemetry::PUBLISHED_BYTES).increment(payload.len() as u64);
-            metrics::counter!(telemetry::PUBLISHED_MESSAGES).increment(1);
-            let size = payload.len();
-            let before = self
-                .largest
-                .fetch_max(size, std::sync::atomic::Ordering::Relaxed);
-            if size > before {
-                metrics::gauge!(telemetry::LARGEST_MESSAGE).set(size as f64);
-            }
-            // The publisher checks the fence right before the hand-over: a leader that
-            // lost its lease sends nothing.
-            self.publisher
-                .publish(subject, at, &[], Bytes::from(payload))
-                .await?;
-        }
-        metrics::counter!(crate::telemetry::CHANGES_PUBLISHED).increment(1);
-        Ok(())
-    }
-
-    /// Publish what is held, then wait until everything handed to the bus has reached it.
+    /// Publish what is held, wait until every lane published what it was handed, then
+    /// until everything handed to the bus has reached it (at a graceful stop).
     pub async fn barrier(&mut self) -> Result<(), RealtimeError> {
         self.flush().await?;
+        while !self.lanes.idle() {
+            self.lanes.failure()?;
+            tokio::time::sleep(IDLE_POLL).await;
+        }
+        self.lanes.report();
         Ok(self.publisher.barrier().await?)
     }
 
-    /// See [`Consumer::refresh`]: `true` if the tables changed.
+    /// The schemas of the enabled tables.
+    fn schemas(&self) -> std::collections::BTreeSet<String> {
+        self.routes
+            .keys()
+            .map(|(schema, _)| schema.clone())
+            .collect()
+    }
+
+    /// See [`Consumer::refresh`]: `true` if the decoded schemas changed.
     async fn refresh_tables(&mut self, when: Refresh) -> Result<bool, RealtimeError> {
         let tables = match when {
             Refresh::Start => Some(tables::list(&self.catalog, None).await?),
@@ -494,7 +325,12 @@ impl RealtimeConsumer {
                 tables_drift(&self.catalog, &current, confirmed).await?
             }
         };
-        Ok(tables.map(|t| self.set_tables(&t)).is_some())
+        let before = self.schemas();
+        let Some(tables) = tables else {
+            return Ok(false);
+        };
+        self.set_tables(&tables);
+        Ok(when == Refresh::Start || self.schemas() != before)
     }
 }
 
@@ -503,11 +339,17 @@ impl Consumer for RealtimeConsumer {
         "realtime"
     }
 
-    /// The enabled tables, and their own table (so its edits arrive in WAL order).
+    /// The realtime tables' own table (so its edits arrive in WAL order); the enabled
+    /// tables come with their schemas (see [`Consumer::schemas`]).
     fn tables(&self) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = self.routes.keys().cloned().collect();
-        v.push((TABLES_SCHEMA.to_string(), TABLES_TABLE.to_string()));
-        v
+        vec![(TABLES_SCHEMA.to_string(), TABLES_TABLE.to_string())]
+    }
+
+    /// Every schema with an enabled table, whole: enabling another table of one of them
+    /// needs no restart of the source (a burst of enables costs the other tables
+    /// nothing), at the price of decoding the schemas' other tables too (skipped here).
+    fn schemas(&self) -> Vec<String> {
+        RealtimeConsumer::schemas(self).into_iter().collect()
     }
 
     /// The DDL notices (see [`crate::catalog::change`]).
@@ -537,6 +379,10 @@ impl Consumer for RealtimeConsumer {
 
     fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>> {
         Box::pin(async move { Ok(RealtimeConsumer::barrier(self).await?) })
+    }
+
+    fn settle(&mut self, handed: Lsn) -> BoxFuture<'_, Result<Lsn, ConsumerError>> {
+        Box::pin(async move { Ok(RealtimeConsumer::settle(self, handed).await?) })
     }
 
     fn reset(&mut self) {

@@ -13,6 +13,7 @@ use walcast_bus::HEADER_NOTICE;
 use walcast_pipeline::Position;
 
 use super::RealtimeConsumer;
+use crate::authorize::rls::RlsChecker;
 use crate::catalog::change::{self, Notice, NoticeTable, Resume, TableState, Tracking, View};
 use crate::catalog::tables::TableRef;
 use crate::error::RealtimeError;
@@ -84,18 +85,17 @@ impl CatalogTracking {
     }
 }
 
-impl RealtimeConsumer {
-    /// At start: the checkers know the states carried before the resume position.
-    pub(super) fn seed_carried(&mut self) {
-        if let Tracking::EventTrigger = self.ddl.tracking {
-            let view = View::Epoch(self.ddl.seen);
-            let states: Vec<TableState> = self.ddl.carried.values().cloned().collect();
-            for shard in &mut self.shards {
-                shard.seed(view, &states);
-            }
+impl CatalogTracking {
+    /// Prepare a new lane's checker: it knows the states carried so far.
+    pub(super) fn seed(&self, rls: &mut RlsChecker) {
+        if let Tracking::EventTrigger = self.tracking {
+            let states: Vec<TableState> = self.carried.values().cloned().collect();
+            rls.seed(View::Epoch(self.seen), &states);
         }
     }
+}
 
+impl RealtimeConsumer {
     /// Relying on the event triggers: are they still there (checked every
     /// [`TRIGGER_CHECK`])? If someone dropped or disabled them, every batch re-reads the
     /// catalog from now on, as when they never existed.
@@ -144,7 +144,10 @@ impl RealtimeConsumer {
     pub(super) fn tables_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
         if kind != ChangeKind::Insert {
             if let Some(t) = crate::catalog::tables::tables_row(&row.identity) {
-                self.routes.remove(&(t.schema, t.table));
+                let key = (t.schema, t.table);
+                if let Some(project) = self.routes.remove(&key) {
+                    self.removed_routes.insert(key, project);
+                }
             }
         }
         if kind != ChangeKind::Delete {
@@ -180,10 +183,9 @@ impl RealtimeConsumer {
             Tracking::EventTrigger => View::Epoch(self.ddl.seen),
             Tracking::PerBatch(_) => View::Batch(self.ddl.batches),
         };
-        for shard in &mut self.shards {
-            shard.on_notice(&notice, to);
-        }
-        for table in notice.dropped() {
+        let dropped: Vec<NoticeTable> = notice.dropped().cloned().collect();
+        self.lanes.notice(notice, to);
+        for table in &dropped {
             self.end_dropped(table).await?;
         }
         Ok(())
@@ -209,6 +211,12 @@ impl RealtimeConsumer {
             t.schema, t.table
         );
         let at = Position::commit(self.txn.as_ref().map(|x| x.commit_lsn).unwrap_or_default());
+        let key = (t.schema.clone(), t.table.clone());
+        let project = self
+            .routes
+            .get(&key)
+            .or(self.removed_routes.get(&key))
+            .cloned();
         for (front, ids) in by_front {
             metrics::counter!(telemetry::SUBS_ENDED).increment(ids.len() as u64);
             let payload = serde_json::to_vec(&SubsEnded {
@@ -216,10 +224,23 @@ impl RealtimeConsumer {
                 message: message.clone(),
             })
             .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
+            let payload = Bytes::from(payload);
+            // After the table's changes its project's lane still holds.
+            if let Some(p) = &project {
+                if self.lanes.publish_after(
+                    p,
+                    front.clone(),
+                    at,
+                    NOTICE_SUBS_ENDED,
+                    payload.clone(),
+                ) {
+                    continue;
+                }
+            }
             let notice = [(HEADER_NOTICE, NOTICE_SUBS_ENDED)];
             let subject = delivery_subject(&front);
             self.publisher
-                .publish(subject, at, &notice, Bytes::from(payload))
+                .publish(subject, at, &notice, payload)
                 .await?;
         }
         Ok(())

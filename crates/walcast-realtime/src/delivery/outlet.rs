@@ -1,0 +1,214 @@
+//! Where authorized changes leave: the bus, through the session's fenced [`Publisher`].
+//! An [`Outlet`] fits a change to what a message can carry (the Supabase way for
+//! oversized values), splits its audience over messages, and publishes it once per front
+//! with subscribers plus once, audience-free, on its table's subject. Shared by the
+//! consumer (which fits changes as it decodes them) and every lane (which publishes).
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use walcast_bus::event::Shrink;
+use walcast_bus::{
+    subject::{change_subject, delivery_subject},
+    BusError, ChangeEvent, Restriction,
+};
+use walcast_pipeline::health::{PipelineHealth, SkippedChange};
+use walcast_pipeline::{Position, PublishError, Publisher};
+use walcast_wal2json::Lsn;
+
+use crate::authorize::Audience;
+use crate::error::RealtimeError;
+use crate::telemetry;
+
+/// A message to publish: subject and payload.
+type Message = (String, Vec<u8>);
+
+/// Room left in a bus message for the subject, headers and framing.
+const MESSAGE_OVERHEAD: usize = 1024;
+
+pub struct Outlet {
+    pub publisher: Publisher,
+    /// Values larger than this are dropped from a change (`Error 413`).
+    pub max_record_bytes: usize,
+    /// Where skipped and reduced changes are reported.
+    pub health: Arc<PipelineHealth>,
+    /// The largest message published so far (for the gauge).
+    largest: AtomicUsize,
+}
+
+impl Outlet {
+    pub fn new(
+        publisher: Publisher,
+        max_record_bytes: usize,
+        health: Arc<PipelineHealth>,
+    ) -> Outlet {
+        Outlet {
+            publisher,
+            max_record_bytes,
+            health,
+            largest: AtomicUsize::new(0),
+        }
+    }
+
+    /// The largest message the bus takes, less room for subject and headers.
+    pub fn message_budget(&self) -> usize {
+        self.publisher
+            .max_payload()
+            .map_or(usize::MAX, |m| m.saturating_sub(MESSAGE_OVERHEAD))
+    }
+
+    /// Bring a change's values within `MAX_RECORD_BYTES` and what one bus message can
+    /// carry, the Supabase way (see [`ChangeEvent::shrink_to`]). `false`: it cannot be
+    /// sent at all (skipped, reported).
+    pub fn fit_record(&self, event: &mut ChangeEvent) -> Result<bool, RealtimeError> {
+        let columns: usize = event
+            .columns
+            .iter()
+            .map(|c| c.name.len() + c.type_name.len() + 24)
+            .sum();
+        let limit = self.max_record_bytes.min(
+            self.message_budget()
+                .saturating_sub(columns + MESSAGE_OVERHEAD),
+        );
+        let size = event.record_bytes();
+        let outcome = event
+            .shrink_to(limit)
+            .map_err(crate::delivery::event::EventError::Json)?;
+        let table = format!("{}.{}", event.schema, event.table);
+        match outcome {
+            Shrink::Fits => Ok(true),
+            Shrink::SmallValues | Shrink::KeyOnly => {
+                metrics::counter!(telemetry::CHANGES_OVERSIZED).increment(1);
+                tracing::warn!(%table, commit_lsn = %event.commit_lsn, bytes = size, limit, "change too large: delivered without its large values (Error 413)");
+                self.health.record_skip(
+                    SkippedChange {
+                        table,
+                        commit_lsn: Some(event.commit_lsn),
+                        reason: "payload_too_large".into(),
+                    },
+                    true,
+                );
+                Ok(true)
+            }
+            Shrink::TooLarge => {
+                self.skip(
+                    &table,
+                    Some(event.commit_lsn),
+                    "payload_too_large",
+                    &format!("even its primary key is over {limit} bytes"),
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    /// A change that no retry can deliver: log, count, report, move on.
+    pub fn skip(&self, table: &str, commit_lsn: Option<Lsn>, reason: &'static str, error: &str) {
+        self.health.report_skip(table, commit_lsn, reason, error);
+    }
+
+    /// Publish a change: once, without its audience, on its table's subject (for `walcast
+    /// tail` and other services), and to each front with subscribers that may see it, on
+    /// that front's delivery subject, naming them (in several parts when they do not fit
+    /// one message). A change the server refuses as too large (its `max_payload` can
+    /// shrink on a reconnect) is fitted again to the new size once; if that fails too it
+    /// is skipped.
+    pub async fn publish(
+        &self,
+        event: &mut ChangeEvent,
+        audience: &Audience,
+    ) -> Result<(), RealtimeError> {
+        let table = format!("{}.{}", event.schema, event.table);
+        for attempt in 0..2 {
+            if attempt > 0 && !self.fit_record(event)? {
+                return Ok(());
+            }
+            let Some(messages) = self.messages(event, audience)? else {
+                self.skip(
+                    &table,
+                    Some(event.commit_lsn),
+                    "payload_too_large",
+                    "one subscriber's share does not fit a message",
+                );
+                return Ok(());
+            };
+            match self.send(event, messages).await {
+                Err(RealtimeError::Publish(PublishError::Bus(BusError::PayloadTooLarge {
+                    ..
+                }))) => continue,
+                other => return other,
+            }
+        }
+        self.skip(
+            &table,
+            Some(event.commit_lsn),
+            "payload_too_large",
+            "the bus refused it twice",
+        );
+        Ok(())
+    }
+
+    /// (subject, payload) of every message of a change; `None` if one cannot fit.
+    fn messages(
+        &self,
+        event: &ChangeEvent,
+        audience: &Audience,
+    ) -> Result<Option<Vec<Message>>, RealtimeError> {
+        let budget = self.message_budget();
+        let json = |e: serde_json::Error| {
+            RealtimeError::Event(crate::delivery::event::EventError::Json(e))
+        };
+        let mut out = Vec::with_capacity(1 + audience.len());
+        for front in audience {
+            let mut e = event.clone();
+            for (columns, ids) in &front.groups {
+                if let Some(cols) = columns {
+                    e.restricted.push(Restriction {
+                        columns: cols.iter().cloned().collect(),
+                        subs: ids.clone(),
+                    });
+                }
+                e.subs.extend(ids.iter().cloned());
+            }
+            let Some(parts) = e.split(budget).map_err(json)? else {
+                return Ok(None);
+            };
+            if parts.len() > 1 {
+                metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
+            }
+            let subject = delivery_subject(&front.front);
+            out.extend(parts.into_iter().map(|m| (subject.clone(), m)));
+        }
+        // The audience-free copy last: a consumer of both knows a change's deliveries
+        // are complete when it arrives.
+        let subject = change_subject(&event.project, &event.schema, &event.table);
+        let Some(bare) = event.split(budget).map_err(json)? else {
+            return Ok(None);
+        };
+        out.extend(bare.into_iter().map(|m| (subject.clone(), m)));
+        Ok(Some(out))
+    }
+
+    async fn send(&self, event: &ChangeEvent, messages: Vec<Message>) -> Result<(), RealtimeError> {
+        let at = Position::change(event.commit_lsn, event.seq);
+        for (subject, payload) in messages {
+            metrics::counter!(telemetry::PUBLISHED_BYTES).increment(payload.len() as u64);
+            metrics::counter!(telemetry::PUBLISHED_MESSAGES).increment(1);
+            let size = payload.len();
+            let before = self
+                .largest
+                .fetch_max(size, std::sync::atomic::Ordering::Relaxed);
+            if size > before {
+                metrics::gauge!(telemetry::LARGEST_MESSAGE).set(size as f64);
+            }
+            // The publisher checks the fence right before the hand-over: a leader that
+            // lost its lease sends nothing.
+            self.publisher
+                .publish(subject, at, &[], Bytes::from(payload))
+                .await?;
+        }
+        metrics::counter!(crate::telemetry::CHANGES_PUBLISHED).increment(1);
+        Ok(())
+    }
+}
