@@ -20,6 +20,7 @@ mod nats_permissions;
 mod outbox;
 mod outbox_failover;
 mod outbox_naive;
+mod outbox_quorum;
 mod pipeline;
 mod presence;
 mod private_projects;

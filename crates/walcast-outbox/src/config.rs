@@ -15,6 +15,12 @@ pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events sent and not yet acknowledged, at most; beyond, sending waits for acks.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
+/// Events handed to the relay and not yet acknowledged (sent or queued), at most: past
+/// it the relay takes no more transactions until JetStream caught up (the slot keeps the
+/// WAL from the relay's position meanwhile).
+pub const DEFAULT_MAX_QUEUED: usize = 100_000;
+/// The same bound in bytes (payload, subject and headers of each event).
+pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(100);
 pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
 /// Retention of a new outbox table (as `walcast.outbox_create`'s default).
@@ -38,6 +44,10 @@ pub struct OutboxConfig {
     pub duplicate_window: Duration,
     pub ack_timeout: Duration,
     pub max_in_flight: usize,
+    /// Events outstanding (sent or queued) past which the relay stops accepting.
+    pub max_queued: usize,
+    /// Bytes outstanding past which the relay stops accepting.
+    pub max_queued_bytes: u64,
     /// Transient failures are retried after `min(max, base · 2ⁿ)`.
     pub retry: Backoff,
     /// Partition maintenance interval (see [`DEFAULT_MAINTAIN_INTERVAL`]).
@@ -57,6 +67,8 @@ impl OutboxConfig {
             duplicate_window: DEFAULT_DUPLICATE_WINDOW,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_queued: DEFAULT_MAX_QUEUED,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
             retry: Backoff {
                 base: DEFAULT_RETRY_BASE,
                 cap: DEFAULT_RETRY_MAX,

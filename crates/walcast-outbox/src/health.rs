@@ -13,6 +13,8 @@ pub struct OutboxHealth {
     quarantine_size: AtomicI64,
     /// Milliseconds since the epoch of the oldest unacknowledged event's commit (0: none).
     oldest_pending_ms: AtomicI64,
+    queued_events: AtomicU64,
+    queued_bytes: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -25,6 +27,9 @@ pub struct OutboxHealthReport {
     pub quarantine_size: i64,
     /// Age of the oldest event not yet acknowledged by JetStream (0: none waits).
     pub oldest_unpublished_ms: i64,
+    /// Events handed to the relay and not yet acknowledged (sent or queued).
+    pub queued_events: u64,
+    pub queued_bytes: u64,
     pub last_error: Option<String>,
 }
 
@@ -52,6 +57,11 @@ impl OutboxHealth {
             .store(commit_ms.unwrap_or(0), Ordering::Relaxed);
     }
 
+    pub(crate) fn set_queued(&self, events: u64, bytes: u64) {
+        self.queued_events.store(events, Ordering::Relaxed);
+        self.queued_bytes.store(bytes, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_error(&self, e: Option<String>) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = e;
     }
@@ -67,6 +77,8 @@ impl OutboxHealth {
             } else {
                 (now_ms - oldest).max(0)
             },
+            queued_events: self.queued_events.load(Ordering::Relaxed),
+            queued_bytes: self.queued_bytes.load(Ordering::Relaxed),
             last_error: self
                 .last_error
                 .lock()

@@ -6,7 +6,8 @@
 //! WAL read relays them to NATS JetStream in commit order: [`relay::Relay`] is a
 //! [`walcast_pipeline::Consumer`] next to realtime delivery, and the slot is
 //! acknowledged past a transaction only once JetStream acknowledged every event of it
-//! (`PubAck`), or the quarantine holds those it refused for good.
+//! (`PubAck`), or the quarantine holds those it refused for good. A task of the relay's
+//! own (`sender`) talks to JetStream, so realtime delivery never waits for it.
 //!
 //! - [`event`]: the events and their JetStream messages (pure);
 //! - [`publish`]: the stream, sending, and transient vs permanent failures;
@@ -25,6 +26,7 @@ pub mod rate;
 pub mod redrive;
 pub mod relay;
 pub mod replay;
+mod sender;
 pub mod telemetry;
 pub mod time;
 

@@ -3,30 +3,32 @@
 //! JetStream acknowledged (or, refusing it for good, the quarantine holds) every event
 //! of it.
 //!
-//! Events are sent at their transaction's commit, in commit order, without waiting for
-//! each answer (at most `max_in_flight` outstanding); the barrier waits for the answers.
-//! A transient failure is retried after a capped exponential backoff, resending from the
-//! first unacknowledged event on, in order (JetStream's duplicate window drops what had
-//! already landed). A permanent one (too large, no stream for the subject) goes to the
-//! quarantine and the others carry on.
+//! Nothing here waits on JetStream: at each commit the transaction's events go to the
+//! relay's sender task ([`crate::sender`]), which sends them in commit order, takes the
+//! answers, retries and quarantines. [`Consumer::settle`] reports, without waiting, the
+//! commit of the last transaction whose every event is done, so while JetStream cannot
+//! take events the slot's acknowledgement stays there (the WAL from it is retained) and
+//! the other consumers carry on. Past `max_queued` events or `max_queued_bytes` bytes
+//! outstanding the relay stops accepting transactions ([`Consumer::accepting`]); the
+//! driver hands it the rest again from the slot once it accepts again, and the relay
+//! skips what it already had.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
 
-use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 use walcast_pipeline::{
     Consumer, ConsumerError, Handled, Item, PipelineHealth, Refresh, Retry, TxnContext,
 };
-use walcast_wal2json::{Change, RowChange};
+use walcast_wal2json::{Change, Lsn, RowChange};
 
 use crate::config::OutboxConfig;
 use crate::event::{partition_outbox, OutboxEvent, MESSAGE_PREFIX};
 use crate::health::OutboxHealth;
-use crate::publish::{classify, Failure, Publisher};
-use crate::{quarantine, telemetry, time, PARTS_SCHEMA};
+use crate::publish::Publisher;
+use crate::sender::SenderHandle;
+use crate::{quarantine, telemetry, PARTS_SCHEMA};
 
 /// Tests inject a crash between JetStream's acknowledgement and the slot's with
 /// `WALCAST_FAILPOINT=outbox-after-ack` (read once; never set it in production).
@@ -38,20 +40,19 @@ fn failpoint_after_ack() -> bool {
 /// The outbox-table list, decoded so a new outbox is known from its creation on.
 const TABLES: (&str, &str) = ("walcast", "outbox_tables");
 
-/// An event sent (or to send) and its answer to come.
-struct InFlight {
-    event: OutboxEvent,
-    ack: Option<PublishAckFuture>,
-    /// Why it could not even be sent.
-    failed: Option<Failure>,
-    sent: Instant,
-    /// JetStream said no stream listens on its subject after the stream was re-checked.
-    stream_checked: bool,
+/// A transaction with events, handed to the sender.
+struct PendingTxn {
+    /// The relay's handed position before it (durable once this one's events are not).
+    prev: Lsn,
+    /// Events handed to the sender up to and including this transaction's.
+    end: u64,
 }
 
 pub struct Relay {
     cfg: OutboxConfig,
-    publisher: Publisher,
+    /// Until the sender task starts (at the first event), which then owns it.
+    publisher: Option<Publisher>,
+    sender: Option<SenderHandle>,
     health: Arc<OutboxHealth>,
     pipeline_health: Arc<PipelineHealth>,
     db: Option<Client>,
@@ -59,7 +60,14 @@ pub struct Relay {
     outboxes: HashMap<i32, String>,
     /// Events of the transaction being read.
     txn: Vec<OutboxEvent>,
-    in_flight: VecDeque<InFlight>,
+    /// The transaction being read was handed before: its items are skipped.
+    skipping: bool,
+    /// The newest commit (or caught-up position) handed to the relay.
+    seen: Lsn,
+    /// Events handed to the sender.
+    submitted: u64,
+    /// Transactions with events not all done yet, in commit order.
+    pending: VecDeque<PendingTxn>,
 }
 
 /// Why the relay stopped a session.
@@ -74,6 +82,9 @@ pub enum RelayError {
     /// The leadership term ended while events were outstanding.
     #[error("{0}")]
     Fenced(String),
+    /// The sender task is gone (the session is ending).
+    #[error("the outbox sender stopped")]
+    SenderStopped,
 }
 
 impl From<RelayError> for ConsumerError {
@@ -94,14 +105,18 @@ impl Relay {
         pipeline_health: Arc<PipelineHealth>,
     ) -> Relay {
         Relay {
-            publisher,
+            publisher: Some(publisher),
+            sender: None,
             cfg,
             health,
             pipeline_health,
             db: None,
             outboxes: HashMap::new(),
             txn: Vec::new(),
-            in_flight: VecDeque::new(),
+            skipping: false,
+            seen: Lsn::ZERO,
+            submitted: 0,
+            pending: VecDeque::new(),
         }
     }
 
@@ -187,141 +202,86 @@ impl Relay {
         }
     }
 
-    /// Send the committed transaction's events, after making room if too many answers
-    /// are outstanding.
-    async fn commit(&mut self) -> Result<(), RelayError> {
-        for event in std::mem::take(&mut self.txn) {
-            while self.in_flight.len() >= self.cfg.max_in_flight.max(1) {
-                self.settle_first().await?;
-            }
-            let mut f = InFlight {
-                event,
-                ack: None,
-                failed: None,
-                sent: Instant::now(),
-                stream_checked: false,
-            };
-            self.send(&mut f).await;
-            self.in_flight.push_back(f);
-        }
-        self.update_oldest();
-        Ok(())
-    }
-
-    async fn send(&mut self, f: &mut InFlight) {
-        f.sent = Instant::now();
-        f.ack = None;
-        f.failed = None;
-        if let Err(e) = self.publisher.ensure_stream().await {
-            f.failed = Some(e);
-            return;
-        }
-        match self.publisher.send(&f.event).await {
-            Ok(ack) => f.ack = Some(ack),
-            Err(failure) => f.failed = Some(failure),
-        }
-    }
-
-    fn update_oldest(&self) {
-        let oldest = self
-            .in_flight
-            .front()
-            .and_then(|f| time::epoch_ms(&f.event.committed_at));
-        self.health.set_oldest_pending(oldest);
-        let age = oldest.map_or(0.0, |ms| (time::now_ms() - ms).max(0) as f64 / 1000.0);
-        metrics::gauge!(telemetry::OLDEST_UNPUBLISHED_SECONDS).set(age);
-    }
-}
-
-impl Relay {
-    /// The answer for the first outstanding event: acknowledged, quarantined, or (a
-    /// transient failure) resent with everything after it, after a backoff, until one of
-    /// the first two.
-    async fn settle_first(&mut self) -> Result<(), RelayError> {
-        let mut attempt = 0u32;
-        loop {
-            let Some(first) = self.in_flight.front_mut() else {
-                return Ok(());
-            };
-            let outcome = match (first.ack.take(), first.failed.take()) {
-                (Some(ack), _) => ack.await.map_err(|e| {
-                    if e.kind() == PublishErrorKind::StreamNotFound {
-                        if first.stream_checked {
-                            return Failure::Permanent {
-                                kind: "no_stream",
-                                error: format!("no stream listens on {}", first.event.subject()),
-                            };
-                        }
-                        first.stream_checked = true;
-                    }
-                    classify(&e)
-                }),
-                (None, Some(failure)) => Err(failure),
-                (None, None) => Err(Failure::Transient("not sent".into())),
-            };
-            match outcome {
-                Ok(ack) => return self.acknowledged(ack.duplicate),
-                Err(Failure::Permanent { kind, error }) => {
-                    return self.quarantine(kind, &error).await
-                }
-                Err(Failure::Fenced(error)) => return Err(RelayError::Fenced(error)),
-                Err(Failure::Transient(error)) => {
-                    self.retry(&error, attempt).await;
-                    attempt = attempt.saturating_add(1);
-                }
-            }
-        }
-    }
-
-    fn acknowledged(&mut self, duplicate: bool) -> Result<(), RelayError> {
-        let Some(f) = self.in_flight.pop_front() else {
+    /// The committed transaction's events to the sender (never waits); its commit is
+    /// the relay's newest handed position.
+    fn commit(&mut self, txn: &TxnContext) -> Result<(), RelayError> {
+        let events = std::mem::take(&mut self.txn);
+        let prev = self.seen;
+        self.seen = self.seen.max(txn.commit_lsn);
+        if events.is_empty() {
             return Ok(());
-        };
-        let dup = if duplicate { "true" } else { "false" };
-        metrics::counter!(telemetry::PUBLISHED, "duplicate" => dup).increment(1);
-        metrics::histogram!(telemetry::ACK_SECONDS).record(f.sent.elapsed().as_secs_f64());
-        if let Some(ms) = time::epoch_ms(&f.event.committed_at) {
-            let secs = (time::now_ms() - ms).max(0) as f64 / 1000.0;
-            metrics::histogram!(telemetry::COMMIT_TO_ACK_SECONDS).record(secs);
         }
-        self.health.published(1);
-        self.health.set_error(None);
+        if self.sender.is_none() {
+            let publisher = self.publisher.take().ok_or(RelayError::SenderStopped)?;
+            let sender = SenderHandle::spawn(self.cfg.clone(), publisher, self.health.clone());
+            self.sender = Some(sender);
+        }
+        let sender = self.sender.as_ref().ok_or(RelayError::SenderStopped)?;
+        for event in events {
+            if !sender.send(event) {
+                return Err(self.sender_failure());
+            }
+            self.submitted += 1;
+        }
+        self.pending.push_back(PendingTxn {
+            prev,
+            end: self.submitted,
+        });
         Ok(())
     }
 
-    async fn quarantine(&mut self, kind: &'static str, error: &str) -> Result<(), RelayError> {
-        let Some(f) = self.in_flight.front() else {
-            return Ok(());
-        };
-        metrics::counter!(telemetry::PUBLISH_FAILURES, "kind" => kind).increment(1);
-        tracing::error!(id = %f.event.id, subject = %f.event.subject(), error, "outbox event refused for good: quarantined");
-        quarantine::put(self.db()?, &f.event, error).await?;
-        metrics::counter!(telemetry::QUARANTINED).increment(1);
-        self.health.quarantined();
-        self.in_flight.pop_front();
-        Ok(())
+    /// Why the sender task ended.
+    fn sender_failure(&self) -> RelayError {
+        self.sender
+            .as_ref()
+            .and_then(|s| s.shared.take_failure())
+            .unwrap_or(RelayError::SenderStopped)
     }
 
-    /// Wait, then resend every outstanding event in order (the ones after the failed one
-    /// may have landed: the duplicate window drops them).
-    async fn retry(&mut self, error: &str, attempt: u32) {
-        metrics::counter!(telemetry::PUBLISH_FAILURES, "kind" => "transient").increment(1);
-        let wait = self.cfg.retry.delay(attempt);
-        tracing::warn!(
-            error,
-            retry_in_ms = wait.as_millis() as u64,
-            pending = self.in_flight.len(),
-            "outbox publish failed; retrying"
-        );
-        self.health.set_error(Some(format!("publishing: {error}")));
-        self.update_oldest();
-        tokio::time::sleep(wait).await;
-        self.publisher.stream_lost();
-        let mut pending = std::mem::take(&mut self.in_flight);
-        for f in pending.iter_mut() {
-            self.send(f).await;
+    /// Events handed to the sender and not yet done, and their bytes.
+    fn outstanding(&self) -> (u64, u64) {
+        let Some(s) = &self.sender else {
+            return (0, 0);
+        };
+        let bytes = s.shared.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        (self.submitted.saturating_sub(s.done()), bytes)
+    }
+
+    /// Forget the transactions whose every event is done; `true` if one had events. An
+    /// error if the sender ended (fenced, or the quarantine's database failed).
+    fn collect(&mut self) -> Result<bool, RelayError> {
+        let Some(sender) = &self.sender else {
+            return Ok(false);
+        };
+        if let Some(failure) = sender.shared.take_failure() {
+            return Err(failure);
         }
-        self.in_flight = pending;
+        let done = sender.done();
+        let mut advanced = false;
+        while self.pending.front().is_some_and(|t| t.end <= done) {
+            self.pending.pop_front();
+            advanced = true;
+        }
+        let (events, bytes) = self.outstanding();
+        metrics::gauge!(telemetry::QUEUED_EVENTS).set(events as f64);
+        metrics::gauge!(telemetry::QUEUED_BYTES).set(bytes as f64);
+        self.health.set_queued(events, bytes);
+        Ok(advanced)
+    }
+
+    /// The position up to which every event handed over is done: the commit before the
+    /// first transaction with an event outstanding, or `handed`.
+    fn durable(&self, handed: Lsn) -> Lsn {
+        self.pending.front().map_or(handed, |t| t.prev.min(handed))
+    }
+
+    /// Tests crash here (the failpoint) right after JetStream's acknowledgements let the
+    /// position advance, before the slot does.
+    fn failpoint(&self, advanced: bool) {
+        if advanced && failpoint_after_ack() {
+            tracing::error!("failpoint outbox-after-ack: aborting after JetStream's acks, before the slot advances");
+            std::process::abort();
+        }
     }
 }
 
@@ -357,32 +317,54 @@ impl Consumer for Relay {
     fn handle<'a>(&'a mut self, item: Item<'a>) -> BoxFuture<'a, Result<Handled, ConsumerError>> {
         Box::pin(async move {
             match item {
-                Item::Begin(_) => self.txn.clear(),
+                Item::Begin(txn) => {
+                    self.txn.clear();
+                    // Handed again (the driver re-read the WAL): its events are queued
+                    // or done already.
+                    self.skipping = txn.commit_lsn <= self.seen;
+                }
+                Item::Change(..) if self.skipping => {}
                 Item::Change(txn, change) => self.change(txn, change).await?,
-                Item::Commit(_) => self.commit().await?,
+                Item::Commit(_) if self.skipping => self.skipping = false,
+                Item::Commit(txn) => self.commit(txn)?,
             }
             Ok(Handled::Continue)
         })
     }
 
+    fn settle(&mut self, handed: Lsn) -> BoxFuture<'_, Result<Lsn, ConsumerError>> {
+        Box::pin(async move {
+            let advanced = self.collect()?;
+            self.failpoint(advanced);
+            self.seen = self.seen.max(handed);
+            Ok(self.durable(handed))
+        })
+    }
+
+    fn accepting(&self) -> bool {
+        let (events, bytes) = self.outstanding();
+        events < self.cfg.max_queued.max(1) as u64 && bytes < self.cfg.max_queued_bytes.max(1)
+    }
+
+    /// Waits until every event handed over is done (the driver bounds it).
     fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>> {
         Box::pin(async move {
-            let settled = !self.in_flight.is_empty();
-            while !self.in_flight.is_empty() {
-                self.settle_first().await?;
+            let n = self.submitted;
+            if let Some(sender) = &mut self.sender {
+                if !sender.wait_done(n).await {
+                    return Err(self.sender_failure().into());
+                }
             }
-            self.update_oldest();
-            if settled && failpoint_after_ack() {
-                tracing::error!("failpoint outbox-after-ack: aborting after JetStream's acks, before the slot advances");
-                std::process::abort();
-            }
+            let advanced = self.collect()?;
+            self.failpoint(advanced);
             Ok(())
         })
     }
 
+    /// A partial transaction is forgotten (its items come again); what was committed
+    /// stays queued: the driver does not hand it again (and if it does, it is skipped).
     fn reset(&mut self) {
         self.txn.clear();
-        self.in_flight.clear();
-        self.update_oldest();
+        self.skipping = false;
     }
 }

@@ -14,6 +14,11 @@ pub const COMMIT_TO_ACK_SECONDS: &str = "walcast_outbox_commit_to_ack_seconds";
 /// Gauge: age in seconds of the oldest event handed to the relay and not yet acknowledged
 /// by JetStream (0 when none waits).
 pub const OLDEST_UNPUBLISHED_SECONDS: &str = "walcast_outbox_oldest_unpublished_seconds";
+/// Gauge: events handed to the relay and not yet acknowledged by JetStream (sent or
+/// queued); past `OUTBOX_MAX_QUEUED` the relay stops accepting transactions.
+pub const QUEUED_EVENTS: &str = "walcast_outbox_queued_events";
+/// Gauge: their bytes; past `OUTBOX_MAX_QUEUED_BYTES` the relay stops accepting.
+pub const QUEUED_BYTES: &str = "walcast_outbox_queued_bytes";
 /// Counter: events quarantined (refused by JetStream for good).
 pub const QUARANTINED: &str = "walcast_outbox_quarantined_total";
 /// Gauge: rows in the quarantine table (read periodically).
@@ -51,6 +56,15 @@ pub fn describe() {
         OLDEST_UNPUBLISHED_SECONDS,
         Unit::Seconds,
         "Age of the oldest outbox event not yet acknowledged by JetStream"
+    );
+    describe_gauge!(
+        QUEUED_EVENTS,
+        "Outbox events handed to the relay and not yet acknowledged by JetStream"
+    );
+    describe_gauge!(
+        QUEUED_BYTES,
+        Unit::Bytes,
+        "Bytes of the outbox events handed to the relay and not yet acknowledged"
     );
     describe_counter!(
         QUARANTINED,

@@ -4,6 +4,8 @@
 //!   replication slots enabled, `max_slot_wal_keep_size` bounded, listening on a free
 //!   127.0.0.1 port. Run as the `postgres` user when we are root.
 //! * [`Nats`]: `nats-server -js` on a free 127.0.0.1 port with its own store directory.
+//! * [`NatsCluster`]: N such servers routed into one JetStream cluster; one node can be
+//!   killed (SIGKILL) and started again on its ports and store.
 //! * [`fake_kube::FakeApi`]: an honest fake of the Kubernetes API server for Leases
 //!   (the only fake: Kubernetes is not something a test can start).
 //! * [`phoenix::PhoenixClient`]: a raw Phoenix (Supabase Realtime) WebSocket client, vsn
@@ -22,6 +24,7 @@
 mod error;
 pub mod fake_kube;
 mod nats;
+mod nats_cluster;
 pub mod phoenix;
 mod ports;
 mod postgres;
@@ -32,6 +35,7 @@ pub mod tokens;
 
 pub use error::KitError;
 pub use nats::Nats;
+pub use nats_cluster::NatsCluster;
 pub use ports::free_port;
 pub use postgres::{Postgres, PostgresBuilder};
 pub use proxy::TcpProxy;

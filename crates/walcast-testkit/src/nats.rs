@@ -145,7 +145,7 @@ impl Drop for Nats {
 }
 
 /// The server greets every client with `INFO {...}`.
-fn banner_ok(port: u16) -> bool {
+pub(crate) fn banner_ok(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
@@ -154,7 +154,7 @@ fn banner_ok(port: u16) -> bool {
     s.read_exact(&mut buf).is_ok() && &buf == b"INFO"
 }
 
-fn find_binary() -> Result<PathBuf, KitError> {
+pub(crate) fn find_binary() -> Result<PathBuf, KitError> {
     find_binary_in(
         std::env::var_os("WALCAST_NATS_SERVER"),
         std::env::var_os("PATH").unwrap_or_default(),

@@ -200,9 +200,18 @@ pub struct OutboxArgs {
     /// How long to wait for one PubAck before retrying, in milliseconds.
     #[arg(long = "outbox-ack-timeout-ms", env = "OUTBOX_ACK_TIMEOUT_MS", default_value_t = walcast_outbox::config::DEFAULT_ACK_TIMEOUT.as_millis() as u64)]
     pub ack_timeout_ms: u64,
-    /// Events sent and not yet acknowledged, at most (beyond, reading the WAL waits).
+    /// Events sent and not yet acknowledged, at most (beyond, later events wait in the
+    /// relay's queue, unsent, in order).
     #[arg(long = "outbox-max-in-flight", env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = walcast_outbox::config::DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// Events handed to the relay and not yet acknowledged (sent or queued), at most:
+    /// beyond, the relay takes no more transactions until JetStream caught up (realtime
+    /// carries on; the slot retains the WAL from the relay's position).
+    #[arg(long = "outbox-max-queued", env = "OUTBOX_MAX_QUEUED", default_value_t = walcast_outbox::config::DEFAULT_MAX_QUEUED)]
+    pub max_queued: usize,
+    /// The same bound in bytes (payload, subject and headers of each event).
+    #[arg(long = "outbox-max-queued-bytes", env = "OUTBOX_MAX_QUEUED_BYTES", default_value_t = walcast_outbox::config::DEFAULT_MAX_QUEUED_BYTES)]
+    pub max_queued_bytes: u64,
     /// Longest wait between retries of a transient failure, in milliseconds (waits
     /// double from 100 ms up to it).
     #[arg(long = "outbox-retry-max-ms", env = "OUTBOX_RETRY_MAX_MS", default_value_t = walcast_outbox::config::DEFAULT_RETRY_MAX.as_millis() as u64)]
@@ -257,6 +266,8 @@ impl OutboxArgs {
         let mut c = self.stream.to_config(database_url);
         c.ack_timeout = Duration::from_millis(self.ack_timeout_ms);
         c.max_in_flight = self.max_in_flight.max(1);
+        c.max_queued = self.max_queued.max(1);
+        c.max_queued_bytes = self.max_queued_bytes.max(1);
         c.retry.cap = Duration::from_millis(self.retry_max_ms);
         c.maintain_interval = Duration::from_secs(self.maintain_interval_secs.max(1));
         Some(c)
@@ -271,6 +282,8 @@ impl OutboxArgs {
             "duplicate_window_secs": self.stream.duplicate_window_secs,
             "ack_timeout_ms": self.ack_timeout_ms,
             "max_in_flight": self.max_in_flight,
+            "max_queued": self.max_queued,
+            "max_queued_bytes": self.max_queued_bytes,
             "retry_max_ms": self.retry_max_ms,
             "maintain_interval_secs": self.maintain_interval_secs,
         })

@@ -1,0 +1,315 @@
+//! The relay's sender: a task of its own that owns the JetStream side, so that nothing
+//! the relay's consumer methods do waits on JetStream.
+//!
+//! The relay hands it each committed event, in commit order, through an unbounded
+//! channel (the relay bounds what is outstanding: [`crate::Relay`]'s `accepting`). The
+//! task sends each event without waiting for its answer (at most `max_in_flight`
+//! outstanding; later events stay queued, unsent, in order) and takes the answers in
+//! order: acknowledged, quarantined (refused for good), or — a transient failure —
+//! resent with everything after it, in order, after a capped exponential backoff
+//! (JetStream's duplicate window drops what had already landed). It counts the events
+//! done (acknowledged or quarantined) on a watch channel the relay reads without
+//! waiting. A fenced publish or a database error while quarantining ends the task; the
+//! relay reports it at its next call.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
+use futures_util::future::BoxFuture;
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::Client;
+
+use crate::config::OutboxConfig;
+use crate::event::OutboxEvent;
+use crate::health::OutboxHealth;
+use crate::publish::{classify, Failure, Publisher};
+use crate::relay::RelayError;
+use crate::{quarantine, telemetry, time};
+
+/// JetStream's answer to come.
+type Answer = BoxFuture<'static, Result<PublishAck, PublishError>>;
+
+/// The bytes an event counts for in the relay's bound (its payload, subject, headers).
+pub(crate) fn event_bytes(ev: &OutboxEvent) -> u64 {
+    let headers: usize = ev.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (ev.payload.len() + ev.subject().len() + headers + ev.id.len()) as u64
+}
+
+/// What the relay and the task share.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Bytes of the events handed to the task and not yet done.
+    pub(crate) bytes: AtomicU64,
+    /// Why the task ended (taken once by the relay).
+    pub(crate) failure: Mutex<Option<RelayError>>,
+}
+
+impl Shared {
+    pub(crate) fn take_failure(&self) -> Option<RelayError> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// The relay's handle on its sender task (aborted on drop).
+pub(crate) struct SenderHandle {
+    tx: mpsc::UnboundedSender<OutboxEvent>,
+    done: watch::Receiver<u64>,
+    pub(crate) shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SenderHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SenderHandle {
+    /// Start the task (inside a Tokio runtime).
+    pub(crate) fn spawn(
+        cfg: OutboxConfig,
+        publisher: Publisher,
+        health: Arc<OutboxHealth>,
+    ) -> SenderHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (done_tx, done) = watch::channel(0);
+        let shared = Arc::new(Shared::default());
+        let task = Sender {
+            cfg,
+            publisher,
+            health,
+            shared: shared.clone(),
+            done: done_tx,
+            in_flight: VecDeque::new(),
+            attempt: 0,
+            db: None,
+        };
+        let task = tokio::spawn(task.run(rx));
+        SenderHandle {
+            tx,
+            done,
+            shared,
+            task,
+        }
+    }
+
+    /// Queue an event (never waits). `false`: the task has ended.
+    pub(crate) fn send(&self, ev: OutboxEvent) -> bool {
+        self.shared
+            .bytes
+            .fetch_add(event_bytes(&ev), Ordering::Relaxed);
+        self.tx.send(ev).is_ok()
+    }
+
+    /// Events done so far (acknowledged or quarantined), without waiting.
+    pub(crate) fn done(&self) -> u64 {
+        *self.done.borrow()
+    }
+
+    /// Wait until `n` events are done; `false` if the task ended first.
+    pub(crate) async fn wait_done(&mut self, n: u64) -> bool {
+        self.done.wait_for(|d| *d >= n).await.is_ok()
+    }
+}
+
+/// An event sent (or to send again) and its answer to come.
+struct InFlight {
+    event: OutboxEvent,
+    answer: Result<Answer, Failure>,
+    sent: Instant,
+    /// JetStream said no stream listens on its subject after the stream was re-checked.
+    stream_checked: bool,
+}
+
+struct Sender {
+    cfg: OutboxConfig,
+    publisher: Publisher,
+    health: Arc<OutboxHealth>,
+    shared: Arc<Shared>,
+    done: watch::Sender<u64>,
+    in_flight: VecDeque<InFlight>,
+    /// Transient failures in a row of the first outstanding event.
+    attempt: u32,
+    /// For the quarantine, connected when first needed.
+    db: Option<Client>,
+}
+
+/// What the task does next.
+enum Next {
+    Event(Option<OutboxEvent>),
+    Answer(Result<PublishAck, Failure>),
+}
+
+impl Sender {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<OutboxEvent>) {
+        if let Err(e) = self.serve(&mut rx).await {
+            tracing::warn!(error = %e, "outbox sender stopped");
+            *self
+                .shared
+                .failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    }
+
+    async fn serve(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<OutboxEvent>,
+    ) -> Result<(), RelayError> {
+        let max = self.cfg.max_in_flight.max(1);
+        loop {
+            match self.next(rx, self.in_flight.len() < max).await {
+                Next::Event(Some(ev)) => self.push(ev).await,
+                Next::Event(None) => return Ok(()),
+                Next::Answer(Ok(ack)) => self.acknowledged(ack.duplicate),
+                Next::Answer(Err(Failure::Permanent { kind, error })) => {
+                    self.quarantine(kind, &error).await?
+                }
+                Next::Answer(Err(Failure::Fenced(error))) => return Err(RelayError::Fenced(error)),
+                Next::Answer(Err(Failure::Transient(error))) => self.retry(&error).await,
+            }
+        }
+    }
+
+    /// The next event (when there is room for one), or the first outstanding answer,
+    /// whichever comes first.
+    async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<OutboxEvent>, room: bool) -> Next {
+        let Some(first) = self.in_flight.front_mut() else {
+            return Next::Event(rx.recv().await);
+        };
+        let answer = match &mut first.answer {
+            Err(failure) => return Next::Answer(Err(failure.clone())),
+            Ok(answer) => answer,
+        };
+        // Polling the answer by reference: when an event comes first, nothing is lost.
+        let result = tokio::select! {
+            biased;
+            ev = rx.recv(), if room => return Next::Event(ev),
+            result = answer => result,
+        };
+        let failure = result.map_err(|e| {
+            if e.kind() == PublishErrorKind::StreamNotFound {
+                if first.stream_checked {
+                    return Failure::Permanent {
+                        kind: "no_stream",
+                        error: format!("no stream listens on {}", first.event.subject()),
+                    };
+                }
+                first.stream_checked = true;
+            }
+            classify(&e)
+        });
+        if failure.is_err() {
+            // Answered: a failure now stays until the event is resent.
+            first.answer = Err(Failure::Transient("not sent".into()));
+        }
+        Next::Answer(failure)
+    }
+
+    async fn push(&mut self, event: OutboxEvent) {
+        let answer = self.send(&event).await;
+        self.in_flight.push_back(InFlight {
+            event,
+            answer,
+            sent: Instant::now(),
+            stream_checked: false,
+        });
+        self.update_oldest();
+    }
+
+    async fn send(&mut self, event: &OutboxEvent) -> Result<Answer, Failure> {
+        self.publisher.ensure_stream().await?;
+        let ack = self.publisher.send(event).await?;
+        Ok(Box::pin(std::future::IntoFuture::into_future(ack)))
+    }
+
+    /// The first outstanding event is done: count it.
+    fn done_one(&mut self) -> Option<InFlight> {
+        let f = self.in_flight.pop_front()?;
+        let bytes = event_bytes(&f.event);
+        let _ = self
+            .shared
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_sub(bytes))
+            });
+        self.done.send_modify(|d| *d += 1);
+        self.attempt = 0;
+        self.update_oldest();
+        Some(f)
+    }
+
+    fn acknowledged(&mut self, duplicate: bool) {
+        let Some(f) = self.done_one() else {
+            return;
+        };
+        let dup = if duplicate { "true" } else { "false" };
+        metrics::counter!(telemetry::PUBLISHED, "duplicate" => dup).increment(1);
+        metrics::histogram!(telemetry::ACK_SECONDS).record(f.sent.elapsed().as_secs_f64());
+        if let Some(ms) = time::epoch_ms(&f.event.committed_at) {
+            let secs = (time::now_ms() - ms).max(0) as f64 / 1000.0;
+            metrics::histogram!(telemetry::COMMIT_TO_ACK_SECONDS).record(secs);
+        }
+        self.health.published(1);
+        self.health.set_error(None);
+    }
+
+    async fn quarantine(&mut self, kind: &'static str, error: &str) -> Result<(), RelayError> {
+        // (The answer future is not `Sync`: no reference to the entry across an await.)
+        let Some(event) = self.in_flight.front().map(|f| f.event.clone()) else {
+            return Ok(());
+        };
+        metrics::counter!(telemetry::PUBLISH_FAILURES, "kind" => kind).increment(1);
+        tracing::error!(id = %event.id, subject = %event.subject(), error, "outbox event refused for good: quarantined");
+        if self.db.as_ref().is_none_or(Client::is_closed) {
+            self.db = Some(walcast_pgtls::connect(&self.cfg.database_url).await?);
+        }
+        let db = self.db.as_ref().ok_or(RelayError::NotStarted)?;
+        quarantine::put(db, &event, error).await?;
+        metrics::counter!(telemetry::QUARANTINED).increment(1);
+        self.health.quarantined();
+        self.done_one();
+        Ok(())
+    }
+
+    /// Wait, then resend every outstanding event in order (the ones after the failed one
+    /// may have landed: the duplicate window drops them). Events still queued wait.
+    async fn retry(&mut self, error: &str) {
+        metrics::counter!(telemetry::PUBLISH_FAILURES, "kind" => "transient").increment(1);
+        let wait = self.cfg.retry.delay(self.attempt);
+        self.attempt = self.attempt.saturating_add(1);
+        tracing::warn!(
+            error,
+            retry_in_ms = wait.as_millis() as u64,
+            pending = self.in_flight.len(),
+            "outbox publish failed; retrying"
+        );
+        self.health.set_error(Some(format!("publishing: {error}")));
+        self.update_oldest();
+        tokio::time::sleep(wait).await;
+        self.publisher.stream_lost();
+        let mut pending = std::mem::take(&mut self.in_flight);
+        for f in pending.iter_mut() {
+            f.sent = Instant::now();
+            f.answer = self.send(&f.event).await;
+        }
+        self.in_flight = pending;
+    }
+
+    fn update_oldest(&self) {
+        let oldest = self
+            .in_flight
+            .front()
+            .and_then(|f| time::epoch_ms(&f.event.committed_at));
+        self.health.set_oldest_pending(oldest);
+        let age = oldest.map_or(0.0, |ms| (time::now_ms() - ms).max(0) as f64 / 1000.0);
+        metrics::gauge!(telemetry::OLDEST_UNPUBLISHED_SECONDS).set(age);
+    }
+}
