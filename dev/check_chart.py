@@ -112,7 +112,7 @@ def binary_env_names(bin_dir: Path) -> dict[str, set[str]]:
 
 # --- metric names the code records ---------------------------------------------------------
 
-METRIC_NAME = re.compile(r"_(total|bytes|seconds|rows|active|subscriptions|connections|channels|streams)$")
+METRIC_NAME = re.compile(r"_(total|bytes|seconds|rows|active|detached|subscriptions|connections|channels|streams)$")
 
 
 def code_metrics() -> set[str]:
