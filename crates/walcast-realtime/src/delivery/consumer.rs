@@ -294,6 +294,7 @@ impl RealtimeConsumer {
     /// what they published has reached the bus. Never waits for a slow lane.
     pub async fn settle(&mut self, handed: Lsn) -> Result<Lsn, RealtimeError> {
         self.flush().await?;
+        self.record_epochs().await?;
         let position = self.lanes.position(handed);
         self.lanes.report();
         self.publisher.barrier().await?;
@@ -304,6 +305,7 @@ impl RealtimeConsumer {
     /// until everything handed to the bus has reached it (at a graceful stop).
     pub async fn barrier(&mut self) -> Result<(), RealtimeError> {
         self.flush().await?;
+        self.record_epochs().await?;
         while !self.lanes.idle() {
             self.lanes.failure()?;
             tokio::time::sleep(IDLE_POLL).await;

@@ -17,7 +17,7 @@ use crate::catalog::tables::TableRef;
 use crate::error::RealtimeError;
 use crate::telemetry;
 use walcast_bus::ChangeKind;
-use walcast_wal2json::RowChange;
+use walcast_wal2json::{Lsn, RowChange};
 
 /// How catalog changes reach the pipeline, and where it stands.
 #[derive(Clone, Debug)]
@@ -31,6 +31,8 @@ pub struct CatalogTracking {
     checked: Instant,
     /// The latest state each notice so far carried, per table (recorded with the epoch).
     carried: BTreeMap<(String, String), TableState>,
+    /// Epochs decoded and not yet recorded: (position, epoch, carried states).
+    unrecorded: Vec<(Lsn, i64, Vec<TableState>)>,
 }
 
 /// How often a pipeline relying on the triggers checks they are still there.
@@ -48,6 +50,7 @@ impl CatalogTracking {
                 .into_iter()
                 .map(|s| ((s.schema.clone(), s.table.clone()), s))
                 .collect(),
+            unrecorded: Vec::new(),
         }
     }
 
@@ -94,6 +97,18 @@ impl CatalogTracking {
 }
 
 impl RealtimeConsumer {
+    /// Record the epochs of the notices decoded since the last call (see
+    /// [`change::record_epoch`]), side by side on the catalog connection.
+    pub(super) async fn record_epochs(&mut self) -> Result<(), RealtimeError> {
+        let unrecorded = std::mem::take(&mut self.ddl.unrecorded);
+        let (catalog, slot) = (&self.catalog, self.slot.as_str());
+        let writes = unrecorded
+            .iter()
+            .map(|(at, e, carried)| change::record_epoch(catalog, slot, *at, *e, carried));
+        futures_util::future::try_join_all(writes).await?;
+        Ok(())
+    }
+
     /// Relying on the event triggers: are they still there (checked every
     /// [`TRIGGER_CHECK`])? If someone dropped or disabled them, every batch re-reads the
     /// catalog from now on, as when they never existed.
@@ -172,9 +187,10 @@ impl RealtimeConsumer {
             self.ddl.carry(&notice);
             self.ddl.seen = Some(e);
             if let Some(at) = commit_lsn {
-                // Before this position can be acknowledged: a restart resumes with these.
+                // Recorded before this position can be acknowledged (at the next settle,
+                // several in one round trip): a restart resumes with these.
                 let carried: Vec<TableState> = self.ddl.carried.values().cloned().collect();
-                change::record_epoch(&self.catalog, &self.slot, at, e, &carried).await?;
+                self.ddl.unrecorded.push((at, e, carried));
             }
         }
         let to = match self.ddl.tracking {
