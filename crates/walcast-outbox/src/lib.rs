@@ -17,6 +17,7 @@
 //! - [`redrive`], [`replay`] (paced by [`rate`]): what `walcast outbox redrive|replay` do.
 
 pub mod config;
+pub mod error;
 pub mod event;
 pub mod health;
 pub mod maintain;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 use walcast_pipeline::{
-    Consumer, ConsumerError, Handled, Item, PipelineHealth, Refresh, Retry, TxnContext,
+    Consumer, ConsumerError, Handled, Item, PipelineHealth, Refresh, TxnContext,
 };
 use walcast_wal2json::{Change, Lsn, RowChange};
 
@@ -70,32 +70,7 @@ pub struct Relay {
     pending: VecDeque<PendingTxn>,
 }
 
-/// Why the relay stopped a session.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error("database: {}", walcast_pgtls::db_message(.0))]
-    Db(#[from] tokio_postgres::Error),
-    #[error("database: {0}")]
-    Connect(#[from] walcast_pgtls::ConnectError),
-    #[error("no database connection (not started)")]
-    NotStarted,
-    /// The leadership term ended while events were outstanding.
-    #[error("{0}")]
-    Fenced(String),
-    /// The sender task is gone (the session is ending).
-    #[error("the outbox sender stopped")]
-    SenderStopped,
-}
-
-impl From<RelayError> for ConsumerError {
-    fn from(e: RelayError) -> ConsumerError {
-        let retry = match e {
-            RelayError::Fenced(_) => Retry::Fenced,
-            _ => Retry::Backoff,
-        };
-        ConsumerError::new(retry, e)
-    }
-}
+pub use crate::error::RelayError;
 
 impl Relay {
     pub fn new(

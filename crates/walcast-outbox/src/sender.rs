@@ -24,10 +24,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
 
 use crate::config::OutboxConfig;
+use crate::error::RelayError;
 use crate::event::OutboxEvent;
 use crate::health::OutboxHealth;
 use crate::publish::{classify, Failure, Publisher};
-use crate::relay::RelayError;
 use crate::{quarantine, telemetry, time};
 
 /// JetStream's answer to come.

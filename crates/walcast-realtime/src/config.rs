@@ -25,7 +25,7 @@ pub const DEFAULT_RESEND_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_RESEND_SECS: u64 = 30;
 
 /// What the leader keeps of what it sent each front, to resend what a front missed (see
-/// [`crate::delivery::links`]): the oldest goes first past any bound.
+/// `delivery/links.rs`): the oldest goes first past any bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinkOptions {
     pub max_messages: usize,
@@ -59,7 +59,14 @@ pub struct RealtimeConfig {
     pub links: LinkOptions,
 }
 
-pub use crate::delivery::lanes::LaneLimits;
+/// How far a project's delivery lane may fall behind (see `delivery/lanes.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct LaneLimits {
+    /// A batch waiting longer is skipped (its subscribers told).
+    pub max_lag: std::time::Duration,
+    /// Past this many bytes waiting, new batches are skipped at once.
+    pub max_bytes: usize,
+}
 
 impl Default for LaneLimits {
     fn default() -> Self {

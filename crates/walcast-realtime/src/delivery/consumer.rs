@@ -21,9 +21,10 @@ use crate::catalog::change::NOTICE_PREFIX;
 use crate::catalog::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
 use crate::catalog::tables_drift;
 use crate::catalog::types::TypeCache;
+use crate::config::LaneLimits;
 use crate::config::RlsOptions;
 use crate::delivery::event::build_event;
-use crate::delivery::lanes::{LaneLimits, Lanes};
+use crate::delivery::lanes::Lanes;
 use crate::delivery::links::FrontLinks;
 use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
@@ -175,20 +176,25 @@ impl RealtimeConsumer {
         }
     }
 
+    /// A realtime-tables edit. Whole schemas are decoded: enabling a table of a schema
+    /// already decoded changes nothing in the filter (no restart; the edit applies right
+    /// here).
+    fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) -> Handled {
+        let before = self.schemas();
+        self.tables_edit(kind, row);
+        match self.schemas() == before {
+            true => Handled::Continue,
+            false => Handled::TablesChanged,
+        }
+    }
+
     async fn row(
         &mut self,
         kind: ChangeKind,
         row: &RowChange<'_>,
     ) -> Result<Handled, RealtimeError> {
         if row.schema == TABLES_SCHEMA && row.table == TABLES_TABLE {
-            let before = self.schemas();
-            self.tables_edit(kind, row);
-            // Whole schemas are decoded: enabling a table of a schema already decoded
-            // changes nothing in the filter (no restart; the edit applies right here).
-            if self.schemas() == before {
-                return Ok(Handled::Continue);
-            }
-            return Ok(Handled::TablesChanged);
+            return Ok(self.registry_edit(kind, row));
         }
         let Some(txn) = self.txn.as_ref() else {
             let table = format!("{}.{}", row.schema, row.table);
@@ -248,11 +254,18 @@ impl RealtimeConsumer {
             crate::delivery::event::new_row_text(row)
         };
         self.seq += 1;
-        self.pending.push(PendingChange {
+        self.hold(PendingChange {
             event,
             matched,
             row: row_text,
-        });
+        })
+        .await?;
+        Ok(Handled::Continue)
+    }
+
+    /// Hold a change for its lane; hand the batch over once it is full.
+    async fn hold(&mut self, change: PendingChange) -> Result<(), RealtimeError> {
+        self.pending.push(change);
         let limit = match self.rls_opts.mode {
             RlsMode::Naive => 1,
             RlsMode::Batched => self.rls_opts.max_batch.max(1),
@@ -260,7 +273,7 @@ impl RealtimeConsumer {
         if self.pending.len() >= limit {
             self.flush().await?;
         }
-        Ok(Handled::Continue)
+        Ok(())
     }
 
     /// Hand the held changes to their projects' lanes, in WAL order (see

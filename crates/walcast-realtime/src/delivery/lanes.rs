@@ -37,7 +37,7 @@ use walcast_wal2json::Lsn;
 use crate::authorize::rls::RlsChecker;
 use crate::authorize::{authorize_batch, Audience, PendingChange};
 use crate::catalog::change::{Notice, View};
-use crate::config::{RlsMode, RlsOptions};
+use crate::config::{LaneLimits, RlsMode, RlsOptions};
 use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::telemetry;
@@ -63,15 +63,6 @@ const SLOW_CHECK: Duration = Duration::from_millis(250);
 
 /// How long a project stays lagging after its last slow check or late batch.
 const LAGGING_FOR: Duration = Duration::from_secs(30);
-
-/// How far a lane may fall behind.
-#[derive(Clone, Copy, Debug)]
-pub struct LaneLimits {
-    /// A batch waiting longer is skipped (its subscribers told).
-    pub max_lag: Duration,
-    /// Past this many bytes waiting, new batches are skipped at once.
-    pub max_bytes: usize,
-}
 
 /// What a lane is handed, in WAL order.
 enum Work {
