@@ -86,13 +86,13 @@ SELECT q.n, p.polname::text, p.polpermissive, pg_get_expr(p.polqual, p.polrelid)
 /// `$1 < epoch <= $2` all logged and none touching a table of `$3`/`$4` (schema, table
 /// pairs) or every table (see `sql/0015_catalog_log.sql`).
 const UNTOUCHED_SQL: &str = "
-SELECT count(*) = $2 - $1
+SELECT count(*) = $2::int8 - $1::int8
    AND NOT coalesce(bool_or(l.tables IS NULL OR EXISTS (
         SELECT FROM jsonb_array_elements(l.tables) t
           JOIN unnest($3::text[], $4::text[]) AS q(s, n)
             ON t->>'schema' = q.s AND t->>'table' = q.n)), false)
   FROM walcast.catalog_log l
- WHERE l.epoch > $1 AND l.epoch <= $2";
+ WHERE l.epoch > $1::int8 AND l.epoch <= $2::int8";
 
 impl RlsChecker {
     /// `parallel`: connections a large batch's checks are spread over.
@@ -176,11 +176,18 @@ impl RlsChecker {
         let (View::Epoch(Some(from)), Some(to)) = (self.cache.view(), epoch) else {
             return Err(moved);
         };
-        if self.untouched(from, to, tables).await? {
-            metrics::counter!(telemetry::CATALOG_AHEAD_KEPT).increment(1);
-            return Ok(true);
+        match self.untouched(from, to, tables).await {
+            Ok(true) => {
+                metrics::counter!(telemetry::CATALOG_AHEAD_KEPT).increment(1);
+                Ok(true)
+            }
+            Ok(false) => Err(moved),
+            Err(e) => {
+                // Not knowing is as not kept: what depends on it is withheld.
+                tracing::warn!(error = %e, "cannot read walcast.catalog_log");
+                Err(moved)
+            }
         }
-        Err(moved)
     }
 
     /// Every epoch in `(from, to]` is logged (`walcast.catalog_log`) and none touched
