@@ -389,14 +389,7 @@ async fn respond(handler: &dyn AdminHandler, req: AdminRequest) -> Response {
 }
 
 async fn answer(client: &async_nats::Client, reply_to: async_nats::Subject, response: Response) {
-    match serde_json::to_vec(&response) {
-        Ok(body) => {
-            if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
-                tracing::warn!(error = %e, "cannot answer an admin request");
-            }
-        }
-        Err(e) => tracing::error!(error = %e, "cannot encode an admin reply"),
-    }
+    crate::nats::reply_json(client, reply_to, &response, "admin").await
 }
 
 #[cfg(test)]

@@ -158,14 +158,7 @@ pub async fn serve_nats(
         let (client, handler) = (client.clone(), handler.clone());
         tokio::spawn(async move {
             let reply = handler.resend(req).await;
-            match serde_json::to_vec(&reply) {
-                Ok(body) => {
-                    if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
-                        tracing::warn!(error = %e, "cannot answer a resend request");
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "cannot encode a resend reply"),
-            }
+            crate::nats::reply_json(&client, reply_to, &reply, "resend").await
         });
     }
 }

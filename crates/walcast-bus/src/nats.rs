@@ -314,6 +314,24 @@ impl NatsBus {
     }
 }
 
+/// Answer a request (`what` names it in logs) with `body` as JSON; failures are logged
+/// (the asker times out and asks again).
+pub(crate) async fn reply_json<T: serde::Serialize>(
+    client: &async_nats::Client,
+    reply_to: async_nats::Subject,
+    body: &T,
+    what: &'static str,
+) {
+    match serde_json::to_vec(body) {
+        Ok(body) => {
+            if let Err(e) = client.publish(reply_to, Bytes::from(body)).await {
+                tracing::warn!(error = %e, request = what, "cannot answer a request");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, request = what, "cannot encode a reply"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

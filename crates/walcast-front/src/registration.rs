@@ -227,13 +227,8 @@ impl Registrar {
     /// the delivery subject): each channel gets a `system` error and the subscriptions are
     /// removed.
     pub(crate) async fn subs_ended(self: &Arc<Self>, m: &BusMessage) {
-        let notice: SubsEnded = match serde_json::from_slice(&m.payload) {
-            Ok(n) => n,
-            Err(e) => {
-                telemetry::error("bad_notice");
-                tracing::warn!(error = %e, "undecodable subs-ended notice");
-                return;
-            }
+        let Some(notice) = subs_notice(m) else {
+            return;
         };
         let ended: Vec<(u64, String)> = notice
             .ids
@@ -247,13 +242,8 @@ impl Registrar {
     /// The worker skipped changes for some of our subscriptions (their project lagged
     /// past its bound): each channel gets a `system` error; the subscriptions go on.
     pub(crate) fn subs_lagged(&self, m: &BusMessage) {
-        let notice: SubsEnded = match serde_json::from_slice(&m.payload) {
-            Ok(n) => n,
-            Err(e) => {
-                telemetry::error("bad_notice");
-                tracing::warn!(error = %e, "undecodable subs-lagged notice");
-                return;
-            }
+        let Some(notice) = subs_notice(m) else {
+            return;
         };
         for id in &notice.ids {
             let Some(n) = self.registry().own(id) else {
@@ -419,4 +409,14 @@ pub(crate) async fn resync_loop(
     while let Some(request) = next_message(&mut sub, &cancel, "resync").await {
         registrar.resync(&request).await;
     }
+}
+
+/// A `subs-ended` or `subs-lagged` notice's body (logged and counted when undecodable).
+fn subs_notice(m: &BusMessage) -> Option<SubsEnded> {
+    serde_json::from_slice(&m.payload)
+        .inspect_err(|e| {
+            telemetry::error("bad_notice");
+            tracing::warn!(error = %e, "undecodable notice on the delivery subject");
+        })
+        .ok()
 }
