@@ -3,6 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+/// Float rounding tolerated when counting a whole token.
+const TOKEN_EPSILON: f64 = 1e-9;
+
 #[derive(Clone, Debug)]
 pub struct TokenBucket {
     /// Tokens added per second.
@@ -51,7 +54,9 @@ impl TokenBucket {
     /// Take one token at `now`: `Ok` if there was one, else how long until there is.
     pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
         self.refill(now);
-        if self.tokens >= 1.0 {
+        // A token less a rounding error is a token: the wait below, rounded up, always
+        // suffices even when the refill's float sum lands a hair under 1.
+        if self.tokens >= 1.0 - TOKEN_EPSILON {
             self.tokens -= 1.0;
             return Ok(());
         }
