@@ -296,6 +296,12 @@ impl Sender {
         tokio::time::sleep(wait).await;
         self.publisher.stream_lost();
         let mut pending = std::mem::take(&mut self.in_flight);
+        // Drop every old answer first: each holds one of the JetStream context's
+        // `max_ack_inflight` permits, and a resend waiting for a permit while the old
+        // answers keep them all would wait forever.
+        for f in pending.iter_mut() {
+            f.answer = Err(Failure::Transient("resending".into()));
+        }
         for f in pending.iter_mut() {
             f.sent = Instant::now();
             f.answer = self.send(&f.event).await;
