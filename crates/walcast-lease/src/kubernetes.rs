@@ -150,28 +150,34 @@ pub async fn run_with_client<F, Fut>(
             lease,
             fence: fence.clone(),
         };
-        // Both in this task: dropping `run` stops the renewals too.
+        // A task of its own (see `Keeper`): dropping `run` stops the renewals too.
         let work_done = CancellationToken::new();
-        let work = async {
-            lead(fence.clone()).await;
-            fence.token().cancel();
-            work_done.cancel();
-        };
-        let keep = async {
-            let reason = renewer.hold().await;
-            fence.token().cancel();
-            // Released only once `lead` has returned (the work has stopped), and with the
-            // fence already closed: a follower takes a free Lease at its next read, maybe
-            // before the answer to our release reaches us.
-            if reason == Ended::Shutdown {
-                work_done.cancelled().await;
+        let keeper = {
+            let (fence, work_done) = (fence.clone(), work_done.clone());
+            crate::Keeper::spawn(async move {
+                let reason = renewer.hold().await;
+                fence.token().cancel();
+                // Released only once `lead` has returned (the work has stopped), and with
+                // the fence already closed: a follower takes a free Lease at its next
+                // read, maybe before the answer to our release reaches us.
+                if reason == Ended::Shutdown {
+                    work_done.cancelled().await;
+                    fence.revoke();
+                    renewer.release().await;
+                }
                 fence.revoke();
-                renewer.release().await;
-            }
-            fence.revoke();
+                renewer.local
+            })
         };
-        tokio::join!(work, keep);
-        elector.local = renewer.local;
+        // Let it start before the work: spawned from a worker thread, it waits in that
+        // worker's own slot, which no other thread takes from while the work runs.
+        tokio::task::yield_now().await;
+        lead(fence.clone()).await;
+        fence.token().cancel();
+        work_done.cancel();
+        if let Some(local) = keeper.join().await {
+            elector.local = local;
+        }
         decision::lost(&mut elector.local);
         status.following();
         tracing::warn!(lease = %elector.cfg.name, term, "leadership ended");

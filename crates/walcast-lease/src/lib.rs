@@ -80,3 +80,25 @@ impl LeaseMode {
         }
     }
 }
+
+/// A lease's renewals in a task of their own, so that no work of the leader — however
+/// long it runs between two awaits — delays a renewal (a renewal shares no poll with
+/// the work). Aborted when dropped: dropping the elector stops the renewals too.
+pub(crate) struct Keeper<T>(tokio::task::JoinHandle<T>);
+
+impl<T: Send + 'static> Keeper<T> {
+    pub(crate) fn spawn(keep: impl std::future::Future<Output = T> + Send + 'static) -> Self {
+        Keeper(tokio::spawn(keep))
+    }
+
+    /// Its result once it ended; `None` if it panicked.
+    pub(crate) async fn join(mut self) -> Option<T> {
+        (&mut self.0).await.ok()
+    }
+}
+
+impl<T> Drop for Keeper<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

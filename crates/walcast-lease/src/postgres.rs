@@ -124,6 +124,10 @@ struct Session {
 }
 
 impl Session {
+    fn new(cfg: PgLeaseConfig) -> Session {
+        Session { cfg, client: None }
+    }
+
     /// Run `f` on the session within `bound`; any failure drops the session.
     async fn with<T, F>(&mut self, bound: Duration, f: F) -> Result<T, PgLeaseError>
     where
@@ -278,10 +282,7 @@ pub async fn run<F, Fut>(
     F: FnMut(Fence) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let mut db = Session {
-        cfg: cfg.clone(),
-        client: None,
-    };
+    let mut db = Session::new(cfg.clone());
     while !shutdown.is_cancelled() {
         let Some(won) = acquire(&mut db, &status, &shutdown).await else {
             return;
@@ -296,25 +297,34 @@ pub async fn run<F, Fut>(
         }
         status.leading(&cfg.identity, &fence);
         let work_done = CancellationToken::new();
-        let work = async {
-            lead(fence.clone()).await;
-            fence.token().cancel();
-            work_done.cancel();
+        let keeper = {
+            let (fence, work_done) = (fence.clone(), work_done.clone());
+            let mut db = std::mem::replace(&mut db, Session::new(cfg.clone()));
+            crate::Keeper::spawn(async move {
+                hold(&mut db, &fence).await;
+                fence.token().cancel();
+                // Released only once the work has stopped, only while still ours, and
+                // with the fence already closed: a follower takes a free row at its next
+                // read, maybe before the answer to our release reaches us.
+                work_done.cancelled().await;
+                let left = fence.expires_in().filter(|d| !d.is_zero());
+                fence.revoke();
+                if let Some(left) = left {
+                    release(&mut db, fence.term(), left).await;
+                }
+                db
+            })
         };
-        let keep = async {
-            hold(&mut db, &fence).await;
-            fence.token().cancel();
-            // Released only once the work has stopped, only while still ours, and with the
-            // fence already closed: a follower takes a free row at its next read, maybe
-            // before the answer to our release reaches us.
-            work_done.cancelled().await;
-            let left = fence.expires_in().filter(|d| !d.is_zero());
-            fence.revoke();
-            if let Some(left) = left {
-                release(&mut db, fence.term(), left).await;
-            }
-        };
-        tokio::join!(work, keep);
+        // Let it start before the work: spawned from a worker thread, it waits in that
+        // worker's own slot, which no other thread takes from while the work runs.
+        tokio::task::yield_now().await;
+        lead(fence.clone()).await;
+        fence.token().cancel();
+        work_done.cancel();
+        db = keeper
+            .join()
+            .await
+            .unwrap_or_else(|| Session::new(cfg.clone()));
         status.following();
         tracing::warn!(lease = %cfg.name, term = won.term, "leadership ended");
     }

@@ -205,6 +205,10 @@ impl<'a> Driver<'a> {
         cancel: &CancellationToken,
     ) -> Result<Stop, PipelineError> {
         loop {
+            // Each line counts against the task's cooperative budget: lines already
+            // buffered come without touching the socket, and a long backlog must still
+            // let the runtime run what shares the task or the thread.
+            tokio::task::consume_budget().await;
             let input = tokio::select! {
                 // Lines already received come first; held work is done as soon as nothing
                 // more is waiting.

@@ -347,3 +347,50 @@ async fn one_open_fence_at_a_time_while_sessions_are_terminated_at_random() {
     stop(electors).await;
     terms.assert_exclusive();
 }
+
+/// A leader whose work holds its thread for several durations without an await (a long
+/// backlog parsed at once, a loaded machine) keeps its lease: the renewals run in a task
+/// of their own, and its fence stays open throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_that_holds_its_thread_does_not_delay_the_renewals() {
+    let d = Duration::from_millis(1500);
+    let pg = setup().await;
+    let cfg = PgLeaseConfig {
+        url: pg.url(),
+        name: NAME.into(),
+        identity: "busy".into(),
+        session_tag: tag("busy"),
+        duration: d,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = Arc::new(Mutex::new(Some(tx)));
+    let shutdown = CancellationToken::new();
+    let lead = move |fence: Fence| {
+        let tx = tx.clone();
+        async move {
+            let until = std::time::Instant::now() + 3 * d;
+            while std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Some(tx) = lock(&tx).take() {
+                let _ = tx.send((fence.term(), fence.check(Action::Publish).is_ok()));
+            }
+            fence.cancelled().await;
+        }
+    };
+    let status = Arc::new(LeaseStatus::default());
+    let stop = shutdown.clone();
+    let waited = tokio::spawn(async move {
+        let reported = tokio::time::timeout(10 * d, rx).await;
+        stop.cancel();
+        reported
+    });
+    // In the test's own thread, as the binaries run it (from `main`).
+    postgres::run(cfg, status, shutdown, lead).await;
+    let reported = waited.await.expect("joined");
+    let (term, open) = reported.expect("the leader's work ends").expect("reported");
+    assert!(
+        open,
+        "term {term}: the fence closed while the work held its thread for 3 durations"
+    );
+}
