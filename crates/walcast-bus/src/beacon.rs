@@ -60,6 +60,10 @@ pub struct FrontBeacon {
     pub sse_streams: usize,
     pub subscriptions: usize,
     pub draining: bool,
+    /// Connected users per project on this front (projects with none left out): the
+    /// other fronts add them up to apply each project's limit across the cluster.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub project_users: std::collections::BTreeMap<String, u64>,
 }
 
 impl Beacon {

@@ -480,6 +480,16 @@ function renderHealth(h) {
   const fronts = h.processes.filter((p) => p.front)
   $('pipelines').replaceChildren(...(workers.length ? workers.map(pipeline) : [el('p', { className: 'hint', textContent: 'No pipeline heard from yet.' })]))
   $('fronts').tBodies[0].replaceChildren(...fronts.map((p) => frontRow(p, h.front)))
+  $('projects').tBodies[0].replaceChildren(...Object.entries(h.projects ?? {}).map(([id, p]) => projectRow(id, p)))
+}
+
+/** A project's counts: its users on every front and its limit, this front's counters. */
+function projectRow(id, p) {
+  const here = p.here
+  const cells = [id, p.users, p.max_users, here.channels, here.joins, here.refused, `${here.messages_in} (${bytes(here.bytes_in)})`, `${here.messages_out} (${bytes(here.bytes_out)})`]
+  const tr = el('tr', {}, ...cells.map((c) => el('td', { textContent: String(c) })))
+  tr.dataset.project = id
+  return tr
 }
 
 function pipeline(p) {

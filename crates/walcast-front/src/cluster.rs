@@ -90,6 +90,16 @@ impl Cluster {
             .retain(|_, e| now.saturating_duration_since(e.heard) < FORGET_AFTER);
     }
 
+    /// `project`'s connected users on the fronts other than `me` heard from within
+    /// `fresh` of `now`.
+    pub fn front_users(&self, project: &str, me: &str, now: Instant, fresh: Duration) -> u64 {
+        self.entries
+            .values()
+            .filter(|e| e.last.process != me && now.saturating_duration_since(e.heard) < fresh)
+            .filter_map(|e| e.last.front.as_ref()?.project_users.get(project).copied())
+            .sum()
+    }
+
     /// Every process heard from recently, pipelines first, then by id.
     pub fn view(&mut self, now: Instant) -> Vec<ProcessView> {
         self.forget_silent(now);

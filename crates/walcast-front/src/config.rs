@@ -20,6 +20,8 @@ pub struct FrontConfig {
     pub max_bindings_per_channel: usize,
     /// WebSocket connections this front accepts at once.
     pub max_connections: usize,
+    /// Connected users per project across the fronts (see [`crate::usage`]).
+    pub project_max_users: u64,
     /// Joins one socket may send in a burst …
     pub join_burst: u32,
     /// … and per second after that (token bucket).
@@ -69,6 +71,8 @@ pub const DEFAULT_MAX_CHANNELS_PER_SOCKET: usize = 100;
 pub const DEFAULT_MAX_BINDINGS_PER_CHANNEL: usize = 100;
 /// Default of [`FrontConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
+/// Default of [`FrontConfig::project_max_users`].
+pub const DEFAULT_PROJECT_MAX_USERS: u64 = 10_000;
 /// Default of [`FrontConfig::joins_per_second`] (the burst is twice it).
 pub const DEFAULT_JOINS_PER_SECOND: u32 = 100;
 /// Default of [`FrontConfig::history_size`].
@@ -84,6 +88,7 @@ impl Default for FrontConfig {
             max_channels_per_socket: DEFAULT_MAX_CHANNELS_PER_SOCKET,
             max_bindings_per_channel: DEFAULT_MAX_BINDINGS_PER_CHANNEL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            project_max_users: DEFAULT_PROJECT_MAX_USERS,
             join_burst: DEFAULT_JOINS_PER_SECOND * 2,
             joins_per_second: DEFAULT_JOINS_PER_SECOND,
             idle_timeout: Duration::from_secs(60),

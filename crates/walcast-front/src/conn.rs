@@ -160,6 +160,16 @@ async fn run(
 }
 
 impl Conn {
+    /// A client frame, counted for its project once the socket is one of its users.
+    fn count_in(&self, len: usize) {
+        if let Some(c) = self.session.handle.usage() {
+            c.messages_in
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            c.bytes_in
+                .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Returns false when the connection must close.
     async fn on_message(&mut self, m: Message) -> bool {
         let max = self.max_frame_bytes;
@@ -167,6 +177,7 @@ impl Conn {
         let frame = match m {
             Message::Text(t) => {
                 metrics::counter!(telemetry::FRAMES_IN).increment(1);
+                self.count_in(t.len());
                 if t.len() > max {
                     return self.too_big(t.len());
                 }
@@ -174,6 +185,7 @@ impl Conn {
             }
             Message::Binary(b) => {
                 metrics::counter!(telemetry::FRAMES_IN).increment(1);
+                self.count_in(b.len());
                 if b.len() > max {
                     return self.too_big(b.len());
                 }

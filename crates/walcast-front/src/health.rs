@@ -34,6 +34,9 @@ pub struct Health {
     pub bus_disconnects: u64,
     /// Shutting down (see [`crate::Front::drain`]): not ready for new clients.
     pub draining: bool,
+    /// Connected users per project (in the beacon; `/health` leaves it out).
+    #[serde(skip)]
+    pub project_users: std::collections::BTreeMap<String, u64>,
 }
 
 impl Health {
@@ -45,6 +48,7 @@ impl Health {
             sse_streams: self.sse_streams,
             subscriptions: self.subscriptions,
             draining: self.draining,
+            project_users: self.project_users.clone(),
         }
     }
 }
@@ -58,6 +62,7 @@ pub(crate) struct Probe {
     pub bus: Bus,
     pub connections: Arc<Connections>,
     pub delivery: Arc<Delivery>,
+    pub usage: Arc<crate::usage::Usage>,
 }
 
 impl Probe {
@@ -80,6 +85,7 @@ impl Probe {
             bus_last_disconnect: last.map(walcast_core::timestamp::format_rfc3339_millis),
             bus_disconnects: events.map_or(0, |e| e.disconnects()),
             draining: self.connections.is_draining(),
+            project_users: self.usage.users(),
         }
     }
 }

@@ -12,7 +12,7 @@
 //! database objects) only to the default project's `service_role` key. Other projects
 //! see whether each process is up: leader, `cdc_active`, bus and draining.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,6 +30,7 @@ use crate::credentials::Credentials;
 use crate::health::{Health, Probe};
 use crate::projects::Projects;
 use crate::reply::{auth_status, error_response};
+use crate::usage::{ProjectUsage, Usage};
 
 const INDEX: &str = include_str!("../inspector/index.html");
 const SCRIPT: &str = include_str!("../inspector/inspector.js");
@@ -46,6 +47,7 @@ pub(crate) struct Inspector {
     pub projects: Projects,
     pub heard: Arc<Heard>,
     pub probe: Arc<Probe>,
+    pub usage: Arc<Usage>,
 }
 
 pub(crate) fn routes() -> Router<Arc<Inspector>> {
@@ -92,6 +94,19 @@ struct HealthView {
     /// The role of the key that asked.
     role: String,
     processes: Vec<ProcessView>,
+    /// Per project: the key's own project, or every project for the operator.
+    projects: BTreeMap<String, ProjectView>,
+}
+
+/// One project as the inspector shows it.
+#[derive(Serialize, Debug, PartialEq)]
+struct ProjectView {
+    /// Connected users on every front (this one's count plus the others' beacons).
+    users: u64,
+    /// The connected-users limit.
+    max_users: u64,
+    /// This front's counters.
+    here: ProjectUsage,
 }
 
 /// `GET /inspector/api/health` with a project key (see [`crate::credentials`]).
@@ -115,12 +130,35 @@ async fn health(
     let health = inspector.probe.health();
     with_own_front(&mut processes, &health);
     scope(&mut processes, &verified.project, &role);
+    let projects = project_views(&inspector.usage, &verified.project);
     let body = HealthView {
         front: health.front_id.clone(),
         role,
         processes,
+        projects,
     };
     (StatusCode::OK, Json(body)).into_response()
+}
+
+/// The projects a key of `project` may see the counts of: its own; every one for the
+/// default project's keys (the operator's).
+fn project_views(usage: &Usage, project: &str) -> BTreeMap<String, ProjectView> {
+    let mut all = usage.snapshot();
+    if project != crate::DEFAULT_PROJECT {
+        all.retain(|p, _| p == project);
+        all.entry(project.to_string()).or_default();
+    }
+    all.into_iter()
+        .map(|(p, here)| {
+            let users = here.users + usage.remote_users(&p);
+            let view = ProjectView {
+                users,
+                max_users: usage.max_users(),
+                here,
+            };
+            (p, view)
+        })
+        .collect()
 }
 
 /// This front as it is now (its beacon is up to a second old, or not sent yet).
@@ -156,12 +194,13 @@ fn scope(processes: &mut [ProcessView], project: &str, role: &str) {
         hide_errors(processes);
     }
     if !operator {
-        hide_counts(processes);
+        hide_counts(processes, project);
     }
 }
 
-/// Deployment-wide numbers say how busy the other projects are: only up/down is left.
-fn hide_counts(processes: &mut [ProcessView]) {
+/// Deployment-wide numbers say how busy the other projects are: only up/down (and the
+/// project's own users) is left.
+fn hide_counts(processes: &mut [ProcessView], project: &str) {
     for p in processes {
         p.history.clear();
         if let Some(w) = p.beacon.worker.as_mut() {
@@ -174,6 +213,7 @@ fn hide_counts(processes: &mut [ProcessView]) {
             f.channels = 0;
             f.sse_streams = 0;
             f.subscriptions = 0;
+            f.project_users.retain(|p, _| p == project);
         }
     }
 }
@@ -209,6 +249,7 @@ mod tests {
             bus_last_disconnect: None,
             bus_disconnects: 0,
             draining: false,
+            project_users: Default::default(),
         }
     }
 

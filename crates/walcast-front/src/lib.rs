@@ -37,6 +37,7 @@
 //! | [`presence`], [`kv_presence`] | presence stores (per front, or JetStream KV) and their diffs |
 //! | `private` | `Policies`: the app's policies for private channels, asked of the worker |
 //! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
+//! | [`usage`] | per-project counters (users, channels, joins, messages and bytes in and out, refusals) and the per-project connected-users limit, summed across fronts from their beacons |
 //! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
 //! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
 //!
@@ -92,6 +93,7 @@ mod sse;
 mod subscribe;
 pub mod telemetry;
 mod topics;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,6 +127,7 @@ use inspector::Inspector;
 use private::Policies;
 use registration::Registrar;
 use sse::SseHub;
+use usage::Usage;
 
 /// A running front. Cheap to clone.
 #[derive(Clone)]
@@ -177,6 +180,7 @@ struct Parts {
     registrar: Arc<Registrar>,
     broadcasts: Arc<Broadcasts>,
     heard: Arc<Heard>,
+    usage: Arc<Usage>,
     sse: Arc<SseHub>,
     probe: Arc<Probe>,
     services: Arc<Services>,
@@ -195,6 +199,12 @@ impl Parts {
         let tracker = TaskTracker::new();
         let delivery = Arc::new(Delivery::new(&front_id));
         let connections = Arc::new(Connections::new(cfg.max_connections));
+        let heard = Arc::new(Heard::default());
+        let usage = Arc::new(Usage::new(
+            front_id.clone(),
+            cfg.project_max_users,
+            heard.clone(),
+        ));
         let (registrar, background) = Registrar::new(
             front_id.clone(),
             subs,
@@ -217,6 +227,7 @@ impl Parts {
             projects.clone(),
             registrar.clone(),
             connections.clone(),
+            usage.clone(),
             cancel.clone(),
         ));
         let probe = Arc::new(Probe {
@@ -224,6 +235,7 @@ impl Parts {
             bus,
             connections: connections.clone(),
             delivery: delivery.clone(),
+            usage: usage.clone(),
         });
         let services = Arc::new(Services {
             cfg: cfg.clone(),
@@ -235,6 +247,7 @@ impl Parts {
             presence,
             broadcasts: broadcasts.clone(),
             connections: connections.clone(),
+            usage: usage.clone(),
         });
         let parts = Parts {
             cfg,
@@ -244,7 +257,8 @@ impl Parts {
             connections,
             registrar,
             broadcasts,
-            heard: Arc::default(),
+            heard,
+            usage,
             sse,
             probe,
             services,
@@ -318,6 +332,7 @@ impl Parts {
                 projects: self.projects.clone(),
                 heard: self.heard.clone(),
                 probe: self.probe.clone(),
+                usage: self.usage.clone(),
             })
         });
         let routes = http::Routes {
@@ -401,6 +416,11 @@ impl Front {
     /// Counts for `/health`.
     pub fn health(&self) -> Health {
         self.inner.probe.health()
+    }
+
+    /// Every project's counters on this front (`GET /metrics/projects`).
+    pub fn usage(&self) -> std::collections::BTreeMap<String, usage::ProjectUsage> {
+        self.inner.probe.usage.snapshot()
     }
 
     /// Shut down gently: refuse new sockets and SSE streams (503, and `/readyz` says so),

@@ -24,6 +24,7 @@ use walcast_protocol::{Frame, Vsn, WireMessage};
 
 use crate::sink::{Change, Sink};
 use crate::telemetry;
+use crate::usage::ProjectCounts;
 
 /// Close code: server going away (shutdown).
 pub const CLOSE_GOING_AWAY: u16 = 1001;
@@ -42,6 +43,14 @@ pub(crate) enum Out {
 }
 
 impl Out {
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Out::Text(t) => t.len(),
+            Out::Binary(b) => b.len(),
+        }
+    }
+
     /// Encode a server frame for a socket of version `vsn`.
     pub(crate) fn frame(f: &Frame, vsn: Vsn) -> Option<Out> {
         match f.encode_server(vsn) {
@@ -63,6 +72,8 @@ pub(crate) struct ConnHandle {
     /// Cancelled to close the connection (reason in `close`).
     pub kill: CancellationToken,
     close: OnceLock<(u16, String)>,
+    /// Its project's counters, once it counts as a connected user (its first join).
+    usage: OnceLock<Arc<ProjectCounts>>,
 }
 
 impl ConnHandle {
@@ -73,12 +84,17 @@ impl ConnHandle {
             tx,
             kill: CancellationToken::new(),
             close: OnceLock::new(),
+            usage: OnceLock::new(),
         };
         (Arc::new(h), rx)
     }
 
     /// Queue a message; false if the connection is gone or was just closed as too slow.
     pub(crate) fn push(&self, out: Out) -> bool {
+        if let Some(c) = self.usage.get() {
+            c.messages_out.fetch_add(1, Ordering::Relaxed);
+            c.bytes_out.fetch_add(out.len() as u64, Ordering::Relaxed);
+        }
         match self.tx.try_send(out) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -95,6 +111,16 @@ impl ConnHandle {
             Some(o) => self.push(o),
             None => false,
         }
+    }
+
+    /// Count what goes through it for its project from now on.
+    pub(crate) fn count_for(&self, counts: Arc<ProjectCounts>) {
+        let _ = self.usage.set(counts);
+    }
+
+    /// Its project's counters, once it counts as a connected user.
+    pub(crate) fn usage(&self) -> Option<&Arc<ProjectCounts>> {
+        self.usage.get()
     }
 
     pub(crate) fn slow_consumer(&self) {

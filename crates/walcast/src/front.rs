@@ -45,6 +45,11 @@ pub struct FrontArgs {
     /// WebSocket connections and SSE streams accepted at once (together).
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = walcast_front::config::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Connected users per project (sockets with a joined channel, SSE streams), across
+    /// the fronts: beyond it a join is refused (`ConnectionRateLimitReached: Too many
+    /// connected users`), a stream answered 429.
+    #[arg(long, env = "PROJECT_MAX_USERS", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_USERS)]
+    pub project_max_users: u64,
     /// Joins per second per socket, and new SSE streams per second per project (after a
     /// burst of twice that).
     #[arg(long, env = "JOINS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_JOINS_PER_SECOND)]
@@ -87,6 +92,7 @@ impl FrontArgs {
             max_channels_per_socket: self.max_channels_per_socket,
             max_bindings_per_channel: self.max_bindings_per_channel,
             max_connections: self.max_connections,
+            project_max_users: self.project_max_users,
             joins_per_second: self.joins_per_second,
             join_burst: self.joins_per_second.saturating_mul(2),
             register_timeout: Duration::from_millis(self.register_timeout_ms),
@@ -168,6 +174,7 @@ impl FrontArgs {
             "max_channels_per_socket": self.max_channels_per_socket,
             "max_bindings_per_channel": self.max_bindings_per_channel,
             "max_connections": self.max_connections,
+            "project_max_users": self.project_max_users,
             "joins_per_second": self.joins_per_second,
             "register_timeout_ms": self.register_timeout_ms,
             "presence_ttl_secs": self.presence_ttl_secs,

@@ -123,6 +123,16 @@ pub fn readiness(
     Ok(())
 }
 
+/// Per-project series of this front (empty without one): one per project, kept off
+/// `/metrics` so its cardinality does not grow with the projects.
+async fn project_metrics(State(s): State<OpsState>) -> impl IntoResponse {
+    let usage = s.front.as_ref().map(|f| f.usage()).unwrap_or_default();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        walcast_front::usage::render(&usage),
+    )
+}
+
 async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -136,6 +146,7 @@ pub fn ops_router(state: OpsState) -> Router {
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/metrics/projects", get(project_metrics))
         .with_state(state)
 }
 
@@ -167,6 +178,7 @@ mod tests {
             bus_last_disconnect: None,
             bus_disconnects: 0,
             draining,
+            project_users: Default::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! replayed broadcasts), keep the channel.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -21,6 +22,7 @@ use crate::sink::SinkRef;
 use crate::subscribe::{self, Subscribed};
 use crate::telemetry;
 use crate::topics::TopicKey;
+use crate::usage::TooManyUsers;
 
 pub(super) async fn apply(s: &mut Session, f: &Frame, req: JoinRequest) {
     let topic = f.topic.as_str();
@@ -53,6 +55,18 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, req: JoinRequest) {
         return;
     }
     open_channel(s, f, req, token, exp, claims).await;
+}
+
+/// The socket's first channel makes it one of its project's connected users (until it
+/// closes), within the project's limit across the fronts.
+fn admit_user(s: &mut Session) -> Result<(), TooManyUsers> {
+    if s.user.is_some() {
+        return Ok(());
+    }
+    let slot = s.services.usage.admit(&s.project)?;
+    s.handle.count_for(slot.counts().clone());
+    s.user = Some(slot);
+    Ok(())
 }
 
 fn join_error(s: &Session, f: &Frame, code: &str, text: &str) {
@@ -91,6 +105,9 @@ async fn open_channel(
     claims: Value,
 ) {
     let topic = f.topic.as_str();
+    if let Err(e) = admit_user(s) {
+        return join_error(s, f, TooManyUsers::CODE, &e.to_string());
+    }
     let id = s.services.connections.next_id();
     let key = TopicKey {
         project: s.project.clone(),
@@ -123,6 +140,10 @@ async fn open_channel(
     out.open(first, replayed_ids);
     metrics::counter!(telemetry::JOINS, "result" => "ok").increment(1);
     s.services.connections.channel_joined();
+    if let Some(u) = &s.user {
+        u.counts().joins.fetch_add(1, Ordering::Relaxed);
+        u.counts().channels.fetch_add(1, Ordering::Relaxed);
+    }
     let presence_key = match req.config.presence.key.as_str() {
         "" => uuid_v4(),
         k => k.to_string(),

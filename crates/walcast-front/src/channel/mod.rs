@@ -14,6 +14,7 @@ mod leave;
 mod presence;
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -51,6 +52,7 @@ pub(crate) struct Services {
     pub presence: Arc<dyn PresenceStore>,
     pub broadcasts: Arc<Broadcasts>,
     pub connections: Arc<Connections>,
+    pub usage: Arc<crate::usage::Usage>,
 }
 
 pub(crate) struct Channel {
@@ -85,6 +87,8 @@ pub(crate) struct Session {
     pub joins: TokenBucket,
     /// Presence track/untrack events of this socket (see [`crate::presence`]).
     pub presence_events: TokenBucket,
+    /// The socket as one of its project's connected users (from its first join).
+    pub user: Option<crate::usage::UserSlot>,
 }
 
 impl Session {
@@ -105,6 +109,7 @@ impl Session {
             project,
             creds,
             channels: HashMap::new(),
+            user: None,
         }
     }
 
@@ -207,6 +212,9 @@ impl Session {
             }
         }
         sv.connections.channel_closed();
+        if let Some(u) = &self.user {
+            u.counts().channels.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Send `system` error then `phx_close`, and close the channel.

@@ -67,7 +67,8 @@ pub(super) struct StreamState {
     pub cancel: CancellationToken,
     pub done: bool,
     pub _guard: Reader,
-    pub _slot: SseSlot,
+    /// Its `max_connections` slot and its place among its project's connected users.
+    pub _slot: (SseSlot, crate::usage::UserSlot),
 }
 
 pub(super) async fn next_event(

@@ -69,6 +69,7 @@ use crate::registration::Registrar;
 use crate::reply::{auth_status, draining_response, error_response};
 use crate::sink::SinkRef;
 use crate::subscribe;
+use crate::usage::{TooManyUsers, Usage};
 use events::{first_events, next_event, StreamState};
 use stream::{Pos, Reader, SseChannel, SseKey, Streams};
 
@@ -78,6 +79,7 @@ pub(crate) struct SseHub {
     projects: Projects,
     registrar: Arc<Registrar>,
     connections: Arc<Connections>,
+    usage: Arc<Usage>,
     /// Ends every stream when the front stops.
     cancel: CancellationToken,
     streams: Arc<Streams>,
@@ -91,6 +93,7 @@ impl SseHub {
         projects: Projects,
         registrar: Arc<Registrar>,
         connections: Arc<Connections>,
+        usage: Arc<Usage>,
         cancel: CancellationToken,
     ) -> SseHub {
         SseHub {
@@ -99,6 +102,7 @@ impl SseHub {
             projects,
             registrar,
             connections,
+            usage,
             cancel,
             streams: Arc::default(),
         }
@@ -187,6 +191,11 @@ pub(crate) async fn handler(
         Ok(r) => r,
         Err(e) => return bad(e),
     };
+    // A stream is one of its project's connected users.
+    let user_slot = match hub.usage.admit(&socket.project) {
+        Ok(u) => u,
+        Err(e) => return too_many_users(&e),
+    };
     let name = p.channel.clone().unwrap_or_else(|| "sse".to_string());
     let key = SseKey {
         project: socket.project.clone(),
@@ -213,12 +222,18 @@ pub(crate) async fn handler(
         cancel: hub.cancel.clone(),
         done: false,
         _guard: guard,
-        _slot: slot,
+        _slot: (slot, user_slot),
     };
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(hub.cfg.sse_keepalive))
         .into_response()
+}
+
+/// A project at its connected-users limit: 429 with Supabase's code.
+fn too_many_users(e: &TooManyUsers) -> Response {
+    let text = walcast_protocol::server::error_reason(TooManyUsers::CODE, &e.to_string());
+    error_response(StatusCode::TOO_MANY_REQUESTS, &text)
 }
 
 /// The project's key and the subscriber's token (see [`crate::credentials`]) verified,
