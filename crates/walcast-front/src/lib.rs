@@ -225,6 +225,7 @@ impl Parts {
             connections: connections.clone(),
             delivery: delivery.clone(),
         });
+        let heard: Arc<Heard> = Arc::default();
         let services = Arc::new(Services {
             cfg: cfg.clone(),
             front_id: front_id.clone(),
@@ -235,6 +236,7 @@ impl Parts {
             presence,
             broadcasts: broadcasts.clone(),
             connections: connections.clone(),
+            heard: heard.clone(),
         });
         let parts = Parts {
             cfg,
@@ -244,7 +246,7 @@ impl Parts {
             connections,
             registrar,
             broadcasts,
-            heard: Arc::default(),
+            heard,
             sse,
             probe,
             services,

@@ -363,6 +363,27 @@ async fn shutdown_closes_sockets_with_1001() {
 }
 
 #[tokio::test]
+async fn a_client_close_is_answered_with_its_code() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame};
+    use tokio_tungstenite::tungstenite::Message;
+    let s = start().await;
+    for (code, vsn) in [(1000u16, "2.0.0"), (4001, "1.0.0")] {
+        let mut c = s.client(vsn).await;
+        c.join("realtime:room", pg_config(json!([])), None).await;
+        let frame = CloseFrame {
+            code: CloseCode::from(code),
+            reason: "bye".into(),
+        };
+        c.ws.send(Message::Close(Some(frame))).await.unwrap();
+        // Our own Close was sent: the next message must be the server's, not an EOF.
+        assert_eq!(c.recv().await, Msg::Close(code, "bye".into()), "vsn {vsn}");
+    }
+    s.wait_for("connections gone", |s| s.front.health().connections == 0)
+        .await;
+}
+
+#[tokio::test]
 async fn resync_reregisters_everything_and_sync_lists_ids() {
     let s = start().await;
     let mut c = s.client("2.0.0").await;
