@@ -3,7 +3,8 @@
 //! established"}` once the change stream runs (a pipeline leader's recent health beacon
 //! says its CDC is active, see [`crate::cluster`]): with its first frames if it already
 //! does, else when it is first seen running (checked every [`POLL`]). Not running within
-//! [`TIMEOUT`]: a `system` error, and the channel is closed, as Supabase does.
+//! `replication_ready_timeout` ([`crate::FrontConfig`], a minute): a `system` error, and
+//! the channel is closed, as Supabase does.
 
 use tokio::time::{Duration, Instant};
 use walcast_protocol::server::{self, SystemStatus};
@@ -17,8 +18,6 @@ pub const READY: &str = "Replication connection established";
 pub const NOT_READY: &str = "Replication connection was not established in time";
 /// How often a waiting channel looks again.
 pub const POLL: Duration = Duration::from_millis(500);
-/// How long a channel waits (Supabase's default `replication_ready_timeout`).
-pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A channel's wait for the stream.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +48,7 @@ pub(super) fn at_join(
     }
     let wait = ReadyWait {
         poll_at: now + POLL,
-        deadline: now + TIMEOUT,
+        deadline: now + s.services.cfg.replication_ready_timeout,
     };
     (None, Some(wait))
 }
