@@ -41,6 +41,11 @@ pub const HEADER_ORIGIN: &str = "Walcast-Origin";
 /// leader that wakes up after losing its lease reaches no client even with a message it
 /// had already handed to its NATS connection.
 pub const HEADER_TERM: &str = "Walcast-Term";
+/// Header on a broadcast (value `1`) that a client sent as a binary push (kind 3): fronts
+/// frame it as binary kind 4 for their 2.0.0 sockets, as Supabase does; a broadcast without
+/// it came as JSON (a JSON push, the REST API, the database) and goes to them as a text
+/// frame unless its body is raw bytes.
+pub const HEADER_PUSHED: &str = "Walcast-Pushed";
 /// Header with the commit LSN of the transaction a change belongs to.
 pub const HEADER_LSN: &str = "Walcast-Lsn";
 /// Header with the position of the change inside its transaction (0-based).

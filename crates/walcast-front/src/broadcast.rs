@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::broadcast::{BroadcastTarget, Envelope};
-use walcast_bus::{Bus, BusMessage, Subscription, HEADER_ORIGIN, HEADER_TERM};
+use walcast_bus::{Bus, BusMessage, Subscription, HEADER_ORIGIN, HEADER_PUSHED, HEADER_TERM};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
 
@@ -88,6 +88,18 @@ fn decode_envelope(payload: &Bytes) -> Option<UserBroadcast> {
     })
 }
 
+/// How a broadcast came, which decides its framing for 2.0.0 sockets (Supabase's rule):
+/// one that came as a binary push (kind 3) goes out as binary kind 4; one that came as
+/// JSON (a JSON push, the REST API, the database) as a text frame, unless its body is raw
+/// bytes (kind 4: it has no text form). 1.0.0 sockets always get text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// A client's binary push.
+    Binary,
+    /// Anything else.
+    Json,
+}
+
 /// Broadcast on this front: delivery to its channels, the relay between fronts, the
 /// REST API.
 pub(crate) struct Broadcasts {
@@ -119,15 +131,19 @@ impl Broadcasts {
         }
     }
 
-    /// Deliver to this front's channels of the topic (except channel `except`).
-    fn deliver_local(&self, key: &TopicKey, b: &UserBroadcast, except: Option<u64>) {
+    /// Deliver to this front's channels of the topic (except channel `except`), framed as
+    /// Supabase frames it ([`Pushed`]).
+    fn deliver_local(&self, key: &TopicKey, b: &UserBroadcast, how: Pushed, except: Option<u64>) {
         let members = self.delivery.topics.members(key);
         if members.is_empty() {
             return;
         }
         // Only the database's broadcasts of private topics can have been replayed.
         let id = key.private.then(|| meta_id(b)).flatten();
-        let frame = server::broadcast(&key.topic, b.clone());
+        let frame = match how {
+            Pushed::Binary => server::broadcast_pushed(&key.topic, b.clone()),
+            Pushed::Json => server::broadcast(&key.topic, b.clone()),
+        };
         let mut v1: Option<Option<Out>> = None;
         let mut v2: Option<Option<Out>> = None;
         for m in members {
@@ -146,16 +162,23 @@ impl Broadcasts {
     }
 
     /// Deliver locally and relay to the other fronts.
-    pub(crate) async fn send(&self, key: &TopicKey, b: &UserBroadcast, except: Option<u64>) {
-        self.deliver_local(key, b, except);
+    pub(crate) async fn send(
+        &self,
+        key: &TopicKey,
+        b: &UserBroadcast,
+        how: Pushed,
+        except: Option<u64>,
+    ) {
+        self.deliver_local(key, b, how, except);
         let Some(payload) = encode_envelope(b) else {
             return;
         };
-        if let Err(e) = self
-            .bus
-            .publish(subject(key), &[(HEADER_ORIGIN, &self.front_id)], payload)
-            .await
-        {
+        let origin = (HEADER_ORIGIN, self.front_id.as_str());
+        let headers: &[(&str, &str)] = match how {
+            Pushed::Binary => &[origin, (HEADER_PUSHED, "1")],
+            Pushed::Json => &[origin],
+        };
+        if let Err(e) = self.bus.publish(subject(key), headers, payload).await {
             telemetry::error("broadcast_publish");
             tracing::warn!(error = %e, "cannot relay broadcast");
         }
@@ -171,7 +194,11 @@ impl Broadcasts {
             return;
         };
         metrics::counter!(telemetry::BROADCASTS, "source" => "bus").increment(1);
-        self.deliver_local(&key, &b, None);
+        let how = match msg.header(HEADER_PUSHED) {
+            Some(_) => Pushed::Binary,
+            None => Pushed::Json,
+        };
+        self.deliver_local(&key, &b, how, None);
     }
 }
 
@@ -325,7 +352,7 @@ pub(crate) async fn rest_batch(
     }
     for (key, b) in out {
         metrics::counter!(telemetry::BROADCASTS, "source" => "rest").increment(1);
-        bc.send(&key, &b, None).await;
+        bc.send(&key, &b, Pushed::Json, None).await;
     }
     StatusCode::ACCEPTED.into_response()
 }
@@ -413,7 +440,7 @@ pub(crate) async fn rest_single(
         meta: None,
         body,
     };
-    bc.send(&key, &b, None).await;
+    bc.send(&key, &b, Pushed::Json, None).await;
     StatusCode::ACCEPTED.into_response()
 }
 

@@ -23,6 +23,8 @@ pub const MAX_PROCESSES: usize = 256;
 pub const HISTORY: usize = 120;
 /// A process not heard from for this long is forgotten.
 pub const FORGET_AFTER: Duration = Duration::from_secs(15);
+/// A pipeline counts as streaming only if its last beacon (one a second) is this recent.
+pub const FRESH: Duration = Duration::from_secs(5);
 
 /// One point of a pipeline's graphs.
 #[derive(Serialize, Debug, Clone, PartialEq)]
@@ -98,6 +100,18 @@ impl Cluster {
             .filter(|e| e.last.process != me && now.saturating_duration_since(e.heard) < fresh)
             .filter_map(|e| e.last.front.as_ref()?.project_users.get(project).copied())
             .sum()
+    }
+
+    /// Whether a pipeline leader is streaming changes: a process heard from within
+    /// [`FRESH`] says it leads and its CDC is active.
+    pub fn pipeline_active(&self, now: Instant) -> bool {
+        self.entries.values().any(|e| {
+            now.saturating_duration_since(e.heard) < FRESH
+                && e.last
+                    .worker
+                    .as_ref()
+                    .is_some_and(|w| w.leader && w.cdc_active)
+        })
     }
 
     /// Every process heard from recently, pipelines first, then by id.
@@ -222,6 +236,26 @@ mod tests {
         assert_eq!(rates, [(5, 0.0), (7, 250.0), (9, 0.0)]);
         assert!(v[1].history.is_empty(), "a front has no graph");
         assert_eq!(v[1].heard_ms_ago, 2000);
+    }
+
+    #[test]
+    fn a_pipeline_is_active_while_a_fresh_leader_streams() {
+        let mut c = Cluster::default();
+        let t0 = Instant::now();
+        assert!(!c.pipeline_active(t0), "nothing heard");
+        c.observe(front("f"), t0);
+        let mut standby = worker("standby", 1_000, 0, 0);
+        if let Some(w) = standby.worker.as_mut() {
+            w.leader = false;
+        }
+        c.observe(standby, t0);
+        assert!(
+            !c.pipeline_active(t0),
+            "a front and a standby do not stream"
+        );
+        c.observe(worker("w", 1_000, 0, 0), t0);
+        assert!(c.pipeline_active(t0 + Duration::from_secs(1)));
+        assert!(!c.pipeline_active(t0 + FRESH), "its beacon is stale");
     }
 
     #[test]

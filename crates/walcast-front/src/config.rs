@@ -30,6 +30,9 @@ pub struct FrontConfig {
     pub idle_timeout: Duration,
     /// Upper bound of the per-channel token re-check timer (`min(this, exp - now)`).
     pub token_check_interval: Duration,
+    /// How long a channel that asked for `replication_ready` waits for the change stream
+    /// before it is closed (Supabase's `replication_ready_timeout`: a minute).
+    pub replication_ready_timeout: Duration,
     /// Entries kept per SSE channel for `Last-Event-ID` resumption (`HISTORY_SIZE`).
     pub history_size: usize,
     /// How long an SSE channel (its subscription and history) survives its last reader,
@@ -93,6 +96,7 @@ impl Default for FrontConfig {
             joins_per_second: DEFAULT_JOINS_PER_SECOND,
             idle_timeout: Duration::from_secs(60),
             token_check_interval: Duration::from_secs(5 * 60),
+            replication_ready_timeout: Duration::from_secs(60),
             history_size: DEFAULT_HISTORY_SIZE,
             sse_linger: Duration::from_secs(60),
             sse_keepalive: Duration::from_secs(15),

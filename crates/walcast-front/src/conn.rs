@@ -191,7 +191,12 @@ impl Conn {
                 }
                 Frame::decode_client_binary(&b, vsn).map_err(|e| (Salvage::default(), e))
             }
-            Message::Close(_) => return false,
+            Message::Close(_) => {
+                // tungstenite queued the answer (the client's code echoed); the writer
+                // flushes it instead of sending a Close of its own.
+                self.session.handle.peer_closed();
+                return false;
+            }
             Message::Ping(_) | Message::Pong(_) => return true,
         };
         match frame {
@@ -312,19 +317,34 @@ async fn write_loop(mut sink: WsWriter, mut rx: mpsc::Receiver<Out>, handle: Arc
             }
         }
     }
-    // Flush what is already queued unless this is a slow consumer, then close.
-    let (code, reason) = handle.close_reason().unwrap_or((1000, String::new()));
     let close = async {
-        if code != CLOSE_SLOW_CONSUMER {
-            while let Ok(m) = rx.try_recv() {
-                sink.feed(to_message(m)).await?;
-            }
+        if !handle.is_peer_closed() {
+            // Fails (`SendAfterClosing`) if the client's Close arrived meanwhile.
+            let _ = close_ours(&mut sink, &mut rx, &handle).await;
         }
-        sink.send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        })))
-        .await
+        // Sends what is still queued in the socket, among it the answer tungstenite
+        // queued to a client's Close (a Close frame cannot be sent after receiving one).
+        sink.close().await
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), close).await;
+}
+
+/// Flush what is already queued unless this is a slow consumer, then send our Close
+/// with the recorded code.
+async fn close_ours(
+    sink: &mut WsWriter,
+    rx: &mut mpsc::Receiver<Out>,
+    handle: &ConnHandle,
+) -> Result<(), axum::Error> {
+    let (code, reason) = handle.close_reason().unwrap_or((1000, String::new()));
+    if code != CLOSE_SLOW_CONSUMER {
+        while let Ok(m) = rx.try_recv() {
+            sink.feed(to_message(m)).await?;
+        }
+    }
+    sink.send(Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    })))
+    .await
 }

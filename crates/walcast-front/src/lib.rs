@@ -248,6 +248,7 @@ impl Parts {
             broadcasts: broadcasts.clone(),
             connections: connections.clone(),
             usage: usage.clone(),
+            heard: heard.clone(),
         });
         let parts = Parts {
             cfg,

@@ -74,6 +74,8 @@ pub(crate) struct ConnHandle {
     close: OnceLock<(u16, String)>,
     /// Its project's counters, once it counts as a connected user (its first join).
     usage: OnceLock<Arc<ProjectCounts>>,
+    /// The client sent a Close frame (answered by the socket, not by us).
+    peer_closed: AtomicBool,
 }
 
 impl ConnHandle {
@@ -85,6 +87,7 @@ impl ConnHandle {
             kill: CancellationToken::new(),
             close: OnceLock::new(),
             usage: OnceLock::new(),
+            peer_closed: AtomicBool::new(false),
         };
         (Arc::new(h), rx)
     }
@@ -139,6 +142,16 @@ impl ConnHandle {
     pub(crate) fn close_with(&self, code: u16, reason: &str) {
         let _ = self.close.set((code, reason.to_string()));
         self.kill.cancel();
+    }
+
+    /// The client sent a Close frame: the connection ends, answered with the client's code.
+    pub(crate) fn peer_closed(&self) {
+        self.peer_closed.store(true, Ordering::Relaxed);
+        self.kill.cancel();
+    }
+
+    pub(crate) fn is_peer_closed(&self) -> bool {
+        self.peer_closed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn close_reason(&self) -> Option<(u16, String)> {

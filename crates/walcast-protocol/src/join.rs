@@ -16,6 +16,9 @@ pub struct BroadcastConfig {
     pub self_: bool,
     /// `replay`: the private channel's stored messages to send first.
     pub replay: Option<Replay>,
+    /// `replication_ready`: send the `system` message "Replication connection
+    /// established" once the change stream is running.
+    pub replication_ready: bool,
 }
 
 /// `config.broadcast.replay`: messages stored since `since_ms` (Unix milliseconds), at

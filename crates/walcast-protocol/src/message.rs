@@ -56,6 +56,9 @@ pub struct BroadcastPush {
     pub payload: BroadcastBody,
     /// Meta from a binary push or the text form, if any.
     pub meta: Option<Box<RawValue>>,
+    /// It came as a binary push (kind 3), not as JSON text: Supabase relays those as
+    /// binary kind 4 to 2.0.0 sockets, and the others as text.
+    pub binary: bool,
 }
 
 /// A presence push.
@@ -110,6 +113,7 @@ impl ClientMessage {
                 event: b.event.clone(),
                 payload: b.body.clone(),
                 meta: b.meta.clone(),
+                binary: true,
             })),
             (Payload::Json(p), events::JOIN) => parse_join(p).map(ClientMessage::Join),
             (Payload::Json(_), events::LEAVE) => Ok(ClientMessage::Leave),
@@ -235,6 +239,11 @@ fn parse_join(p: &RawValue) -> Result<JoinRequest, MessageError> {
             ack: flag(b.get("ack"), ev, "config.broadcast.ack")?,
             self_: flag(b.get("self"), ev, "config.broadcast.self")?,
             replay: replay(b.get("replay"))?,
+            replication_ready: flag(
+                b.get("replication_ready"),
+                ev,
+                "config.broadcast.replication_ready",
+            )?,
         };
     }
     if let Some(pr) = sub_object(&rc.presence, "presence")? {
@@ -308,6 +317,7 @@ fn parse_broadcast(p: &RawValue) -> Result<BroadcastPush, MessageError> {
         // A missing payload is treated as `{}`; an explicit `null` is kept.
         payload: BroadcastBody::Json(r.payload.unwrap_or_else(json::empty_object)),
         meta: r.meta.filter(|m| m.get() != "null"),
+        binary: false,
     })
 }
 
@@ -354,6 +364,7 @@ impl PartialEq for PresenceAction {
 impl PartialEq for BroadcastPush {
     fn eq(&self, other: &Self) -> bool {
         self.type_ == other.type_
+            && self.binary == other.binary
             && self.event == other.event
             && self.payload == other.payload
             && self.meta.as_ref().map(|m| m.get()) == other.meta.as_ref().map(|m| m.get())
@@ -402,6 +413,13 @@ mod tests {
         assert_eq!(j.access_token.as_deref(), Some("jwt"));
         assert!(j.config.broadcast.self_);
         assert!(!j.config.broadcast.ack);
+        let m = parse(
+            r#"["3","3","realtime:r","phx_join",{"config":{"broadcast":{"replication_ready":true}}}]"#,
+        );
+        let Ok(ClientMessage::Join(r)) = m else {
+            panic!("not a join")
+        };
+        assert!(r.config.broadcast.replication_ready);
         assert!(j.config.presence.enabled);
         assert_eq!(j.config.postgres_changes.len(), 2);
         assert_eq!(
@@ -420,6 +438,7 @@ mod tests {
             panic!("not a join")
         };
         assert!(!j.config.broadcast.ack);
+        assert!(!j.config.broadcast.replication_ready);
         assert_eq!(j.config.presence.key, "");
         assert!(j.config.postgres_changes.is_empty());
         assert_eq!(j.access_token, None);
@@ -453,11 +472,36 @@ mod tests {
             panic!("not a broadcast")
         };
         assert_eq!(b.type_.as_deref(), Some("broadcast"));
+        assert!(!b.binary, "a JSON push");
         assert_eq!(b.event, "cursor");
         assert_eq!(
             b.payload,
             BroadcastBody::Json(RawValue::from_string("{\"x\":1}".into()).unwrap())
         );
+    }
+
+    #[test]
+    fn broadcast_binary_push() {
+        let f = Frame {
+            join_ref: Some("3".into()),
+            ref_: Some("7".into()),
+            topic: "realtime:r".into(),
+            event: events::BROADCAST.into(),
+            payload: Payload::Broadcast(crate::frame::UserBroadcast {
+                event: "cursor".into(),
+                meta: None,
+                body: BroadcastBody::Json(RawValue::from_string("{\"x\":1}".into()).unwrap()),
+            }),
+        };
+        let crate::frame::WireMessage::Binary(bytes) = f.encode_client(Vsn::V2).unwrap() else {
+            panic!("kind 3 is binary")
+        };
+        let back = Frame::decode_client_binary(&bytes, Vsn::V2).unwrap();
+        let Ok(ClientMessage::Broadcast(b)) = ClientMessage::parse(&back) else {
+            panic!("not a broadcast")
+        };
+        assert!(b.binary, "a binary push");
+        assert_eq!(b.event, "cursor");
     }
 
     #[test]

@@ -210,9 +210,22 @@ pub fn broadcast_text(
     frame(None, None, topic, events::BROADCAST, p)
 }
 
-/// A fan-out broadcast that [`Frame::encode_server`] sends as binary kind 4 under 2.0.0 and
-/// as text under 1.0.0 (which fails for a raw-bytes body).
+/// A fan-out broadcast framed as Supabase frames one that did not come as a binary push (a
+/// client's JSON push, the REST API, the database): a JSON body goes as a text frame under
+/// both versions (`[null,null,topic,"broadcast",{type,event,payload,meta?}]` under 2.0.0);
+/// a raw-bytes body as binary kind 4 under 2.0.0 (it has no text form: under 1.0.0
+/// [`Frame::encode_server`] fails for it).
 pub fn broadcast(topic: &str, b: UserBroadcast) -> Frame {
+    match b.to_json_text() {
+        Ok(p) => frame(None, None, topic, events::BROADCAST, p),
+        Err(_) => broadcast_pushed(topic, b),
+    }
+}
+
+/// A fan-out broadcast that came as a binary push (kind 3): binary kind 4 under 2.0.0
+/// whatever its body, as Supabase relays those; text under 1.0.0 (which fails for a
+/// raw-bytes body).
+pub fn broadcast_pushed(topic: &str, b: UserBroadcast) -> Frame {
     Frame {
         join_ref: None,
         ref_: None,
@@ -225,6 +238,7 @@ pub fn broadcast(topic: &str, b: UserBroadcast) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::WireMessage;
     use crate::vsn::Vsn;
 
     fn rv(s: &str) -> Box<RawValue> {
@@ -303,6 +317,45 @@ mod tests {
         );
         let s = presence_state(Some("3"), "realtime:r", &state);
         assert_eq!(s.join_ref.as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn broadcast_framing_follows_the_origin() {
+        let json = UserBroadcast {
+            event: "cursor".into(),
+            meta: Some(rv(r#"{"id":"7"}"#)),
+            body: BroadcastBody::Json(rv(r#"{"x":1}"#)),
+        };
+        let text = r#"[null,null,"realtime:r","broadcast",{"type":"broadcast","event":"cursor","payload":{"x":1},"meta":{"id":"7"}}]"#;
+        let f = broadcast("realtime:r", json.clone());
+        assert_eq!(
+            f.encode_server(Vsn::V2).unwrap(),
+            WireMessage::Text(text.into())
+        );
+        assert!(matches!(
+            f.encode_server(Vsn::V1).unwrap(),
+            WireMessage::Text(t) if t.starts_with('{')
+        ));
+        let pushed = broadcast_pushed("realtime:r", json);
+        assert!(matches!(
+            pushed.encode_server(Vsn::V2).unwrap(),
+            WireMessage::Binary(b) if b[0] == 4
+        ));
+        assert!(matches!(
+            pushed.encode_server(Vsn::V1).unwrap(),
+            WireMessage::Text(t) if t.contains(r#""payload":{"x":1}"#)
+        ));
+        let raw = UserBroadcast {
+            event: "blob".into(),
+            meta: None,
+            body: BroadcastBody::Binary(bytes::Bytes::from_static(b"\x00\x01")),
+        };
+        let f = broadcast("realtime:r", raw);
+        assert!(matches!(
+            f.encode_server(Vsn::V2).unwrap(),
+            WireMessage::Binary(b) if b[0] == 4
+        ));
+        assert!(f.encode_server(Vsn::V1).is_err(), "no text form");
     }
 
     #[test]

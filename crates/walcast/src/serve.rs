@@ -30,6 +30,9 @@ pub async fn run(
     metrics: PrometheusHandle,
     signal: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Migrations first: the front asks the database (its project directory, through the
+    // in-process admin handler) from its start, and a fresh database has no tables yet.
+    crate::cdc_worker::migrate(&db.database_url).await?;
     let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
     let roles = front_args.roles.policy();

@@ -5,6 +5,7 @@
 use walcast_protocol::{BroadcastPush, Frame, UserBroadcast};
 
 use super::Session;
+use crate::broadcast::Pushed;
 use crate::telemetry;
 
 pub(super) async fn apply(s: &mut Session, f: &Frame, b: BroadcastPush) {
@@ -16,6 +17,12 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, b: BroadcastPush) {
         return;
     };
     metrics::counter!(telemetry::BROADCASTS, "source" => "socket").increment(1);
+    // A binary push (kind 3) fans out as binary, a JSON one as text (see `Pushed`).
+    let how = if b.binary {
+        Pushed::Binary
+    } else {
+        Pushed::Json
+    };
     let ub = UserBroadcast {
         event: b.event,
         meta: b.meta,
@@ -23,7 +30,7 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, b: BroadcastPush) {
     };
     let except = (!ch.out.broadcast_self).then_some(ch.id);
     let (key, ack) = (ch.key.clone(), ch.ack);
-    s.services.broadcasts.send(&key, &ub, except).await;
+    s.services.broadcasts.send(&key, &ub, how, except).await;
     if ack {
         s.reply_ok(f);
     }

@@ -131,6 +131,11 @@ async fn open_channel(
     let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
     let presence = req.config.presence.enabled.then_some(&key);
     let mut first = first_frames(s, f, &bindings, &refused, presence).await;
+    let (ready, ready_wait) = match req.config.broadcast.replication_ready {
+        true => super::ready::at_join(s, join_ref.as_deref(), topic),
+        false => (None, None),
+    };
+    first.extend(ready.and_then(|r| s.out(&r)));
     let mut replayed_ids = HashSet::new();
     if let Some(replay) = req.config.broadcast.replay.filter(|_| key.private) {
         let (frames, ids) = replayed(s, &key, replay).await;
@@ -163,6 +168,7 @@ async fn open_channel(
         ack: req.config.broadcast.ack,
         claims,
         may_write: None,
+        ready_wait,
     };
     s.channels.insert(topic.to_string(), channel);
 }

@@ -12,6 +12,7 @@ mod broadcast;
 mod join;
 mod leave;
 mod presence;
+mod ready;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -25,6 +26,7 @@ use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, PgChang
 
 use crate::auth::now_secs;
 use crate::broadcast::Broadcasts;
+use crate::cluster::Heard;
 use crate::config::FrontConfig;
 use crate::connections::Connections;
 use crate::credentials::Credentials;
@@ -53,6 +55,8 @@ pub(crate) struct Services {
     pub broadcasts: Arc<Broadcasts>,
     pub connections: Arc<Connections>,
     pub usage: Arc<crate::usage::Usage>,
+    /// The processes heard from: whether the change stream runs (`replication_ready`).
+    pub heard: Arc<Heard>,
 }
 
 pub(crate) struct Channel {
@@ -73,6 +77,8 @@ pub(crate) struct Channel {
     pub claims: Value,
     /// Private channel: whether it may send (asked at its first send).
     pub may_write: Option<bool>,
+    /// `replication_ready` asked and not answered yet.
+    pub ready_wait: Option<ready::ReadyWait>,
 }
 
 /// One connection's channels, and what its commands need.
@@ -153,17 +159,21 @@ impl Session {
         }
     }
 
-    /// The earliest token check of the channels (no later than `limit`).
+    /// The earliest token or replication readiness check of the channels (no later
+    /// than `limit`).
     pub(crate) fn next_check(&self, limit: Instant) -> Instant {
         self.channels
             .values()
-            .map(|c| c.check_at)
+            .flat_map(|c| [Some(c.check_at), c.ready_wait.as_ref().map(|w| w.poll_at)])
+            .flatten()
             .fold(limit, Instant::min)
     }
 
-    /// Token expiry: close the channels whose token expired by `now`.
+    /// Token expiry: close the channels whose token expired by `now`; then answer the
+    /// `replication_ready` waits that are due.
     pub(crate) async fn check_tokens(&mut self, now: Instant) {
         access_token::check_expiry(self, now).await;
+        ready::check(self, now).await;
     }
 
     fn push(&self, f: &Frame) {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::support::*;
 use serde_json::json;
 use tokio::sync::Semaphore;
+use walcast_front::FrontConfig;
 
 #[tokio::test]
 async fn heartbeat_v2_and_v1() {
@@ -360,6 +361,93 @@ async fn shutdown_closes_sockets_with_1001() {
     tokio::time::timeout(TIMEOUT, s.front.closed())
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_client_close_is_answered_with_its_code() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame};
+    use tokio_tungstenite::tungstenite::Message;
+    let s = start().await;
+    for (code, vsn) in [(1000u16, "2.0.0"), (4001, "1.0.0")] {
+        let mut c = s.client(vsn).await;
+        c.join("realtime:room", pg_config(json!([])), None).await;
+        let frame = CloseFrame {
+            code: CloseCode::from(code),
+            reason: "bye".into(),
+        };
+        c.ws.send(Message::Close(Some(frame))).await.unwrap();
+        // Our own Close was sent: the next message must be the server's, not an EOF.
+        assert_eq!(c.recv().await, Msg::Close(code, "bye".into()), "vsn {vsn}");
+    }
+    s.wait_for("connections gone", |s| s.front.health().connections == 0)
+        .await;
+}
+
+/// A health beacon of a pipeline process, as a cdc-worker publishes it once a second.
+async fn pipeline_beacon(s: &Server, leader: bool) {
+    use walcast_bus::beacon::{Beacon, WorkerBeacon};
+    let b = Beacon {
+        process: format!("worker-{leader}"),
+        at_ms: 1,
+        bus_connected: true,
+        worker: Some(WorkerBeacon {
+            leader,
+            cdc_active: leader,
+            ..Default::default()
+        }),
+        front: None,
+    };
+    s.bus.publish(b.subject(), &[], b.encode()).await.unwrap();
+}
+
+#[tokio::test]
+async fn replication_ready_waits_for_a_streaming_leader() {
+    let s = start().await;
+    let mut config = pg_config(json!([]));
+    config["broadcast"]["replication_ready"] = json!(true);
+    let ready = |jr: &str, name: &str| json!([jr, null, format!("realtime:{name}"), "system", {"extension":"system","status":"ok","message":"Replication connection established","channel":name}]);
+    let mut c = s.client("2.0.0").await;
+    let (jr, reply) = c.join("realtime:room", config.clone(), None).await;
+    assert_eq!(reply[4]["status"], "ok");
+    // No pipeline heard yet, then only a standby: no message.
+    c.assert_silent(Duration::from_millis(700)).await;
+    pipeline_beacon(&s, false).await;
+    c.assert_silent(Duration::from_millis(700)).await;
+    // A leader streams: the message comes (once), with the channel's join_ref.
+    pipeline_beacon(&s, true).await;
+    assert_eq!(c.recv().await.frame(), &ready(&jr, "room"));
+    c.assert_silent(Duration::from_millis(700)).await;
+    // A later join gets it at once, right after its reply; a join without the flag not.
+    let (jr2, _) = c.join("realtime:other", config, None).await;
+    assert_eq!(c.recv().await.frame(), &ready(&jr2, "other"));
+    c.join("realtime:plain", pg_config(json!([])), None).await;
+    c.assert_silent(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn replication_ready_not_in_time_closes_the_channel() {
+    let s = start_with(FrontConfig {
+        replication_ready_timeout: Duration::from_secs(1),
+        ..FrontConfig::default()
+    })
+    .await;
+    let mut config = pg_config(json!([]));
+    config["broadcast"]["replication_ready"] = json!(true);
+    let mut c = s.client("1.0.0").await;
+    let (jr, _) = c.join("realtime:room", config, None).await;
+    assert_eq!(
+        c.recv().await.frame(),
+        &json!([jr, null, "realtime:room", "system", {"extension":"system","status":"error","message":"Replication connection was not established in time","channel":"room"}])
+    );
+    assert_eq!(
+        c.recv().await.frame(),
+        &json!([jr, jr, "realtime:room", "phx_close", {}])
+    );
+    s.wait_for("channel closed", |s| s.front.health().channels == 0)
+        .await;
+    // The socket goes on.
+    c.heartbeat_ok().await;
 }
 
 #[tokio::test]

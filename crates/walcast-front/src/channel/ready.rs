@@ -1,0 +1,90 @@
+//! `config.broadcast.replication_ready`: a channel that asks for it gets the `system`
+//! message `{extension:"system", status:"ok", message:"Replication connection
+//! established"}` once the change stream runs (a pipeline leader's recent health beacon
+//! says its CDC is active, see [`crate::cluster`]): with its first frames if it already
+//! does, else when it is first seen running (checked every [`POLL`]). Not running within
+//! `replication_ready_timeout` ([`crate::FrontConfig`], a minute): a `system` error, and
+//! the channel is closed, as Supabase does.
+
+use tokio::time::{Duration, Instant};
+use walcast_protocol::server::{self, SystemStatus};
+use walcast_protocol::Frame;
+
+use super::Session;
+
+/// The message, as Supabase words it.
+pub const READY: &str = "Replication connection established";
+/// The error when the stream does not run in time.
+pub const NOT_READY: &str = "Replication connection was not established in time";
+/// How often a waiting channel looks again.
+pub const POLL: Duration = Duration::from_millis(500);
+
+/// A channel's wait for the stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadyWait {
+    pub poll_at: Instant,
+    pub deadline: Instant,
+}
+
+/// The `system` message saying the stream runs.
+pub(super) fn ready_message(join_ref: Option<&str>, topic: &str) -> Frame {
+    server::system(join_ref, topic, "system", SystemStatus::Ok, READY)
+}
+
+fn stream_runs(s: &Session, now: Instant) -> bool {
+    s.services.heard.lock().pipeline_active(now.into_std())
+}
+
+/// At a join that asked for it: the message now (to go with the first frames), or the
+/// wait.
+pub(super) fn at_join(
+    s: &Session,
+    join_ref: Option<&str>,
+    topic: &str,
+) -> (Option<Frame>, Option<ReadyWait>) {
+    let now = Instant::now();
+    if stream_runs(s, now) {
+        return (Some(ready_message(join_ref, topic)), None);
+    }
+    let wait = ReadyWait {
+        poll_at: now + POLL,
+        deadline: now + s.services.cfg.replication_ready_timeout,
+    };
+    (None, Some(wait))
+}
+
+/// Answer the waits due by `now`: the message if the stream runs, the error (and the
+/// channel closed) past the deadline, else look again in [`POLL`].
+pub(super) async fn check(s: &mut Session, now: Instant) {
+    let due: Vec<String> = s
+        .channels
+        .iter()
+        .filter(|(_, c)| c.ready_wait.is_some_and(|w| w.poll_at <= now))
+        .map(|(t, _)| t.clone())
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let runs = stream_runs(s, now);
+    for topic in due {
+        let vsn = s.vsn;
+        let Some(ch) = s.channels.get_mut(&topic) else {
+            continue;
+        };
+        let Some(wait) = ch.ready_wait.as_mut() else {
+            continue;
+        };
+        if runs {
+            ch.ready_wait = None;
+            let f = ready_message(ch.join_ref.as_deref(), &topic);
+            if let Some(o) = crate::outbound::Out::frame(&f, vsn) {
+                ch.out.deliver(o);
+            }
+        } else if now >= wait.deadline {
+            crate::telemetry::error("replication_not_ready");
+            s.shut(&topic, NOT_READY).await;
+        } else {
+            wait.poll_at = now + POLL;
+        }
+    }
+}
