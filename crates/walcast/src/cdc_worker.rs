@@ -174,10 +174,7 @@ pub async fn run(
         front: front.clone(),
         bus: bus.clone(),
         metrics,
-        lease_mode: match mode {
-            LeaseMode::None => "none (no election: never run two workers)".to_string(),
-            m => m.to_string(),
-        },
+        lease_mode: describe_mode(mode),
         lease: (mode != LeaseMode::None).then(|| status.clone()),
     };
     let process = front
@@ -213,6 +210,14 @@ pub async fn run(
     match failure {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
+    }
+}
+
+/// How `/health` names the election mode.
+fn describe_mode(mode: LeaseMode) -> String {
+    match mode {
+        LeaseMode::None => "none (no election: never run two workers)".to_string(),
+        m => m.to_string(),
     }
 }
 
