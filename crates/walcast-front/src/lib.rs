@@ -78,6 +78,7 @@ pub mod keys;
 pub mod kv_presence;
 mod limits;
 mod listen;
+pub mod management;
 mod outbound;
 pub mod presence;
 mod private;
@@ -150,6 +151,8 @@ struct Feeds {
     resync: Subscription,
     roll_call: Subscription,
     beacons: Subscription,
+    /// Management notices: a project changed.
+    project_notices: Subscription,
 }
 
 impl Feeds {
@@ -160,6 +163,7 @@ impl Feeds {
             resync: bus.subscribe(SUBJECT_RESYNC).await?,
             roll_call: bus.subscribe(SUBJECT_ROLL_CALL).await?,
             beacons: bus.subscribe(walcast_bus::beacon::BEACON_ALL).await?,
+            project_notices: bus.subscribe(management::SUBJECT_PROJECTS_CHANGED).await?,
         })
     }
 }
@@ -307,6 +311,17 @@ impl Parts {
             cancel.clone(),
         ));
         t.spawn(self.projects.clone().refresh_loop(cancel.clone()));
+        t.spawn(management::notice_loop(
+            self.projects.clone(),
+            feeds.project_notices,
+            cancel.clone(),
+        ));
+        t.spawn(management::events_loop(
+            self.projects.clone(),
+            self.delivery.clone(),
+            self.connections.clone(),
+            cancel.clone(),
+        ));
         t.spawn(sse::reaper(self.sse.clone(), cancel.clone()));
         self.into_front()
     }
@@ -320,6 +335,14 @@ impl Parts {
                 probe: self.probe.clone(),
             })
         });
+        let management = self.cfg.management_api_key.as_deref().map(|key| {
+            Arc::new(management::Management::new(
+                self.projects.clone(),
+                self.probe.bus.clone(),
+                key,
+                self.cfg.rotation_window,
+            ))
+        });
         let routes = http::Routes {
             sockets: Arc::new(Sockets {
                 services: self.services,
@@ -330,6 +353,7 @@ impl Parts {
             broadcasts: self.broadcasts,
             projects: self.projects.clone(),
             inspector,
+            management,
         };
         let inner = Inner {
             front_id: self.front_id,

@@ -89,6 +89,7 @@ impl From<AdminError> for ApiError {
             AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
             AdminErrorKind::UnknownTable => (StatusCode::NOT_FOUND, "unknown_table"),
             AdminErrorKind::NoPrimaryKey => (StatusCode::UNPROCESSABLE_ENTITY, "no_primary_key"),
+            AdminErrorKind::InvalidRequest => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
             AdminErrorKind::PartitionedTable => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "partitioned_table")
             }
