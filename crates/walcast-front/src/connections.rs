@@ -10,6 +10,9 @@ use std::time::Duration;
 use crate::outbound::{ConnHandle, CLOSE_GOING_AWAY};
 use crate::telemetry;
 
+/// Open WebSocket connections by id, each with its project.
+type OpenConns = HashMap<u64, (Arc<ConnHandle>, Arc<str>)>;
+
 pub(crate) struct Connections {
     /// WebSocket connections and SSE streams this front accepts at once.
     max: usize,
@@ -20,7 +23,7 @@ pub(crate) struct Connections {
     draining: AtomicBool,
     /// Open WebSocket connections and their projects, to close them one by one when
     /// draining, or a project's when it is deleted or suspended.
-    conns: Mutex<HashMap<u64, (Arc<ConnHandle>, Arc<str>)>>,
+    conns: Mutex<OpenConns>,
     next_id: AtomicU64,
 }
 
@@ -62,7 +65,7 @@ impl Connections {
         self.draining.load(Ordering::Relaxed)
     }
 
-    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ConnHandle>, Arc<str>)>> {
+    fn conns(&self) -> std::sync::MutexGuard<'_, OpenConns> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
