@@ -38,7 +38,7 @@
 //! | `private` | `Policies`: the app's policies for private channels, asked of the worker |
 //! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
 //! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
-| [`management`] | the management API (operator key): projects created, updated, suspended, rotated, deleted; the notices that refresh every front's directory, and the ending of the sockets a project change no longer allows |
+//! | [`management`] | the management API (operator key): projects created, updated, suspended, rotated, deleted; the notices that refresh every front's directory, and the ending of the sockets a project change no longer allows |
 //! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
 //!
 //! ```no_run

@@ -77,3 +77,48 @@ pub(crate) fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refresh_reports_what_ends_sockets_and_nothing_else() {
+        let plain = Status::default();
+        let suspended = Status {
+            suspended: true,
+            ..Status::default()
+        };
+        let private = Status {
+            private_only: true,
+            ..Status::default()
+        };
+        let ev = |old: &Status, new: Option<&Status>| events("p", old, new);
+        assert_eq!(ev(&plain, None), Some(ProjectEvent::Deleted("p".into())));
+        assert_eq!(
+            ev(&plain, Some(&suspended)),
+            Some(ProjectEvent::Suspended("p".into()))
+        );
+        assert_eq!(
+            ev(&plain, Some(&private)),
+            Some(ProjectEvent::PrivateOnly("p".into()))
+        );
+        // Already so, or undone: nothing ends.
+        assert_eq!(ev(&suspended, Some(&suspended)), None);
+        assert_eq!(ev(&private, Some(&private)), None);
+        assert_eq!(ev(&suspended, Some(&plain)), None);
+        assert_eq!(ev(&plain, Some(&plain)), None);
+        let e = ProjectEvent::PrivateOnly("p".into());
+        assert!(e.public_only());
+        assert_eq!(e.message(), PRIVATE_ONLY_MESSAGE);
+        assert!(!ProjectEvent::Suspended("p".into()).public_only());
+        // Close reasons must fit a WebSocket close frame (123 bytes).
+        for e in [
+            ProjectEvent::Deleted("p".into()),
+            ProjectEvent::Suspended("p".into()),
+            e,
+        ] {
+            assert!(e.message().len() <= 123, "{e:?}");
+        }
+    }
+}
