@@ -125,6 +125,7 @@ async fn authorize(
                 m,
             ))
         }
+        Err(e @ AuthError::Suspended(_)) => return Err(ApiError::forbidden(e.to_string())),
         Err(e) => return Err(ApiError::unauthorized(e.to_string())),
     };
     if verified.project != project {

@@ -35,7 +35,7 @@ fn unknown(id: &str) -> AdminError {
 
 fn refused(e: ProjectError) -> AdminError {
     match e {
-        ProjectError::EmptyName | ProjectError::LongName => {
+        ProjectError::EmptyName | ProjectError::LongName | ProjectError::ControlInName => {
             AdminError::new(AdminErrorKind::InvalidRequest, e.to_string())
         }
         other => AdminError::new(AdminErrorKind::Internal, other.to_string()),

@@ -40,6 +40,8 @@ pub enum ProjectError {
     EmptyName,
     #[error("project name is longer than {MAX_NAME_CHARS} characters")]
     LongName,
+    #[error("project name must not contain control characters")]
+    ControlInName,
     #[error("realtime tables: {0}")]
     Tables(String),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
@@ -154,7 +156,8 @@ pub async fn schema_of<C: GenericClient>(
 /// Longest project name accepted.
 pub const MAX_NAME_CHARS: usize = 200;
 
-/// A name trimmed, not empty, at most [`MAX_NAME_CHARS`] characters.
+/// A name trimmed, not empty, at most [`MAX_NAME_CHARS`] characters, none a control
+/// character (Postgres text cannot hold NUL; a name is shown to people).
 pub fn check_name(name: &str) -> Result<&str, ProjectError> {
     let name = name.trim();
     if name.is_empty() {
@@ -162,6 +165,9 @@ pub fn check_name(name: &str) -> Result<&str, ProjectError> {
     }
     if name.chars().count() > MAX_NAME_CHARS {
         return Err(ProjectError::LongName);
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ProjectError::ControlInName);
     }
     Ok(name)
 }

@@ -242,7 +242,8 @@ fn opt_str(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<String>
     }
 }
 
-/// Tell every front a project changed (they refresh their directory at once).
+/// Tell every front a project changed (they refresh their directory at once), and
+/// refresh this one's before answering (its next request sees the change).
 async fn announce(m: &Management, id: &str) {
     let r = m
         .bus
@@ -255,6 +256,7 @@ async fn announce(m: &Management, id: &str) {
     if let Err(e) = r {
         tracing::warn!(error = %e, project = id, "cannot announce the project change: fronts see it at their next refresh");
     }
+    m.projects.refresh_now().await;
 }
 
 fn answer(op: &'static str, status: StatusCode, r: Result<Value, ApiError>) -> Response {
