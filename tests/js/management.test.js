@@ -2,10 +2,11 @@
 // project created through the API, its realtime-js channels told with a `system` error
 // when it is made private-only, suspended or deleted (Supabase's messages), a public join
 // of a private-only project refused with `PrivateOnly`, and the operator key alone
-// accepted.
+// accepted; a suspended project's SSE streams end with a `system` event.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribeTracked, uniq, until } from './lib/harness.js'
+import { enableViaRest } from './lib/tenants.js'
 
 const OPERATOR = 'walcast-js-operator-key-0123456789abcdef'
 
@@ -98,5 +99,28 @@ describe('management API', () => {
         rt.disconnect()
       }
     }
+  })
+
+  test("a suspended project's SSE stream gets a system event and ends", async () => {
+    const created = await api('POST', '', { name: 'sse' })
+    assert.equal(created.status, 201)
+    const { id, schema, anon_key: anon, service_role_key: service } = created.body
+    await st.env.db.query(`CREATE TABLE "${schema}".items (id int8 PRIMARY KEY, v text)`)
+    await st.env.db.query(`GRANT SELECT ON "${schema}".items TO anon, authenticated, service_role`)
+    assert.equal((await enableViaRest(st.server, id, 'items', service)).status, 200)
+    const params = new URLSearchParams({ apikey: anon, schema, table: 'items' })
+    const res = await fetch(`${st.server.url}/realtime/v1/sse?${params}`)
+    assert.equal(res.status, 200)
+    let text = ''
+    const read = (async () => {
+      for await (const chunk of res.body) text += new TextDecoder().decode(chunk)
+    })()
+    await until(`ready (got ${text})`, () => text.includes('event: ready'))
+    assert.equal((await api('PATCH', `/${id}`, { suspended: true })).status, 200)
+    await read
+    assert.match(text, /event: system\ndata: .*RealtimeDisabledForTenant: Realtime disabled for this tenant/)
+    const again = await fetch(`${st.server.url}/realtime/v1/sse?${params}`)
+    assert.equal(again.status, 403)
+    await again.body?.cancel()
   })
 })

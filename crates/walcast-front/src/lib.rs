@@ -319,8 +319,11 @@ impl Parts {
         ));
         t.spawn(management::events_loop(
             self.projects.clone(),
-            self.delivery.clone(),
-            self.connections.clone(),
+            (
+                self.delivery.clone(),
+                self.connections.clone(),
+                self.sse.clone(),
+            ),
             cancel.clone(),
         ));
         t.spawn(sse::reaper(self.sse.clone(), cancel.clone()));

@@ -1,7 +1,8 @@
 //! Applying project changes on this front: a management notice refreshes the project
 //! directory at once, and the directory's events end what may no longer stay — every
 //! socket of a deleted or suspended project, the sockets with a public channel of a
-//! project made private-only — each channel told first with a `system` error.
+//! project made private-only — each channel told first with a `system` error; and the
+//! SSE streams of a deleted or suspended project (a `system` event, then the end).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use crate::connections::Connections;
 use crate::delivery::Delivery;
 use crate::outbound::{ConnHandle, Out};
 use crate::projects::{ProjectEvent, Projects};
+use crate::sse::SseHub;
 use crate::telemetry;
 
 /// Close code of a socket ended by a project change.
@@ -36,8 +38,7 @@ pub(crate) async fn notice_loop(
 /// End what the directory's events say may no longer stay, until `cancel` fires.
 pub(crate) async fn events_loop(
     projects: Projects,
-    delivery: Arc<Delivery>,
-    connections: Arc<Connections>,
+    (delivery, connections, sse): (Arc<Delivery>, Arc<Connections>, Arc<SseHub>),
     cancel: CancellationToken,
 ) {
     let mut events = projects.events();
@@ -47,7 +48,17 @@ pub(crate) async fn events_loop(
             e = events.recv() => e,
         };
         match e {
-            Ok(e) => end(&delivery, &connections, &e),
+            Ok(e) => {
+                end(&delivery, &connections, &e);
+                if !e.public_only() {
+                    let n = sse.end_project(e.project(), e.message());
+                    tracing::info!(
+                        project = e.project(),
+                        streams = n,
+                        "SSE streams ended by a project change"
+                    );
+                }
+            }
             Err(RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "project events missed");
             }
