@@ -412,7 +412,21 @@ async fn project_changes_reach_every_front_and_touch_no_other_project() {
         (200, json!("B"), json!(false)),
         "{v}"
     );
+    // On NATS: a row of A's table, written before one of B's, is not published.
+    let tap = crate::support::Collector::start(&stack.nats.url()).await;
+    stack.sql(&format!(
+        "INSERT INTO \"{}\".items VALUES (100, 'after delete')",
+        a.schema
+    ));
     gets_insert(&stack, &b, &mut sb, 1).await;
+    tap.wait_until("B's row on NATS", APPLIED * 3, |e| {
+        e.iter().any(|e| e.schema == b.schema)
+    })
+    .await;
+    assert!(
+        tap.snapshot().iter().all(|e| e.schema != a.schema),
+        "A's table is still streamed after its delete"
+    );
     assert_eq!(ws_status(&other, &b.anon).await, 101);
     let _ = a.secret;
 }
