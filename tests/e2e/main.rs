@@ -15,6 +15,7 @@ mod hostile_classes;
 mod hostile_limits;
 mod hostile_messages;
 mod lease;
+mod management;
 mod nats_outage;
 mod nats_permissions;
 mod outbox;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support::projects::{
     binding, call, create_project, keys, next_change, realtime_path, refused, set, sign, walcast,
-    Project,
+    Project, VIEW_FIELDS,
 };
 use crate::support::ws;
 use crate::support::{Stack, Worker};
@@ -69,11 +69,7 @@ async fn cli_creates_and_lists_projects() {
     let list = list.as_array().expect("an array");
     assert_eq!(list.len(), 2, "{text}");
     for (item, p, name) in [(&list[0], &a, "Project A"), (&list[1], &b, "Project B")] {
-        assert_eq!(
-            keys(item),
-            set(&["id", "name", "schema", "created_at"]),
-            "{item}"
-        );
+        assert_eq!(keys(item), set(VIEW_FIELDS), "{item}");
         assert_eq!(item["id"], p.id.as_str());
         assert_eq!(item["name"], name);
         assert_eq!(item["schema"], p.schema.as_str());

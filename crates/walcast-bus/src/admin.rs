@@ -22,6 +22,10 @@ use crate::Bus;
 /// Request/reply subject the leading cdc-worker answers.
 pub const SUBJECT_ADMIN: &str = "walcast.cdc.admin";
 
+/// A project was changed through the management API (payload: its id): every front
+/// refreshes its project directory at once.
+pub const SUBJECT_PROJECTS_CHANGED: &str = "walcast.cdc.projects.changed";
+
 /// What a front asks.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -54,6 +58,28 @@ pub enum AdminRequest {
         since_ms: i64,
         limit: u32,
     },
+    /// Management API: create a project (its secret in the reply).
+    ProjectCreate {
+        name: String,
+        #[serde(default)]
+        private_only: bool,
+    },
+    /// One stored project.
+    ProjectGet { id: String },
+    /// Change a stored project (`None`: unchanged).
+    ProjectUpdate {
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        private_only: Option<bool>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        suspended: Option<bool>,
+    },
+    /// A new secret; the current one still accepted for `window_secs`.
+    ProjectRotate { id: String, window_secs: u64 },
+    /// Delete a project: realtime off on its tables, its row (and keys) gone.
+    ProjectDelete { id: String },
 }
 
 impl AdminRequest {
@@ -61,7 +87,14 @@ impl AdminRequest {
     /// enable is never overtaken by the disable sent after it); the others only read, and
     /// are answered side by side (see [`serve_nats`]).
     pub fn is_ordered(&self) -> bool {
-        matches!(self, AdminRequest::SetRealtime { .. })
+        matches!(
+            self,
+            AdminRequest::SetRealtime { .. }
+                | AdminRequest::ProjectCreate { .. }
+                | AdminRequest::ProjectUpdate { .. }
+                | AdminRequest::ProjectRotate { .. }
+                | AdminRequest::ProjectDelete { .. }
+        )
     }
 }
 
@@ -79,7 +112,7 @@ pub struct StoredBroadcast {
 }
 
 /// A stored project, as the worker tells the fronts.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProjectRecord {
     pub id: String,
     pub name: String,
@@ -93,6 +126,18 @@ pub struct ProjectRecord {
     /// A JWKS (JSON text) for its users' public-key tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwks: Option<String>,
+    /// RFC 3339, UTC.
+    #[serde(default)]
+    pub created_at: String,
+    /// New sockets and joins refused, open ones ended.
+    #[serde(default)]
+    pub suspended: bool,
+    /// Public channels refused.
+    #[serde(default)]
+    pub private_only: bool,
+    /// The previous secret is accepted until then (Unix ms); absent: without end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_secret_previous_until_ms: Option<i64>,
 }
 
 /// A table of a project.
@@ -126,6 +171,15 @@ pub enum AdminReply {
     Replayed {
         messages: Vec<StoredBroadcast>,
     },
+    /// A project created, read, changed or rotated.
+    Project {
+        project: ProjectRecord,
+    },
+    /// A project deleted, and the tables it streamed.
+    ProjectDeleted {
+        id: String,
+        tables: Vec<TableName>,
+    },
 }
 
 /// Why a request failed.
@@ -135,6 +189,8 @@ pub enum AdminErrorKind {
     UnknownProject,
     UnknownTable,
     NoPrimaryKey,
+    /// A management request the worker refuses (an empty or too long name).
+    InvalidRequest,
     /// A partitioned table (wal2json names its partitions, never the table).
     PartitionedTable,
     /// No cdc-worker answered (none leads, or NATS is down), or it answered nonsense.
@@ -313,6 +369,33 @@ impl AdminClient {
         };
         match self.request(req, timeout).await? {
             AdminReply::Replayed { messages } => Ok(messages),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl AdminClient {
+    /// A management request answered with a project (create, get, update, rotate).
+    pub async fn project(
+        &self,
+        req: AdminRequest,
+        timeout: Duration,
+    ) -> Result<ProjectRecord, AdminError> {
+        match self.request(req, timeout).await? {
+            AdminReply::Project { project } => Ok(project),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// See [`AdminRequest::ProjectDelete`]: the tables it streamed.
+    pub async fn delete_project(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Vec<TableName>, AdminError> {
+        let req = AdminRequest::ProjectDelete { id: id.to_string() };
+        match self.request(req, timeout).await? {
+            AdminReply::ProjectDeleted { tables, .. } => Ok(tables),
             other => Err(unexpected(&other)),
         }
     }

@@ -114,6 +114,9 @@ pub enum AuthError {
     /// could not be asked.
     #[error("Project directory unavailable: {0}")]
     DirectoryUnavailable(String),
+    /// The project is suspended (the management API).
+    #[error("Realtime disabled for this tenant")]
+    Suspended(String),
     /// A `postgres_changes` binding on a schema of another project.
     #[error("You do not have permissions to read from schema {schema:?}: it does not belong to project {project:?}")]
     SchemaNotAllowed {
@@ -130,6 +133,7 @@ impl AuthError {
         match self {
             AuthError::SchemaNotAllowed { .. } => "Unauthorized",
             AuthError::DirectoryUnavailable(_) => "UnableToConnectToProject",
+            AuthError::Suspended(_) => "RealtimeDisabledForTenant",
             _ => "InvalidJWTToken",
         }
     }
@@ -246,7 +250,7 @@ pub(crate) fn verify_with(
 }
 
 /// Decode the claims without checking anything but the header.
-pub(crate) fn peek_claims(token: &str) -> Result<Map<String, Value>, AuthError> {
+pub fn peek_claims(token: &str) -> Result<Map<String, Value>, AuthError> {
     header_of(token)?;
     jsonwebtoken::dangerous::insecure_decode_claims::<Map<String, Value>>(token)
         .map_err(map_jwt_error)

@@ -52,7 +52,16 @@ pub struct FrontConfig {
     pub gap_recovery: Duration,
     /// Messages held behind such a gap, at most.
     pub gap_max_held: usize,
+    /// The operator key of the management API (`None`: the API is not served).
+    pub management_api_key: Option<String>,
+    /// How long a rotated secret's predecessor stays valid, unless a rotation says.
+    pub rotation_window: Duration,
 }
+
+/// Default of [`FrontConfig::rotation_window`], in seconds (a day).
+pub const DEFAULT_ROTATION_WINDOW_SECS: u64 = 86_400;
+/// Shortest operator key accepted.
+pub const MIN_MANAGEMENT_KEY_BYTES: usize = 32;
 
 /// Default of [`FrontConfig::gap_recovery`], in milliseconds.
 pub const DEFAULT_GAP_RECOVERY_MS: u64 = 5000;
@@ -105,6 +114,8 @@ impl Default for FrontConfig {
             inspector: DEFAULT_INSPECTOR,
             gap_recovery: Duration::from_millis(DEFAULT_GAP_RECOVERY_MS),
             gap_max_held: DEFAULT_GAP_MAX_HELD,
+            management_api_key: None,
+            rotation_window: Duration::from_secs(DEFAULT_ROTATION_WINDOW_SECS),
         }
     }
 }

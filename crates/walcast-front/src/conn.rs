@@ -109,7 +109,7 @@ async fn run(
     let id = services.connections.next_id();
     let (handle, rx) = ConnHandle::new(id, services.cfg.outbound_queue);
     let writer = tokio::spawn(write_loop(sink, rx, handle.clone()));
-    services.connections.opened(&handle);
+    services.connections.opened(&handle, &auth.project);
     let mut conn = Conn {
         max_frame_bytes: services.cfg.max_frame_bytes,
         idle_timeout: services.cfg.idle_timeout,

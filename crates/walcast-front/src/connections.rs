@@ -10,6 +10,9 @@ use std::time::Duration;
 use crate::outbound::{ConnHandle, CLOSE_GOING_AWAY};
 use crate::telemetry;
 
+/// Open WebSocket connections by id, each with its project.
+type OpenConns = HashMap<u64, (Arc<ConnHandle>, Arc<str>)>;
+
 pub(crate) struct Connections {
     /// WebSocket connections and SSE streams this front accepts at once.
     max: usize,
@@ -18,8 +21,9 @@ pub(crate) struct Connections {
     sse_streams: AtomicUsize,
     /// Shutting down: new sockets and streams are refused, open ones are being closed.
     draining: AtomicBool,
-    /// Open WebSocket connections, to close them one by one when draining.
-    conns: Mutex<HashMap<u64, Arc<ConnHandle>>>,
+    /// Open WebSocket connections and their projects, to close them one by one when
+    /// draining, or a project's when it is deleted or suspended.
+    conns: Mutex<OpenConns>,
     next_id: AtomicU64,
 }
 
@@ -61,13 +65,23 @@ impl Connections {
         self.draining.load(Ordering::Relaxed)
     }
 
-    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnHandle>>> {
+    fn conns(&self) -> std::sync::MutexGuard<'_, OpenConns> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A WebSocket connection opened (drain closes it) …
-    pub(crate) fn opened(&self, handle: &Arc<ConnHandle>) {
-        self.conns().insert(handle.id, handle.clone());
+    /// A WebSocket connection of `project` opened (drain closes it) …
+    pub(crate) fn opened(&self, handle: &Arc<ConnHandle>, project: &str) {
+        self.conns()
+            .insert(handle.id, (handle.clone(), Arc::from(project)));
+    }
+
+    /// The open WebSocket connections of a project.
+    pub(crate) fn of_project(&self, project: &str) -> Vec<Arc<ConnHandle>> {
+        self.conns()
+            .values()
+            .filter(|(_, p)| &**p == project)
+            .map(|(c, _)| c.clone())
+            .collect()
     }
 
     /// … and closed.
@@ -92,7 +106,7 @@ impl Connections {
     /// when the last is closed.
     pub(crate) async fn drain(&self, window: Duration) {
         self.draining.store(true, Ordering::Relaxed);
-        let conns: Vec<Arc<ConnHandle>> = self.conns().values().cloned().collect();
+        let conns: Vec<Arc<ConnHandle>> = self.conns().values().map(|(c, _)| c.clone()).collect();
         tracing::info!(
             connections = conns.len(),
             window_secs = window.as_secs_f64(),

@@ -22,6 +22,8 @@ pub(crate) struct Routes {
     pub projects: Projects,
     /// `None`: the inspector is off.
     pub inspector: Option<Arc<Inspector>>,
+    /// `None`: no operator key, no management API.
+    pub management: Option<Arc<crate::management::Management>>,
 }
 
 pub(crate) fn router(r: &Routes) -> Router {
@@ -52,6 +54,9 @@ pub(crate) fn router(r: &Routes) -> Router {
         )
         .with_state(r.projects.clone());
     let mut router = websocket.merge(sse).merge(broadcast).merge(tables);
+    if let Some(m) = &r.management {
+        router = router.merge(crate::management::routes(m.clone()));
+    }
     if let Some(state) = &r.inspector {
         router = router.merge(inspector::routes().with_state(state.clone()));
     }

@@ -39,6 +39,7 @@
 //! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
 //! | [`usage`] | per-project counters (users, channels, joins, messages and bytes in and out, refusals) and the per-project connected-users limit, summed across fronts from their beacons |
 //! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
+//! | [`management`] | the management API (operator key): projects created, updated, suspended, rotated, deleted; the notices that refresh every front's directory, and the ending of the sockets a project change no longer allows |
 //! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
 //!
 //! ```no_run
@@ -79,6 +80,7 @@ pub mod keys;
 pub mod kv_presence;
 mod limits;
 mod listen;
+pub mod management;
 mod outbound;
 pub mod presence;
 mod private;
@@ -153,6 +155,8 @@ struct Feeds {
     resync: Subscription,
     roll_call: Subscription,
     beacons: Subscription,
+    /// Management notices: a project changed.
+    project_notices: Subscription,
 }
 
 impl Feeds {
@@ -163,6 +167,7 @@ impl Feeds {
             resync: bus.subscribe(SUBJECT_RESYNC).await?,
             roll_call: bus.subscribe(SUBJECT_ROLL_CALL).await?,
             beacons: bus.subscribe(walcast_bus::beacon::BEACON_ALL).await?,
+            project_notices: bus.subscribe(management::SUBJECT_PROJECTS_CHANGED).await?,
         })
     }
 }
@@ -322,6 +327,20 @@ impl Parts {
             cancel.clone(),
         ));
         t.spawn(self.projects.clone().refresh_loop(cancel.clone()));
+        t.spawn(management::notice_loop(
+            self.projects.clone(),
+            feeds.project_notices,
+            cancel.clone(),
+        ));
+        t.spawn(management::events_loop(
+            self.projects.clone(),
+            (
+                self.delivery.clone(),
+                self.connections.clone(),
+                self.sse.clone(),
+            ),
+            cancel.clone(),
+        ));
         t.spawn(sse::reaper(self.sse.clone(), cancel.clone()));
         self.into_front()
     }
@@ -336,6 +355,14 @@ impl Parts {
                 usage: self.usage.clone(),
             })
         });
+        let management = self.cfg.management_api_key.as_deref().map(|key| {
+            Arc::new(management::Management::new(
+                self.projects.clone(),
+                self.probe.bus.clone(),
+                key,
+                self.cfg.rotation_window,
+            ))
+        });
         let routes = http::Routes {
             sockets: Arc::new(Sockets {
                 services: self.services,
@@ -346,6 +373,7 @@ impl Parts {
             broadcasts: self.broadcasts,
             projects: self.projects.clone(),
             inspector,
+            management,
         };
         let inner = Inner {
             front_id: self.front_id,

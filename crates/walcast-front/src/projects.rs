@@ -10,6 +10,7 @@
 //! and concurrent misses share one refresh (the `directory` submodule).
 
 mod directory;
+mod status;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -23,6 +24,8 @@ use {std::time::Duration, tokio::time::Instant, walcast_bus::admin::AdminError};
 
 use directory::Directory;
 pub use directory::DirectoryConfig;
+use status::Status;
+pub use status::{ProjectEvent, PRIVATE_ONLY_MESSAGE, SUSPENDED_MESSAGE};
 
 use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 use crate::keys::ProjectKeys;
@@ -38,6 +41,8 @@ struct Inner {
     directory: Option<Directory>,
     /// The roles a token may act as (`ALLOWED_ROLES`).
     allowed_roles: RwLock<Arc<[String]>>,
+    /// Projects deleted, suspended or made private-only, as refreshes see them.
+    events: tokio::sync::broadcast::Sender<ProjectEvent>,
 }
 
 /// Default of [`Projects::set_allowed_roles`]: Supabase's API roles.
@@ -47,6 +52,17 @@ pub const DEFAULT_ALLOWED_ROLES: &[&str] = &["anon", "authenticated", "service_r
 struct Entry {
     schema: Arc<str>,
     keys: ProjectKeys,
+    status: Status,
+}
+
+impl Entry {
+    /// The keys valid now (a rotated secret's predecessor only within its window).
+    fn keys_now(&self) -> &ProjectKeys {
+        match &self.status.rotated {
+            Some((current, from_ms)) if status::now_ms() >= *from_ms => current,
+            _ => &self.keys,
+        }
+    }
 }
 
 /// The known projects, the default one always among them.
@@ -68,12 +84,20 @@ impl Table {
         self.read().get(id).cloned()
     }
 
-    /// Replace every project with `stored` and the default one; how many there are now.
-    fn replace(&self, mut stored: HashMap<String, Entry>) -> usize {
+    /// Replace every project with `stored` and the default one; how many there are now,
+    /// and what changed for the projects known before.
+    fn replace(&self, mut stored: HashMap<String, Entry>) -> (usize, Vec<ProjectEvent>) {
         stored.insert(DEFAULT_PROJECT.to_string(), self.default.clone());
         let n = stored.len();
-        *self.write() = stored;
-        n
+        let mut map = self.write();
+        let events = map
+            .iter()
+            .filter_map(|(id, old)| {
+                status::events(id, &old.status, stored.get(id).map(|e| &e.status))
+            })
+            .collect();
+        *map = stored;
+        (n, events)
     }
 }
 
@@ -98,6 +122,7 @@ impl Projects {
         let default = Entry {
             schema: Arc::from(DEFAULT_SCHEMA),
             keys: default_keys,
+            status: Status::default(),
         };
         let mut map = HashMap::new();
         map.insert(DEFAULT_PROJECT.to_string(), default.clone());
@@ -114,7 +139,27 @@ impl Projects {
                         .map(|r| r.to_string())
                         .collect(),
                 ),
+                events: tokio::sync::broadcast::channel(1024).0,
             }),
+        }
+    }
+
+    /// Projects deleted, suspended or made private-only, as the directory's refreshes
+    /// see them (the front ends their sockets).
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<ProjectEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Whether a known project refuses public channels.
+    pub fn private_only(&self, id: &str) -> bool {
+        self.entry(id).is_some_and(|e| e.status.private_only)
+    }
+
+    /// Refresh the directory now (a management notice: a project changed), at once
+    /// unless a refresh is running (then after it).
+    pub async fn refresh_now(&self) {
+        if let Some(dir) = &self.inner.directory {
+            let _ = dir.refresh(&self.inner.table, &self.inner.events).await;
         }
     }
 
@@ -166,6 +211,7 @@ impl Projects {
         let entry = Entry {
             schema: Arc::from(schema),
             keys: ProjectKeys::secret(secret),
+            status: Status::default(),
         };
         self.write().insert(id.into(), entry);
     }
@@ -208,7 +254,9 @@ impl Projects {
         let Some(dir) = &self.inner.directory else {
             return Err(AuthError::UnknownProject(id.to_string()));
         };
-        let refreshed = dir.refresh_after_miss(&self.inner.table).await;
+        let refreshed = dir
+            .refresh_after_miss(&self.inner.table, &self.inner.events)
+            .await;
         match (self.entry(id), refreshed) {
             (Some(e), _) => Ok(e),
             (None, Ok(())) => Err(AuthError::UnknownProject(id.to_string())),
@@ -220,7 +268,8 @@ impl Projects {
     /// do without a directory).
     pub async fn refresh_loop(self, cancel: CancellationToken) {
         if let Some(dir) = &self.inner.directory {
-            dir.refresh_loop(&self.inner.table, cancel).await;
+            dir.refresh_loop(&self.inner.table, &self.inner.events, cancel)
+                .await;
         }
     }
 
@@ -233,8 +282,12 @@ impl Projects {
             Some(_) => return Err(AuthError::Malformed("`ref` must be a string".into())),
         };
         let entry = self.resolve(&project).await?;
-        let v = verify_with(project, &entry.schema, &entry.keys, token)?;
+        let v = verify_with(project, &entry.schema, entry.keys_now(), token)?;
         self.check_role(&v)?;
+        if entry.status.suspended {
+            crate::telemetry::error("project_suspended");
+            return Err(AuthError::Suspended(v.project));
+        }
         Ok(v)
     }
 
@@ -298,6 +351,7 @@ mod tests {
                 jwt_secret: secret.into(),
                 jwt_secret_previous: None,
                 jwks: None,
+                ..ProjectRecord::default()
             });
         }
         fn requests(&self) -> usize {
@@ -346,6 +400,7 @@ mod tests {
             jwt_secret: "new".into(),
             jwt_secret_previous: Some("old".into()),
             jwks: Some(r#"{"keys":[{"kty":"oct","kid":"x","k":"c2VjcmV0"}]}"#.into()),
+            ..ProjectRecord::default()
         });
         let p = directory(&worker);
         for secret in ["new", "old"] {

@@ -89,6 +89,7 @@ impl From<AdminError> for ApiError {
             AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
             AdminErrorKind::UnknownTable => (StatusCode::NOT_FOUND, "unknown_table"),
             AdminErrorKind::NoPrimaryKey => (StatusCode::UNPROCESSABLE_ENTITY, "no_primary_key"),
+            AdminErrorKind::InvalidRequest => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
             AdminErrorKind::PartitionedTable => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "partitioned_table")
             }
@@ -124,6 +125,7 @@ async fn authorize(
                 m,
             ))
         }
+        Err(e @ AuthError::Suspended(_)) => return Err(ApiError::forbidden(e.to_string())),
         Err(e) => return Err(ApiError::unauthorized(e.to_string())),
     };
     if verified.project != project {

@@ -15,6 +15,7 @@ pub(crate) fn error_response(status: StatusCode, msg: &str) -> Response {
 pub(crate) fn auth_status(e: &AuthError) -> StatusCode {
     match e {
         AuthError::DirectoryUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        AuthError::Suspended(_) => StatusCode::FORBIDDEN,
         _ => StatusCode::UNAUTHORIZED,
     }
 }

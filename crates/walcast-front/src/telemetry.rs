@@ -59,6 +59,12 @@ pub const PROJECT_REFRESHES: &str = "walcast_front_project_refreshes_total";
 /// Counter: REST admin API errors, labels `status` and `error`.
 pub const API_ERRORS: &str = "walcast_front_admin_api_errors_total";
 
+/// Counter: management API requests, labels `op` and `status`.
+pub const MANAGEMENT_REQUESTS: &str = "walcast_front_management_requests_total";
+/// Counter: sockets ended because their project was deleted, suspended or made
+/// private-only.
+pub const PROJECT_SOCKETS_ENDED: &str = "walcast_front_project_sockets_ended_total";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
     describe_sockets();
@@ -151,6 +157,15 @@ fn describe_failures() {
         SLOW_CONSUMERS,
         "WebSocket connections closed (1013) or SSE streams ended because their outbound queue \
          (OUTBOUND_QUEUE) was full"
+    );
+    metrics::describe_counter!(
+        MANAGEMENT_REQUESTS,
+        "Management API requests, by op (create, list, get, update, delete, rotate) and status"
+    );
+    metrics::describe_counter!(
+        PROJECT_SOCKETS_ENDED,
+        "WebSocket connections ended (system message, then close) because their project was \
+         deleted, suspended or made private-only"
     );
     metrics::describe_counter!(
         API_ERRORS,

@@ -42,6 +42,15 @@ impl Topics {
         g.get(key).cloned().unwrap_or_default()
     }
 
+    /// The joined channels of a project (only its public ones if `public_only`).
+    pub(crate) fn of_project(&self, project: &str, public_only: bool) -> Vec<Arc<ChanOut>> {
+        let g = self.map.read().unwrap_or_else(|p| p.into_inner());
+        g.iter()
+            .filter(|(k, _)| k.project == project && !(public_only && k.private))
+            .flat_map(|(_, v)| v.iter().cloned())
+            .collect()
+    }
+
     /// Every joined channel, once each.
     pub(crate) fn all(&self) -> Vec<Arc<ChanOut>> {
         let g = self.map.read().unwrap_or_else(|p| p.into_inner());

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 use walcast_bus::admin::{
-    AdminError, AdminErrorKind, AdminHandler, AdminReply, AdminRequest, ProjectRecord, TableName,
+    AdminError, AdminErrorKind, AdminHandler, AdminReply, AdminRequest, TableName,
 };
 use walcast_bus::subs::BoxFuture;
 
@@ -96,7 +96,7 @@ impl Admin {
                 }
             }
         }
-        let Some(client) = guard.as_ref() else {
+        let Some(client) = guard.as_mut() else {
             return Err(AdminError::new(
                 AdminErrorKind::Unavailable,
                 "no database session",
@@ -214,23 +214,19 @@ async fn private_channel(
 }
 
 async fn run(
-    client: &Client,
+    client: &mut Client,
     roles: &RolePolicy,
     req: AdminRequest,
 ) -> Result<AdminReply, AdminError> {
+    if crate::manage::is_management(&req) {
+        return crate::manage::run(client, req).await;
+    }
     match req {
         AdminRequest::Projects => {
-            let projects = projects::list(client)
+            let projects = projects::list(&*client)
                 .await?
                 .into_iter()
-                .map(|p| ProjectRecord {
-                    id: p.id,
-                    name: p.name,
-                    schema: p.schema,
-                    jwt_secret: p.jwt_secret,
-                    jwt_secret_previous: p.jwt_secret_previous,
-                    jwks: p.jwks,
-                })
+                .map(crate::manage::record)
                 .collect();
             Ok(AdminReply::Projects { projects })
         }
@@ -244,7 +240,7 @@ async fn run(
         }
         AdminRequest::ListTables { project } => {
             schema_of(client, &project).await?;
-            let tables = tables::list(client, Some(&project))
+            let tables = tables::list(&*client, Some(&project))
                 .await?
                 .into_iter()
                 .map(|t| TableName {
@@ -254,6 +250,7 @@ async fn run(
                 .collect();
             Ok(AdminReply::Tables { tables })
         }
+        other => Err(internal(format!("not answered here: {other:?}"))),
     }
 }
 

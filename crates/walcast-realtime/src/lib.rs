@@ -24,6 +24,7 @@ pub mod catalog;
 pub mod config;
 pub mod delivery;
 pub mod error;
+pub mod manage;
 pub mod migrate;
 pub mod projects;
 pub mod roles;

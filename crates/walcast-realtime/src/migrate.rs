@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "catalog_log",
         include_str!("../../../sql/0015_catalog_log.sql"),
     ),
+    (
+        17,
+        "project_management",
+        include_str!("../../../sql/0017_project_management.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -26,19 +26,32 @@ pub struct Project {
     pub jwt_secret_previous: Option<String>,
     /// A JWKS (JSON text) verifying its users' public-key tokens by `kid`.
     pub jwks: Option<String>,
+    /// New sockets and joins refused, open ones ended.
+    pub suspended: bool,
+    /// Public channels refused.
+    pub private_only: bool,
+    /// The previous secret is accepted until then (Unix ms); `None`: without end.
+    pub jwt_secret_previous_until_ms: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectError {
     #[error("project name must not be empty")]
     EmptyName,
+    #[error("project name is longer than {MAX_NAME_CHARS} characters")]
+    LongName,
+    #[error("project name must not contain control characters")]
+    ControlInName,
+    #[error("realtime tables: {0}")]
+    Tables(String),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
 
 const COLUMNS: &str = "id, name, schema_name, jwt_secret,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-    jwt_secret_previous, jwks::text";
+    jwt_secret_previous, jwks::text, suspended, private_only,
+    (extract(epoch FROM jwt_secret_previous_until) * 1000)::bigint";
 
 fn from_row(r: &Row) -> Project {
     Project {
@@ -49,6 +62,9 @@ fn from_row(r: &Row) -> Project {
         created_at: r.get(4),
         jwt_secret_previous: r.get(5),
         jwks: r.get(6),
+        suspended: r.get(7),
+        private_only: r.get(8),
+        jwt_secret_previous_until_ms: r.get(9),
     }
 }
 
@@ -62,7 +78,8 @@ pub async fn set_keys<C: GenericClient>(
 ) -> Result<bool, ProjectError> {
     let n = client
         .execute(
-            "UPDATE walcast.projects SET jwt_secret_previous = $2, jwks = $3::text::jsonb
+            "UPDATE walcast.projects SET jwt_secret_previous = $2, jwks = $3::text::jsonb,
+                    jwt_secret_previous_until = NULL, updated_at = now()
               WHERE id = $1",
             &[&id, &previous, &jwks],
         )
@@ -73,10 +90,7 @@ pub async fn set_keys<C: GenericClient>(
 /// Create a project: a new uuid id, its schema `project_<uuid hex>` (usable by `anon`,
 /// `authenticated` and `service_role`) and a 64-hex-digit secret, all in one transaction.
 pub async fn create(client: &mut Client, name: &str) -> Result<Project, ProjectError> {
-    let name = name.trim();
-    if name.is_empty() {
-        return Err(ProjectError::EmptyName);
-    }
+    let name = check_name(name)?;
     let tx = client.transaction().await?;
     let row = tx
         .query_one(
@@ -137,4 +151,121 @@ pub async fn schema_of<C: GenericClient>(
         return Ok(Some(DEFAULT_SCHEMA.to_string()));
     }
     Ok(get(client, id).await?.map(|p| p.schema))
+}
+
+/// Longest project name accepted.
+pub const MAX_NAME_CHARS: usize = 200;
+
+/// A name trimmed, not empty, at most [`MAX_NAME_CHARS`] characters, none a control
+/// character (Postgres text cannot hold NUL; a name is shown to people).
+pub fn check_name(name: &str) -> Result<&str, ProjectError> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(ProjectError::EmptyName);
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err(ProjectError::LongName);
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ProjectError::ControlInName);
+    }
+    Ok(name)
+}
+
+/// What an update changes (`None`: left as it is).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProjectChanges {
+    pub name: Option<String>,
+    pub private_only: Option<bool>,
+    pub suspended: Option<bool>,
+}
+
+/// Change a project's name, private-only switch or suspension; `None`: no such project.
+pub async fn update<C: GenericClient>(
+    client: &C,
+    id: &str,
+    changes: &ProjectChanges,
+) -> Result<Option<Project>, ProjectError> {
+    let name = changes.name.as_deref().map(check_name).transpose()?;
+    let row = client
+        .query_opt(
+            &format!(
+                "UPDATE walcast.projects SET name = coalesce($2, name),
+                        private_only = coalesce($3, private_only),
+                        suspended = coalesce($4, suspended), updated_at = now()
+                  WHERE id = $1 RETURNING {COLUMNS}"
+            ),
+            &[&id, &name, &changes.private_only, &changes.suspended],
+        )
+        .await?;
+    Ok(row.as_ref().map(from_row))
+}
+
+/// A new secret for a project; the current one is still accepted for `window_secs`
+/// (0: refused at once). `None`: no such project.
+pub async fn rotate<C: GenericClient>(
+    client: &C,
+    id: &str,
+    window_secs: u64,
+) -> Result<Option<Project>, ProjectError> {
+    let window = i64::try_from(window_secs)
+        .unwrap_or(i64::MAX)
+        .min(MAX_WINDOW_SECS);
+    let row = client
+        .query_opt(
+            &format!(
+                "UPDATE walcast.projects
+                    SET jwt_secret_previous = CASE WHEN $2::bigint > 0 THEN jwt_secret END,
+                        jwt_secret_previous_until = CASE WHEN $2::bigint > 0
+                            THEN now() + make_interval(secs => $2::bigint) END,
+                        jwt_secret = replace(gen_random_uuid()::text, '-', '')
+                                  || replace(gen_random_uuid()::text, '-', ''),
+                        updated_at = now()
+                  WHERE id = $1 RETURNING {COLUMNS}"
+            ),
+            &[&id, &window],
+        )
+        .await?;
+    Ok(row.as_ref().map(from_row))
+}
+
+/// Longest rotation window: ten years.
+pub const MAX_WINDOW_SECS: i64 = 10 * 365 * 86_400;
+
+/// Delete a project in one transaction: realtime disabled on each of its tables (no
+/// longer streamed), then its row (its secrets: its keys and tokens are refused). Its
+/// schema and data are kept. `None`: no such project; else the tables it streamed.
+pub async fn delete(
+    client: &mut Client,
+    id: &str,
+) -> Result<Option<Vec<crate::catalog::tables::TableRef>>, ProjectError> {
+    use crate::catalog::tables;
+    let tx = client.transaction().await?;
+    let exists = tx
+        .query_opt(
+            "SELECT 1 FROM walcast.projects WHERE id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        return Ok(None);
+    }
+    let streamed = tables::list(&tx, Some(id)).await.map_err(table_error)?;
+    for t in &streamed {
+        tables::disable(&tx, id, &t.schema, &t.table)
+            .await
+            .map_err(table_error)?;
+    }
+    tx.execute("DELETE FROM walcast.projects WHERE id = $1", &[&id])
+        .await?;
+    tx.commit().await?;
+    Ok(Some(streamed))
+}
+
+fn table_error(e: crate::catalog::tables::RealtimeTablesError) -> ProjectError {
+    match e {
+        crate::catalog::tables::RealtimeTablesError::Db(d) => ProjectError::Db(d),
+        other => ProjectError::Tables(other.to_string()),
+    }
 }

@@ -1,11 +1,13 @@
-//! `walcast project create|list`: projects with their own schema, JWT secret and keys.
+//! `walcast project create|list|get|update|rotate|delete|keys`: projects with their own
+//! schema, JWT secret and keys.
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use walcast_realtime::projects;
+use walcast_bus::admin::{AdminReply, AdminRequest};
+use walcast_front::management;
+use walcast_realtime::{manage, projects};
 
-use crate::commands::{sign_key, KEY_LIFETIME_SECS};
 use crate::config::redact_url;
 
 #[derive(Args, Debug, Clone)]
@@ -25,9 +27,42 @@ pub enum ProjectAction {
         /// A name for people (not unique).
         #[arg(long)]
         name: String,
+        /// Refuse public channels.
+        #[arg(long)]
+        private_only: bool,
     },
     /// Print the projects as a JSON array (no secrets).
     List,
+    /// Print one project (no secrets).
+    Get {
+        /// The project id.
+        id: String,
+    },
+    /// Rename a project, switch private-only, suspend or resume it.
+    Update {
+        /// The project id.
+        id: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        private_only: Option<bool>,
+        #[arg(long)]
+        suspended: Option<bool>,
+    },
+    /// A new secret (printed with new keys); the current one stays valid for the window.
+    Rotate {
+        /// The project id.
+        id: String,
+        /// How long the current secret stays valid, in seconds (0: refused at once).
+        #[arg(long, env = "SECRET_ROTATION_WINDOW_SECS", default_value_t = walcast_front::config::DEFAULT_ROTATION_WINDOW_SECS)]
+        window_secs: u64,
+    },
+    /// Delete a project: realtime off on its tables, its keys refused (its schema and
+    /// data are kept).
+    Delete {
+        /// The project id.
+        id: String,
+    },
     /// Set a project's other verification keys: the previous secret (accepted during a
     /// rotation) and a JWKS for its users' RS/PS/ES/EdDSA tokens. Omitted ones are cleared.
     Keys {
@@ -44,49 +79,72 @@ pub enum ProjectAction {
 
 /// The two keys of a project: `(anon, service_role)`, valid ten years.
 pub fn project_keys(id: &str, secret: &str) -> anyhow::Result<(String, String)> {
-    let key = |role: &str| {
-        let mut claims = serde_json::Map::new();
-        claims.insert("role".into(), role.into());
-        claims.insert("ref".into(), id.into());
-        sign_key(secret, claims, KEY_LIFETIME_SECS)
-    };
-    Ok((key("anon")?, key("service_role")?))
+    Ok(management::mint_keys(id, secret)?)
 }
 
+/// The management request of an action (`None`: list and keys, answered apart).
+fn request(action: &ProjectAction) -> Option<AdminRequest> {
+    Some(match action.clone() {
+        ProjectAction::Create { name, private_only } => {
+            AdminRequest::ProjectCreate { name, private_only }
+        }
+        ProjectAction::Get { id } => AdminRequest::ProjectGet { id },
+        ProjectAction::Update {
+            id,
+            name,
+            private_only,
+            suspended,
+        } => AdminRequest::ProjectUpdate {
+            id,
+            name,
+            private_only,
+            suspended,
+        },
+        ProjectAction::Rotate { id, window_secs } => {
+            AdminRequest::ProjectRotate { id, window_secs }
+        }
+        ProjectAction::Delete { id } => AdminRequest::ProjectDelete { id },
+        ProjectAction::List | ProjectAction::Keys { .. } => return None,
+    })
+}
+
+/// `walcast project …`: the management API's operations, run by the same code
+/// ([`walcast_realtime::manage`]) on this process's own database session; the fronts
+/// see a change at their next directory refresh (30 s; the management API tells them
+/// at once).
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     crate::cdc_worker::migrate(&args.database_url).await?;
     let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+    if let Some(req) = request(&args.action) {
+        let with_secret = matches!(
+            req,
+            AdminRequest::ProjectCreate { .. } | AdminRequest::ProjectRotate { .. }
+        );
+        let out = match manage::run(&mut client, req).await? {
+            AdminReply::Project { project } if with_secret => management::created_view(&project)?,
+            AdminReply::Project { project } => management::project_view(&project),
+            AdminReply::ProjectDeleted { id, tables } => {
+                json!({"id": id, "deleted": true, "tables": tables})
+            }
+            other => anyhow::bail!("unexpected answer {other:?}"),
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
     match args.action {
-        ProjectAction::Create { name } => {
-            let p = projects::create(&mut client, &name)
-                .await
-                .context("creating the project")?;
-            let (anon, service) = project_keys(&p.id, &p.jwt_secret)?;
-            let out = json!({
-                "id": p.id,
-                "name": p.name,
-                "schema": p.schema,
-                "jwt_secret": p.jwt_secret,
-                "anon_key": anon,
-                "service_role_key": service,
-            });
-            println!("{}", serde_json::to_string_pretty(&out)?);
-        }
         ProjectAction::Keys {
             id,
             previous_secret,
             jwks,
         } => set_keys(&client, &id, previous_secret.as_deref(), jwks.as_deref()).await?,
-        ProjectAction::List => {
+        _ => {
             let list: Vec<serde_json::Value> = projects::list(&client)
                 .await
                 .context("listing the projects")?
                 .into_iter()
-                .map(|p| {
-                    json!({"id": p.id, "name": p.name, "schema": p.schema, "created_at": p.created_at})
-                })
+                .map(|p| management::project_view(&manage::record(p)))
                 .collect();
             println!("{}", serde_json::to_string_pretty(&list)?);
         }

@@ -64,18 +64,9 @@ pub fn create_project(stack: &Stack, name: &str) -> Project {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("project create prints JSON");
-    assert_eq!(
-        keys(&v),
-        set(&[
-            "id",
-            "name",
-            "schema",
-            "jwt_secret",
-            "anon_key",
-            "service_role_key"
-        ]),
-        "{v}"
-    );
+    let mut fields = set(VIEW_FIELDS);
+    fields.extend(set(&["jwt_secret", "anon_key", "service_role_key"]));
+    assert_eq!(keys(&v), fields, "{v}");
     let s = |k: &str| {
         v[k].as_str()
             .unwrap_or_else(|| panic!("{k}: {v}"))
@@ -107,6 +98,19 @@ pub fn create_project(stack: &Stack, name: &str) -> Project {
         service: s("service_role_key"),
     }
 }
+
+/// What `walcast project get|list` and the management API show of a project.
+pub const VIEW_FIELDS: &[&str] = &[
+    "id",
+    "name",
+    "schema",
+    "created_at",
+    "suspended",
+    "private_only",
+    "previous_secret",
+    "previous_secret_valid_until_ms",
+    "jwks",
+];
 
 pub fn realtime_path(project: &str, table: &str) -> String {
     format!("/v1/db/{project}/schema/tables/{table}/realtime")

@@ -49,6 +49,12 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, req: JoinRequest) {
         Ok(v) => v,
         Err(e) => return join_error(s, f, e.code(), &e.to_string()),
     };
+    if !req.config.private && s.services.projects.private_only(&s.project) {
+        telemetry::error("private_only");
+        let text = crate::projects::PRIVATE_ONLY_MESSAGE;
+        let text = text.split_once(": ").map_or(text, |(_, t)| t);
+        return join_error(s, f, "PrivateOnly", text);
+    }
     let exp = auth.exp().unwrap_or(i64::MAX);
     let claims = Value::Object(auth.claims);
     if req.config.private && !may_read(s, f, name, &claims).await {

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminError, ProjectRecord};
 
+use super::status::{ProjectEvent, Status};
 use super::{Entry, Table};
 use crate::auth::DEFAULT_PROJECT;
 use crate::keys::ProjectKeys;
@@ -58,7 +59,11 @@ impl Directory {
 
     /// Refresh `table` because a project was unknown at `now`: share a refresh that
     /// started since, else wait until `min_refresh` after the previous one and refresh.
-    pub(super) async fn refresh_after_miss(&self, table: &Table) -> Result<(), AdminError> {
+    pub(super) async fn refresh_after_miss(
+        &self,
+        table: &Table,
+        events: &Events,
+    ) -> Result<(), AdminError> {
         let missed_at = Instant::now();
         let mut last = self.last.lock().await;
         if let Some((started, result)) = last.as_ref() {
@@ -68,13 +73,22 @@ impl Directory {
             tokio::time::sleep_until(*started + self.cfg.min_refresh).await;
         }
         let started = Instant::now();
-        let result = self.fetch(table).await;
+        let result = self.fetch(table, events).await;
+        *last = Some((started, result.clone()));
+        result
+    }
+
+    /// Refresh now (after the one running, if any).
+    pub(super) async fn refresh(&self, table: &Table, events: &Events) -> Result<(), AdminError> {
+        let mut last = self.last.lock().await;
+        let started = Instant::now();
+        let result = self.fetch(table, events).await;
         *last = Some((started, result.clone()));
         result
     }
 
     /// Replace every project of `table` but the default one with the worker's list.
-    async fn fetch(&self, table: &Table) -> Result<(), AdminError> {
+    async fn fetch(&self, table: &Table, events: &Events) -> Result<(), AdminError> {
         metrics::counter!(crate::telemetry::PROJECT_REFRESHES).increment(1);
         let list = match self.admin.projects(self.cfg.timeout).await {
             Ok(l) => l,
@@ -91,17 +105,27 @@ impl Directory {
                 let entry = Entry {
                     schema: Arc::from(p.schema.as_str()),
                     keys: record_keys(&p),
+                    status: record_status(&p),
                 };
                 (p.id, entry)
             })
             .collect();
-        let projects = table.replace(map);
+        let (projects, changed) = table.replace(map);
         tracing::debug!(projects, "project directory refreshed");
+        for e in changed {
+            tracing::info!(event = ?e, "project changed: its sockets end");
+            let _ = events.send(e);
+        }
         Ok(())
     }
 
     /// Load the projects into `table` now and every `refresh_every` until `cancel` fires.
-    pub(super) async fn refresh_loop(&self, table: &Table, cancel: CancellationToken) {
+    pub(super) async fn refresh_loop(
+        &self,
+        table: &Table,
+        events: &Events,
+        cancel: CancellationToken,
+    ) {
         let mut tick = tokio::time::interval(self.cfg.refresh_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -111,9 +135,29 @@ impl Directory {
             }
             let mut last = self.last.lock().await;
             let started = Instant::now();
-            let result = self.fetch(table).await;
+            let result = self.fetch(table, events).await;
             *last = Some((started, result));
         }
+    }
+}
+
+/// Where a refresh tells what changed.
+pub(super) type Events = tokio::sync::broadcast::Sender<ProjectEvent>;
+
+/// A stored project's switches; after a rotation, its keys without the previous secret
+/// from the window's end.
+fn record_status(p: &ProjectRecord) -> Status {
+    let rotated = p.jwt_secret_previous_until_ms.map(|until| {
+        let current = ProjectRecord {
+            jwt_secret_previous: None,
+            ..p.clone()
+        };
+        (record_keys(&current), until)
+    });
+    Status {
+        suspended: p.suspended,
+        private_only: p.private_only,
+        rotated,
     }
 }
 

@@ -109,6 +109,24 @@ impl SseHub {
     }
 }
 
+impl SseHub {
+    /// End every stream of a project (deleted or suspended): a `system` error event,
+    /// then the end. New streams are refused by the key check. How many ended.
+    pub(crate) fn end_project(&self, project: &str, message: &str) -> usize {
+        let chans: Vec<Arc<SseChannel>> = self
+            .streams
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.project == project)
+            .map(|(_, c)| c.clone())
+            .collect();
+        for c in &chans {
+            c.end(message);
+        }
+        chans.len()
+    }
+}
+
 #[derive(Deserialize, Default)]
 pub(crate) struct SseParams {
     channel: Option<String>,

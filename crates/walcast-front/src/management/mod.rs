@@ -1,0 +1,383 @@
+//! The management API: projects created, read, listed, updated (name, private-only,
+//! suspended), deleted, and their secret rotated, by the platform's operator.
+//!
+//! It is served by every front (the fronts are the HTTP side of walcast; they have no
+//! database, so the cdc-worker does the work through admin requests,
+//! [`walcast_realtime::manage`] — the code `walcast project …` runs too). After a change,
+//! the front publishes [`SUBJECT_PROJECTS_CHANGED`]: every front refreshes its project
+//! directory at once, and ends the sockets a deleted, suspended or now private-only
+//! project may no longer keep (see `ending`).
+//!
+//! Authenticated by the operator key (`MANAGEMENT_API_KEY`, `Authorization: Bearer`),
+//! compared in constant time; no project key (anon, service_role, user JWT) is ever
+//! accepted. Without the key the routes are not served. A project's secret is returned
+//! only by create and rotate. The routes and answers are in `docs/management-api.yaml`.
+
+mod ending;
+mod view;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use walcast_bus::admin::{AdminClient, AdminError, AdminErrorKind, AdminRequest};
+use walcast_bus::Bus;
+
+pub(crate) use ending::{events_loop, notice_loop};
+pub use view::{created_view, mint_keys, project_view, KEY_LIFETIME_SECS};
+pub use walcast_bus::admin::SUBJECT_PROJECTS_CHANGED;
+
+use crate::projects::Projects;
+use crate::telemetry;
+
+/// How long a request waits for the cdc-worker.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the management routes need.
+pub(crate) struct Management {
+    pub projects: Projects,
+    pub bus: Bus,
+    /// SHA-256 of the operator key.
+    pub key_digest: [u8; 32],
+    /// How long a rotated secret stays valid by default.
+    pub rotation_window: Duration,
+}
+
+impl Management {
+    pub(crate) fn new(projects: Projects, bus: Bus, key: &str, window: Duration) -> Management {
+        Management {
+            projects,
+            bus,
+            key_digest: Sha256::digest(key.as_bytes()).into(),
+            rotation_window: window,
+        }
+    }
+}
+
+/// The routes (see `docs/management-api.yaml`).
+pub(crate) fn routes(m: Arc<Management>) -> Router {
+    Router::new()
+        .route(PROJECTS, post(create).get(list))
+        .route(PROJECT, get(get_one).patch(update).delete(delete))
+        .route(ROTATE, post(rotate))
+        .with_state(m)
+}
+
+/// Paths of the routes (checked against the OpenAPI file by a test).
+pub const PROJECTS: &str = "/management/v1/projects";
+pub const PROJECT: &str = "/management/v1/projects/{id}";
+pub const ROTATE: &str = "/management/v1/projects/{id}/rotate";
+
+/// Every operation: its id in the OpenAPI file, and the statuses it answers with
+/// (checked against the file by a test).
+pub const RESPONSES: &[(&str, &[u16])] = &[
+    ("create", &[201, 401, 403, 422, 500, 503]),
+    ("list", &[200, 401, 403, 500, 503]),
+    ("get", &[200, 400, 401, 403, 404, 500, 503]),
+    ("update", &[200, 400, 401, 403, 404, 422, 500, 503]),
+    ("delete", &[200, 400, 401, 403, 404, 500, 503]),
+    ("rotate", &[200, 400, 401, 403, 404, 422, 500, 503]),
+];
+
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    error: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            error,
+            message: message.into(),
+        }
+    }
+
+    fn invalid_body(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", message)
+    }
+
+    fn respond(self, op: &'static str) -> Response {
+        metrics::counter!(telemetry::MANAGEMENT_REQUESTS, "op" => op, "status" => self.status.as_u16().to_string())
+            .increment(1);
+        if self.status.is_server_error() {
+            tracing::warn!(op, status = self.status.as_u16(), error = self.error, message = %self.message, "management request failed");
+        } else {
+            tracing::info!(op, status = self.status.as_u16(), error = self.error, message = %self.message, "management request refused");
+        }
+        let body = json!({ "error": self.error, "message": self.message });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> ApiError {
+        let (status, error) = match e.kind {
+            AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
+            AdminErrorKind::InvalidRequest => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
+            AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, error, e.message)
+    }
+}
+
+/// The operator key, compared in constant time (digests of equal length); a project's
+/// key (a JWT) is refused with 403, anything else with 401.
+fn authorize(m: &Management, headers: &HeaderMap) -> Result<AdminClient, ApiError> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let Some(presented) = presented.filter(|k| !k.is_empty()) else {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the operator key is required (Authorization: Bearer <MANAGEMENT_API_KEY>)",
+        ));
+    };
+    let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+    let diff = digest
+        .iter()
+        .zip(m.key_digest.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    if std::hint::black_box(diff) != 0 {
+        if crate::auth::peek_claims(presented).is_ok() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "a project's key or token cannot use the management API: use the operator key",
+            ));
+        }
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "wrong operator key",
+        ));
+    }
+    m.projects.admin().cloned().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "this front has no cdc-worker to ask",
+        )
+    })
+}
+
+/// A project id from the path: 1 to 64 letters, digits, `-` or `_`, not `default` (the
+/// default project is configured by `JWT_SECRET`, not managed).
+fn check_id(id: &str) -> Result<(), ApiError> {
+    let ok = (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !ok {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            "a project id is 1 to 64 letters, digits, '-' or '_'",
+        ));
+    }
+    if id == crate::auth::DEFAULT_PROJECT {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            "the default project is configured by JWT_SECRET, not managed here",
+        ));
+    }
+    Ok(())
+}
+
+/// A JSON object body (empty = `{}`).
+fn body_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Default::default());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::invalid_body("the body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid_body(format!("the body is not JSON: {e}"))),
+    }
+}
+
+/// An optional field of a type; any other field is refused (a typo must not be ignored).
+fn fields(o: &serde_json::Map<String, Value>, allowed: &[&str]) -> Result<(), ApiError> {
+    match o.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::invalid_body(format!(
+            "unknown field {k:?} (allowed: {})",
+            allowed.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn opt_bool(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid_body(format!(
+            "{k:?} must be true or false"
+        ))),
+    }
+}
+
+fn opt_str(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<String>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid_body(format!("{k:?} must be a string"))),
+    }
+}
+
+/// Tell every front a project changed (they refresh their directory at once), and
+/// refresh this one's before answering (its next request sees the change).
+async fn announce(m: &Management, id: &str) {
+    let r = m
+        .bus
+        .publish(
+            SUBJECT_PROJECTS_CHANGED.to_string(),
+            &[],
+            Bytes::from(id.to_string()),
+        )
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(error = %e, project = id, "cannot announce the project change: fronts see it at their next refresh");
+    }
+    m.projects.refresh_now().await;
+}
+
+fn answer(op: &'static str, status: StatusCode, r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => {
+            metrics::counter!(telemetry::MANAGEMENT_REQUESTS, "op" => op, "status" => status.as_u16().to_string())
+                .increment(1);
+            (status, Json(v)).into_response()
+        }
+        Err(e) => e.respond(op),
+    }
+}
+
+type St = State<Arc<Management>>;
+
+/// `POST /management/v1/projects` `{"name", "private_only"?}`: 201, with its secret and keys.
+async fn create(State(m): St, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        let admin = authorize(&m, &headers)?;
+        let o = body_object(&body)?;
+        fields(&o, &["name", "private_only"])?;
+        let name =
+            opt_str(&o, "name")?.ok_or_else(|| ApiError::invalid_body("\"name\" is required"))?;
+        let private_only = opt_bool(&o, "private_only")?.unwrap_or(false);
+        let req = AdminRequest::ProjectCreate { name, private_only };
+        let p = admin.project(req, WORKER_TIMEOUT).await?;
+        announce(&m, &p.id).await;
+        tracing::info!(project = %p.id, "project created through the management API");
+        created_view(&p).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    }
+    .await;
+    answer("create", StatusCode::CREATED, r)
+}
+
+/// `GET /management/v1/projects`: every stored project, no secrets.
+async fn list(State(m): St, headers: HeaderMap) -> Response {
+    let r = async {
+        let admin = authorize(&m, &headers)?;
+        let list = admin.projects(WORKER_TIMEOUT).await?;
+        Ok(Value::Array(list.iter().map(project_view).collect()))
+    }
+    .await;
+    answer("list", StatusCode::OK, r)
+}
+
+/// `GET /management/v1/projects/{id}`.
+async fn get_one(State(m): St, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let r = async {
+        let admin = authorize(&m, &headers)?;
+        check_id(&id)?;
+        let p = admin
+            .project(AdminRequest::ProjectGet { id }, WORKER_TIMEOUT)
+            .await?;
+        Ok(project_view(&p))
+    }
+    .await;
+    answer("get", StatusCode::OK, r)
+}
+
+/// `PATCH /management/v1/projects/{id}` `{"name"?, "private_only"?, "suspended"?}`.
+async fn update(State(m): St, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        let admin = authorize(&m, &headers)?;
+        check_id(&id)?;
+        let o = body_object(&body)?;
+        fields(&o, &["name", "private_only", "suspended"])?;
+        let req = AdminRequest::ProjectUpdate {
+            id: id.clone(),
+            name: opt_str(&o, "name")?,
+            private_only: opt_bool(&o, "private_only")?,
+            suspended: opt_bool(&o, "suspended")?,
+        };
+        let p = admin.project(req, WORKER_TIMEOUT).await?;
+        announce(&m, &id).await;
+        Ok(project_view(&p))
+    }
+    .await;
+    answer("update", StatusCode::OK, r)
+}
+
+/// `DELETE /management/v1/projects/{id}`.
+async fn delete(State(m): St, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let r = async {
+        let admin = authorize(&m, &headers)?;
+        check_id(&id)?;
+        let tables = admin.delete_project(&id, WORKER_TIMEOUT).await?;
+        announce(&m, &id).await;
+        Ok(json!({"id": id, "deleted": true, "tables": tables}))
+    }
+    .await;
+    answer("delete", StatusCode::OK, r)
+}
+
+/// `POST /management/v1/projects/{id}/rotate` `{"previous_valid_secs"?}`.
+async fn rotate(State(m): St, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = async {
+        let admin = authorize(&m, &headers)?;
+        check_id(&id)?;
+        let o = body_object(&body)?;
+        fields(&o, &["previous_valid_secs"])?;
+        let window_secs = match o.get("previous_valid_secs") {
+            None | Some(Value::Null) => m.rotation_window.as_secs(),
+            Some(v) => v.as_u64().ok_or_else(|| {
+                ApiError::invalid_body("\"previous_valid_secs\" must be a whole number of seconds")
+            })?,
+        };
+        let req = AdminRequest::ProjectRotate {
+            id: id.clone(),
+            window_secs,
+        };
+        let p = admin.project(req, WORKER_TIMEOUT).await?;
+        announce(&m, &id).await;
+        created_view(&p).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })
+    }
+    .await;
+    answer("rotate", StatusCode::OK, r)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+//! The management operations on projects (create, get, update, rotate, delete), as admin
+//! requests ([`walcast_bus::admin::AdminRequest`]). One implementation: the cdc-worker
+//! answers the fronts' management API with it, and `walcast project …` calls it directly
+//! on its own database session.
+
+use tokio_postgres::Client;
+use walcast_bus::admin::{
+    AdminError, AdminErrorKind, AdminReply, AdminRequest, ProjectRecord, TableName,
+};
+
+use crate::projects::{self, Project, ProjectChanges, ProjectError};
+
+/// The wire form of a stored project (with its secrets: the bus is trusted).
+pub fn record(p: Project) -> ProjectRecord {
+    ProjectRecord {
+        id: p.id,
+        name: p.name,
+        schema: p.schema,
+        jwt_secret: p.jwt_secret,
+        jwt_secret_previous: p.jwt_secret_previous,
+        jwks: p.jwks,
+        created_at: p.created_at,
+        suspended: p.suspended,
+        private_only: p.private_only,
+        jwt_secret_previous_until_ms: p.jwt_secret_previous_until_ms,
+    }
+}
+
+fn unknown(id: &str) -> AdminError {
+    AdminError::new(
+        AdminErrorKind::UnknownProject,
+        format!("project {id:?} does not exist"),
+    )
+}
+
+fn refused(e: ProjectError) -> AdminError {
+    match e {
+        ProjectError::EmptyName | ProjectError::LongName | ProjectError::ControlInName => {
+            AdminError::new(AdminErrorKind::InvalidRequest, e.to_string())
+        }
+        other => AdminError::new(AdminErrorKind::Internal, other.to_string()),
+    }
+}
+
+fn found(id: &str, p: Option<Project>) -> Result<AdminReply, AdminError> {
+    let project = record(p.ok_or_else(|| unknown(id))?);
+    Ok(AdminReply::Project { project })
+}
+
+/// Whether `req` is a management request ([`run`] answers it).
+pub fn is_management(req: &AdminRequest) -> bool {
+    matches!(
+        req,
+        AdminRequest::ProjectCreate { .. }
+            | AdminRequest::ProjectGet { .. }
+            | AdminRequest::ProjectUpdate { .. }
+            | AdminRequest::ProjectRotate { .. }
+            | AdminRequest::ProjectDelete { .. }
+    )
+}
+
+/// Answer a management request (the default project is not stored: it is never found).
+pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
+    match req {
+        AdminRequest::ProjectCreate { name, private_only } => {
+            let p = projects::create(client, &name).await.map_err(refused)?;
+            tracing::info!(project = %p.id, "project created");
+            let p = match private_only {
+                false => Some(p),
+                true => {
+                    let changes = ProjectChanges {
+                        private_only: Some(true),
+                        ..ProjectChanges::default()
+                    };
+                    projects::update(client, &p.id, &changes)
+                        .await
+                        .map_err(refused)?
+                }
+            };
+            found("(new)", p)
+        }
+        AdminRequest::ProjectGet { id } => {
+            found(&id, projects::get(client, &id).await.map_err(refused)?)
+        }
+        AdminRequest::ProjectUpdate {
+            id,
+            name,
+            private_only,
+            suspended,
+        } => {
+            let changes = ProjectChanges {
+                name,
+                private_only,
+                suspended,
+            };
+            let p = projects::update(client, &id, &changes)
+                .await
+                .map_err(refused)?;
+            tracing::info!(project = %id, ?changes, found = p.is_some(), "project updated");
+            found(&id, p)
+        }
+        AdminRequest::ProjectRotate { id, window_secs } => {
+            let p = projects::rotate(client, &id, window_secs)
+                .await
+                .map_err(refused)?;
+            tracing::info!(project = %id, window_secs, found = p.is_some(), "project secret rotated");
+            found(&id, p)
+        }
+        AdminRequest::ProjectDelete { id } => delete(client, id).await,
+        other => Err(AdminError::new(
+            AdminErrorKind::Internal,
+            format!("not a management request: {other:?}"),
+        )),
+    }
+}
+
+async fn delete(client: &mut Client, id: String) -> Result<AdminReply, AdminError> {
+    let streamed = projects::delete(client, &id)
+        .await
+        .map_err(refused)?
+        .ok_or_else(|| unknown(&id))?;
+    let tables: Vec<TableName> = streamed
+        .into_iter()
+        .map(|t| TableName {
+            schema: t.schema,
+            table: t.table,
+        })
+        .collect();
+    tracing::info!(project = %id, tables = tables.len(), "project deleted");
+    Ok(AdminReply::ProjectDeleted { id, tables })
+}
