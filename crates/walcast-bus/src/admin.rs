@@ -74,8 +74,39 @@ pub const CONCURRENT_READS: usize = 16;
 pub struct StoredBroadcast {
     pub id: String,
     pub event: String,
-    /// JSON text of the payload (with its `id`).
+    /// JSON text of the payload (with its `id`); `null` for a binary message.
     pub payload: String,
+    /// The bytes of a binary message (`realtime.send_binary`), base64 in the reply.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "base64_bytes"
+    )]
+    pub binary: Option<Vec<u8>>,
+}
+
+/// `Option<Vec<u8>>` as a standard base64 string (absent or `null`: `None`).
+mod base64_bytes {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_str(&STANDARD.encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        STANDARD
+            .decode(text.as_bytes())
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// A stored project, as the worker tells the fronts.
@@ -428,5 +459,34 @@ mod tests {
         });
         let text = serde_json::to_string(&ok).unwrap();
         assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), ok);
+    }
+
+    #[test]
+    fn replayed_bytes_cross_as_base64_exactly() {
+        let all: Vec<u8> = (0..=255).collect();
+        let msg = |binary| StoredBroadcast {
+            id: "i".into(),
+            event: "e".into(),
+            payload: "null".into(),
+            binary,
+        };
+        for bytes in [Some(all), Some(Vec::new()), None] {
+            let m = msg(bytes);
+            let text = serde_json::to_string(&m).unwrap();
+            assert_eq!(serde_json::from_str::<StoredBroadcast>(&text).unwrap(), m);
+        }
+        let text = serde_json::to_string(&msg(Some(vec![0xde, 0xad, 0, 0xff]))).unwrap();
+        assert_eq!(
+            text,
+            r#"{"id":"i","event":"e","payload":"null","binary":"3q0A/w=="}"#
+        );
+        // A JSON message of an older worker: no `binary`.
+        let old = r#"{"id":"i","event":"e","payload":"{}"}"#;
+        assert_eq!(
+            serde_json::from_str::<StoredBroadcast>(old).unwrap().binary,
+            None
+        );
+        let bad = r#"{"id":"i","event":"e","payload":"null","binary":"%%"}"#;
+        assert!(serde_json::from_str::<StoredBroadcast>(bad).is_err());
     }
 }

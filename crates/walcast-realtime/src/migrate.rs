@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "catalog_log",
         include_str!("../../../sql/0015_catalog_log.sql"),
     ),
+    (
+        16,
+        "send_binary",
+        include_str!("../../../sql/0016_send_binary.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.
