@@ -11,7 +11,7 @@
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import pg from 'pg'
-import { startStack, client, collector, subscribed, subscribeTracked, until, uniq } from './lib/harness.js'
+import { startEnv, startProcess, startStack, client, collector, subscribed, subscribeTracked, until, uniq } from './lib/harness.js'
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
 /** Every byte value, then bytes that would mean something as text: JSON, a newline, NUL. */
@@ -276,3 +276,58 @@ for (const source of ['stream', 'poll']) {
     })
   })
 }
+
+// cdc-worker → NATS → ws-front: a replay travels in one NATS reply, and binary messages
+// can make it larger than nats-server's max_payload. The join is not left waiting for a
+// reply NATS refused: it gets the oldest messages that fit, in order, at once.
+describe('a replay larger than one NATS message', () => {
+  const MAX_PAYLOAD = 65536
+  let env, worker, front
+  before(async () => {
+    env = await startEnv({ natsMaxPayload: MAX_PAYLOAD })
+    worker = await startProcess(env, 'cdc-worker', [], { NATS_URL: env.nats_url })
+    front = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
+    await env.db.query(`
+      CREATE POLICY bin_read ON realtime.messages FOR SELECT TO anon
+        USING (realtime.topic() LIKE 'bin-ok:%')`)
+  })
+  after(async () => {
+    await front?.stop()
+    await worker?.stop()
+    await env?.stop()
+  })
+
+  test('the join gets the oldest that fit, byte-exact, without waiting', async () => {
+    const topic = uniq('bin-ok:big-replay')
+    const { rows } = await env.db.query('SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 - 5 AS ms')
+    const since = Number(rows[0].ms)
+    // 20,000 bytes each, 26,668 in base64: two fit in 64 KiB, five do not.
+    const parts = [1, 2, 3, 4, 5].map((n) => Buffer.alloc(20000, n))
+    for (const p of parts) {
+      await env.db.query("SELECT realtime.send_binary($1::bytea, 'stored', $2, true)", [p, topic])
+    }
+    const rt = client(front)
+    const got = collector('big replay')
+    try {
+      const ch = rt.channel(topic, { config: { private: true, broadcast: { replay: { since, limit: 25 } } } })
+      ch.on('broadcast', { event: 'stored' }, got)
+      const started = Date.now()
+      assert.equal((await subscribeTracked(ch).first).status, 'SUBSCRIBED')
+      const joinMs = Date.now() - started
+      assert.ok(joinMs < 2000, `joined in ${joinMs} ms`)
+      await got.wait(2)
+      await new Promise((r) => setTimeout(r, 300))
+      assert.equal(got.items.length, 2, 'the oldest two fit')
+      got.items.forEach((m, i) => {
+        assert.ok(bytesOf(m).equals(parts[i]), `message ${i + 1} exactly`)
+        assert.equal(m.meta?.replayed, true)
+      })
+      // And live after it, through the same NATS.
+      await env.db.query("SELECT realtime.send_binary('\\x0a0b'::bytea, 'stored', $1, true)", [topic])
+      await got.wait(3)
+      assert.ok(bytesOf(got.items[2]).equals(Buffer.from([10, 11])))
+    } finally {
+      rt.disconnect()
+    }
+  })
+})

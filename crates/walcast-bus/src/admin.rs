@@ -419,8 +419,48 @@ async fn respond(handler: &dyn AdminHandler, req: AdminRequest) -> Response {
     }
 }
 
-async fn answer(client: &async_nats::Client, reply_to: async_nats::Subject, response: Response) {
+async fn answer(
+    client: &async_nats::Client,
+    reply_to: async_nats::Subject,
+    mut response: Response,
+) {
+    let max = match client.server_info().max_payload {
+        0 => 1024 * 1024,
+        n => n,
+    };
+    let left_out = fit_replay(&mut response, max.saturating_sub(REPLY_OVERHEAD));
+    if left_out > 0 {
+        tracing::warn!(
+            left_out,
+            max_payload = max,
+            "a broadcast replay did not fit one NATS message: its newest messages were left out"
+        );
+    }
     crate::nats::reply_json(client, reply_to, &response, "admin").await
+}
+
+/// Room left in a reply for its subject and headers.
+const REPLY_OVERHEAD: usize = 1024;
+
+/// Bring a replay's reply within `max` bytes of JSON: its oldest messages that fit, in
+/// order, the newer ones left out (a reply NATS refuses would leave the join waiting for
+/// nothing until its timeout). How many were left out.
+fn fit_replay(response: &mut Response, max: usize) -> usize {
+    let Response::Ok(AdminReply::Replayed { messages }) = response else {
+        return 0;
+    };
+    // `{"ok":{"reply":"replayed","messages":[…]}}` and a comma per message.
+    let mut total = 64;
+    let keep = messages
+        .iter()
+        .take_while(|m| {
+            total += serde_json::to_vec(m).map_or(usize::MAX / 2, |v| v.len()) + 1;
+            total <= max
+        })
+        .count();
+    let left_out = messages.len() - keep;
+    messages.truncate(keep);
+    left_out
 }
 
 #[cfg(test)]
@@ -459,6 +499,37 @@ mod tests {
         });
         let text = serde_json::to_string(&ok).unwrap();
         assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), ok);
+    }
+
+    #[test]
+    fn a_replay_is_cut_to_fit_one_message() {
+        let msg = |n: usize| StoredBroadcast {
+            id: n.to_string(),
+            event: "e".into(),
+            payload: "null".into(),
+            binary: Some(vec![n as u8; 3000]),
+        };
+        let replay = |n| {
+            Response::Ok(AdminReply::Replayed {
+                messages: (0..n).map(msg).collect(),
+            })
+        };
+        let mut r = replay(25);
+        assert_eq!(fit_replay(&mut r, 10_000), 23, "two of ~4 KB each fit");
+        let text = serde_json::to_vec(&r).unwrap();
+        assert!(text.len() <= 10_000, "{}", text.len());
+        let Response::Ok(AdminReply::Replayed { messages }) = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+            ["0", "1"]
+        );
+        let mut all = replay(25);
+        assert_eq!(fit_replay(&mut all, 1 << 20), 0);
+        assert_eq!(all, replay(25));
+        let mut other = Response::Ok(AdminReply::Authorized { allowed: true });
+        assert_eq!(fit_replay(&mut other, 0), 0);
     }
 
     #[test]
