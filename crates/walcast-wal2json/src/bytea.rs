@@ -33,7 +33,7 @@ fn hex_digit(c: u8) -> Result<u8, ByteaError> {
 }
 
 fn decode_hex(hex: &[u8]) -> Result<Vec<u8>, ByteaError> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(ByteaError::OddHex);
     }
     hex.chunks_exact(2)
