@@ -28,20 +28,28 @@ $$;
 
 -- Broadcast the bytes `payload` as `event` on `topic` once the calling transaction
 -- commits. A failure (a policy refusing the insert, a NULL payload) is a WARNING and does
--- not fail the caller, as with realtime.send.
-CREATE OR REPLACE FUNCTION realtime.send_binary(payload bytea, event text, topic text, private boolean DEFAULT true)
-RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
+-- not fail the caller, as with realtime.send. Created where missing: a database that has
+-- Supabase's own (same signature, same behaviour) keeps it.
+DO $$
 BEGIN
+    IF to_regprocedure('realtime.send_binary(bytea, text, text, boolean)') IS NOT NULL THEN
+        RETURN;
+    END IF;
+    CREATE FUNCTION realtime.send_binary(payload bytea, event text, topic text, private boolean DEFAULT true)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $fn$
     BEGIN
-        IF payload IS NULL THEN
-            RAISE EXCEPTION 'the payload of realtime.send_binary is NULL';
-        END IF;
-        PERFORM set_config('realtime.topic', topic, true);
-        INSERT INTO realtime.messages (binary_payload, event, topic, private, extension)
-        VALUES (send_binary.payload, send_binary.event, send_binary.topic, send_binary.private, 'broadcast');
-    EXCEPTION WHEN OTHERS THEN
-        RAISE WARNING 'ErrorSendingBroadcastMessage: %', SQLERRM;
-    END;
+        BEGIN
+            IF payload IS NULL THEN
+                RAISE EXCEPTION 'the payload of realtime.send_binary is NULL';
+            END IF;
+            PERFORM set_config('realtime.topic', topic, true);
+            INSERT INTO realtime.messages (binary_payload, event, topic, private, extension)
+            VALUES (send_binary.payload, send_binary.event, send_binary.topic, send_binary.private, 'broadcast');
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'ErrorSendingBroadcastMessage: %', SQLERRM;
+        END;
+    END
+    $fn$;
 END
 $$;

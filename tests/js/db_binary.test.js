@@ -58,6 +58,8 @@ describe('realtime.send_binary', () => {
       await db.query("SELECT realtime.send_binary($1::bytea, 'bin', $2, false)", [ALL, topic])
       await db.query("SELECT realtime.send_binary(''::bytea, 'bin', $1, false)", [topic])
       await db.query(`SELECT realtime.send_binary($1::bytea, 'bin', $2, false)`, [DEADBEEF, topic])
+      // No bytes: a warning, nothing sent (it would arrive before the JSON one).
+      await db.query("SELECT realtime.send_binary(NULL, 'bin', $1, false)", [topic])
       await db.query(`SELECT realtime.send('{"after": true}', 'json', $1, false)`, [topic])
       await got2.wait(4)
       assert.deepEqual(got2.items.map((m) => m.event), ['bin', 'bin', 'bin', 'json'])
