@@ -6,6 +6,7 @@
 mod support;
 
 mod crash;
+mod db_binary;
 mod drain;
 mod fenced_consumers;
 mod front_gaps;

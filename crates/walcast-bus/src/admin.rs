@@ -107,8 +107,39 @@ pub const CONCURRENT_READS: usize = 16;
 pub struct StoredBroadcast {
     pub id: String,
     pub event: String,
-    /// JSON text of the payload (with its `id`).
+    /// JSON text of the payload (with its `id`); `null` for a binary message.
     pub payload: String,
+    /// The bytes of a binary message (`realtime.send_binary`), base64 in the reply.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "base64_bytes"
+    )]
+    pub binary: Option<Vec<u8>>,
+}
+
+/// `Option<Vec<u8>>` as a standard base64 string (absent or `null`: `None`).
+mod base64_bytes {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_str(&STANDARD.encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        STANDARD
+            .decode(text.as_bytes())
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// A stored project, as the worker tells the fronts.
@@ -471,8 +502,48 @@ async fn respond(handler: &dyn AdminHandler, req: AdminRequest) -> Response {
     }
 }
 
-async fn answer(client: &async_nats::Client, reply_to: async_nats::Subject, response: Response) {
+async fn answer(
+    client: &async_nats::Client,
+    reply_to: async_nats::Subject,
+    mut response: Response,
+) {
+    let max = match client.server_info().max_payload {
+        0 => 1024 * 1024,
+        n => n,
+    };
+    let left_out = fit_replay(&mut response, max.saturating_sub(REPLY_OVERHEAD));
+    if left_out > 0 {
+        tracing::warn!(
+            left_out,
+            max_payload = max,
+            "a broadcast replay did not fit one NATS message: its newest messages were left out"
+        );
+    }
     crate::nats::reply_json(client, reply_to, &response, "admin").await
+}
+
+/// Room left in a reply for its subject and headers.
+const REPLY_OVERHEAD: usize = 1024;
+
+/// Bring a replay's reply within `max` bytes of JSON: its oldest messages that fit, in
+/// order, the newer ones left out (a reply NATS refuses would leave the join waiting for
+/// nothing until its timeout). How many were left out.
+fn fit_replay(response: &mut Response, max: usize) -> usize {
+    let Response::Ok(AdminReply::Replayed { messages }) = response else {
+        return 0;
+    };
+    // `{"ok":{"reply":"replayed","messages":[…]}}` and a comma per message.
+    let mut total = 64;
+    let keep = messages
+        .iter()
+        .take_while(|m| {
+            total += serde_json::to_vec(m).map_or(usize::MAX / 2, |v| v.len()) + 1;
+            total <= max
+        })
+        .count();
+    let left_out = messages.len() - keep;
+    messages.truncate(keep);
+    left_out
 }
 
 #[cfg(test)]
@@ -511,5 +582,65 @@ mod tests {
         });
         let text = serde_json::to_string(&ok).unwrap();
         assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), ok);
+    }
+
+    #[test]
+    fn a_replay_is_cut_to_fit_one_message() {
+        let msg = |n: usize| StoredBroadcast {
+            id: n.to_string(),
+            event: "e".into(),
+            payload: "null".into(),
+            binary: Some(vec![n as u8; 3000]),
+        };
+        let replay = |n| {
+            Response::Ok(AdminReply::Replayed {
+                messages: (0..n).map(msg).collect(),
+            })
+        };
+        let mut r = replay(25);
+        assert_eq!(fit_replay(&mut r, 10_000), 23, "two of ~4 KB each fit");
+        let text = serde_json::to_vec(&r).unwrap();
+        assert!(text.len() <= 10_000, "{}", text.len());
+        let Response::Ok(AdminReply::Replayed { messages }) = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+            ["0", "1"]
+        );
+        let mut all = replay(25);
+        assert_eq!(fit_replay(&mut all, 1 << 20), 0);
+        assert_eq!(all, replay(25));
+        let mut other = Response::Ok(AdminReply::Authorized { allowed: true });
+        assert_eq!(fit_replay(&mut other, 0), 0);
+    }
+
+    #[test]
+    fn replayed_bytes_cross_as_base64_exactly() {
+        let all: Vec<u8> = (0..=255).collect();
+        let msg = |binary| StoredBroadcast {
+            id: "i".into(),
+            event: "e".into(),
+            payload: "null".into(),
+            binary,
+        };
+        for bytes in [Some(all), Some(Vec::new()), None] {
+            let m = msg(bytes);
+            let text = serde_json::to_string(&m).unwrap();
+            assert_eq!(serde_json::from_str::<StoredBroadcast>(&text).unwrap(), m);
+        }
+        let text = serde_json::to_string(&msg(Some(vec![0xde, 0xad, 0, 0xff]))).unwrap();
+        assert_eq!(
+            text,
+            r#"{"id":"i","event":"e","payload":"null","binary":"3q0A/w=="}"#
+        );
+        // A JSON message of an older worker: no `binary`.
+        let old = r#"{"id":"i","event":"e","payload":"{}"}"#;
+        assert_eq!(
+            serde_json::from_str::<StoredBroadcast>(old).unwrap().binary,
+            None
+        );
+        let bad = r#"{"id":"i","event":"e","payload":"null","binary":"%%"}"#;
+        assert!(serde_json::from_str::<StoredBroadcast>(bad).is_err());
     }
 }

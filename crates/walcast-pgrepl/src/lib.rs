@@ -62,6 +62,10 @@ pub use stream::ReplicationStream;
 
 use conn::{Backend, Conn};
 
+/// Added to every replication session's `options`: logical decoding writes `bytea`
+/// values through the session's `bytea_output`, and wal2json expects `hex`.
+pub const BYTEA_HEX: &str = "-c bytea_output=hex";
+
 /// The answer to `IDENTIFY_SYSTEM`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SystemInfo {
@@ -91,7 +95,8 @@ impl ReplicationClient {
         Self::connect_with(&config, &tls).await
     }
 
-    /// Like [`connect`](Self::connect), from an already parsed configuration.
+    /// Like [`connect`](Self::connect), from an already parsed configuration. The
+    /// session's `bytea_output` is always `hex` (see [`BYTEA_HEX`]).
     pub async fn connect_with(
         config: &tokio_postgres::Config,
         tls: &walcast_pgtls::TlsSettings,
@@ -116,9 +121,14 @@ impl ReplicationClient {
             "application_name",
             config.get_application_name().unwrap_or("walcast"),
         ));
-        if let Some(options) = config.get_options() {
-            params.push(("options", options));
-        }
+        // wal2json writes a bytea as its text output less the first two characters,
+        // which are `\x` only under `bytea_output = hex`: pinned here, so a database or
+        // role set to `escape` cannot make it cut real data.
+        let options = match config.get_options() {
+            Some(o) => format!("{o} {BYTEA_HEX}"),
+            None => BYTEA_HEX.to_string(),
+        };
+        params.push(("options", &options));
         let session = auth::startup(&mut conn, &params, user, config.get_password()).await?;
         Ok(ReplicationClient {
             conn,

@@ -217,6 +217,9 @@ async fn read(
 ) -> Result<(), PipelineError> {
     match cfg.source {
         SourceKind::Poll => {
+            // As the stream's sessions (walcast_pgrepl::BYTEA_HEX): wal2json cuts the
+            // `\x` of a bytea's hex output, whatever the output is.
+            client.batch_execute("SET bytea_output = hex").await?;
             let mut poller = source::Poller::new(&cfg.read, client, confirmed);
             driver.run(&mut poller, cancel).await
         }

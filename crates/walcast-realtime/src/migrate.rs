@@ -67,6 +67,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../sql/0015_catalog_log.sql"),
     ),
     (
+        16,
+        "send_binary",
+        include_str!("../../../sql/0016_send_binary.sql"),
+    ),
+    (
         17,
         "project_management",
         include_str!("../../../sql/0017_project_management.sql"),

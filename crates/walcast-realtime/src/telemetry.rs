@@ -3,7 +3,8 @@
 
 /// Counter: changes delivered without their large values, with `Error 413`.
 pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
-/// Counter: broadcasts from the database (`realtime.send`) published to the fronts.
+/// Counter: broadcasts from the database published to the fronts (label `payload`:
+/// `json` for `realtime.send`, `binary` for `realtime.send_binary`).
 pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
 /// Counter: changes whose audience was split over several messages to fit the bus.
 pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
@@ -219,7 +220,7 @@ fn describe_publishing() {
 fn describe_pipeline() {
     metrics::describe_counter!(
         DB_BROADCASTS,
-        "Broadcasts from the database (realtime.send, realtime.broadcast_changes) published to the fronts"
+        "Broadcasts from the database published to the fronts (label payload: json for realtime.send and realtime.broadcast_changes, binary for realtime.send_binary)"
     );
     metrics::describe_counter!(
         CHANGES_DECODED,

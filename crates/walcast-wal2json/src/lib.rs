@@ -44,6 +44,7 @@
 //! ```
 
 mod add_tables;
+mod bytea;
 mod change;
 mod cow_str;
 mod decode;
@@ -52,6 +53,7 @@ mod decode;
 mod decode_tests;
 
 pub use add_tables::{add_tables_and_schemas, add_tables_option};
+pub use bytea::{decode_bytea, ByteaError};
 pub use change::{Action, Change, Column, Message, PkColumn, RowChange, Truncate, TxnMarker};
 pub use decode::{decode, decode_bytes, DecodeError};
 pub use serde_json::value::RawValue;

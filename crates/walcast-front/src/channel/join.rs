@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::Value;
+use walcast_bus::admin::StoredBroadcast;
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::server;
 use walcast_protocol::{
     channel_name, BroadcastBody, Frame, JoinRequest, PgChangeBinding, RawValue, Replay,
-    UserBroadcast,
+    UserBroadcast, Vsn,
 };
 
 use super::{subscribed_message, Channel, Session};
@@ -226,17 +227,28 @@ async fn replayed(s: &Session, key: &TopicKey, replay: Replay) -> (Vec<Out>, Has
     let ids = messages.iter().map(|m| m.id.clone()).collect();
     let frames = messages
         .into_iter()
-        .filter_map(|m| {
-            let meta = serde_json::json!({ "id": m.id, "replayed": true }).to_string();
-            let b = UserBroadcast {
-                event: m.event,
-                meta: RawValue::from_string(meta).ok(),
-                body: BroadcastBody::Json(RawValue::from_string(m.payload).ok()?),
-            };
-            s.out(&server::broadcast(&key.topic, b))
-        })
+        .filter_map(|m| replayed_frame(s, &key.topic, m))
         .collect();
     (frames, ids)
+}
+
+/// One replayed broadcast for this socket. A binary one (`realtime.send_binary`) goes as
+/// kind 4 with the binary payload encoding; a socket of vsn 1.0.0 cannot carry bytes and
+/// is sent nothing for it, as Supabase does (its id is still replayed: the live copy
+/// would not reach it either).
+fn replayed_frame(s: &Session, topic: &str, m: StoredBroadcast) -> Option<Out> {
+    let body = match m.binary {
+        Some(_) if s.vsn == Vsn::V1 => return None,
+        Some(bytes) => BroadcastBody::Binary(bytes.into()),
+        None => BroadcastBody::Json(RawValue::from_string(m.payload).ok()?),
+    };
+    let meta = serde_json::json!({ "id": m.id, "replayed": true }).to_string();
+    let b = UserBroadcast {
+        event: m.event,
+        meta: RawValue::from_string(meta).ok(),
+        body,
+    };
+    s.out(&server::broadcast(topic, b))
 }
 
 /// The socket's channel limit and the channel's binding limit.

@@ -169,7 +169,7 @@ pub fn replay_bounds(since_ms: i64, limit: u32) -> (i64, i64) {
 
 /// The broadcasts stored for private channel `topic` of `project` since `since_ms` (Unix
 /// ms), oldest first, at most `limit`; each payload with its `id`, as they were
-/// delivered.
+/// delivered, and a binary message's bytes (`realtime.send_binary`) as they were sent.
 ///
 /// `inserted_at` is a `timestamp` (as Supabase's): `now()` in the inserting session's
 /// time zone. `since` is turned into the same wall-clock time in this session's zone,
@@ -185,7 +185,8 @@ pub async fn stored(
         .query(
             "SELECT id::text, coalesce(event, ''),
                     CASE WHEN jsonb_typeof(payload) = 'object'
-                         THEN jsonb_build_object('id', id) || payload ELSE payload END::text
+                         THEN jsonb_build_object('id', id) || payload ELSE payload END::text,
+                    binary_payload
              FROM realtime.messages
              WHERE project = $1 AND topic = $2 AND extension = 'broadcast' AND private
                AND inserted_at >= to_timestamp($3::float8 / 1000)::timestamp
@@ -203,6 +204,7 @@ pub async fn stored(
             payload: r
                 .get::<_, Option<String>>(2)
                 .unwrap_or_else(|| "null".into()),
+            binary: r.get(3),
         })
         .collect())
 }

@@ -8,6 +8,12 @@
 //! the database from the writer's `walcast.project`, see sql/0014_project_messages.sql),
 //! and only that project's channels receive it.
 //!
+//! A row of `realtime.send_binary` (sql/0016_send_binary.sql) has its bytes in
+//! `binary_payload`: wal2json writes them as hex (the decoding sessions pin
+//! `bytea_output = hex`), read back byte for byte ([`walcast_wal2json::decode_bytea`]), and the bus envelope carries them raw with
+//! `binary: true` (no `id` added: bytes have no field to add it to; `meta.id` has it). A
+//! row whose bytes cannot be read is skipped as `undecodable`.
+//!
 //! A broadcast larger than `MAX_RECORD_BYTES` or than one bus message can carry is
 //! skipped (logged, counted in `walcast_cdc_changes_skipped_total{reason=
 //! "payload_too_large"}`, shown on `/health`): it never stalls the pipeline.
@@ -47,6 +53,8 @@ pub const REALTIME_SCHEMA: &str = "realtime";
 pub struct DbMessage {
     pub subject: String,
     pub payload: Bytes,
+    /// From `realtime.send_binary` (`binary_payload`).
+    pub binary: bool,
 }
 
 /// Why a broadcast cannot be published: `Some(text)` when `payload` is over
@@ -72,34 +80,65 @@ fn value(columns: &[Column<'_>], name: &str) -> Option<Value> {
     serde_json::from_str(raw.get()).ok()
 }
 
-/// The broadcast of an inserted `realtime.messages` row (`None`: not a broadcast row).
-pub fn message(columns: &[Column<'_>]) -> Option<DbMessage> {
-    if value(columns, "extension")?.as_str()? != "broadcast" {
-        return None;
+/// Why a `realtime.messages` row that is a broadcast cannot become one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Undecodable {
+    #[error("binary_payload: {0}")]
+    Bytes(#[from] walcast_wal2json::ByteaError),
+    #[error("binary_payload is not a bytea")]
+    NotText,
+}
+
+/// The body of a row and whether it is binary: `binary_payload`'s bytes as they are
+/// (`realtime.send_binary`; taken first, as Supabase does), else `payload` with the
+/// row's `id` added.
+fn body(columns: &[Column<'_>], id: &str) -> Result<(bool, Vec<u8>), Undecodable> {
+    if let Some(col) = columns.iter().find(|c| c.name == "binary_payload") {
+        if !col.is_null() {
+            // wal2json's hex less its `\x`, which `text()` puts back (a bytea column).
+            let quoted = col.value.is_some_and(|v| v.get().starts_with('"'));
+            let text = col.text().filter(|_| quoted).ok_or(Undecodable::NotText)?;
+            return Ok((true, walcast_wal2json::decode_bytea(&text)?));
+        }
     }
-    let topic = value(columns, "topic")?.as_str()?.to_string();
-    let event = value(columns, "event").and_then(|e| e.as_str().map(String::from));
-    let id = value(columns, "id")?.as_str()?.to_string();
+    // jsonb arrives as its text in a JSON string.
+    let mut body = match value(columns, "payload") {
+        Some(Value::String(text)) => serde_json::from_str(&text).unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    if let Value::Object(m) = &mut body {
+        m.entry("id").or_insert_with(|| Value::from(id));
+    }
+    Ok((false, body.to_string().into_bytes()))
+}
+
+/// The broadcast of an inserted `realtime.messages` row (`Ok(None)`: not a broadcast row).
+pub fn message(columns: &[Column<'_>]) -> Result<Option<DbMessage>, Undecodable> {
+    if value(columns, "extension").as_ref().and_then(Value::as_str) != Some("broadcast") {
+        return Ok(None);
+    }
+    let text = |name| value(columns, name).and_then(|v| v.as_str().map(String::from));
+    let (Some(topic), Some(id)) = (text("topic"), text("id")) else {
+        return Ok(None);
+    };
+    let event = text("event");
     let private = value(columns, "private")
         .and_then(|p| p.as_bool())
         .unwrap_or(false);
     // Without the column (a table that predates sql/0014), the default project's.
     let project = match value(columns, "project") {
         None | Some(Value::Null) => DEFAULT_PROJECT.to_string(),
-        Some(p) => p.as_str()?.to_string(),
+        Some(Value::String(p)) => p,
+        Some(_) => return Ok(None),
     };
-    // jsonb arrives as its text in a JSON string.
-    let mut body = match value(columns, "payload") {
-        Some(Value::String(text)) => serde_json::from_str(&text).ok()?,
-        _ => Value::Null,
+    let (binary, body) = body(columns, &id)?;
+    let meta = serde_json::json!({ "id": id }).to_string();
+    let Ok(meta) = RawValue::from_string(meta) else {
+        return Ok(None);
     };
-    if let Value::Object(m) = &mut body {
-        m.entry("id").or_insert_with(|| Value::from(id.clone()));
-    }
-    let meta = RawValue::from_string(serde_json::json!({ "id": id }).to_string()).ok()?;
     let env = Envelope {
         event: event.unwrap_or_default().into(),
-        binary: false,
+        binary,
         meta: Some(&meta),
     };
     let target = BroadcastTarget {
@@ -107,11 +146,11 @@ pub fn message(columns: &[Column<'_>]) -> Option<DbMessage> {
         private,
         name: topic,
     };
-    let payload = encode_envelope(&env, body.to_string().as_bytes())?;
-    Some(DbMessage {
+    Ok(encode_envelope(&env, &body).map(|payload| DbMessage {
         subject: target.subject(),
         payload,
-    })
+        binary,
+    }))
 }
 
 /// The consumer (see the module docs).
@@ -157,7 +196,8 @@ impl DbBroadcast {
                 }
                 other => other?,
             }
-            metrics::counter!(telemetry::DB_BROADCASTS).increment(1);
+            let kind = if m.binary { "binary" } else { "json" };
+            metrics::counter!(telemetry::DB_BROADCASTS, "payload" => kind).increment(1);
             self.unconfirmed = true;
         }
         Ok(())
@@ -190,10 +230,18 @@ impl Consumer for DbBroadcast {
         Box::pin(async move {
             match item {
                 Item::Begin(_) => self.txn.clear(),
-                Item::Change(_, Change::Insert(row))
+                Item::Change(txn, Change::Insert(row))
                     if row.schema == REALTIME_SCHEMA && row.table.starts_with("messages") =>
                 {
-                    self.txn.extend(message(&row.columns));
+                    match message(&row.columns) {
+                        Ok(m) => self.txn.extend(m),
+                        Err(e) => self.health.report_skip(
+                            SKIPPED_AS,
+                            Some(txn.commit_lsn),
+                            "undecodable",
+                            &format!("database broadcast: {e}"),
+                        ),
+                    }
                 }
                 Item::Change(..) => {}
                 Item::Commit(txn) => self.publish(txn.commit_lsn).await?,
@@ -222,38 +270,86 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_send_becomes_a_broadcast_with_its_id() {
-        let vals: Vec<(&str, Box<RawValue>)> = [
-            ("topic", r#""room:1""#),
-            ("extension", r#""broadcast""#),
-            ("payload", r#""{\"a\": 1}""#),
-            ("event", r#""ev""#),
-            ("private", "true"),
-            ("id", r#""u-1""#),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k, RawValue::from_string(v.into()).unwrap()))
-        .collect();
-        let cols: Vec<Column<'_>> = vals
+    /// Raw JSON values by column name (`binary_payload` typed `bytea`, OID 17).
+    fn raw(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, Box<RawValue>)> {
+        pairs
             .iter()
+            .map(|&(k, v)| (k, RawValue::from_string(v.into()).unwrap()))
+            .collect()
+    }
+
+    fn columns<'a>(vals: &'a [(&'static str, Box<RawValue>)]) -> Vec<Column<'a>> {
+        vals.iter()
             .map(|(k, v)| Column {
                 name: Cow::Borrowed(k),
-                type_name: Cow::Borrowed(""),
-                type_oid: None,
+                type_name: Cow::Borrowed(if *k == "binary_payload" { "bytea" } else { "" }),
+                type_oid: (*k == "binary_payload").then_some(17),
                 value: Some(v),
             })
-            .collect();
-        let m = message(&cols).unwrap();
+            .collect()
+    }
+
+    const ROW: [(&str, &str); 5] = [
+        ("topic", r#""room:1""#),
+        ("extension", r#""broadcast""#),
+        ("event", r#""ev""#),
+        ("private", "true"),
+        ("id", r#""u-1""#),
+    ];
+
+    #[test]
+    fn a_send_becomes_a_broadcast_with_its_id() {
+        let mut pairs = ROW.to_vec();
+        pairs.extend([("payload", r#""{\"a\": 1}""#), ("binary_payload", "null")]);
+        let vals = raw(&pairs);
+        let m = message(&columns(&vals)).unwrap().unwrap();
         let target = BroadcastTarget {
             project: "default".into(),
             private: true,
             name: "room:1".into(),
         };
         assert_eq!(BroadcastTarget::parse(&m.subject), Some(target));
+        assert!(!m.binary);
         let (env, body) = walcast_bus::broadcast::decode_envelope(&m.payload).unwrap();
-        assert_eq!(env.event, "ev");
+        assert_eq!((env.event.as_ref(), env.binary), ("ev", false));
         assert_eq!(env.meta.map(RawValue::get), Some(r#"{"id":"u-1"}"#));
         assert_eq!(&body[..], br#"{"a":1,"id":"u-1"}"#);
+    }
+
+    #[test]
+    fn a_send_binary_carries_its_bytes_as_they_are() {
+        // wal2json writes the hex without its `\x`; bytes that look like JSON, a
+        // newline (the envelope's separator) and NUL stay bytes.
+        let mut pairs = ROW.to_vec();
+        pairs.extend([("payload", "null"), ("binary_payload", r#""7b7d0a00ff""#)]);
+        let vals = raw(&pairs);
+        let m = message(&columns(&vals)).unwrap().unwrap();
+        assert!(m.binary);
+        let (env, body) = walcast_bus::broadcast::decode_envelope(&m.payload).unwrap();
+        assert_eq!((env.event.as_ref(), env.binary), ("ev", true));
+        assert_eq!(env.meta.map(RawValue::get), Some(r#"{"id":"u-1"}"#));
+        assert_eq!(&body[..], b"{}\n\x00\xff");
+        let mut empty = ROW.to_vec();
+        empty.push(("binary_payload", r#""""#));
+        let vals = raw(&empty);
+        let m = message(&columns(&vals)).unwrap().unwrap();
+        let (_, body) = walcast_bus::broadcast::decode_envelope(&m.payload).unwrap();
+        assert!(m.binary && body.is_empty());
+    }
+
+    #[test]
+    fn unreadable_bytes_are_an_error_not_a_guess() {
+        for bad in [r#""abc""#, r#""zz""#, "12"] {
+            let mut pairs = ROW.to_vec();
+            pairs.push(("binary_payload", bad));
+            let vals = raw(&pairs);
+            assert!(message(&columns(&vals)).is_err(), "{bad}");
+        }
+        // Not a broadcast row: nothing, whatever its bytes.
+        let vals = raw(&[
+            ("extension", r#""presence""#),
+            ("binary_payload", r#""zz""#),
+        ]);
+        assert_eq!(message(&columns(&vals)), Ok(None));
     }
 }
