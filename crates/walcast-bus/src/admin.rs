@@ -63,6 +63,9 @@ pub enum AdminRequest {
         name: String,
         #[serde(default)]
         private_only: bool,
+        /// Its connected-users limit (absent: the fronts' default).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_concurrent_users: Option<u32>,
     },
     /// One stored project.
     ProjectGet { id: String },
@@ -75,6 +78,14 @@ pub enum AdminRequest {
         private_only: Option<bool>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         suspended: Option<bool>,
+        /// Absent: unchanged; `null` (`Some(None)`): back to the fronts' default;
+        /// a number: the project's connected-users limit.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "present"
+        )]
+        max_concurrent_users: Option<Option<u32>>,
     },
     /// A new secret; the current one still accepted for `window_secs`.
     ProjectRotate { id: String, window_secs: u64 },
@@ -96,6 +107,20 @@ impl AdminRequest {
                 | AdminRequest::ProjectDelete { .. }
         )
     }
+}
+
+/// The largest per-project connected-users limit (`walcast.projects.max_concurrent_users`
+/// is an `integer`).
+pub const MAX_USERS_LIMIT: u64 = i32::MAX as u64;
+
+/// A field that is present, `null` included (`Some(None)`); absent is `None` (by
+/// `#[serde(default)]`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// Read-only admin requests (channel checks, replays, lists) answered at once by a
@@ -169,6 +194,9 @@ pub struct ProjectRecord {
     /// The previous secret is accepted until then (Unix ms); absent: without end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt_secret_previous_until_ms: Option<i64>,
+    /// Its connected-users limit; absent: the fronts' default (`PROJECT_MAX_USERS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_users: Option<u32>,
 }
 
 /// A table of a project.
@@ -582,6 +610,46 @@ mod tests {
         });
         let text = serde_json::to_string(&ok).unwrap();
         assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), ok);
+    }
+
+    #[test]
+    fn a_limit_is_absent_null_or_a_number_on_the_wire() {
+        let upd = |max| AdminRequest::ProjectUpdate {
+            id: "p".into(),
+            name: None,
+            private_only: None,
+            suspended: None,
+            max_concurrent_users: max,
+        };
+        for (max, text) in [
+            (None, r#"{"op":"project_update","id":"p"}"#),
+            (
+                Some(None),
+                r#"{"op":"project_update","id":"p","max_concurrent_users":null}"#,
+            ),
+            (
+                Some(Some(7)),
+                r#"{"op":"project_update","id":"p","max_concurrent_users":7}"#,
+            ),
+        ] {
+            assert_eq!(serde_json::to_string(&upd(max)).unwrap(), text);
+            assert_eq!(
+                serde_json::from_str::<AdminRequest>(text).unwrap(),
+                upd(max)
+            );
+        }
+        let negative = r#"{"op":"project_update","id":"p","max_concurrent_users":-1}"#;
+        assert!(serde_json::from_str::<AdminRequest>(negative).is_err());
+        // An older worker's record has no limit: the default.
+        let old = r#"{"id":"p","name":"n","schema":"s","jwt_secret":"x"}"#;
+        let rec: ProjectRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(rec.max_concurrent_users, None);
+        let rec = ProjectRecord {
+            max_concurrent_users: Some(0),
+            ..rec
+        };
+        let text = serde_json::to_string(&rec).unwrap();
+        assert_eq!(serde_json::from_str::<ProjectRecord>(&text).unwrap(), rec);
     }
 
     #[test]

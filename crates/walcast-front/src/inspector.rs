@@ -103,7 +103,7 @@ struct HealthView {
 struct ProjectView {
     /// Connected users on every front (this one's count plus the others' beacons).
     users: u64,
-    /// The connected-users limit.
+    /// The project's connected-users limit (its own, else the default).
     max_users: u64,
     /// This front's counters.
     here: ProjectUsage,
@@ -153,7 +153,7 @@ fn project_views(usage: &Usage, project: &str) -> BTreeMap<String, ProjectView> 
             let users = here.users + usage.remote_users(&p);
             let view = ProjectView {
                 users,
-                max_users: usage.max_users(),
+                max_users: usage.max_users(&p),
                 here,
             };
             (p, view)

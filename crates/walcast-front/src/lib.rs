@@ -205,9 +205,11 @@ impl Parts {
         let delivery = Arc::new(Delivery::new(&front_id));
         let connections = Arc::new(Connections::new(cfg.max_connections));
         let heard = Arc::new(Heard::default());
+        let own_limits = projects.clone();
         let usage = Arc::new(Usage::new(
             front_id.clone(),
             cfg.project_max_users,
+            Arc::new(move |p: &str| own_limits.max_users(p)),
             heard.clone(),
         ));
         let (registrar, background) = Registrar::new(
@@ -360,7 +362,7 @@ impl Parts {
                 self.projects.clone(),
                 self.probe.bus.clone(),
                 key,
-                self.cfg.rotation_window,
+                (self.cfg.rotation_window, self.cfg.project_max_users),
             ))
         });
         let routes = http::Routes {

@@ -150,6 +150,11 @@ impl Projects {
         self.inner.events.subscribe()
     }
 
+    /// A known project's own connected-users limit (`None`: unknown, or the default).
+    pub fn max_users(&self, id: &str) -> Option<u64> {
+        self.read().get(id).and_then(|e| e.status.max_users)
+    }
+
     /// Whether a known project refuses public channels.
     pub fn private_only(&self, id: &str) -> bool {
         self.entry(id).is_some_and(|e| e.status.private_only)

@@ -13,6 +13,12 @@
 //! project plus those the other fronts announced in their beacons (at most
 //! [`REMOTE_FRESH`] old) reach the limit. Eventually consistent: fronts that admit users
 //! within the same second may overshoot by what each admitted in that second.
+//!
+//! The limit is the project's own (`max_concurrent_users`, set through the management
+//! API; the [`Limits`] lookup reads it from the project directory) or else this front's
+//! default (`PROJECT_MAX_USERS`). A new limit holds from the directory's next refresh
+//! (at once after a management API change). Lowering it below the users connected now
+//! ends no socket and leaves no channel: only new users are refused until enough leave.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,20 +71,31 @@ impl TooManyUsers {
     pub const CODE: &'static str = "ConnectionRateLimitReached";
 }
 
+/// A project's own connected-users limit, if it has one (the project directory's).
+pub type Limits = Arc<dyn Fn(&str) -> Option<u64> + Send + Sync>;
+
 /// This front's per-project usage.
 pub struct Usage {
     front_id: String,
+    /// The default connected-users limit of a project.
     max_users: u64,
+    limits: Limits,
     heard: Arc<Heard>,
     started: Instant,
     projects: RwLock<HashMap<String, Arc<ProjectCounts>>>,
 }
 
 impl Usage {
-    pub(crate) fn new(front_id: String, max_users: u64, heard: Arc<Heard>) -> Usage {
+    pub(crate) fn new(
+        front_id: String,
+        max_users: u64,
+        limits: Limits,
+        heard: Arc<Heard>,
+    ) -> Usage {
         Usage {
             front_id,
             max_users,
+            limits,
             heard,
             started: Instant::now(),
             projects: RwLock::default(),
@@ -98,9 +115,14 @@ impl Usage {
         self.projects.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The limit of connected users per project.
-    pub fn max_users(&self) -> u64 {
+    /// The default limit of connected users per project.
+    pub fn default_max_users(&self) -> u64 {
         self.max_users
+    }
+
+    /// `project`'s limit of connected users: its own, else the default.
+    pub fn max_users(&self, project: &str) -> u64 {
+        (self.limits)(project).unwrap_or(self.max_users)
     }
 
     /// `project`'s connected users on the other fronts, as last announced.
@@ -114,15 +136,16 @@ impl Usage {
         let counts = self.of(project);
         let local = counts.users.fetch_add(1, Ordering::AcqRel);
         let users = local + self.remote_users(project);
-        if users >= self.max_users {
+        let limit = self.max_users(project);
+        if users >= limit {
             counts.users.fetch_sub(1, Ordering::AcqRel);
             counts.refused.fetch_add(1, Ordering::Relaxed);
             telemetry::limit("project_users");
-            self.log_refusal(project, &counts, users);
+            self.log_refusal(project, &counts, users, limit);
             return Err(TooManyUsers {
                 project: project.to_string(),
                 users,
-                limit: self.max_users,
+                limit,
             });
         }
         Ok(UserSlot { counts })
@@ -133,7 +156,7 @@ impl Usage {
         self.of(project).refused.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn log_refusal(&self, project: &str, counts: &ProjectCounts, users: u64) {
+    fn log_refusal(&self, project: &str, counts: &ProjectCounts, users: u64, limit: u64) {
         let now = self.started.elapsed().as_millis() as u64 + 1;
         let last = counts.logged_at.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < LOG_EVERY_MS {
@@ -147,7 +170,7 @@ impl Usage {
             tracing::warn!(
                 project,
                 users,
-                limit = self.max_users,
+                limit,
                 "project at its connected-users limit: joins refused (ConnectionRateLimitReached)"
             );
         }
@@ -297,7 +320,12 @@ mod tests {
     use super::*;
 
     fn usage(max: u64) -> Usage {
-        Usage::new("me".into(), max, Arc::new(Heard::default()))
+        Usage::new(
+            "me".into(),
+            max,
+            Arc::new(|_| None),
+            Arc::new(Heard::default()),
+        )
     }
 
     #[test]
@@ -311,6 +339,38 @@ mod tests {
         drop(a);
         assert!(u.admit("p").is_ok(), "a released slot is taken again");
         assert_eq!(u.snapshot()["p"].refused, 1);
+    }
+
+    #[test]
+    fn a_project_s_own_limit_replaces_the_default() {
+        let own: Arc<RwLock<HashMap<String, u64>>> = Arc::default();
+        let lookup = own.clone();
+        let limits: Limits = Arc::new(move |p| lookup.read().unwrap().get(p).copied());
+        let u = Usage::new("me".into(), 3, limits, Arc::new(Heard::default()));
+        own.write().unwrap().insert("small".into(), 1);
+        own.write().unwrap().insert("closed".into(), 0);
+        assert_eq!((u.max_users("small"), u.max_users("other")), (1, 3));
+        let first = u.admit("small").expect("the first of one");
+        let e = u.admit("small").expect_err("the second refused");
+        assert_eq!((e.users, e.limit), (1, 1));
+        assert_eq!(u.admit("closed").expect_err("zero: nobody").limit, 0);
+        let others: Vec<UserSlot> = (0..3).map(|_| u.admit("other").unwrap()).collect();
+        assert!(
+            u.admit("other").is_err(),
+            "the default still holds elsewhere"
+        );
+        // Lowered below the users connected: they stay, new ones are refused.
+        own.write().unwrap().insert("other".into(), 1);
+        assert_eq!(u.snapshot()["other"].users, 3);
+        assert!(u.admit("other").is_err());
+        drop(others);
+        assert!(u.admit("other").is_ok(), "room again once they left");
+        // Raised, then back to the default.
+        own.write().unwrap().insert("small".into(), 2);
+        let _second = u.admit("small").expect("room under the raised limit");
+        own.write().unwrap().remove("small");
+        let _third = u.admit("small").expect("the default again: 3");
+        drop(first);
     }
 
     #[test]

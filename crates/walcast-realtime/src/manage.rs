@@ -23,6 +23,7 @@ pub fn record(p: Project) -> ProjectRecord {
         suspended: p.suspended,
         private_only: p.private_only,
         jwt_secret_previous_until_ms: p.jwt_secret_previous_until_ms,
+        max_concurrent_users: p.max_concurrent_users,
     }
 }
 
@@ -35,7 +36,10 @@ fn unknown(id: &str) -> AdminError {
 
 fn refused(e: ProjectError) -> AdminError {
     match e {
-        ProjectError::EmptyName | ProjectError::LongName | ProjectError::ControlInName => {
+        ProjectError::EmptyName
+        | ProjectError::LongName
+        | ProjectError::ControlInName
+        | ProjectError::LimitTooLarge => {
             AdminError::new(AdminErrorKind::InvalidRequest, e.to_string())
         }
         other => AdminError::new(AdminErrorKind::Internal, other.to_string()),
@@ -62,20 +66,26 @@ pub fn is_management(req: &AdminRequest) -> bool {
 /// Answer a management request (the default project is not stored: it is never found).
 pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
     match req {
-        AdminRequest::ProjectCreate { name, private_only } => {
+        AdminRequest::ProjectCreate {
+            name,
+            private_only,
+            max_concurrent_users,
+        } => {
+            if let Some(n) = max_concurrent_users {
+                projects::check_limit(n).map_err(refused)?;
+            }
             let p = projects::create(client, &name).await.map_err(refused)?;
             tracing::info!(project = %p.id, "project created");
-            let p = match private_only {
-                false => Some(p),
-                true => {
-                    let changes = ProjectChanges {
-                        private_only: Some(true),
-                        ..ProjectChanges::default()
-                    };
-                    projects::update(client, &p.id, &changes)
-                        .await
-                        .map_err(refused)?
-                }
+            let changes = ProjectChanges {
+                private_only: private_only.then_some(true),
+                max_concurrent_users: max_concurrent_users.map(Some),
+                ..ProjectChanges::default()
+            };
+            let p = match changes == ProjectChanges::default() {
+                true => Some(p),
+                false => projects::update(client, &p.id, &changes)
+                    .await
+                    .map_err(refused)?,
             };
             found("(new)", p)
         }
@@ -87,11 +97,13 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
             name,
             private_only,
             suspended,
+            max_concurrent_users,
         } => {
             let changes = ProjectChanges {
                 name,
                 private_only,
                 suspended,
+                max_concurrent_users,
             };
             let p = projects::update(client, &id, &changes)
                 .await

@@ -76,6 +76,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "project_management",
         include_str!("../../../sql/0017_project_management.sql"),
     ),
+    (
+        18,
+        "project_limits",
+        include_str!("../../../sql/0018_project_limits.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -32,6 +32,8 @@ pub struct Project {
     pub private_only: bool,
     /// The previous secret is accepted until then (Unix ms); `None`: without end.
     pub jwt_secret_previous_until_ms: Option<i64>,
+    /// Its connected-users limit; `None`: the fronts' default (`PROJECT_MAX_USERS`).
+    pub max_concurrent_users: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,8 @@ pub enum ProjectError {
     LongName,
     #[error("project name must not contain control characters")]
     ControlInName,
+    #[error("max_concurrent_users must be at most {MAX_USERS_LIMIT}")]
+    LimitTooLarge,
     #[error("realtime tables: {0}")]
     Tables(String),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
@@ -51,7 +55,7 @@ pub enum ProjectError {
 const COLUMNS: &str = "id, name, schema_name, jwt_secret,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     jwt_secret_previous, jwks::text, suspended, private_only,
-    (extract(epoch FROM jwt_secret_previous_until) * 1000)::bigint";
+    (extract(epoch FROM jwt_secret_previous_until) * 1000)::bigint, max_concurrent_users";
 
 fn from_row(r: &Row) -> Project {
     Project {
@@ -65,6 +69,8 @@ fn from_row(r: &Row) -> Project {
         suspended: r.get(7),
         private_only: r.get(8),
         jwt_secret_previous_until_ms: r.get(9),
+        // The column's CHECK keeps it non-negative.
+        max_concurrent_users: r.get::<_, Option<i32>>(10).map(|n| n.max(0) as u32),
     }
 }
 
@@ -172,30 +178,60 @@ pub fn check_name(name: &str) -> Result<&str, ProjectError> {
     Ok(name)
 }
 
+/// The largest connected-users limit a project may have (the column is an `integer`).
+pub use walcast_bus::admin::MAX_USERS_LIMIT;
+
 /// What an update changes (`None`: left as it is).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProjectChanges {
     pub name: Option<String>,
     pub private_only: Option<bool>,
     pub suspended: Option<bool>,
+    /// `Some(None)`: back to the fronts' default; `Some(Some(n))`: at most `n` users.
+    pub max_concurrent_users: Option<Option<u32>>,
 }
 
-/// Change a project's name, private-only switch or suspension; `None`: no such project.
+/// A connected-users limit that fits the column (at most [`MAX_USERS_LIMIT`]).
+pub fn check_limit(n: u32) -> Result<i32, ProjectError> {
+    match u64::from(n) <= MAX_USERS_LIMIT {
+        true => i32::try_from(n).map_err(|_| ProjectError::LimitTooLarge),
+        false => Err(ProjectError::LimitTooLarge),
+    }
+}
+
+/// Change a project's name, private-only switch, suspension or connected-users limit;
+/// `None`: no such project.
 pub async fn update<C: GenericClient>(
     client: &C,
     id: &str,
     changes: &ProjectChanges,
 ) -> Result<Option<Project>, ProjectError> {
     let name = changes.name.as_deref().map(check_name).transpose()?;
+    let set_limit = changes.max_concurrent_users.is_some();
+    let limit = changes
+        .max_concurrent_users
+        .flatten()
+        .map(check_limit)
+        .transpose()?;
     let row = client
         .query_opt(
             &format!(
                 "UPDATE walcast.projects SET name = coalesce($2, name),
                         private_only = coalesce($3, private_only),
-                        suspended = coalesce($4, suspended), updated_at = now()
+                        suspended = coalesce($4, suspended),
+                        max_concurrent_users = CASE WHEN $5 THEN $6::integer
+                                                    ELSE max_concurrent_users END,
+                        updated_at = now()
                   WHERE id = $1 RETURNING {COLUMNS}"
             ),
-            &[&id, &name, &changes.private_only, &changes.suspended],
+            &[
+                &id,
+                &name,
+                &changes.private_only,
+                &changes.suspended,
+                &set_limit,
+                &limit,
+            ],
         )
         .await?;
     Ok(row.as_ref().map(from_row))

@@ -15,6 +15,10 @@ pub struct ProjectArgs {
     /// Postgres connection URL.
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
+    /// The fronts' default connected-users limit of a project (shown as the limit in
+    /// force of a project without its own).
+    #[arg(long, env = "PROJECT_MAX_USERS", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_USERS)]
+    pub project_max_users: u64,
     #[command(subcommand)]
     pub action: ProjectAction,
 }
@@ -30,6 +34,9 @@ pub enum ProjectAction {
         /// Refuse public channels.
         #[arg(long)]
         private_only: bool,
+        /// Its connected-users limit (omitted: the fronts' PROJECT_MAX_USERS).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=i64::from(i32::MAX)))]
+        max_concurrent_users: Option<u32>,
     },
     /// Print the projects as a JSON array (no secrets).
     List,
@@ -38,7 +45,8 @@ pub enum ProjectAction {
         /// The project id.
         id: String,
     },
-    /// Rename a project, switch private-only, suspend or resume it.
+    /// Rename a project, switch private-only, suspend or resume it, set its
+    /// connected-users limit.
     Update {
         /// The project id.
         id: String,
@@ -48,6 +56,10 @@ pub enum ProjectAction {
         private_only: Option<bool>,
         #[arg(long)]
         suspended: Option<bool>,
+        /// Its connected-users limit, or `default` for the fronts' PROJECT_MAX_USERS.
+        /// Lowering it ends no socket: only new users are refused.
+        #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+        max_concurrent_users: Option<Limit>,
     },
     /// A new secret (printed with new keys); the current one stays valid for the window.
     Rotate {
@@ -82,23 +94,53 @@ pub fn project_keys(id: &str, secret: &str) -> anyhow::Result<(String, String)> 
     Ok(management::mint_keys(id, secret)?)
 }
 
+/// `--max-concurrent-users`: a number, or the fronts' default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit(Option<u32>);
+
+/// `default`, or a whole number from 0 to 2147483647.
+fn parse_limit(s: &str) -> Result<Limit, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("default") {
+        return Ok(Limit(None));
+    }
+    s.parse::<u32>()
+        .ok()
+        .filter(|n| u64::from(*n) <= walcast_bus::admin::MAX_USERS_LIMIT)
+        .map(|n| Limit(Some(n)))
+        .ok_or_else(|| {
+            format!(
+                "expected `default` or a whole number from 0 to {}",
+                walcast_bus::admin::MAX_USERS_LIMIT
+            )
+        })
+}
+
 /// The management request of an action (`None`: list and keys, answered apart).
 fn request(action: &ProjectAction) -> Option<AdminRequest> {
     Some(match action.clone() {
-        ProjectAction::Create { name, private_only } => {
-            AdminRequest::ProjectCreate { name, private_only }
-        }
+        ProjectAction::Create {
+            name,
+            private_only,
+            max_concurrent_users,
+        } => AdminRequest::ProjectCreate {
+            name,
+            private_only,
+            max_concurrent_users,
+        },
         ProjectAction::Get { id } => AdminRequest::ProjectGet { id },
         ProjectAction::Update {
             id,
             name,
             private_only,
             suspended,
+            max_concurrent_users,
         } => AdminRequest::ProjectUpdate {
             id,
             name,
             private_only,
             suspended,
+            max_concurrent_users: max_concurrent_users.map(|l| l.0),
         },
         ProjectAction::Rotate { id, window_secs } => {
             AdminRequest::ProjectRotate { id, window_secs }
@@ -122,9 +164,16 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             req,
             AdminRequest::ProjectCreate { .. } | AdminRequest::ProjectRotate { .. }
         );
+        let default = args.project_max_users;
         let out = match manage::run(&mut client, req).await? {
-            AdminReply::Project { project } if with_secret => management::created_view(&project)?,
-            AdminReply::Project { project } => management::project_view(&project),
+            AdminReply::Project { project } if with_secret => {
+                let v = management::created_view(&project)?;
+                management::with_effective_limit(v, &project, default)
+            }
+            AdminReply::Project { project } => {
+                let v = management::project_view(&project);
+                management::with_effective_limit(v, &project, default)
+            }
             AdminReply::ProjectDeleted { id, tables } => {
                 json!({"id": id, "deleted": true, "tables": tables})
             }
@@ -144,7 +193,11 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
                 .await
                 .context("listing the projects")?
                 .into_iter()
-                .map(|p| management::project_view(&manage::record(p)))
+                .map(|p| {
+                    let p = manage::record(p);
+                    let v = management::project_view(&p);
+                    management::with_effective_limit(v, &p, args.project_max_users)
+                })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&list)?);
         }
@@ -176,4 +229,35 @@ async fn set_keys(
     anyhow::ensure!(found, "no project {id:?}");
     println!("keys of project {id} updated; fronts use them within their refresh (30 s)");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_is_a_number_or_default() {
+        assert_eq!(parse_limit("default"), Ok(Limit(None)));
+        assert_eq!(parse_limit(" Default "), Ok(Limit(None)));
+        assert_eq!(parse_limit("0"), Ok(Limit(Some(0))));
+        assert_eq!(parse_limit("2147483647"), Ok(Limit(Some(i32::MAX as u32))));
+        for bad in ["-1", "2147483648", "1.5", "", "none", "1e3", "0x10"] {
+            assert!(parse_limit(bad).is_err(), "{bad}");
+        }
+        let req = request(&ProjectAction::Update {
+            id: "p".into(),
+            name: None,
+            private_only: None,
+            suspended: None,
+            max_concurrent_users: Some(Limit(None)),
+        });
+        let Some(AdminRequest::ProjectUpdate {
+            max_concurrent_users,
+            ..
+        }) = req
+        else {
+            panic!("{req:?}")
+        };
+        assert_eq!(max_concurrent_users, Some(None), "default: back to null");
+    }
 }

@@ -109,6 +109,8 @@ pub const VIEW_FIELDS: &[&str] = &[
     "private_only",
     "previous_secret",
     "previous_secret_valid_until_ms",
+    "max_concurrent_users",
+    "effective_max_concurrent_users",
     "jwks",
 ];
 

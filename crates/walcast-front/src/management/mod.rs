@@ -1,5 +1,6 @@
 //! The management API: projects created, read, listed, updated (name, private-only,
-//! suspended), deleted, and their secret rotated, by the platform's operator.
+//! suspended, connected-users limit), deleted, and their secret rotated, by the
+//! platform's operator.
 //!
 //! It is served by every front (the fronts are the HTTP side of walcast; they have no
 //! database, so the cdc-worker does the work through admin requests,
@@ -11,7 +12,7 @@
 //! Authenticated by the operator key (`MANAGEMENT_API_KEY`, `Authorization: Bearer`),
 //! compared in constant time; no project key (anon, service_role, user JWT) is ever
 //! accepted. Without the key the routes are not served. A project's secret is returned
-//! only by create and rotate. The routes and answers are in `docs/management-api.yaml`.
+//! only by create and rotate. The routes and answers are in `docs/management-api.json`.
 
 mod ending;
 mod view;
@@ -27,11 +28,13 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use walcast_bus::admin::{AdminClient, AdminError, AdminErrorKind, AdminRequest};
+use walcast_bus::admin::{
+    AdminClient, AdminError, AdminErrorKind, AdminRequest, ProjectRecord, MAX_USERS_LIMIT,
+};
 use walcast_bus::Bus;
 
 pub(crate) use ending::{events_loop, notice_loop};
-pub use view::{created_view, mint_keys, project_view, KEY_LIFETIME_SECS};
+pub use view::{created_view, mint_keys, project_view, with_effective_limit, KEY_LIFETIME_SECS};
 pub use walcast_bus::admin::SUBJECT_PROJECTS_CHANGED;
 
 use crate::projects::Projects;
@@ -48,20 +51,41 @@ pub(crate) struct Management {
     pub key_digest: [u8; 32],
     /// How long a rotated secret stays valid by default.
     pub rotation_window: Duration,
+    /// A project's connected-users limit when it has none of its own (`PROJECT_MAX_USERS`).
+    pub default_max_users: u64,
 }
 
 impl Management {
-    pub(crate) fn new(projects: Projects, bus: Bus, key: &str, window: Duration) -> Management {
+    pub(crate) fn new(
+        projects: Projects,
+        bus: Bus,
+        key: &str,
+        (window, default_max_users): (Duration, u64),
+    ) -> Management {
         Management {
             projects,
             bus,
             key_digest: Sha256::digest(key.as_bytes()).into(),
             rotation_window: window,
+            default_max_users,
         }
+    }
+
+    /// A project as the API shows it: no secrets, its limit and the one in force.
+    fn view(&self, p: &ProjectRecord) -> Value {
+        with_effective_limit(project_view(p), p, self.default_max_users)
+    }
+
+    /// A created or rotated project: with its secret and keys.
+    fn created(&self, p: &ProjectRecord) -> Result<Value, ApiError> {
+        let v = created_view(p).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })?;
+        Ok(with_effective_limit(v, p, self.default_max_users))
     }
 }
 
-/// The routes (see `docs/management-api.yaml`).
+/// The routes (see `docs/management-api.json`).
 pub(crate) fn routes(m: Arc<Management>) -> Router {
     Router::new()
         .route(PROJECTS, post(create).get(list))
@@ -234,6 +258,27 @@ fn opt_bool(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<bool>,
     }
 }
 
+/// `max_concurrent_users`: absent `None`; `null` `Some(None)` (the fronts' default); a
+/// whole number from 0 to [`MAX_USERS_LIMIT`] `Some(Some(n))`. Anything else (negative,
+/// fractional, too large, a string) is refused.
+fn opt_limit(o: &serde_json::Map<String, Value>) -> Result<Option<Option<u32>>, ApiError> {
+    const K: &str = "max_concurrent_users";
+    match o.get(K) {
+        None => Ok(None),
+        Some(Value::Null) => Ok(Some(None)),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n <= MAX_USERS_LIMIT)
+            .and_then(|n| u32::try_from(n).ok())
+            .map(|n| Some(Some(n)))
+            .ok_or_else(|| {
+                ApiError::invalid_body(format!(
+                    "{K:?} must be a whole number from 0 to {MAX_USERS_LIMIT}, or null for the default"
+                ))
+            }),
+    }
+}
+
 fn opt_str(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<String>, ApiError> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
@@ -272,22 +317,26 @@ fn answer(op: &'static str, status: StatusCode, r: Result<Value, ApiError>) -> R
 
 type St = State<Arc<Management>>;
 
-/// `POST /management/v1/projects` `{"name", "private_only"?}`: 201, with its secret and keys.
+/// `POST /management/v1/projects` `{"name", "private_only"?, "max_concurrent_users"?}`:
+/// 201, with its secret and keys.
 async fn create(State(m): St, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let admin = authorize(&m, &headers)?;
         let o = body_object(&body)?;
-        fields(&o, &["name", "private_only"])?;
+        fields(&o, &["name", "private_only", "max_concurrent_users"])?;
         let name =
             opt_str(&o, "name")?.ok_or_else(|| ApiError::invalid_body("\"name\" is required"))?;
         let private_only = opt_bool(&o, "private_only")?.unwrap_or(false);
-        let req = AdminRequest::ProjectCreate { name, private_only };
+        let max_concurrent_users = opt_limit(&o)?.flatten();
+        let req = AdminRequest::ProjectCreate {
+            name,
+            private_only,
+            max_concurrent_users,
+        };
         let p = admin.project(req, WORKER_TIMEOUT).await?;
         announce(&m, &p.id).await;
         tracing::info!(project = %p.id, "project created through the management API");
-        created_view(&p).map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })
+        m.created(&p)
     }
     .await;
     answer("create", StatusCode::CREATED, r)
@@ -298,7 +347,7 @@ async fn list(State(m): St, headers: HeaderMap) -> Response {
     let r = async {
         let admin = authorize(&m, &headers)?;
         let list = admin.projects(WORKER_TIMEOUT).await?;
-        Ok(Value::Array(list.iter().map(project_view).collect()))
+        Ok(Value::Array(list.iter().map(|p| m.view(p)).collect()))
     }
     .await;
     answer("list", StatusCode::OK, r)
@@ -312,28 +361,33 @@ async fn get_one(State(m): St, Path(id): Path<String>, headers: HeaderMap) -> Re
         let p = admin
             .project(AdminRequest::ProjectGet { id }, WORKER_TIMEOUT)
             .await?;
-        Ok(project_view(&p))
+        Ok(m.view(&p))
     }
     .await;
     answer("get", StatusCode::OK, r)
 }
 
-/// `PATCH /management/v1/projects/{id}` `{"name"?, "private_only"?, "suspended"?}`.
+/// `PATCH /management/v1/projects/{id}` `{"name"?, "private_only"?, "suspended"?,
+/// "max_concurrent_users"?}` (`max_concurrent_users: null`: back to the default).
 async fn update(State(m): St, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let admin = authorize(&m, &headers)?;
         check_id(&id)?;
         let o = body_object(&body)?;
-        fields(&o, &["name", "private_only", "suspended"])?;
+        fields(
+            &o,
+            &["name", "private_only", "suspended", "max_concurrent_users"],
+        )?;
         let req = AdminRequest::ProjectUpdate {
             id: id.clone(),
             name: opt_str(&o, "name")?,
             private_only: opt_bool(&o, "private_only")?,
             suspended: opt_bool(&o, "suspended")?,
+            max_concurrent_users: opt_limit(&o)?,
         };
         let p = admin.project(req, WORKER_TIMEOUT).await?;
         announce(&m, &id).await;
-        Ok(project_view(&p))
+        Ok(m.view(&p))
     }
     .await;
     answer("update", StatusCode::OK, r)
@@ -371,9 +425,7 @@ async fn rotate(State(m): St, Path(id): Path<String>, headers: HeaderMap, body: 
         };
         let p = admin.project(req, WORKER_TIMEOUT).await?;
         announce(&m, &id).await;
-        created_view(&p).map_err(|e| {
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-        })
+        m.created(&p)
     }
     .await;
     answer("rotate", StatusCode::OK, r)

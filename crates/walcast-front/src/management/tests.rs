@@ -27,6 +27,65 @@ fn ids_and_bodies() {
     assert!(opt_bool(&o, "suspended").is_err());
 }
 
+#[test]
+fn a_limit_is_absent_null_or_a_whole_number_in_range() {
+    let limit = |body: &str| opt_limit(&body_object(body.as_bytes()).unwrap());
+    assert_eq!(limit("{}").unwrap(), None, "absent: unchanged");
+    assert_eq!(
+        limit(r#"{"max_concurrent_users":null}"#).unwrap(),
+        Some(None)
+    );
+    assert_eq!(
+        limit(r#"{"max_concurrent_users":0}"#).unwrap(),
+        Some(Some(0))
+    );
+    assert_eq!(
+        limit(r#"{"max_concurrent_users":2147483647}"#).unwrap(),
+        Some(Some(i32::MAX as u32))
+    );
+    for bad in [
+        "-1",
+        "2147483648",
+        "4294967296",
+        "18446744073709551616",
+        "1e3",
+        "2.5",
+        "3.0",
+        "\"10\"",
+        "true",
+        "[1]",
+        "{\"n\":1}",
+        "\"default\"",
+    ] {
+        let e = limit(&format!(r#"{{"max_concurrent_users":{bad}}}"#))
+            .err()
+            .map(|e| (e.status, e.error));
+        assert_eq!(
+            e,
+            Some((StatusCode::UNPROCESSABLE_ENTITY, "invalid_body")),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn views_show_the_limit_and_the_one_in_force() {
+    let p = ProjectRecord {
+        id: "p".into(),
+        ..ProjectRecord::default()
+    };
+    let v = with_effective_limit(project_view(&p), &p, 10_000);
+    assert_eq!(v["max_concurrent_users"], Value::Null);
+    assert_eq!(v["effective_max_concurrent_users"], 10_000);
+    let p = ProjectRecord {
+        max_concurrent_users: Some(0),
+        ..p
+    };
+    let v = with_effective_limit(project_view(&p), &p, 10_000);
+    assert_eq!(v["max_concurrent_users"], 0);
+    assert_eq!(v["effective_max_concurrent_users"], 0);
+}
+
 /// The OpenAPI file and the router agree: the same paths, each answering exactly the
 /// methods the file lists (a request without the key gets 401, any other method 405),
 /// each operation with the statuses of [`RESPONSES`].
@@ -45,7 +104,7 @@ async fn the_openapi_file_matches_the_router() {
         Projects::new("s"),
         Bus::local(16),
         "operator-key-for-the-openapi-test-0123456789",
-        Duration::from_secs(60),
+        (Duration::from_secs(60), 10_000),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

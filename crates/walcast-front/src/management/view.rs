@@ -23,7 +23,16 @@ pub fn project_view(p: &ProjectRecord) -> Value {
             .and(p.jwt_secret_previous_until_ms),
         "previous_secret": p.jwt_secret_previous.is_some(),
         "jwks": p.jwks.is_some(),
+        "max_concurrent_users": p.max_concurrent_users,
     })
+}
+
+/// `view` of `p` with the connected-users limit its users meet on a front whose default
+/// is `default` (`PROJECT_MAX_USERS`).
+pub fn with_effective_limit(mut view: Value, p: &ProjectRecord, default: u64) -> Value {
+    let limit = p.max_concurrent_users.map_or(default, u64::from);
+    view["effective_max_concurrent_users"] = limit.into();
+    view
 }
 
 /// A project with its secret and its anon and service_role keys (create, rotate).

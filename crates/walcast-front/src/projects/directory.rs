@@ -158,6 +158,7 @@ fn record_status(p: &ProjectRecord) -> Status {
         suspended: p.suspended,
         private_only: p.private_only,
         rotated,
+        max_users: p.max_concurrent_users.map(u64::from),
     }
 }
 

@@ -1,5 +1,5 @@
 //! What the management API sets on a project besides its keys — suspended, private-only,
-//! the end of a rotated secret's window — and the events a directory refresh emits when
+//! the end of a rotated secret's window, its connected-users limit — and the events a directory refresh emits when
 //! it sees one change: the project deleted, suspended, or made private-only, so the
 //! front ends the sockets (or public channels) that may no longer stay.
 
@@ -15,6 +15,9 @@ pub(crate) struct Status {
     /// After a rotation: the keys without the previous secret, used from this Unix
     /// time (ms) on.
     pub rotated: Option<(ProjectKeys, i64)>,
+    /// Its connected-users limit; `None`: this front's default (`PROJECT_MAX_USERS`).
+    /// Lowering it ends no socket: only new users are refused.
+    pub max_users: Option<u64>,
 }
 
 /// Why a project's sockets (or public channels) end on this front.
