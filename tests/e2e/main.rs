@@ -26,6 +26,7 @@ mod outbox_quorum;
 mod pipeline;
 mod presence;
 mod private_projects;
+mod project_limits;
 mod projects;
 mod registry;
 mod replication_role;

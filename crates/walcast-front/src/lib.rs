@@ -193,6 +193,12 @@ struct Parts {
     cancel: CancellationToken,
 }
 
+/// Each project's own connected-users limit, as the directory knows it.
+fn own_limits(projects: &Projects) -> usage::Limits {
+    let projects = projects.clone();
+    Arc::new(move |p: &str| projects.max_users(p))
+}
+
 impl Parts {
     fn new(
         cfg: FrontConfig,
@@ -205,11 +211,10 @@ impl Parts {
         let delivery = Arc::new(Delivery::new(&front_id));
         let connections = Arc::new(Connections::new(cfg.max_connections));
         let heard = Arc::new(Heard::default());
-        let own_limits = projects.clone();
         let usage = Arc::new(Usage::new(
             front_id.clone(),
             cfg.project_max_users,
-            Arc::new(move |p: &str| own_limits.max_users(p)),
+            own_limits(&projects),
             heard.clone(),
         ));
         let (registrar, background) = Registrar::new(
