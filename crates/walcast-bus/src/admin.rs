@@ -199,6 +199,34 @@ pub struct ProjectRecord {
     pub max_concurrent_users: Option<u32>,
 }
 
+/// A project's own limits (README "Running a platform"); each `None` is the fronts'
+/// default (`PROJECT_MAX_USERS`, `PROJECT_MAX_JOINS_PER_SECOND`, …). Flattened into
+/// [`ProjectRecord`], so each is a top-level field of the record.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjectLimits {
+    /// Connected users (sockets with a joined channel, SSE streams), across the fronts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_users: Option<u32>,
+    /// Channel joins per second, across the fronts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_joins_per_second: Option<u32>,
+    /// Channels one socket may have joined at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_channels_per_client: Option<u32>,
+    /// Broadcast and presence messages per second, received and sent, across the fronts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_events_per_second: Option<u32>,
+    /// Bytes of those messages per second, across the fronts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes_per_second: Option<u32>,
+    /// Presence track and untrack events per second, across the fronts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_presence_events_per_second: Option<u32>,
+    /// The largest broadcast or presence payload, in KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_payload_size_in_kb: Option<u32>,
+}
+
 /// A table of a project.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TableName {

@@ -155,6 +155,15 @@ impl Projects {
         self.read().get(id).and_then(|e| e.status.max_users)
     }
 
+    /// A known project's own limits (each `None`: the default; all `None`: unknown).
+    pub fn limits(&self, id: &str) -> walcast_bus::admin::ProjectLimits {
+        let max_users = self.max_users(id);
+        walcast_bus::admin::ProjectLimits {
+            max_concurrent_users: max_users.map(|n| n.min(u64::from(u32::MAX)) as u32),
+            ..Default::default()
+        }
+    }
+
     /// Whether a known project refuses public channels.
     pub fn private_only(&self, id: &str) -> bool {
         self.entry(id).is_some_and(|e| e.status.private_only)
