@@ -248,9 +248,9 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
                     ok += 1;
                 } else {
                     let why = reason(&f);
-                    if why.starts_with("TooManyChannels") {
+                    if why.starts_with("ChannelRateLimitReached") {
                         channels += 1;
-                    } else if why.starts_with("TooManyJoins") {
+                    } else if why.starts_with("ClientJoinRateLimitReached") {
                         rate += 1;
                     } else {
                         panic!("unexpected join error {f}");
@@ -261,7 +261,9 @@ async fn hostile_sockets_get_errors_and_a_good_client_misses_nothing() {
             _ => panic!("unexpected {f}"),
         }
     }
-    println!("1000 joins: {ok} ok, {channels} TooManyChannels, {rate} TooManyJoins");
+    println!(
+        "1000 joins: {ok} ok, {channels} ChannelRateLimitReached, {rate} ClientJoinRateLimitReached"
+    );
     assert_eq!(ok, 100);
     assert!(channels > 0 && rate > 0, "{channels} {rate}");
     let health = server.health().expect("health");

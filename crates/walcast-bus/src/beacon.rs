@@ -64,6 +64,48 @@ pub struct FrontBeacon {
     /// other fronts add them up to apply each project's limit across the cluster.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub project_users: std::collections::BTreeMap<String, u64>,
+    /// Per-project rates on this front over the last second (projects with none left
+    /// out): the other fronts add them up to apply each project's rate limits.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub project_rates: std::collections::BTreeMap<String, ProjectRates>,
+}
+
+/// One project's rates on one front, per second.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjectRates {
+    /// Channel joins.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub joins: u64,
+    /// Broadcast and presence messages received from and sent to its clients.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub events: u64,
+    /// Bytes of those messages.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes: u64,
+    /// Presence track and untrack events.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub presence: u64,
+}
+
+impl ProjectRates {
+    /// Nothing counted.
+    pub fn is_empty(&self) -> bool {
+        *self == ProjectRates::default()
+    }
+
+    /// Both added, field by field.
+    pub fn plus(self, o: ProjectRates) -> ProjectRates {
+        ProjectRates {
+            joins: self.joins.saturating_add(o.joins),
+            events: self.events.saturating_add(o.events),
+            bytes: self.bytes.saturating_add(o.bytes),
+            presence: self.presence.saturating_add(o.presence),
+        }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Beacon {

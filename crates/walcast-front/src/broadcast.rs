@@ -36,9 +36,11 @@ use crate::listen::next_message;
 use crate::outbound::Out;
 use crate::private::Policies;
 use crate::projects::Projects;
+use crate::rates::Rate;
 use crate::reply::{auth_status, error_response};
 use crate::telemetry;
 use crate::topics::TopicKey;
+use crate::usage::{MessageRefused, Usage};
 
 pub use walcast_bus::broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 
@@ -109,17 +111,19 @@ pub(crate) struct Broadcasts {
     projects: Projects,
     policies: Policies,
     max_frame_bytes: usize,
+    usage: Arc<Usage>,
 }
 
 impl Broadcasts {
-    /// `max_frame_bytes` bounds a REST message's payload.
+    /// `max_frame_bytes` bounds a REST message's payload (and so does its project's
+    /// payload limit, in `usage`).
     pub(crate) fn new(
         front_id: String,
         bus: Bus,
         delivery: Arc<Delivery>,
-        policies: Policies,
-        projects: Projects,
+        (policies, projects): (Policies, Projects),
         max_frame_bytes: usize,
+        usage: Arc<Usage>,
     ) -> Broadcasts {
         Broadcasts {
             front_id,
@@ -128,6 +132,7 @@ impl Broadcasts {
             projects,
             policies,
             max_frame_bytes,
+            usage,
         }
     }
 
@@ -146,6 +151,7 @@ impl Broadcasts {
         };
         let mut v1: Option<Option<Out>> = None;
         let mut v2: Option<Option<Out>> = None;
+        let (mut sent, mut bytes) = (0u64, 0u64);
         for m in members {
             if Some(m.id) == except {
                 continue;
@@ -156,8 +162,14 @@ impl Broadcasts {
             };
             let out = slot.get_or_insert_with(|| encode_for(&frame, m.vsn));
             if let Some(o) = out {
+                sent += 1;
+                bytes += o.len() as u64;
                 m.deliver_broadcast(o.clone(), id.as_ref());
             }
+        }
+        if sent > 0 {
+            let counted = [(Rate::Events, sent), (Rate::Bytes, bytes)];
+            self.usage.count(&key.project, &counted);
         }
     }
 
@@ -181,6 +193,36 @@ impl Broadcasts {
         if let Err(e) = self.bus.publish(subject(key), headers, payload).await {
             telemetry::error("broadcast_publish");
             tracing::warn!(error = %e, "cannot relay broadcast");
+        }
+    }
+
+    /// May a REST message of `size` bytes go to a topic of `project`? Not to a public one
+    /// of a private-only project (403); not over the frame limit or the project's payload
+    /// limit (413); not while the project is over its messages/s or bytes/s (429).
+    fn rest_refusal(
+        &self,
+        project: &str,
+        private: bool,
+        size: usize,
+    ) -> Option<(StatusCode, String)> {
+        if !private && self.projects.private_only(project) {
+            telemetry::error("private_only");
+            let text = crate::projects::PRIVATE_ONLY_MESSAGE;
+            return Some((StatusCode::FORBIDDEN, text.to_string()));
+        }
+        if size > self.max_frame_bytes {
+            return Some((StatusCode::PAYLOAD_TOO_LARGE, "payload too large".into()));
+        }
+        match self.usage.admit_message(project, size) {
+            Ok(()) => None,
+            Err(MessageRefused::TooLarge { size, max }) => Some((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Payload size exceeded: {size} bytes, at most {max}"),
+            )),
+            Err(MessageRefused::OverRate(_)) => Some((
+                StatusCode::TOO_MANY_REQUESTS,
+                crate::usage::TOO_MANY_MESSAGES.to_string(),
+            )),
         }
     }
 
@@ -331,8 +373,9 @@ pub(crate) async fn rest_batch(
     for m in batch.messages {
         let private = m.private.unwrap_or(false);
         let payload = m.payload.unwrap_or_else(empty_object);
-        if payload.get().len() > bc.max_frame_bytes {
-            return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
+        if let Some((status, why)) = bc.rest_refusal(&sender.project, private, payload.get().len())
+        {
+            return error_response(status, &why);
         }
         if !sender.may_send(&bc.policies, private, &m.topic).await {
             // Dropped, as Supabase drops what the policies refuse (the reply stays 202).
@@ -409,11 +452,11 @@ pub(crate) async fn rest_single(
         Err((status, msg)) => return error_response(status, &msg),
     };
     let private = query.get("private").map(String::as_str) == Some("true");
+    if let Some((status, why)) = bc.rest_refusal(&sender.project, private, body.len()) {
+        return error_response(status, &why);
+    }
     if !sender.may_send(&bc.policies, private, &topic).await {
         return StatusCode::ACCEPTED.into_response();
-    }
-    if body.len() > bc.max_frame_bytes {
-        return error_response(StatusCode::PAYLOAD_TOO_LARGE, "payload too large");
     }
     let ctype = headers
         .get(header::CONTENT_TYPE)

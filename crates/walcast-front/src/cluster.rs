@@ -102,6 +102,21 @@ impl Cluster {
             .sum()
     }
 
+    /// `project`'s rates on the other fronts, as last announced, added up.
+    pub fn front_rates(
+        &self,
+        project: &str,
+        me: &str,
+        now: Instant,
+        fresh: Duration,
+    ) -> walcast_bus::beacon::ProjectRates {
+        self.entries
+            .values()
+            .filter(|e| e.last.process != me && now.saturating_duration_since(e.heard) < fresh)
+            .filter_map(|e| e.last.front.as_ref()?.project_rates.get(project).copied())
+            .fold(Default::default(), |sum, r| sum.plus(r))
+    }
+
     /// Whether a pipeline leader is streaming changes: a process heard from within
     /// [`FRESH`] says it leads and its CDC is active.
     pub fn pipeline_active(&self, now: Instant) -> bool {

@@ -22,6 +22,9 @@ pub struct FrontConfig {
     pub max_connections: usize,
     /// Connected users per project across the fronts (see [`crate::usage`]).
     pub project_max_users: u64,
+    /// A project's default rate limits across the fronts (see [`crate::usage`]); each
+    /// project may have its own (the management API).
+    pub project_rates: ProjectRateDefaults,
     /// Joins one socket may send in a burst …
     pub join_burst: u32,
     /// … and per second after that (token bucket).
@@ -56,6 +59,62 @@ pub struct FrontConfig {
     pub management_api_key: Option<String>,
     /// How long a rotated secret's predecessor stays valid, unless a rotation says.
     pub rotation_window: Duration,
+}
+
+/// The default per-project limits besides connected users and channels per socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProjectRateDefaults {
+    /// Channel joins per second.
+    pub joins_per_second: u32,
+    /// Broadcast and presence messages per second, received and sent.
+    pub events_per_second: u32,
+    /// Bytes of those messages per second.
+    pub bytes_per_second: u32,
+    /// Presence track and untrack events per second.
+    pub presence_events_per_second: u32,
+    /// The largest broadcast or presence payload, in KiB.
+    pub max_payload_kb: u32,
+}
+
+/// Default of [`ProjectRateDefaults::joins_per_second`].
+pub const DEFAULT_PROJECT_JOINS_PER_SECOND: u32 = 1000;
+/// Default of [`ProjectRateDefaults::events_per_second`].
+pub const DEFAULT_PROJECT_EVENTS_PER_SECOND: u32 = 50_000;
+/// Default of [`ProjectRateDefaults::bytes_per_second`] (50 MB).
+pub const DEFAULT_PROJECT_BYTES_PER_SECOND: u32 = 50_000_000;
+/// Default of [`ProjectRateDefaults::presence_events_per_second`].
+pub const DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND: u32 = 1000;
+/// Default of [`ProjectRateDefaults::max_payload_kb`] (the default frame limit).
+pub const DEFAULT_PROJECT_MAX_PAYLOAD_KB: u32 = 1024;
+
+impl Default for ProjectRateDefaults {
+    fn default() -> Self {
+        ProjectRateDefaults {
+            joins_per_second: DEFAULT_PROJECT_JOINS_PER_SECOND,
+            events_per_second: DEFAULT_PROJECT_EVENTS_PER_SECOND,
+            bytes_per_second: DEFAULT_PROJECT_BYTES_PER_SECOND,
+            presence_events_per_second: DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND,
+            max_payload_kb: DEFAULT_PROJECT_MAX_PAYLOAD_KB,
+        }
+    }
+}
+
+impl FrontConfig {
+    /// Every per-project limit's default, as a project's own limits are stored.
+    pub fn project_defaults(&self) -> walcast_bus::admin::ProjectLimits {
+        let r = &self.project_rates;
+        walcast_bus::admin::ProjectLimits {
+            max_concurrent_users: Some(self.project_max_users.min(u64::from(u32::MAX)) as u32),
+            max_joins_per_second: Some(r.joins_per_second),
+            max_channels_per_client: Some(
+                self.max_channels_per_socket.min(u32::MAX as usize) as u32
+            ),
+            max_events_per_second: Some(r.events_per_second),
+            max_bytes_per_second: Some(r.bytes_per_second),
+            max_presence_events_per_second: Some(r.presence_events_per_second),
+            max_payload_size_in_kb: Some(r.max_payload_kb),
+        }
+    }
 }
 
 /// Default of [`FrontConfig::rotation_window`], in seconds (a day).
@@ -101,6 +160,7 @@ impl Default for FrontConfig {
             max_bindings_per_channel: DEFAULT_MAX_BINDINGS_PER_CHANNEL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             project_max_users: DEFAULT_PROJECT_MAX_USERS,
+            project_rates: ProjectRateDefaults::default(),
             join_burst: DEFAULT_JOINS_PER_SECOND * 2,
             joins_per_second: DEFAULT_JOINS_PER_SECOND,
             idle_timeout: Duration::from_secs(60),

@@ -37,6 +37,9 @@ pub struct Health {
     /// Connected users per project (in the beacon; `/health` leaves it out).
     #[serde(skip)]
     pub project_users: std::collections::BTreeMap<String, u64>,
+    /// Rates per project (in the beacon; `/health` leaves them out).
+    #[serde(skip)]
+    pub project_rates: std::collections::BTreeMap<String, walcast_bus::beacon::ProjectRates>,
 }
 
 impl Health {
@@ -49,6 +52,7 @@ impl Health {
             subscriptions: self.subscriptions,
             draining: self.draining,
             project_users: self.project_users.clone(),
+            project_rates: self.project_rates.clone(),
         }
     }
 }
@@ -86,6 +90,7 @@ impl Probe {
             bus_disconnects: events.map_or(0, |e| e.disconnects()),
             draining: self.connections.is_draining(),
             project_users: self.usage.users(),
+            project_rates: self.usage.rates(),
         }
     }
 }

@@ -214,6 +214,7 @@ fn hide_counts(processes: &mut [ProcessView], project: &str) {
             f.sse_streams = 0;
             f.subscriptions = 0;
             f.project_users.retain(|p, _| p == project);
+            f.project_rates.retain(|p, _| p == project);
         }
     }
 }
@@ -250,6 +251,7 @@ mod tests {
             bus_disconnects: 0,
             draining: false,
             project_users: Default::default(),
+            project_rates: Default::default(),
         }
     }
 

@@ -37,7 +37,7 @@
 //! | [`presence`], [`kv_presence`] | presence stores (per front, or JetStream KV) and their diffs |
 //! | `private` | `Policies`: the app's policies for private channels, asked of the worker |
 //! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
-//! | [`usage`] | per-project counters (users, channels, joins, messages and bytes in and out, refusals) and the per-project connected-users limit, summed across fronts from their beacons |
+//! | [`usage`], `rates` | per-project counters (users, channels, joins, messages and bytes in and out, refusals, rates over the last second) and the per-project limits, summed across fronts from their beacons |
 //! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
 //! | [`management`] | the management API (operator key): projects created, updated, suspended, rotated, deleted; the notices that refresh every front's directory, and the ending of the sockets a project change no longer allows |
 //! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
@@ -85,6 +85,7 @@ mod outbound;
 pub mod presence;
 mod private;
 pub mod projects;
+pub mod rates;
 mod realtime_api;
 mod registration;
 mod registry;
@@ -193,10 +194,10 @@ struct Parts {
     cancel: CancellationToken,
 }
 
-/// Each project's own connected-users limit, as the directory knows it.
+/// Each project's own limits, as the directory knows them.
 fn own_limits(projects: &Projects) -> usage::Limits {
     let projects = projects.clone();
-    Arc::new(move |p: &str| projects.max_users(p))
+    Arc::new(move |p: &str| projects.limits(p))
 }
 
 impl Parts {
@@ -213,7 +214,7 @@ impl Parts {
         let heard = Arc::new(Heard::default());
         let usage = Arc::new(Usage::new(
             front_id.clone(),
-            cfg.project_max_users,
+            cfg.project_defaults(),
             own_limits(&projects),
             heard.clone(),
         ));
@@ -230,9 +231,9 @@ impl Parts {
             front_id.clone(),
             bus.clone(),
             delivery.clone(),
-            policies.clone(),
-            projects.clone(),
+            (policies.clone(), projects.clone()),
             cfg.max_frame_bytes,
+            usage.clone(),
         ));
         let sse = Arc::new(SseHub::new(
             cfg.clone(),
@@ -323,7 +324,7 @@ impl Parts {
         ));
         if let Some(rx) = self.services.presence.remote_diffs() {
             t.spawn(presence::remote_loop(
-                self.delivery.clone(),
+                (self.delivery.clone(), self.usage.clone()),
                 rx,
                 cancel.clone(),
             ));

@@ -15,7 +15,9 @@ use walcast_protocol::{server, PresenceAction, Vsn};
 
 use crate::delivery::Delivery;
 use crate::outbound::Out;
+use crate::rates::Rate;
 use crate::topics::{TopicKey, Topics};
+use crate::usage::Usage;
 
 /// One tracked presence: `key` (the channel's presence key) and its meta
 /// (the track payload plus `phx_ref`, and `phx_ref_prev` after an update).
@@ -195,25 +197,79 @@ impl PresenceStore for MemoryPresence {
 pub(crate) const EVENTS_PER_SECOND: u32 = 10;
 pub(crate) const EVENTS_BURST: u32 = 20;
 /// The largest presence payload (its JSON), stored per presence in the KV bucket and sent
-/// to every member of the topic in each `presence_state`.
+/// to every member of the topic in each `presence_state` (a project's smaller
+/// `max_payload_size_in_kb` holds too).
 pub(crate) const MAX_PAYLOAD_BYTES: usize = 8 * 1024;
 
-/// May this presence event go ahead? The socket's rate, and the payload's size.
-pub(crate) fn admit(
-    events: &mut crate::limits::TokenBucket,
-    action: &PresenceAction,
-) -> Result<(), &'static str> {
-    if let PresenceAction::Track { payload } = action {
-        if payload.get().len() > MAX_PAYLOAD_BYTES {
-            crate::telemetry::limit("presence_payload");
-            return Err("Presence payload too large: at most 8 KiB of JSON");
+/// Why a presence event is refused; each shuts the channel (a `system` error with
+/// Supabase's text, then `phx_close`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PresenceRefused {
+    /// The track payload is over [`MAX_PAYLOAD_BYTES`] or the project's payload limit.
+    TooLarge,
+    /// The socket is over its presence events/s.
+    ClientRate,
+    /// The project is over its presence events/s across the fronts.
+    ProjectRate,
+    /// The project is over its messages/s or bytes/s.
+    Messages,
+}
+
+impl PresenceRefused {
+    /// Supabase's `system` message text.
+    pub(crate) fn message(self) -> &'static str {
+        match self {
+            PresenceRefused::TooLarge => "Track message size exceeded",
+            PresenceRefused::ClientRate => "Client presence rate limit exceeded",
+            PresenceRefused::ProjectRate => "Too many presence messages per second",
+            PresenceRefused::Messages => crate::usage::TOO_MANY_MESSAGES,
         }
     }
-    if !events.take() {
-        crate::telemetry::limit("presence_events");
-        return Err("PresenceRateLimitReached: too many presence events on this socket");
+}
+
+/// May this presence event of a socket of `project` go ahead? The payload's size, the
+/// socket's rate, the project's presence rate, its messages and bytes rates. Refusals
+/// are counted and logged.
+pub(crate) fn admit(
+    usage: &crate::usage::Usage,
+    project: &str,
+    events: &mut crate::limits::TokenBucket,
+    action: &PresenceAction,
+) -> Result<(), PresenceRefused> {
+    let size = match action {
+        PresenceAction::Track { payload } => payload.get().len(),
+        PresenceAction::Untrack => 0,
+    };
+    if size > MAX_PAYLOAD_BYTES {
+        let detail = format!("presence payload of {size} bytes, max {MAX_PAYLOAD_BYTES}");
+        usage.refuse(project, "presence_payload", "PayloadSizeExceeded", &detail);
+        return Err(PresenceRefused::TooLarge);
     }
-    Ok(())
+    if !events.take() {
+        let detail = "a socket's presence events per second";
+        usage.refuse(
+            project,
+            "presence_events",
+            "ClientPresenceRateLimitReached",
+            detail,
+        );
+        return Err(PresenceRefused::ClientRate);
+    }
+    if let Err(over) = usage.take(project, &[(crate::rates::Rate::Presence, 1)]) {
+        let detail = format!("{} per second, limit {}", over.seen, over.limit);
+        usage.refuse(
+            project,
+            "project_presence",
+            "PresenceRateLimitReached",
+            &detail,
+        );
+        return Err(PresenceRefused::ProjectRate);
+    }
+    match usage.admit_message(project, size) {
+        Ok(()) => Ok(()),
+        Err(crate::usage::MessageRefused::TooLarge { .. }) => Err(PresenceRefused::TooLarge),
+        Err(crate::usage::MessageRefused::OverRate(_)) => Err(PresenceRefused::Messages),
+    }
 }
 
 /// `{key:{metas:[…]}}` of a list of metas, grouped by key in first-seen order (linear in
@@ -233,8 +289,9 @@ pub(crate) fn presence_map(metas: &[PresenceMeta]) -> String {
     server::presence_map(keys)
 }
 
-/// Send a diff to this front's channels of the topic that have presence enabled.
-pub(crate) fn send_diff(topics: &Topics, key: &TopicKey, d: &PresenceDiff) {
+/// Send a diff to this front's channels of the topic that have presence enabled (counted
+/// among its project's messages sent).
+pub(crate) fn send_diff(topics: &Topics, usage: &Usage, key: &TopicKey, d: &PresenceDiff) {
     let frame = server::presence_diff(
         &key.topic,
         &presence_map(&d.joins),
@@ -242,6 +299,7 @@ pub(crate) fn send_diff(topics: &Topics, key: &TopicKey, d: &PresenceDiff) {
     );
     let mut v1: Option<Option<Out>> = None;
     let mut v2: Option<Option<Out>> = None;
+    let (mut sent, mut bytes) = (0u64, 0u64);
     for m in topics.members(key) {
         if !m.presence_enabled() {
             continue;
@@ -251,14 +309,19 @@ pub(crate) fn send_diff(topics: &Topics, key: &TopicKey, d: &PresenceDiff) {
             Vsn::V2 => &mut v2,
         };
         if let Some(o) = slot.get_or_insert_with(|| Out::frame(&frame, m.vsn)) {
+            sent += 1;
+            bytes += o.len() as u64;
             m.deliver(o.clone());
         }
+    }
+    if sent > 0 {
+        usage.count(&key.project, &[(Rate::Events, sent), (Rate::Bytes, bytes)]);
     }
 }
 
 /// Send other fronts' diffs to this front's subscribers until `cancel` fires.
 pub(crate) async fn remote_loop(
-    delivery: std::sync::Arc<Delivery>,
+    (delivery, usage): (std::sync::Arc<Delivery>, std::sync::Arc<Usage>),
     mut rx: RemoteDiffs,
     cancel: tokio_util::sync::CancellationToken,
 ) {
@@ -268,7 +331,7 @@ pub(crate) async fn remote_loop(
             n = rx.recv() => n,
         };
         let Some((key, d)) = next else { return };
-        send_diff(&delivery.topics, &key, &d);
+        send_diff(&delivery.topics, &usage, &key, &d);
     }
 }
 

@@ -1,31 +1,38 @@
-//! Per-project usage on this front, and the per-project limit on connected users.
+//! Per-project usage on this front, and the per-project limits.
 //!
 //! Each project seen here (only projects of verified keys: bounded by the directory) has
 //! its counters: connected users (sockets with at least one joined channel, and SSE
-//! streams), channels, joins, messages and bytes in and out, and refusals. They are read
-//! by `GET /metrics/projects` (one labelled series per project, kept off `/metrics` so its
-//! cardinality does not grow with the projects), by the inspector (a key sees its own
-//! project; the operator sees every project) and by this front's health beacon.
+//! streams), channels, joins, messages and bytes in and out, refusals, and its rates over
+//! the last second ([`crate::rates`]). They are read by `GET /metrics/projects` (one
+//! labelled series per project, kept off `/metrics` so its cardinality does not grow with
+//! the projects), by the inspector (a key sees its own project; the operator sees every
+//! project) and by this front's health beacon.
 //!
-//! **Connected users** are limited per project across the cluster, as Supabase's
-//! `max_concurrent_users`: a socket's first join (or an SSE stream) is refused with
-//! `ConnectionRateLimitReached: Too many connected users` when this front's users of the
-//! project plus those the other fronts announced in their beacons (at most
-//! [`REMOTE_FRESH`] old) reach the limit. Eventually consistent: fronts that admit users
-//! within the same second may overshoot by what each admitted in that second.
+//! **Limits across the fronts.** Connected users and the rates (joins, broadcast and
+//! presence messages and their bytes, presence events) are limited per project across the
+//! cluster: this front's count plus what the other fronts announced in their beacons (one
+//! a second, at most [`REMOTE_FRESH`] old). Eventually consistent: fronts that admit within
+//! the same second may overshoot by what each admitted in that second. A socket's first
+//! join (or an SSE stream) over the users limit is refused with
+//! `ConnectionRateLimitReached: Too many connected users`; what the other limits refuse,
+//! and how, is the callers' (README "Running a platform").
 //!
-//! The limit is the project's own (`max_concurrent_users`, set through the management
-//! API; the [`Limits`] lookup reads it from the project directory) or else this front's
-//! default (`PROJECT_MAX_USERS`). A new limit holds from the directory's next refresh
-//! (at once after a management API change). Lowering it below the users connected now
-//! ends no socket and leaves no channel: only new users are refused until enough leave.
+//! Each limit is the project's own (set through the management API; the [`Limits`] lookup
+//! reads it from the project directory) or else this front's default (`PROJECT_MAX_*`).
+//! A new limit holds from the directory's next refresh (at once after a management API
+//! change). Lowering the users limit below the users connected now ends no socket and
+//! leaves no channel: only new users are refused until enough leave.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use walcast_bus::admin::ProjectLimits;
+use walcast_bus::beacon::ProjectRates;
+
 use crate::cluster::Heard;
+use crate::rates::{Rate, Rates};
 use crate::telemetry;
 
 /// Other fronts' counts older than this are not counted (a front that stopped).
@@ -48,12 +55,17 @@ pub struct ProjectCounts {
     pub bytes_out: AtomicU64,
     /// Milliseconds since the front started, when a refusal was last logged (+1).
     logged_at: AtomicU64,
+    rates: Mutex<Rates>,
 }
 
 impl ProjectCounts {
     fn load(&self, c: &AtomicU64) -> u64 {
         let _ = self;
         c.load(Ordering::Relaxed)
+    }
+
+    fn rates(&self) -> std::sync::MutexGuard<'_, Rates> {
+        self.rates.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -71,14 +83,77 @@ impl TooManyUsers {
     pub const CODE: &'static str = "ConnectionRateLimitReached";
 }
 
-/// A project's own connected-users limit, if it has one (the project directory's).
-pub type Limits = Arc<dyn Fn(&str) -> Option<u64> + Send + Sync>;
+/// A rate over its project's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverRate {
+    pub rate: Rate,
+    /// The project's rate across the fronts, before what was refused.
+    pub seen: u64,
+    pub limit: u64,
+}
+
+/// Why a message a client sends is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageRefused {
+    /// Its payload is over the project's `max_payload_size_in_kb`.
+    TooLarge { size: u64, max: u64 },
+    /// The project is over its messages/s or bytes/s.
+    OverRate(OverRate),
+}
+
+/// Supabase's system message for a channel shut because its project sends too much.
+pub const TOO_MANY_MESSAGES: &str = "Too many messages per second";
+
+/// A project's own limits (the project directory's; each `None`: the default).
+pub type Limits = Arc<dyn Fn(&str) -> ProjectLimits + Send + Sync>;
+
+/// A project's limits in effect: its own, else the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Quotas {
+    pub users: u64,
+    pub joins_per_second: u64,
+    pub channels_per_client: u64,
+    pub events_per_second: u64,
+    pub bytes_per_second: u64,
+    pub presence_events_per_second: u64,
+    /// The largest broadcast or presence payload, in bytes.
+    pub payload_bytes: u64,
+}
+
+impl Quotas {
+    fn of(own: ProjectLimits, default: &ProjectLimits) -> Quotas {
+        let pick = |o: Option<u32>, d: Option<u32>| u64::from(o.or(d).unwrap_or(u32::MAX));
+        Quotas {
+            users: pick(own.max_concurrent_users, default.max_concurrent_users),
+            joins_per_second: pick(own.max_joins_per_second, default.max_joins_per_second),
+            channels_per_client: pick(own.max_channels_per_client, default.max_channels_per_client),
+            events_per_second: pick(own.max_events_per_second, default.max_events_per_second),
+            bytes_per_second: pick(own.max_bytes_per_second, default.max_bytes_per_second),
+            presence_events_per_second: pick(
+                own.max_presence_events_per_second,
+                default.max_presence_events_per_second,
+            ),
+            payload_bytes: pick(own.max_payload_size_in_kb, default.max_payload_size_in_kb)
+                .saturating_mul(1024),
+        }
+    }
+
+    /// The limit of `rate`.
+    pub fn of_rate(&self, rate: Rate) -> u64 {
+        match rate {
+            Rate::Joins => self.joins_per_second,
+            Rate::Events => self.events_per_second,
+            Rate::Bytes => self.bytes_per_second,
+            Rate::Presence => self.presence_events_per_second,
+        }
+    }
+}
 
 /// This front's per-project usage.
 pub struct Usage {
     front_id: String,
-    /// The default connected-users limit of a project.
-    max_users: u64,
+    /// Every limit's default (each field `Some`; a `None` would mean no limit).
+    defaults: ProjectLimits,
     limits: Limits,
     heard: Arc<Heard>,
     started: Instant,
@@ -88,13 +163,13 @@ pub struct Usage {
 impl Usage {
     pub(crate) fn new(
         front_id: String,
-        max_users: u64,
+        defaults: ProjectLimits,
         limits: Limits,
         heard: Arc<Heard>,
     ) -> Usage {
         Usage {
             front_id,
-            max_users,
+            defaults,
             limits,
             heard,
             started: Instant::now(),
@@ -115,14 +190,92 @@ impl Usage {
         self.projects.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The default limit of connected users per project.
-    pub fn default_max_users(&self) -> u64 {
-        self.max_users
+    /// `project`'s limits in effect.
+    pub fn quotas(&self, project: &str) -> Quotas {
+        Quotas::of((self.limits)(project), &self.defaults)
     }
 
     /// `project`'s limit of connected users: its own, else the default.
     pub fn max_users(&self, project: &str) -> u64 {
-        (self.limits)(project).unwrap_or(self.max_users)
+        self.quotas(project).users
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Count `wants` (rate, amount) for `project` if every one stays within the project's
+    /// limit across the fronts; else count nothing, and say which is over.
+    pub fn take(&self, project: &str, wants: &[(Rate, u64)]) -> Result<(), OverRate> {
+        let quotas = self.quotas(project);
+        let remote = {
+            let heard = self.heard.lock();
+            heard.front_rates(project, &self.front_id, Instant::now(), REMOTE_FRESH)
+        };
+        let counts = self.of(project);
+        let now = self.now_ms();
+        let mut rates = counts.rates();
+        for &(rate, n) in wants {
+            let seen = rates.rate(rate, now).saturating_add(rate.of(&remote));
+            let limit = quotas.of_rate(rate);
+            if seen.saturating_add(n) > limit {
+                return Err(OverRate { rate, seen, limit });
+            }
+        }
+        for &(rate, n) in wants {
+            rates.add(rate, now, n);
+        }
+        Ok(())
+    }
+
+    /// A broadcast or presence message of `size` bytes that a client of `project` sends:
+    /// within the project's payload limit and its messages/s and bytes/s across the
+    /// fronts? Counted if so; counted as refused and logged if not.
+    pub fn admit_message(&self, project: &str, size: usize) -> Result<(), MessageRefused> {
+        let size = size as u64;
+        let max = self.quotas(project).payload_bytes;
+        if size > max {
+            let detail = format!("payload of {size} bytes, max {max}");
+            self.refuse(project, "payload_size", "PayloadSizeExceeded", &detail);
+            return Err(MessageRefused::TooLarge { size, max });
+        }
+        let wants = [(Rate::Events, 1), (Rate::Bytes, size)];
+        self.take(project, &wants).map_err(|over| {
+            let detail = format!(
+                "{:?} {} per second, limit {}",
+                over.rate, over.seen, over.limit
+            );
+            self.refuse(
+                project,
+                "project_messages",
+                "MessagePerSecondRateLimitReached",
+                &detail,
+            );
+            MessageRefused::OverRate(over)
+        })
+    }
+
+    /// Count what was sent to `project`'s clients (no limit: what is refused is what
+    /// they send while their project is over its rates).
+    pub fn count(&self, project: &str, sent: &[(Rate, u64)]) {
+        let counts = self.of(project);
+        let now = self.now_ms();
+        let mut rates = counts.rates();
+        for &(rate, n) in sent {
+            rates.add(rate, now, n);
+        }
+    }
+
+    /// Count and log (at most once per project per [`LOG_EVERY_MS`]) a refusal by a
+    /// per-project limit: `code` is Supabase's name of it, `label` the
+    /// `walcast_limits_total` kind.
+    pub fn refuse(&self, project: &str, label: &'static str, code: &'static str, detail: &str) {
+        let counts = self.of(project);
+        counts.refused.fetch_add(1, Ordering::Relaxed);
+        telemetry::limit(label);
+        if self.may_log(&counts) {
+            tracing::warn!(project, code, detail, "refused by a per-project limit");
+        }
     }
 
     /// `project`'s connected users on the other fronts, as last announced.
@@ -141,7 +294,14 @@ impl Usage {
             counts.users.fetch_sub(1, Ordering::AcqRel);
             counts.refused.fetch_add(1, Ordering::Relaxed);
             telemetry::limit("project_users");
-            self.log_refusal(project, &counts, users, limit);
+            if self.may_log(&counts) {
+                tracing::warn!(
+                    project,
+                    users,
+                    limit,
+                    "project at its connected-users limit: joins refused (ConnectionRateLimitReached)"
+                );
+            }
             return Err(TooManyUsers {
                 project: project.to_string(),
                 users,
@@ -151,29 +311,18 @@ impl Usage {
         Ok(UserSlot { counts })
     }
 
-    /// Count a refusal of another per-project limit.
-    pub fn refused(&self, project: &str) {
-        self.of(project).refused.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn log_refusal(&self, project: &str, counts: &ProjectCounts, users: u64, limit: u64) {
-        let now = self.started.elapsed().as_millis() as u64 + 1;
+    /// Whether a refusal of `counts`' project may be logged now (one in
+    /// [`LOG_EVERY_MS`]).
+    fn may_log(&self, counts: &ProjectCounts) -> bool {
+        let now = self.now_ms() + 1;
         let last = counts.logged_at.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < LOG_EVERY_MS {
-            return;
+            return false;
         }
-        if counts
+        counts
             .logged_at
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
-        {
-            tracing::warn!(
-                project,
-                users,
-                limit,
-                "project at its connected-users limit: joins refused (ConnectionRateLimitReached)"
-            );
-        }
     }
 
     /// Connected users per project (non-zero ones, the busiest [`BEACON_MAX_PROJECTS`]),
@@ -192,11 +341,29 @@ impl Usage {
         v.into_iter().collect()
     }
 
+    /// Rates per project over the last second (non-zero ones, the busiest
+    /// [`BEACON_MAX_PROJECTS`] by messages), for this front's beacon.
+    pub fn rates(&self) -> BTreeMap<String, ProjectRates> {
+        let now = self.now_ms();
+        let mut v: Vec<(String, ProjectRates)> = self
+            .read()
+            .iter()
+            .map(|(p, c)| (p.clone(), c.rates().all(now)))
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        if v.len() > BEACON_MAX_PROJECTS {
+            v.sort_by_key(|e| std::cmp::Reverse((e.1.events, e.1.joins)));
+            v.truncate(BEACON_MAX_PROJECTS);
+        }
+        v.into_iter().collect()
+    }
+
     /// Every project's counters, by project id.
     pub fn snapshot(&self) -> BTreeMap<String, ProjectUsage> {
+        let now = self.now_ms();
         self.read()
             .iter()
-            .map(|(p, c)| (p.clone(), ProjectUsage::of(c)))
+            .map(|(p, c)| (p.clone(), ProjectUsage::of(c, now)))
             .collect()
     }
 }
@@ -212,11 +379,14 @@ pub struct ProjectUsage {
     pub bytes_in: u64,
     pub messages_out: u64,
     pub bytes_out: u64,
+    /// Rates on this front over the last second.
+    pub rates: ProjectRates,
 }
 
 impl ProjectUsage {
-    fn of(c: &ProjectCounts) -> ProjectUsage {
+    fn of(c: &ProjectCounts, now_ms: u64) -> ProjectUsage {
         ProjectUsage {
+            rates: c.rates().all(now_ms),
             users: c.load(&c.users),
             channels: c.load(&c.channels),
             joins: c.load(&c.joins),
@@ -251,7 +421,7 @@ impl Drop for UserSlot {
 /// The series of `GET /metrics/projects`, in Prometheus' text format.
 pub fn render(usage: &BTreeMap<String, ProjectUsage>) -> String {
     type Field = fn(&ProjectUsage) -> u64;
-    let series: [(&str, &str, &str, Field); 8] = [
+    let series: [(&str, &str, &str, Field); 12] = [
         (
             "walcast_project_users",
             "gauge",
@@ -300,6 +470,30 @@ pub fn render(usage: &BTreeMap<String, ProjectUsage>) -> String {
             "Bytes of those messages",
             |u| u.bytes_out,
         ),
+        (
+            "walcast_project_joins_per_second",
+            "gauge",
+            "Channel joins per second on this front (over the last second)",
+            |u| u.rates.joins,
+        ),
+        (
+            "walcast_project_events_per_second",
+            "gauge",
+            "Broadcast and presence messages received and sent per second on this front",
+            |u| u.rates.events,
+        ),
+        (
+            "walcast_project_bytes_per_second",
+            "gauge",
+            "Bytes of those messages per second on this front",
+            |u| u.rates.bytes,
+        ),
+        (
+            "walcast_project_presence_events_per_second",
+            "gauge",
+            "Presence track and untrack events per second on this front",
+            |u| u.rates.presence,
+        ),
     ];
     let mut out = String::new();
     for (name, kind, help, field) in series {
@@ -316,78 +510,4 @@ pub fn render(usage: &BTreeMap<String, ProjectUsage>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn usage(max: u64) -> Usage {
-        Usage::new(
-            "me".into(),
-            max,
-            Arc::new(|_| None),
-            Arc::new(Heard::default()),
-        )
-    }
-
-    #[test]
-    fn users_are_limited_per_project_and_released() {
-        let u = usage(2);
-        let a = u.admit("p").expect("first");
-        let _b = u.admit("p").expect("second");
-        let e = u.admit("p").expect_err("third refused");
-        assert_eq!((e.users, e.limit), (2, 2));
-        assert!(u.admit("q").is_ok(), "another project is not affected");
-        drop(a);
-        assert!(u.admit("p").is_ok(), "a released slot is taken again");
-        assert_eq!(u.snapshot()["p"].refused, 1);
-    }
-
-    #[test]
-    fn a_project_s_own_limit_replaces_the_default() {
-        let own: Arc<RwLock<HashMap<String, u64>>> = Arc::default();
-        let lookup = own.clone();
-        let limits: Limits = Arc::new(move |p| lookup.read().unwrap().get(p).copied());
-        let u = Usage::new("me".into(), 3, limits, Arc::new(Heard::default()));
-        own.write().unwrap().insert("small".into(), 1);
-        own.write().unwrap().insert("closed".into(), 0);
-        assert_eq!((u.max_users("small"), u.max_users("other")), (1, 3));
-        let first = u.admit("small").expect("the first of one");
-        let e = u.admit("small").expect_err("the second refused");
-        assert_eq!((e.users, e.limit), (1, 1));
-        assert_eq!(u.admit("closed").expect_err("zero: nobody").limit, 0);
-        let others: Vec<UserSlot> = (0..3).map(|_| u.admit("other").unwrap()).collect();
-        assert!(
-            u.admit("other").is_err(),
-            "the default still holds elsewhere"
-        );
-        // Lowered below the users connected: they stay, new ones are refused.
-        own.write().unwrap().insert("other".into(), 1);
-        assert_eq!(u.snapshot()["other"].users, 3);
-        assert!(u.admit("other").is_err());
-        drop(others);
-        assert!(u.admit("other").is_ok(), "room again once they left");
-        // Raised, then back to the default.
-        own.write().unwrap().insert("small".into(), 2);
-        let _second = u.admit("small").expect("room under the raised limit");
-        own.write().unwrap().remove("small");
-        let _third = u.admit("small").expect("the default again: 3");
-        drop(first);
-    }
-
-    #[test]
-    fn beacon_lists_only_projects_with_users() {
-        let u = usage(10);
-        let _a = u.admit("p").unwrap();
-        drop(u.admit("q").unwrap());
-        assert_eq!(u.users(), BTreeMap::from([("p".to_string(), 1)]));
-    }
-
-    #[test]
-    fn metrics_escape_project_ids() {
-        let m = BTreeMap::from([("a\"b\\c".to_string(), ProjectUsage::default())]);
-        let text = render(&m);
-        assert!(
-            text.contains("walcast_project_users{project=\"a\\\"b\\\\c\"} 0"),
-            "{text}"
-        );
-    }
-}
+mod tests;

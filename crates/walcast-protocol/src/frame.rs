@@ -55,6 +55,21 @@ pub enum BroadcastBody {
     Binary(Bytes),
 }
 
+impl BroadcastBody {
+    /// Its size in bytes (the JSON text, or the raw bytes).
+    pub fn len(&self) -> usize {
+        match self {
+            BroadcastBody::Json(v) => v.get().len(),
+            BroadcastBody::Binary(b) => b.len(),
+        }
+    }
+
+    /// Whether it has no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A frame ready for the WebSocket: text or binary message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireMessage {

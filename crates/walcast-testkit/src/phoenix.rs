@@ -252,6 +252,30 @@ impl PhoenixClient {
         }
     }
 
+    /// Skip frames until `topic` is shut as Supabase shuts a channel: a `system` error
+    /// with `message`, then `phx_close`. Returns the `ok` replies seen on the way (pushes
+    /// accepted before the shut). Panics on another `system` error for the topic, on a
+    /// close or the end of the stream.
+    pub async fn expect_shut(&mut self, topic: &str, message: &str) -> usize {
+        let mut ok = 0;
+        loop {
+            let f = self.recv_frame().await;
+            if f[2] != topic {
+                continue;
+            }
+            match f[3].as_str() {
+                Some("phx_reply") if f[4]["status"] == "ok" => ok += 1,
+                Some("system") if f[4]["status"] == "error" => {
+                    assert_eq!(f[4]["message"], message, "{f}");
+                    let close = self.recv_frame().await;
+                    assert_eq!(close[3], "phx_close", "{close}");
+                    return ok;
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Skip frames until the `phx_reply` with ref `r`; returns it. Fails on anything but
     /// frames (a close, the end of the stream).
     pub async fn reply_to(&mut self, r: &str) -> Value {

@@ -50,6 +50,8 @@ pub struct FrontArgs {
     /// connected users`), a stream answered 429.
     #[arg(long, env = "PROJECT_MAX_USERS", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_USERS)]
     pub project_max_users: u64,
+    #[command(flatten)]
+    pub project_rates: ProjectRateArgs,
     /// Joins per second per socket, and new SSE streams per second per project (after a
     /// burst of twice that).
     #[arg(long, env = "JOINS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_JOINS_PER_SECOND)]
@@ -91,6 +93,54 @@ pub struct FrontArgs {
     pub roles: crate::config::RolesArgs,
 }
 
+/// A project's default rate limits across the fronts (each project may have its own,
+/// through the management API).
+#[derive(Args, Clone, Debug)]
+pub struct ProjectRateArgs {
+    /// Channel joins per second per project; beyond it a join is refused
+    /// (`ClientJoinRateLimitReached: Too many joins per second`).
+    #[arg(long, env = "PROJECT_MAX_JOINS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_PROJECT_JOINS_PER_SECOND)]
+    pub project_max_joins_per_second: u32,
+    /// Broadcast and presence messages per second per project, received and sent; while
+    /// a project is over it, a channel that sends is shut ("Too many messages per
+    /// second") and a REST broadcast answered 429.
+    #[arg(long, env = "PROJECT_MAX_EVENTS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_PROJECT_EVENTS_PER_SECOND)]
+    pub project_max_events_per_second: u32,
+    /// Bytes of those messages per second per project (as the messages limit).
+    #[arg(long, env = "PROJECT_MAX_BYTES_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_PROJECT_BYTES_PER_SECOND)]
+    pub project_max_bytes_per_second: u32,
+    /// Presence track/untrack events per second per project; beyond it the channel is
+    /// shut ("Too many presence messages per second").
+    #[arg(long, env = "PROJECT_MAX_PRESENCE_EVENTS_PER_SECOND", default_value_t = walcast_front::config::DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND)]
+    pub project_max_presence_events_per_second: u32,
+    /// The largest broadcast or presence payload, in KiB (a larger broadcast is refused,
+    /// a larger presence shuts its channel, a larger REST message is answered 413).
+    #[arg(long, env = "PROJECT_MAX_PAYLOAD_KB", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_PAYLOAD_KB)]
+    pub project_max_payload_kb: u32,
+}
+
+impl ProjectRateArgs {
+    fn config(&self) -> walcast_front::config::ProjectRateDefaults {
+        walcast_front::config::ProjectRateDefaults {
+            joins_per_second: self.project_max_joins_per_second,
+            events_per_second: self.project_max_events_per_second,
+            bytes_per_second: self.project_max_bytes_per_second,
+            presence_events_per_second: self.project_max_presence_events_per_second,
+            max_payload_kb: self.project_max_payload_kb,
+        }
+    }
+
+    fn effective(&self) -> serde_json::Value {
+        serde_json::json!({
+            "project_max_joins_per_second": self.project_max_joins_per_second,
+            "project_max_events_per_second": self.project_max_events_per_second,
+            "project_max_bytes_per_second": self.project_max_bytes_per_second,
+            "project_max_presence_events_per_second": self.project_max_presence_events_per_second,
+            "project_max_payload_kb": self.project_max_payload_kb,
+        })
+    }
+}
+
 impl FrontArgs {
     pub fn config(&self, front_id: &str) -> FrontConfig {
         FrontConfig {
@@ -102,6 +152,7 @@ impl FrontArgs {
             max_bindings_per_channel: self.max_bindings_per_channel,
             max_connections: self.max_connections,
             project_max_users: self.project_max_users,
+            project_rates: self.project_rates.config(),
             joins_per_second: self.joins_per_second,
             join_burst: self.joins_per_second.saturating_mul(2),
             register_timeout: Duration::from_millis(self.register_timeout_ms),
@@ -210,6 +261,7 @@ impl FrontArgs {
             "max_bindings_per_channel": self.max_bindings_per_channel,
             "max_connections": self.max_connections,
             "project_max_users": self.project_max_users,
+            "project_rates": self.project_rates.effective(),
             "joins_per_second": self.joins_per_second,
             "register_timeout_ms": self.register_timeout_ms,
             "presence_ttl_secs": self.presence_ttl_secs,

@@ -179,6 +179,7 @@ mod tests {
             bus_disconnects: 0,
             draining,
             project_users: Default::default(),
+            project_rates: Default::default(),
         }
     }
 

@@ -1,17 +1,32 @@
 //! `broadcast`: a client's message to the channel's topic, delivered on this front and
 //! relayed to the others (see [`crate::broadcast`]); acknowledged if the join asked for
-//! it.
+//! it. Over its project's payload limit it is refused (an error reply); while its project
+//! is over its messages/s or bytes/s the channel is shut (`system` "Too many messages per
+//! second", then `phx_close`), as Supabase shuts it.
 
-use walcast_protocol::{BroadcastPush, Frame, UserBroadcast};
+use walcast_protocol::{server, BroadcastPush, Frame, UserBroadcast};
 
 use super::Session;
 use crate::broadcast::Pushed;
 use crate::telemetry;
+use crate::usage::{MessageRefused, TOO_MANY_MESSAGES};
 
 pub(super) async fn apply(s: &mut Session, f: &Frame, b: BroadcastPush) {
     if !s.may_write(&f.topic).await {
         // Dropped, as Supabase drops a send its policies refuse.
         return;
+    }
+    if !s.channels.contains_key(&f.topic) {
+        return;
+    }
+    match s.services.usage.admit_message(&s.project, b.payload.len()) {
+        Ok(()) => {}
+        Err(MessageRefused::TooLarge { size, max }) => {
+            // Not sent: said to the sender (Supabase answers only an `ack` join).
+            let text = format!("Payload size exceeded: {size} bytes, at most {max}");
+            return s.reply_error(f, &server::error_reason("PayloadSizeExceeded", &text));
+        }
+        Err(MessageRefused::OverRate(_)) => return s.shut(&f.topic, TOO_MANY_MESSAGES).await,
     }
     let Some(ch) = s.channels.get(&f.topic) else {
         return;

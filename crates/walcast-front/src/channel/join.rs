@@ -34,9 +34,10 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, req: JoinRequest) {
     if name.is_empty() {
         return join_error(s, f, "TopicNameRequired", "You must provide a topic name");
     }
-    if !s.joins.take() {
-        telemetry::limit("join_rate");
-        return join_error(s, f, "TooManyJoins", "Too many joins per second");
+    if let Err(label) = join_rate(s) {
+        let (code, text) = JOIN_RATE;
+        s.services.usage.refuse(&s.project, label, code, text);
+        return join_error(s, f, code, text);
     }
     // A second join on a joined topic replaces the channel.
     if let Some(old) = s.channels.remove(topic) {
@@ -251,16 +252,31 @@ fn replayed_frame(s: &Session, topic: &str, m: StoredBroadcast) -> Option<Out> {
     s.out(&server::broadcast(topic, b))
 }
 
-/// The socket's channel limit and the channel's binding limit.
+/// Supabase's code and text for a join over the socket's or the project's joins/s.
+const JOIN_RATE: (&str, &str) = ("ClientJoinRateLimitReached", "Too many joins per second");
+
+/// The socket's joins per second, then its project's across the fronts; `Err`: the
+/// `walcast_limits_total` kind of the limit reached.
+fn join_rate(s: &mut Session) -> Result<(), &'static str> {
+    if !s.joins.take() {
+        return Err("join_rate");
+    }
+    let usage = &s.services.usage;
+    match usage.take(&s.project, &[(crate::rates::Rate::Joins, 1)]) {
+        Ok(()) => Ok(()),
+        Err(_) => Err("project_joins"),
+    }
+}
+
+/// The socket's channel limit (its project's `max_channels_per_client`) and the
+/// channel's binding limit.
 fn join_limits(s: &Session, bindings: usize) -> Result<(), (&'static str, String)> {
     let cfg = &s.services.cfg;
-    if s.channels.len() >= cfg.max_channels_per_socket {
-        telemetry::limit("channels");
-        let text = format!(
-            "Too many channels (max {} per connection)",
-            cfg.max_channels_per_socket
-        );
-        return Err(("TooManyChannels", text));
+    let max_channels = s.services.usage.quotas(&s.project).channels_per_client;
+    if s.channels.len() as u64 >= max_channels {
+        let (code, text) = ("ChannelRateLimitReached", "Too many channels");
+        s.services.usage.refuse(&s.project, "channels", code, text);
+        return Err((code, text.to_string()));
     }
     if bindings > cfg.max_bindings_per_channel {
         telemetry::limit("bindings");

@@ -218,7 +218,7 @@ impl Session {
         if ch.tracked {
             let owner = format!("{}:{}", sv.front_id, ch.id);
             if let Some(d) = sv.presence.untrack(ch.key.clone(), owner).await {
-                crate::presence::send_diff(&sv.delivery.topics, &ch.key, &d);
+                crate::presence::send_diff(&sv.delivery.topics, &sv.usage, &ch.key, &d);
             }
         }
         sv.connections.channel_closed();

@@ -1,5 +1,7 @@
 //! `presence`: track or untrack this channel's presence on its topic (see
-//! [`crate::presence`]); the diff goes to this front's channels of the topic.
+//! [`crate::presence`]); the diff goes to this front's channels of the topic. Over a
+//! limit (payload size, the socket's or the project's presence rate, the project's
+//! messages rate) the channel is shut with Supabase's `system` text.
 
 use walcast_protocol::{Frame, PresenceAction};
 
@@ -7,8 +9,9 @@ use super::Session;
 use crate::presence::{admit, send_diff};
 
 pub(super) async fn apply(s: &mut Session, f: &Frame, action: PresenceAction) {
-    if let Err(why) = admit(&mut s.presence_events, &action) {
-        return s.reply_error(f, why);
+    let usage = s.services.usage.clone();
+    if let Err(why) = admit(&usage, &s.project, &mut s.presence_events, &action) {
+        return s.shut(&f.topic, why.message()).await;
     }
     if matches!(action, PresenceAction::Track { .. }) && !s.may_write(&f.topic).await {
         // Tracking on a private channel needs the write policy, as sending does.
@@ -39,6 +42,6 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, action: PresenceAction) {
     };
     s.reply_ok(f);
     if let Some(d) = diff {
-        send_diff(&sv.delivery.topics, &key, &d);
+        send_diff(&sv.delivery.topics, &sv.usage, &key, &d);
     }
 }

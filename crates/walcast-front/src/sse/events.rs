@@ -67,8 +67,9 @@ pub(super) struct StreamState {
     pub cancel: CancellationToken,
     pub done: bool,
     pub _guard: Reader,
-    /// Its `max_connections` slot and its place among its project's connected users.
-    pub _slot: (SseSlot, crate::usage::UserSlot),
+    /// Its `max_connections` slot and its place among its project's connected users
+    /// (whose counters count what it sends).
+    pub slot: (SseSlot, crate::usage::UserSlot),
 }
 
 pub(super) async fn next_event(
@@ -99,6 +100,9 @@ pub(super) async fn next_event(
                         continue;
                     }
                     st.last = Some(item.pos);
+                    let counts = st.slot.1.counts();
+                    counts.messages_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    counts.bytes_out.fetch_add(item.data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     return Some((Ok(item_event(&item)), st));
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {

@@ -240,7 +240,7 @@ pub(crate) async fn handler(
         cancel: hub.cancel.clone(),
         done: false,
         _guard: guard,
-        _slot: (slot, user_slot),
+        slot: (slot, user_slot),
     };
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)

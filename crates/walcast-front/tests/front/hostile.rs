@@ -152,9 +152,9 @@ async fn a_thousand_joins_hit_the_limits_and_the_socket_still_works() {
                     Some("ok") => ok += 1,
                     _ => {
                         let reason = m.payload()["response"]["reason"].as_str().unwrap();
-                        if reason.starts_with("TooManyChannels") {
+                        if reason.starts_with("ChannelRateLimitReached") {
                             too_many_channels += 1;
-                        } else if reason.starts_with("TooManyJoins") {
+                        } else if reason.starts_with("ClientJoinRateLimitReached") {
                             too_many_joins += 1;
                         } else {
                             panic!("unexpected {reason}");
