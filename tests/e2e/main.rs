@@ -27,6 +27,7 @@ mod pipeline;
 mod presence;
 mod private_projects;
 mod project_limits;
+mod project_rates;
 mod projects;
 mod registry;
 mod replication_role;
