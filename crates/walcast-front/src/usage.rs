@@ -418,85 +418,94 @@ impl Drop for UserSlot {
     }
 }
 
+/// A `/metrics/projects` series: name, type, help, the field it shows.
+type Series = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ProjectUsage) -> u64,
+);
+
+/// The series of `GET /metrics/projects`.
+const SERIES: [Series; 12] = [
+    (
+        "walcast_project_users",
+        "gauge",
+        "Connected users (sockets with a joined channel, SSE streams) on this front",
+        |u| u.users,
+    ),
+    (
+        "walcast_project_channels",
+        "gauge",
+        "Joined channels on this front",
+        |u| u.channels,
+    ),
+    (
+        "walcast_project_joins_total",
+        "counter",
+        "Joins accepted",
+        |u| u.joins,
+    ),
+    (
+        "walcast_project_refused_total",
+        "counter",
+        "Joins, streams and messages refused by a per-project limit",
+        |u| u.refused,
+    ),
+    (
+        "walcast_project_messages_in_total",
+        "counter",
+        "Broadcast and presence messages received from the project's clients",
+        |u| u.messages_in,
+    ),
+    (
+        "walcast_project_bytes_in_total",
+        "counter",
+        "Bytes of those messages",
+        |u| u.bytes_in,
+    ),
+    (
+        "walcast_project_messages_out_total",
+        "counter",
+        "Messages queued to the project's clients",
+        |u| u.messages_out,
+    ),
+    (
+        "walcast_project_bytes_out_total",
+        "counter",
+        "Bytes of those messages",
+        |u| u.bytes_out,
+    ),
+    (
+        "walcast_project_joins_per_second",
+        "gauge",
+        "Channel joins per second on this front (over the last second)",
+        |u| u.rates.joins,
+    ),
+    (
+        "walcast_project_events_per_second",
+        "gauge",
+        "Broadcast and presence messages received and sent per second on this front",
+        |u| u.rates.events,
+    ),
+    (
+        "walcast_project_bytes_per_second",
+        "gauge",
+        "Bytes of those messages per second on this front",
+        |u| u.rates.bytes,
+    ),
+    (
+        "walcast_project_presence_events_per_second",
+        "gauge",
+        "Presence track and untrack events per second on this front",
+        |u| u.rates.presence,
+    ),
+];
+
 /// The series of `GET /metrics/projects`, in Prometheus' text format.
 pub fn render(usage: &BTreeMap<String, ProjectUsage>) -> String {
-    type Field = fn(&ProjectUsage) -> u64;
-    let series: [(&str, &str, &str, Field); 12] = [
-        (
-            "walcast_project_users",
-            "gauge",
-            "Connected users (sockets with a joined channel, SSE streams) on this front",
-            |u| u.users,
-        ),
-        (
-            "walcast_project_channels",
-            "gauge",
-            "Joined channels on this front",
-            |u| u.channels,
-        ),
-        (
-            "walcast_project_joins_total",
-            "counter",
-            "Joins accepted",
-            |u| u.joins,
-        ),
-        (
-            "walcast_project_refused_total",
-            "counter",
-            "Joins, streams and messages refused by a per-project limit",
-            |u| u.refused,
-        ),
-        (
-            "walcast_project_messages_in_total",
-            "counter",
-            "Broadcast and presence messages received from the project's clients",
-            |u| u.messages_in,
-        ),
-        (
-            "walcast_project_bytes_in_total",
-            "counter",
-            "Bytes of those messages",
-            |u| u.bytes_in,
-        ),
-        (
-            "walcast_project_messages_out_total",
-            "counter",
-            "Messages queued to the project's clients",
-            |u| u.messages_out,
-        ),
-        (
-            "walcast_project_bytes_out_total",
-            "counter",
-            "Bytes of those messages",
-            |u| u.bytes_out,
-        ),
-        (
-            "walcast_project_joins_per_second",
-            "gauge",
-            "Channel joins per second on this front (over the last second)",
-            |u| u.rates.joins,
-        ),
-        (
-            "walcast_project_events_per_second",
-            "gauge",
-            "Broadcast and presence messages received and sent per second on this front",
-            |u| u.rates.events,
-        ),
-        (
-            "walcast_project_bytes_per_second",
-            "gauge",
-            "Bytes of those messages per second on this front",
-            |u| u.rates.bytes,
-        ),
-        (
-            "walcast_project_presence_events_per_second",
-            "gauge",
-            "Presence track and untrack events per second on this front",
-            |u| u.rates.presence,
-        ),
-    ];
     let mut out = String::new();
-    for (name, kind, help, field) in series {
+    for (name, kind, help, field) in SERIES {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
         for (project, u) in usage {
             let label = project
