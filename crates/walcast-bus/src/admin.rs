@@ -63,9 +63,9 @@ pub enum AdminRequest {
         name: String,
         #[serde(default)]
         private_only: bool,
-        /// Its connected-users limit (absent: the fronts' default).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        max_concurrent_users: Option<u32>,
+        /// Its own limits (each absent: the fronts' default), top-level fields.
+        #[serde(flatten)]
+        limits: ProjectLimits,
     },
     /// One stored project.
     ProjectGet { id: String },
@@ -78,14 +78,10 @@ pub enum AdminRequest {
         private_only: Option<bool>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         suspended: Option<bool>,
-        /// Absent: unchanged; `null` (`Some(None)`): back to the fronts' default;
-        /// a number: the project's connected-users limit.
-        #[serde(
-            default,
-            skip_serializing_if = "Option::is_none",
-            deserialize_with = "present"
-        )]
-        max_concurrent_users: Option<Option<u32>>,
+        /// Its limits, top-level fields: absent unchanged, `null` back to the fronts'
+        /// default, a number set.
+        #[serde(flatten)]
+        limits: LimitChanges,
     },
     /// A new secret; the current one still accepted for `window_secs`.
     ProjectRotate { id: String, window_secs: u64 },
@@ -110,18 +106,11 @@ impl AdminRequest {
 }
 
 /// The largest per-project connected-users limit (`walcast.projects.max_concurrent_users`
-/// is an `integer`).
-pub const MAX_USERS_LIMIT: u64 = i32::MAX as u64;
+/// is an `integer`); the same bound as every other limit's, [`MAX_LIMIT`].
+pub const MAX_USERS_LIMIT: u64 = MAX_LIMIT;
 
-/// A field that is present, `null` included (`Some(None)`); absent is `None` (by
-/// `#[serde(default)]`).
-fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Some)
-}
+mod limits;
+pub use limits::{LimitChanges, LIMITS, MAX_LIMIT};
 
 /// Read-only admin requests (channel checks, replays, lists) answered at once by a
 /// worker; more wait for one of these to finish, so a flood of checks is bounded.
@@ -194,9 +183,10 @@ pub struct ProjectRecord {
     /// The previous secret is accepted until then (Unix ms); absent: without end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt_secret_previous_until_ms: Option<i64>,
-    /// Its connected-users limit; absent: the fronts' default (`PROJECT_MAX_USERS`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_concurrent_users: Option<u32>,
+    /// Its own limits (each absent: the fronts' default), top-level fields of the record
+    /// (`max_concurrent_users`, … as before they were grouped).
+    #[serde(flatten)]
+    pub limits: ProjectLimits,
 }
 
 /// A project's own limits (README "Running a platform"); each `None` is the fronts'
@@ -305,9 +295,11 @@ impl AdminError {
     }
 }
 
-/// The wire form of an answer.
+/// The wire form of an answer (built once per answer, serialised at once: a project
+/// record with its limits in place costs less than boxing it).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)]
 enum Response {
     Ok(AdminReply),
     Error(AdminError),

@@ -152,16 +152,15 @@ impl Projects {
 
     /// A known project's own connected-users limit (`None`: unknown, or the default).
     pub fn max_users(&self, id: &str) -> Option<u64> {
-        self.read().get(id).and_then(|e| e.status.max_users)
+        self.limits(id).max_concurrent_users.map(u64::from)
     }
 
     /// A known project's own limits (each `None`: the default; all `None`: unknown).
     pub fn limits(&self, id: &str) -> walcast_bus::admin::ProjectLimits {
-        let max_users = self.max_users(id);
-        walcast_bus::admin::ProjectLimits {
-            max_concurrent_users: max_users.map(|n| n.min(u64::from(u32::MAX)) as u32),
-            ..Default::default()
-        }
+        self.read()
+            .get(id)
+            .map(|e| e.status.limits)
+            .unwrap_or_default()
     }
 
     /// Whether a known project refuses public channels.

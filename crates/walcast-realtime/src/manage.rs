@@ -5,7 +5,7 @@
 
 use tokio_postgres::Client;
 use walcast_bus::admin::{
-    AdminError, AdminErrorKind, AdminReply, AdminRequest, ProjectRecord, TableName,
+    AdminError, AdminErrorKind, AdminReply, AdminRequest, LimitChanges, ProjectRecord, TableName,
 };
 
 use crate::projects::{self, Project, ProjectChanges, ProjectError};
@@ -23,7 +23,7 @@ pub fn record(p: Project) -> ProjectRecord {
         suspended: p.suspended,
         private_only: p.private_only,
         jwt_secret_previous_until_ms: p.jwt_secret_previous_until_ms,
-        max_concurrent_users: p.max_concurrent_users,
+        limits: p.limits,
     }
 }
 
@@ -39,7 +39,7 @@ fn refused(e: ProjectError) -> AdminError {
         ProjectError::EmptyName
         | ProjectError::LongName
         | ProjectError::ControlInName
-        | ProjectError::LimitTooLarge => {
+        | ProjectError::LimitTooLarge { .. } => {
             AdminError::new(AdminErrorKind::InvalidRequest, e.to_string())
         }
         other => AdminError::new(AdminErrorKind::Internal, other.to_string()),
@@ -69,16 +69,16 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
         AdminRequest::ProjectCreate {
             name,
             private_only,
-            max_concurrent_users,
+            limits,
         } => {
-            if let Some(n) = max_concurrent_users {
-                projects::check_limit(n).map_err(refused)?;
+            if let Some(field) = limits.too_large() {
+                return Err(refused(ProjectError::LimitTooLarge { field }));
             }
             let p = projects::create(client, &name).await.map_err(refused)?;
             tracing::info!(project = %p.id, "project created");
             let changes = ProjectChanges {
                 private_only: private_only.then_some(true),
-                max_concurrent_users: max_concurrent_users.map(Some),
+                limits: LimitChanges::set(&limits),
                 ..ProjectChanges::default()
             };
             let p = match changes == ProjectChanges::default() {
@@ -97,13 +97,13 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
             name,
             private_only,
             suspended,
-            max_concurrent_users,
+            limits,
         } => {
             let changes = ProjectChanges {
                 name,
                 private_only,
                 suspended,
-                max_concurrent_users,
+                limits,
             };
             let p = projects::update(client, &id, &changes)
                 .await

@@ -81,6 +81,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "project_limits",
         include_str!("../../../sql/0018_project_limits.sql"),
     ),
+    (
+        19,
+        "project_rate_limits",
+        include_str!("../../../sql/0019_project_rate_limits.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

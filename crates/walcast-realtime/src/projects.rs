@@ -4,6 +4,7 @@
 //! not stored; every other one is a row of `walcast.projects` created by [`create`].
 
 use tokio_postgres::{Client, GenericClient, Row};
+use walcast_bus::admin::{LimitChanges, ProjectLimits, MAX_LIMIT};
 
 use crate::catalog::tables::DEFAULT_PROJECT;
 use walcast_core::sql::quote_ident;
@@ -32,8 +33,8 @@ pub struct Project {
     pub private_only: bool,
     /// The previous secret is accepted until then (Unix ms); `None`: without end.
     pub jwt_secret_previous_until_ms: Option<i64>,
-    /// Its connected-users limit; `None`: the fronts' default (`PROJECT_MAX_USERS`).
-    pub max_concurrent_users: Option<u32>,
+    /// Its own limits (each `None`: the fronts' default).
+    pub limits: ProjectLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +45,8 @@ pub enum ProjectError {
     LongName,
     #[error("project name must not contain control characters")]
     ControlInName,
-    #[error("max_concurrent_users must be at most {MAX_USERS_LIMIT}")]
-    LimitTooLarge,
+    #[error("{field} must be at most {MAX_LIMIT}")]
+    LimitTooLarge { field: &'static str },
     #[error("realtime tables: {0}")]
     Tables(String),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
@@ -55,7 +56,14 @@ pub enum ProjectError {
 const COLUMNS: &str = "id, name, schema_name, jwt_secret,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
     jwt_secret_previous, jwks::text, suspended, private_only,
-    (extract(epoch FROM jwt_secret_previous_until) * 1000)::bigint, max_concurrent_users";
+    (extract(epoch FROM jwt_secret_previous_until) * 1000)::bigint,
+    max_concurrent_users, max_joins_per_second, max_channels_per_client,
+    max_events_per_second, max_bytes_per_second, max_presence_events_per_second,
+    max_payload_size_in_kb";
+
+/// The column of the first limit in [`COLUMNS`] (the others follow in the order of
+/// [`ProjectLimits::FIELDS`]).
+const FIRST_LIMIT: usize = 10;
 
 fn from_row(r: &Row) -> Project {
     Project {
@@ -69,8 +77,11 @@ fn from_row(r: &Row) -> Project {
         suspended: r.get(7),
         private_only: r.get(8),
         jwt_secret_previous_until_ms: r.get(9),
-        // The column's CHECK keeps it non-negative.
-        max_concurrent_users: r.get::<_, Option<i32>>(10).map(|n| n.max(0) as u32),
+        // Each column's CHECK keeps it non-negative.
+        limits: ProjectLimits::from_array(std::array::from_fn(|i| {
+            r.get::<_, Option<i32>>(FIRST_LIMIT + i)
+                .map(|n| n.max(0) as u32)
+        })),
     }
 }
 
@@ -178,7 +189,8 @@ pub fn check_name(name: &str) -> Result<&str, ProjectError> {
     Ok(name)
 }
 
-/// The largest connected-users limit a project may have (the column is an `integer`).
+/// The largest connected-users limit a project may have (the column is an `integer`),
+/// the bound of every limit.
 pub use walcast_bus::admin::MAX_USERS_LIMIT;
 
 /// What an update changes (`None`: left as it is).
@@ -187,50 +199,79 @@ pub struct ProjectChanges {
     pub name: Option<String>,
     pub private_only: Option<bool>,
     pub suspended: Option<bool>,
-    /// `Some(None)`: back to the fronts' default; `Some(Some(n))`: at most `n` users.
-    pub max_concurrent_users: Option<Option<u32>>,
+    /// Each `Some(None)`: back to the fronts' default; `Some(Some(n))`: `n`.
+    pub limits: LimitChanges,
 }
 
-/// A connected-users limit that fits the column (at most [`MAX_USERS_LIMIT`]).
-pub fn check_limit(n: u32) -> Result<i32, ProjectError> {
-    match u64::from(n) <= MAX_USERS_LIMIT {
-        true => i32::try_from(n).map_err(|_| ProjectError::LimitTooLarge),
-        false => Err(ProjectError::LimitTooLarge),
+/// A limit that fits its column (at most [`MAX_LIMIT`]); `field` names it in the error.
+pub fn check_limit(field: &'static str, n: u32) -> Result<i32, ProjectError> {
+    match u64::from(n) <= MAX_LIMIT {
+        true => i32::try_from(n).map_err(|_| ProjectError::LimitTooLarge { field }),
+        false => Err(ProjectError::LimitTooLarge { field }),
     }
 }
 
-/// Change a project's name, private-only switch, suspension or connected-users limit;
-/// `None`: no such project.
+/// Each limit that `changes` sets (in the order of [`ProjectLimits::FIELDS`]), and its
+/// value (`None`: the default), each checked.
+fn limit_params(changes: &LimitChanges) -> Result<(Vec<bool>, Vec<Option<i32>>), ProjectError> {
+    let mut set = Vec::with_capacity(ProjectLimits::FIELDS.len());
+    let mut values = Vec::with_capacity(ProjectLimits::FIELDS.len());
+    for (field, change) in ProjectLimits::FIELDS.into_iter().zip(changes.to_array()) {
+        set.push(change.is_some());
+        values.push(
+            change
+                .flatten()
+                .map(|n| check_limit(field, n))
+                .transpose()?,
+        );
+    }
+    Ok((set, values))
+}
+
+/// `SET` terms of the limits: each column from the arrays `$set` and `$values` (1-based
+/// indexes), or left. The column names come from [`ProjectLimits::FIELDS`]; the values
+/// are bound parameters.
+fn limit_sets(set: usize, values: usize) -> String {
+    ProjectLimits::FIELDS
+        .iter()
+        .enumerate()
+        .map(|(i, col)| {
+            let i = i + 1;
+            format!(
+                "{col} = CASE WHEN (${set}::boolean[])[{i}] THEN (${values}::integer[])[{i}] ELSE {col} END,"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Change a project's name, private-only switch, suspension or limits; `None`: no such
+/// project.
 pub async fn update<C: GenericClient>(
     client: &C,
     id: &str,
     changes: &ProjectChanges,
 ) -> Result<Option<Project>, ProjectError> {
     let name = changes.name.as_deref().map(check_name).transpose()?;
-    let set_limit = changes.max_concurrent_users.is_some();
-    let limit = changes
-        .max_concurrent_users
-        .flatten()
-        .map(check_limit)
-        .transpose()?;
+    let (set, values) = limit_params(&changes.limits)?;
     let row = client
         .query_opt(
             &format!(
                 "UPDATE walcast.projects SET name = coalesce($2, name),
                         private_only = coalesce($3, private_only),
                         suspended = coalesce($4, suspended),
-                        max_concurrent_users = CASE WHEN $5 THEN $6::integer
-                                                    ELSE max_concurrent_users END,
+                        {}
                         updated_at = now()
-                  WHERE id = $1 RETURNING {COLUMNS}"
+                  WHERE id = $1 RETURNING {COLUMNS}",
+                limit_sets(5, 6)
             ),
             &[
                 &id,
                 &name,
                 &changes.private_only,
                 &changes.suspended,
-                &set_limit,
-                &limit,
+                &set,
+                &values,
             ],
         )
         .await?;
@@ -303,5 +344,59 @@ fn table_error(e: crate::catalog::tables::RealtimeTablesError) -> ProjectError {
     match e {
         crate::catalog::tables::RealtimeTablesError::Db(d) => ProjectError::Db(d),
         other => ProjectError::Tables(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_columns_are_the_limits_in_order() {
+        // The columns before the limits: the 10 of `from_row` (`to_char(…)` has a comma).
+        let cols: Vec<&str> = COLUMNS.split(',').map(str::trim).collect();
+        assert_eq!(cols.len(), FIRST_LIMIT + 1 + ProjectLimits::FIELDS.len());
+        assert!(cols[FIRST_LIMIT].ends_with("::bigint"), "{cols:?}");
+        assert_eq!(cols[FIRST_LIMIT + 1..], ProjectLimits::FIELDS);
+        let sets = limit_sets(5, 6);
+        assert_eq!(sets.lines().count(), ProjectLimits::FIELDS.len());
+        assert!(sets.contains(
+            "max_payload_size_in_kb = CASE WHEN ($5::boolean[])[7] THEN ($6::integer[])[7] ELSE max_payload_size_in_kb END,"
+        ));
+    }
+
+    #[test]
+    fn a_limit_too_large_names_its_field() {
+        assert_eq!(
+            check_limit("max_events_per_second", i32::MAX as u32).unwrap(),
+            i32::MAX
+        );
+        let changes = LimitChanges {
+            max_joins_per_second: Some(Some(3)),
+            max_bytes_per_second: Some(None),
+            max_payload_size_in_kb: Some(Some(i32::MAX as u32 + 1)),
+            ..LimitChanges::default()
+        };
+        let e = limit_params(&changes).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ProjectError::LimitTooLarge {
+                    field: "max_payload_size_in_kb"
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "max_payload_size_in_kb must be at most 2147483647"
+        );
+        let changes = LimitChanges {
+            max_payload_size_in_kb: None,
+            ..changes
+        };
+        let (set, values) = limit_params(&changes).unwrap();
+        assert_eq!(set, [false, true, false, false, true, false, false]);
+        assert_eq!(values, [None, Some(3), None, None, None, None, None]);
     }
 }

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use walcast_bus::admin::{AdminReply, AdminRequest};
+use walcast_bus::admin::{AdminReply, AdminRequest, LimitChanges, ProjectLimits, MAX_LIMIT};
 use walcast_front::management;
 use walcast_realtime::{manage, projects};
 
@@ -19,6 +19,10 @@ pub struct ProjectArgs {
     /// force of a project without its own).
     #[arg(long, env = "PROJECT_MAX_USERS", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_USERS)]
     pub project_max_users: u64,
+    /// The fronts' channels per socket (shown as the channels-per-client limit in force
+    /// of a project without its own).
+    #[arg(long, env = "MAX_CHANNELS_PER_SOCKET", default_value_t = walcast_front::config::DEFAULT_MAX_CHANNELS_PER_SOCKET)]
+    pub max_channels_per_socket: usize,
     #[command(subcommand)]
     pub action: ProjectAction,
 }
@@ -34,9 +38,8 @@ pub enum ProjectAction {
         /// Refuse public channels.
         #[arg(long)]
         private_only: bool,
-        /// Its connected-users limit (omitted: the fronts' PROJECT_MAX_USERS).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=i64::from(i32::MAX)))]
-        max_concurrent_users: Option<u32>,
+        #[command(flatten)]
+        limits: CreateLimits,
     },
     /// Print the projects as a JSON array (no secrets).
     List,
@@ -45,8 +48,7 @@ pub enum ProjectAction {
         /// The project id.
         id: String,
     },
-    /// Rename a project, switch private-only, suspend or resume it, set its
-    /// connected-users limit.
+    /// Rename a project, switch private-only, suspend or resume it, set its limits.
     Update {
         /// The project id.
         id: String,
@@ -56,10 +58,8 @@ pub enum ProjectAction {
         private_only: Option<bool>,
         #[arg(long)]
         suspended: Option<bool>,
-        /// Its connected-users limit, or `default` for the fronts' PROJECT_MAX_USERS.
-        /// Lowering it ends no socket: only new users are refused.
-        #[arg(long, value_name = "N|default", value_parser = parse_limit)]
-        max_concurrent_users: Option<Limit>,
+        #[command(flatten)]
+        limits: UpdateLimits,
     },
     /// A new secret (printed with new keys); the current one stays valid for the window.
     Rotate {
@@ -94,7 +94,96 @@ pub fn project_keys(id: &str, secret: &str) -> anyhow::Result<(String, String)> 
     Ok(management::mint_keys(id, secret)?)
 }
 
-/// `--max-concurrent-users`: a number, or the fronts' default.
+/// A project's limits at its creation (each omitted: the fronts' default).
+#[derive(Args, Debug, Clone, Default)]
+pub struct CreateLimits {
+    /// Its connected-users limit (omitted: the fronts' PROJECT_MAX_USERS).
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_concurrent_users: Option<u32>,
+    /// Its channel joins per second, across the fronts.
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_joins_per_second: Option<u32>,
+    /// The channels one of its sockets may have joined (omitted: MAX_CHANNELS_PER_SOCKET).
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_channels_per_client: Option<u32>,
+    /// Its broadcast and presence messages per second, across the fronts.
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_events_per_second: Option<u32>,
+    /// The bytes of those messages per second, across the fronts.
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_bytes_per_second: Option<u32>,
+    /// Its presence track and untrack events per second, across the fronts.
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_presence_events_per_second: Option<u32>,
+    /// Its largest broadcast or presence payload, in KiB.
+    #[arg(long, value_name = "N", value_parser = limit_value())]
+    max_payload_size_in_kb: Option<u32>,
+}
+
+/// A limit at creation: a whole number from 0 to 2147483647.
+fn limit_value() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(0..=MAX_LIMIT as i64)
+}
+
+impl CreateLimits {
+    fn limits(&self) -> ProjectLimits {
+        ProjectLimits::from_array([
+            self.max_concurrent_users,
+            self.max_joins_per_second,
+            self.max_channels_per_client,
+            self.max_events_per_second,
+            self.max_bytes_per_second,
+            self.max_presence_events_per_second,
+            self.max_payload_size_in_kb,
+        ])
+    }
+}
+
+/// A project's limits changed (each omitted: unchanged; `default`: back to the fronts'
+/// default). Lowering one ends no socket: only what comes after is refused.
+#[derive(Args, Debug, Clone, Default)]
+pub struct UpdateLimits {
+    /// Its connected-users limit, or `default` for the fronts' PROJECT_MAX_USERS.
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_concurrent_users: Option<Limit>,
+    /// Its channel joins per second across the fronts, or `default`.
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_joins_per_second: Option<Limit>,
+    /// The channels one of its sockets may have joined, or `default` (MAX_CHANNELS_PER_SOCKET).
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_channels_per_client: Option<Limit>,
+    /// Its broadcast and presence messages per second across the fronts, or `default`.
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_events_per_second: Option<Limit>,
+    /// The bytes of those messages per second across the fronts, or `default`.
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_bytes_per_second: Option<Limit>,
+    /// Its presence track and untrack events per second across the fronts, or `default`.
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_presence_events_per_second: Option<Limit>,
+    /// Its largest broadcast or presence payload in KiB, or `default`.
+    #[arg(long, value_name = "N|default", value_parser = parse_limit)]
+    max_payload_size_in_kb: Option<Limit>,
+}
+
+impl UpdateLimits {
+    fn changes(&self) -> LimitChanges {
+        LimitChanges::from_array(
+            [
+                self.max_concurrent_users,
+                self.max_joins_per_second,
+                self.max_channels_per_client,
+                self.max_events_per_second,
+                self.max_bytes_per_second,
+                self.max_presence_events_per_second,
+                self.max_payload_size_in_kb,
+            ]
+            .map(|l| l.map(|l| l.0)),
+        )
+    }
+}
+
+/// `--max-…` of an update: a number, or the fronts' default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit(Option<u32>);
 
@@ -106,14 +195,9 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
     }
     s.parse::<u32>()
         .ok()
-        .filter(|n| u64::from(*n) <= walcast_bus::admin::MAX_USERS_LIMIT)
+        .filter(|n| u64::from(*n) <= MAX_LIMIT)
         .map(|n| Limit(Some(n)))
-        .ok_or_else(|| {
-            format!(
-                "expected `default` or a whole number from 0 to {}",
-                walcast_bus::admin::MAX_USERS_LIMIT
-            )
-        })
+        .ok_or_else(|| format!("expected `default` or a whole number from 0 to {MAX_LIMIT}"))
 }
 
 /// The management request of an action (`None`: list and keys, answered apart).
@@ -122,11 +206,11 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
         ProjectAction::Create {
             name,
             private_only,
-            max_concurrent_users,
+            limits,
         } => AdminRequest::ProjectCreate {
             name,
             private_only,
-            max_concurrent_users,
+            limits: limits.limits(),
         },
         ProjectAction::Get { id } => AdminRequest::ProjectGet { id },
         ProjectAction::Update {
@@ -134,13 +218,13 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
             name,
             private_only,
             suspended,
-            max_concurrent_users,
+            limits,
         } => AdminRequest::ProjectUpdate {
             id,
             name,
             private_only,
             suspended,
-            max_concurrent_users: max_concurrent_users.map(|l| l.0),
+            limits: limits.changes(),
         },
         ProjectAction::Rotate { id, window_secs } => {
             AdminRequest::ProjectRotate { id, window_secs }
@@ -159,20 +243,20 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+    let defaults = management::default_limits(args.project_max_users, args.max_channels_per_socket);
     if let Some(req) = request(&args.action) {
         let with_secret = matches!(
             req,
             AdminRequest::ProjectCreate { .. } | AdminRequest::ProjectRotate { .. }
         );
-        let default = args.project_max_users;
         let out = match manage::run(&mut client, req).await? {
             AdminReply::Project { project } if with_secret => {
                 let v = management::created_view(&project)?;
-                management::with_effective_limit(v, &project, default)
+                management::with_effective_limits(v, &project, &defaults)
             }
             AdminReply::Project { project } => {
                 let v = management::project_view(&project);
-                management::with_effective_limit(v, &project, default)
+                management::with_effective_limits(v, &project, &defaults)
             }
             AdminReply::ProjectDeleted { id, tables } => {
                 json!({"id": id, "deleted": true, "tables": tables})
@@ -196,7 +280,7 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
                 .map(|p| {
                     let p = manage::record(p);
                     let v = management::project_view(&p);
-                    management::with_effective_limit(v, &p, args.project_max_users)
+                    management::with_effective_limits(v, &p, &defaults)
                 })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&list)?);
@@ -244,20 +328,57 @@ mod tests {
         for bad in ["-1", "2147483648", "1.5", "", "none", "1e3", "0x10"] {
             assert!(parse_limit(bad).is_err(), "{bad}");
         }
-        let req = request(&ProjectAction::Update {
-            id: "p".into(),
-            name: None,
-            private_only: None,
-            suspended: None,
-            max_concurrent_users: Some(Limit(None)),
-        });
-        let Some(AdminRequest::ProjectUpdate {
-            max_concurrent_users,
-            ..
-        }) = req
-        else {
+    }
+
+    /// Each `--max-…` option of update and create reaches its own field of the request;
+    /// `default` is `null` (back to the default); bad values are refused by clap.
+    #[test]
+    fn every_limit_option_reaches_its_field() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ProjectArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["walcast", "--database-url", "postgres://x"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|c| request(&c.args.action))
+        };
+        for (i, field) in ProjectLimits::FIELDS.into_iter().enumerate() {
+            let opt = format!("--{}", field.replace('_', "-"));
+            for (value, want) in [("7", Some(Some(7))), ("default", Some(None))] {
+                let req = parse(&["update", "p", &opt, value]).unwrap();
+                let Some(AdminRequest::ProjectUpdate { limits, .. }) = req else {
+                    panic!("{req:?}")
+                };
+                let mut a = [None; walcast_bus::admin::LIMITS];
+                a[i] = want;
+                assert_eq!(limits.to_array(), a, "{opt} {value}");
+            }
+            let req = parse(&["create", "--name", "n", &opt, "2147483647"]).unwrap();
+            let Some(AdminRequest::ProjectCreate { limits, .. }) = req else {
+                panic!("{req:?}")
+            };
+            let mut a = [None; walcast_bus::admin::LIMITS];
+            a[i] = Some(i32::MAX as u32);
+            assert_eq!(limits.to_array(), a, "{opt}");
+            for bad in ["-1", "2147483648", "lots"] {
+                assert!(parse(&["update", "p", &opt, bad]).is_err(), "{opt} {bad}");
+                assert!(
+                    parse(&["create", "--name", "n", &opt, bad]).is_err(),
+                    "{opt} {bad}"
+                );
+            }
+            assert!(
+                parse(&["create", "--name", "n", &opt, "default"]).is_err(),
+                "{opt}"
+            );
+        }
+        let req = parse(&["update", "p", "--name", "x"]).unwrap();
+        let Some(AdminRequest::ProjectUpdate { limits, .. }) = req else {
             panic!("{req:?}")
         };
-        assert_eq!(max_concurrent_users, Some(None), "default: back to null");
+        assert!(limits.is_empty());
     }
 }

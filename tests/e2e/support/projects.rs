@@ -111,6 +111,18 @@ pub const VIEW_FIELDS: &[&str] = &[
     "previous_secret_valid_until_ms",
     "max_concurrent_users",
     "effective_max_concurrent_users",
+    "max_joins_per_second",
+    "effective_max_joins_per_second",
+    "max_channels_per_client",
+    "effective_max_channels_per_client",
+    "max_events_per_second",
+    "effective_max_events_per_second",
+    "max_bytes_per_second",
+    "effective_max_bytes_per_second",
+    "max_presence_events_per_second",
+    "effective_max_presence_events_per_second",
+    "max_payload_size_in_kb",
+    "effective_max_payload_size_in_kb",
     "jwks",
 ];
 

@@ -41,7 +41,10 @@ fn a_limit_is_absent_null_or_a_number_on_the_wire() {
         name: None,
         private_only: None,
         suspended: None,
-        max_concurrent_users: max,
+        limits: LimitChanges {
+            max_concurrent_users: max,
+            ..LimitChanges::default()
+        },
     };
     for (max, text) in [
         (None, r#"{"op":"project_update","id":"p"}"#),
@@ -65,13 +68,149 @@ fn a_limit_is_absent_null_or_a_number_on_the_wire() {
     // An older worker's record has no limit: the default.
     let old = r#"{"id":"p","name":"n","schema":"s","jwt_secret":"x"}"#;
     let rec: ProjectRecord = serde_json::from_str(old).unwrap();
-    assert_eq!(rec.max_concurrent_users, None);
+    assert_eq!(rec.limits.max_concurrent_users, None);
     let rec = ProjectRecord {
-        max_concurrent_users: Some(0),
+        limits: ProjectLimits {
+            max_concurrent_users: Some(0),
+            ..ProjectLimits::default()
+        },
         ..rec
     };
     let text = serde_json::to_string(&rec).unwrap();
     assert_eq!(serde_json::from_str::<ProjectRecord>(&text).unwrap(), rec);
+    // The record of a worker before the other limits: the same top-level key.
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["max_concurrent_users"], 0, "{text}");
+    let with_limit =
+        r#"{"id":"p","name":"n","schema":"s","jwt_secret":"x","max_concurrent_users":5}"#;
+    let rec: ProjectRecord = serde_json::from_str(with_limit).unwrap();
+    assert_eq!(rec.limits.max_concurrent_users, Some(5));
+}
+
+/// Every limit, one at a time: each a top-level key (flattened), absent / null / a
+/// number on an update, absent / a number on a create and in a record; a negative, a
+/// fraction, a string or a number beyond `u32` refused.
+#[test]
+fn every_limit_is_a_flattened_top_level_field() {
+    for (i, field) in ProjectLimits::FIELDS.into_iter().enumerate() {
+        let one = |v: Option<Option<u32>>| {
+            let mut a = [None; LIMITS];
+            a[i] = v;
+            LimitChanges::from_array(a)
+        };
+        let upd = |limits| AdminRequest::ProjectUpdate {
+            id: "p".into(),
+            name: Some("n".into()),
+            private_only: None,
+            suspended: Some(true),
+            limits,
+        };
+        for (v, json) in [
+            (None, None),
+            (Some(None), Some("null")),
+            (Some(Some(9)), Some("9")),
+        ] {
+            let tail = json
+                .map(|j| format!(",\"{field}\":{j}"))
+                .unwrap_or_default();
+            let text =
+                format!(r#"{{"op":"project_update","id":"p","name":"n","suspended":true{tail}}}"#);
+            assert_eq!(serde_json::to_string(&upd(one(v))).unwrap(), text);
+            assert_eq!(
+                serde_json::from_str::<AdminRequest>(&text).unwrap(),
+                upd(one(v))
+            );
+        }
+        for bad in ["-1", "1.5", "\"3\"", "4294967296", "true", "[]"] {
+            let text = format!(r#"{{"op":"project_update","id":"p","{field}":{bad}}}"#);
+            assert!(
+                serde_json::from_str::<AdminRequest>(&text).is_err(),
+                "{text}"
+            );
+            let text = format!(r#"{{"op":"project_create","name":"n","{field}":{bad}}}"#);
+            assert!(
+                serde_json::from_str::<AdminRequest>(&text).is_err(),
+                "{text}"
+            );
+        }
+        let mut a = [None; LIMITS];
+        a[i] = Some(u32::MAX);
+        let limits = ProjectLimits::from_array(a);
+        let create = AdminRequest::ProjectCreate {
+            name: "n".into(),
+            private_only: true,
+            limits,
+        };
+        let text = serde_json::to_string(&create).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                r#"{{"op":"project_create","name":"n","private_only":true,"{field}":4294967295}}"#
+            )
+        );
+        assert_eq!(serde_json::from_str::<AdminRequest>(&text).unwrap(), create);
+        assert_eq!(limits.too_large(), Some(field));
+        assert_eq!(LimitChanges::set(&limits).too_large(), Some(field));
+        let rec = ProjectRecord {
+            id: "p".into(),
+            limits,
+            ..ProjectRecord::default()
+        };
+        let v = serde_json::to_value(&rec).unwrap();
+        assert_eq!(v[field], u32::MAX, "{v}");
+        assert_eq!(serde_json::from_value::<ProjectRecord>(v).unwrap(), rec);
+    }
+    // A create without limits (an older front's) has none.
+    let old = r#"{"op":"project_create","name":"n"}"#;
+    let AdminRequest::ProjectCreate { limits, .. } = serde_json::from_str(old).unwrap() else {
+        panic!()
+    };
+    assert_eq!(limits, ProjectLimits::default());
+}
+
+#[test]
+fn changes_apply_field_by_field_and_defaults_fill_the_gaps() {
+    let current = ProjectLimits {
+        max_concurrent_users: Some(5),
+        max_joins_per_second: Some(6),
+        ..ProjectLimits::default()
+    };
+    let changes = LimitChanges {
+        max_concurrent_users: Some(None),
+        max_events_per_second: Some(Some(7)),
+        ..LimitChanges::default()
+    };
+    assert!(!changes.is_empty() && LimitChanges::default().is_empty());
+    let now = changes.apply(&current);
+    assert_eq!(
+        now,
+        ProjectLimits {
+            max_joins_per_second: Some(6),
+            max_events_per_second: Some(7),
+            ..ProjectLimits::default()
+        }
+    );
+    let defaults = ProjectLimits::from_array([Some(1); LIMITS]);
+    assert_eq!(
+        now.or(&defaults).to_array(),
+        [
+            Some(1),
+            Some(6),
+            Some(1),
+            Some(7),
+            Some(1),
+            Some(1),
+            Some(1)
+        ]
+    );
+    let all: [Option<u32>; LIMITS] = std::array::from_fn(|i| Some(i as u32));
+    assert_eq!(ProjectLimits::from_array(all).to_array(), all);
+    let ch: [Option<Option<u32>>; LIMITS] = std::array::from_fn(|i| Some(Some(i as u32)));
+    assert_eq!(LimitChanges::from_array(ch).to_array(), ch);
+    assert_eq!(
+        ProjectLimits::from_array([Some(i32::MAX as u32); LIMITS]).too_large(),
+        None
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The management API: projects created, read, listed, updated (name, private-only,
-//! suspended, connected-users limit), deleted, and their secret rotated, by the
-//! platform's operator.
+//! suspended, their own limits), deleted, and their secret rotated, by the platform's
+//! operator.
 //!
 //! It is served by every front (the fronts are the HTTP side of walcast; they have no
 //! database, so the cdc-worker does the work through admin requests,
@@ -29,12 +29,13 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use walcast_bus::admin::{
-    AdminClient, AdminError, AdminErrorKind, AdminRequest, ProjectRecord, MAX_USERS_LIMIT,
+    AdminClient, AdminError, AdminErrorKind, AdminRequest, LimitChanges, ProjectLimits,
+    ProjectRecord, LIMITS, MAX_LIMIT,
 };
 use walcast_bus::Bus;
 
 pub(crate) use ending::{events_loop, notice_loop};
-pub use view::{created_view, mint_keys, project_view, with_effective_limit, KEY_LIFETIME_SECS};
+pub use view::{created_view, mint_keys, project_view, with_effective_limits, KEY_LIFETIME_SECS};
 pub use walcast_bus::admin::SUBJECT_PROJECTS_CHANGED;
 
 use crate::projects::Projects;
@@ -42,6 +43,33 @@ use crate::telemetry;
 
 /// How long a request waits for the cdc-worker.
 const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The fronts' default channel joins per second of a project, across the fronts.
+pub const DEFAULT_PROJECT_JOINS_PER_SECOND: u32 = 1000;
+/// The fronts' default broadcast and presence messages per second of a project.
+pub const DEFAULT_PROJECT_EVENTS_PER_SECOND: u32 = 50_000;
+/// The fronts' default bytes of those messages per second of a project.
+pub const DEFAULT_PROJECT_BYTES_PER_SECOND: u32 = 50_000_000;
+/// The fronts' default presence track and untrack events per second of a project.
+pub const DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND: u32 = 1000;
+/// The fronts' default largest broadcast or presence payload of a project, in KiB.
+pub const DEFAULT_PROJECT_MAX_PAYLOAD_KB: u32 = 1024;
+
+/// The limits of a project without its own (every field set): `PROJECT_MAX_USERS`,
+/// `MAX_CHANNELS_PER_SOCKET`, and the `DEFAULT_PROJECT_…` constants for the rest.
+/// Values beyond `u32` are shown as `u32::MAX`.
+pub fn default_limits(project_max_users: u64, max_channels_per_socket: usize) -> ProjectLimits {
+    let clamp = |n: u64| Some(u32::try_from(n).unwrap_or(u32::MAX));
+    ProjectLimits {
+        max_concurrent_users: clamp(project_max_users),
+        max_joins_per_second: Some(DEFAULT_PROJECT_JOINS_PER_SECOND),
+        max_channels_per_client: clamp(max_channels_per_socket as u64),
+        max_events_per_second: Some(DEFAULT_PROJECT_EVENTS_PER_SECOND),
+        max_bytes_per_second: Some(DEFAULT_PROJECT_BYTES_PER_SECOND),
+        max_presence_events_per_second: Some(DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND),
+        max_payload_size_in_kb: Some(DEFAULT_PROJECT_MAX_PAYLOAD_KB),
+    }
+}
 
 /// What the management routes need.
 pub(crate) struct Management {
@@ -51,8 +79,9 @@ pub(crate) struct Management {
     pub key_digest: [u8; 32],
     /// How long a rotated secret stays valid by default.
     pub rotation_window: Duration,
-    /// A project's connected-users limit when it has none of its own (`PROJECT_MAX_USERS`).
-    pub default_max_users: u64,
+    /// A project's limits where it has none of its own (every field set; see
+    /// [`default_limits`]).
+    pub defaults: ProjectLimits,
 }
 
 impl Management {
@@ -60,20 +89,20 @@ impl Management {
         projects: Projects,
         bus: Bus,
         key: &str,
-        (window, default_max_users): (Duration, u64),
+        (window, defaults): (Duration, ProjectLimits),
     ) -> Management {
         Management {
             projects,
             bus,
             key_digest: Sha256::digest(key.as_bytes()).into(),
             rotation_window: window,
-            default_max_users,
+            defaults,
         }
     }
 
-    /// A project as the API shows it: no secrets, its limit and the one in force.
+    /// A project as the API shows it: no secrets, its limits and those in force.
     fn view(&self, p: &ProjectRecord) -> Value {
-        with_effective_limit(project_view(p), p, self.default_max_users)
+        with_effective_limits(project_view(p), p, &self.defaults)
     }
 
     /// A created or rotated project: with its secret and keys.
@@ -81,7 +110,7 @@ impl Management {
         let v = created_view(p).map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })?;
-        Ok(with_effective_limit(v, p, self.default_max_users))
+        Ok(with_effective_limits(v, p, &self.defaults))
     }
 }
 
@@ -258,25 +287,47 @@ fn opt_bool(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<bool>,
     }
 }
 
-/// `max_concurrent_users`: absent `None`; `null` `Some(None)` (the fronts' default); a
-/// whole number from 0 to [`MAX_USERS_LIMIT`] `Some(Some(n))`. Anything else (negative,
-/// fractional, too large, a string) is refused.
-fn opt_limit(o: &serde_json::Map<String, Value>) -> Result<Option<Option<u32>>, ApiError> {
-    const K: &str = "max_concurrent_users";
-    match o.get(K) {
+/// A limit `k`: absent `None`; `null` `Some(None)` (the fronts' default); a whole number
+/// from 0 to [`MAX_LIMIT`] `Some(Some(n))`. Anything else (negative, fractional, too
+/// large, a string) is refused, naming `k`.
+fn opt_limit(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<Option<u32>>, ApiError> {
+    match o.get(k) {
         None => Ok(None),
         Some(Value::Null) => Ok(Some(None)),
         Some(v) => v
             .as_u64()
-            .filter(|n| *n <= MAX_USERS_LIMIT)
+            .filter(|n| *n <= MAX_LIMIT)
             .and_then(|n| u32::try_from(n).ok())
             .map(|n| Some(Some(n)))
             .ok_or_else(|| {
                 ApiError::invalid_body(format!(
-                    "{K:?} must be a whole number from 0 to {MAX_USERS_LIMIT}, or null for the default"
+                    "{k:?} must be a whole number from 0 to {MAX_LIMIT}, or null for the default"
                 ))
             }),
     }
+}
+
+/// Every limit of a body ([`ProjectLimits::FIELDS`]), each as [`opt_limit`] reads it.
+fn opt_limits(o: &serde_json::Map<String, Value>) -> Result<LimitChanges, ApiError> {
+    let mut changes = [None; LIMITS];
+    for (change, k) in changes.iter_mut().zip(ProjectLimits::FIELDS) {
+        *change = opt_limit(o, k)?;
+    }
+    Ok(LimitChanges::from_array(changes))
+}
+
+/// The fields a create accepts (checked against the OpenAPI file by a test).
+pub fn create_fields() -> Vec<&'static str> {
+    let mut f = vec!["name", "private_only"];
+    f.extend(ProjectLimits::FIELDS);
+    f
+}
+
+/// The fields an update accepts (checked against the OpenAPI file by a test).
+pub fn update_fields() -> Vec<&'static str> {
+    let mut f = vec!["name", "private_only", "suspended"];
+    f.extend(ProjectLimits::FIELDS);
+    f
 }
 
 fn opt_str(o: &serde_json::Map<String, Value>, k: &str) -> Result<Option<String>, ApiError> {
@@ -317,21 +368,21 @@ fn answer(op: &'static str, status: StatusCode, r: Result<Value, ApiError>) -> R
 
 type St = State<Arc<Management>>;
 
-/// `POST /management/v1/projects` `{"name", "private_only"?, "max_concurrent_users"?}`:
-/// 201, with its secret and keys.
+/// `POST /management/v1/projects` `{"name", "private_only"?, "max_concurrent_users"?, …
+/// the other limits?}`: 201, with its secret and keys (a limit `null`: the default).
 async fn create(State(m): St, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let admin = authorize(&m, &headers)?;
         let o = body_object(&body)?;
-        fields(&o, &["name", "private_only", "max_concurrent_users"])?;
+        fields(&o, &create_fields())?;
         let name =
             opt_str(&o, "name")?.ok_or_else(|| ApiError::invalid_body("\"name\" is required"))?;
         let private_only = opt_bool(&o, "private_only")?.unwrap_or(false);
-        let max_concurrent_users = opt_limit(&o)?.flatten();
+        let limits = ProjectLimits::from_array(opt_limits(&o)?.to_array().map(Option::flatten));
         let req = AdminRequest::ProjectCreate {
             name,
             private_only,
-            max_concurrent_users,
+            limits,
         };
         let p = admin.project(req, WORKER_TIMEOUT).await?;
         announce(&m, &p.id).await;
@@ -368,22 +419,19 @@ async fn get_one(State(m): St, Path(id): Path<String>, headers: HeaderMap) -> Re
 }
 
 /// `PATCH /management/v1/projects/{id}` `{"name"?, "private_only"?, "suspended"?,
-/// "max_concurrent_users"?}` (`max_concurrent_users: null`: back to the default).
+/// "max_concurrent_users"?, … the other limits?}` (a limit `null`: back to the default).
 async fn update(State(m): St, Path(id): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let admin = authorize(&m, &headers)?;
         check_id(&id)?;
         let o = body_object(&body)?;
-        fields(
-            &o,
-            &["name", "private_only", "suspended", "max_concurrent_users"],
-        )?;
+        fields(&o, &update_fields())?;
         let req = AdminRequest::ProjectUpdate {
             id: id.clone(),
             name: opt_str(&o, "name")?,
             private_only: opt_bool(&o, "private_only")?,
             suspended: opt_bool(&o, "suspended")?,
-            max_concurrent_users: opt_limit(&o)?,
+            limits: opt_limits(&o)?,
         };
         let p = admin.project(req, WORKER_TIMEOUT).await?;
         announce(&m, &id).await;

@@ -3,14 +3,14 @@
 //! with the new secret.
 
 use serde_json::{json, Value};
-use walcast_bus::admin::ProjectRecord;
+use walcast_bus::admin::{ProjectLimits, ProjectRecord};
 
 /// Lifetime of the anon and service_role keys minted for a project: ten years.
 pub const KEY_LIFETIME_SECS: u64 = 10 * 365 * 24 * 3600;
 
-/// A project without its secrets.
+/// A project without its secrets, with its own limits (each `null`: the default).
 pub fn project_view(p: &ProjectRecord) -> Value {
-    json!({
+    let mut v = json!({
         "id": p.id,
         "name": p.name,
         "schema": p.schema,
@@ -23,15 +23,25 @@ pub fn project_view(p: &ProjectRecord) -> Value {
             .and(p.jwt_secret_previous_until_ms),
         "previous_secret": p.jwt_secret_previous.is_some(),
         "jwks": p.jwks.is_some(),
-        "max_concurrent_users": p.max_concurrent_users,
-    })
+    });
+    for (k, n) in ProjectLimits::FIELDS.into_iter().zip(p.limits.to_array()) {
+        v[k] = json!(n);
+    }
+    v
 }
 
-/// `view` of `p` with the connected-users limit its users meet on a front whose default
-/// is `default` (`PROJECT_MAX_USERS`).
-pub fn with_effective_limit(mut view: Value, p: &ProjectRecord, default: u64) -> Value {
-    let limit = p.max_concurrent_users.map_or(default, u64::from);
-    view["effective_max_concurrent_users"] = limit.into();
+/// `view` of `p` with `effective_<limit>` for each limit: the one its users meet on a
+/// front whose defaults are `defaults` (`PROJECT_MAX_USERS`, …; see
+/// [`super::default_limits`]).
+pub fn with_effective_limits(
+    mut view: Value,
+    p: &ProjectRecord,
+    defaults: &ProjectLimits,
+) -> Value {
+    let effective = p.limits.or(defaults).to_array();
+    for (k, n) in ProjectLimits::FIELDS.into_iter().zip(effective) {
+        view[format!("effective_{k}")] = json!(n);
+    }
     view
 }
 

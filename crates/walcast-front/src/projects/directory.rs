@@ -158,7 +158,7 @@ fn record_status(p: &ProjectRecord) -> Status {
         suspended: p.suspended,
         private_only: p.private_only,
         rotated,
-        max_users: p.max_concurrent_users.map(u64::from),
+        limits: p.limits,
     }
 }
 
@@ -175,4 +175,69 @@ fn record_keys(p: &ProjectRecord) -> ProjectKeys {
     };
     let previous = p.jwt_secret_previous.as_deref().map(str::as_bytes);
     ProjectKeys::secret(p.jwt_secret.as_bytes()).with(previous, jwks)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use walcast_bus::admin::{
+        AdminHandler, AdminReply, AdminRequest, ProjectLimits, ProjectRecord, LIMITS,
+    };
+    use walcast_bus::subs::BoxFuture;
+
+    use super::*;
+    use crate::projects::Projects;
+
+    /// The worker's side of the project list (as in `projects`' tests).
+    struct Stored(Mutex<Vec<ProjectRecord>>);
+
+    impl AdminHandler for Stored {
+        fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>> {
+            assert_eq!(req, AdminRequest::Projects);
+            let projects = self.0.lock().unwrap().clone();
+            Box::pin(async move { Ok(AdminReply::Projects { projects }) })
+        }
+    }
+
+    fn record(id: &str, limits: ProjectLimits) -> ProjectRecord {
+        ProjectRecord {
+            id: id.into(),
+            name: id.into(),
+            schema: format!("project_{id}"),
+            jwt_secret: "s".into(),
+            limits,
+            ..ProjectRecord::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refresh_carries_every_limit_of_a_project_and_only_its_own() {
+        let own = ProjectLimits::from_array(std::array::from_fn(|i| Some(i as u32 * 10)));
+        let stored = Arc::new(Stored(Mutex::new(vec![
+            record("a", own),
+            record("b", ProjectLimits::default()),
+        ])));
+        let p = Projects::with_directory(
+            "s0",
+            AdminClient::Local(stored.clone()),
+            DirectoryConfig::default(),
+        );
+        p.refresh_now().await;
+        assert_eq!(p.limits("a"), own);
+        assert_eq!(p.max_users("a"), Some(0));
+        assert_eq!(p.limits("b"), ProjectLimits::default());
+        assert_eq!(p.limits("default"), ProjectLimits::default());
+        assert_eq!(p.limits("unknown"), ProjectLimits::default());
+        // One limit back to the default, another changed: the next refresh has them.
+        let mut a = own.to_array();
+        a[0] = None;
+        a[LIMITS - 1] = Some(u32::MAX);
+        let changed = ProjectLimits::from_array(a);
+        *stored.0.lock().unwrap() = vec![record("a", changed)];
+        p.refresh_now().await;
+        assert_eq!(p.limits("a"), changed);
+        assert_eq!(p.max_users("a"), None);
+        assert_eq!(p.limits("b"), ProjectLimits::default(), "b is gone");
+    }
 }

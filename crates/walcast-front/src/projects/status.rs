@@ -1,7 +1,10 @@
 //! What the management API sets on a project besides its keys — suspended, private-only,
-//! the end of a rotated secret's window, its connected-users limit — and the events a directory refresh emits when
-//! it sees one change: the project deleted, suspended, or made private-only, so the
-//! front ends the sockets (or public channels) that may no longer stay.
+//! the end of a rotated secret's window, its own limits — and the events a directory
+//! refresh emits when it sees one change: the project deleted, suspended, or made
+//! private-only, so the front ends the sockets (or public channels) that may no longer
+//! stay.
+
+use walcast_bus::admin::ProjectLimits;
 
 use crate::keys::ProjectKeys;
 
@@ -15,9 +18,9 @@ pub(crate) struct Status {
     /// After a rotation: the keys without the previous secret, used from this Unix
     /// time (ms) on.
     pub rotated: Option<(ProjectKeys, i64)>,
-    /// Its connected-users limit; `None`: this front's default (`PROJECT_MAX_USERS`).
-    /// Lowering it ends no socket: only new users are refused.
-    pub max_users: Option<u64>,
+    /// Its own limits (each `None`: this front's default, e.g. `PROJECT_MAX_USERS`).
+    /// Lowering one ends no socket: only what comes after is refused.
+    pub limits: ProjectLimits,
 }
 
 /// Why a project's sockets (or public channels) end on this front.
