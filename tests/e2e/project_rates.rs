@@ -98,15 +98,27 @@ async fn rates_are_a_project_s_across_the_fronts_and_not_the_others() {
     presence_shuts_the_tracker(&a, &b, &noisy, &quiet).await;
 }
 
-/// A sender on front A at up to 100 messages/s (under the 150 alone) to four listeners on
-/// front B: with the messages B sends them (four per message), the project is over its
-/// rate and the sender's channel is shut. The listeners keep their channel; the quiet project's messages pass.
+/// A sender on front A at up to 100 messages/s is under the 150 alone; with four
+/// listeners on front B, the messages B sends them (four per message) put the project over
+/// its rate and the sender's channel is shut. The listeners keep their channel; the quiet project's messages pass.
 async fn messages_shut_the_sender(a: &Worker, b: &Worker, noisy: &Created, quiet: &Created) {
+    let (mut sender, jr) = joined(a, noisy, ROOM, broadcast_config()).await;
+    // Alone, the sender is under the limit: two seconds at up to 100/s, not shut.
+    let alone = Instant::now();
+    let mut n = 0;
+    while alone.elapsed() < Duration::from_secs(2) {
+        sender
+            .send(Some(&jr), None, ROOM, "broadcast", message(n))
+            .await;
+        n += 1;
+        if let Some(m) = sender.try_recv(Duration::from_millis(10)).await {
+            panic!("the sender alone, after {n} messages: {m:?}");
+        }
+    }
     let mut listeners = Vec::new();
     for _ in 0..4 {
         listeners.push(joined(b, noisy, ROOM, broadcast_config()).await.0);
     }
-    let (mut sender, jr) = joined(a, noisy, ROOM, broadcast_config()).await;
     let (mut q_listener, _) = joined(b, quiet, ROOM, broadcast_config()).await;
     let (mut q_sender, qjr) = joined(a, quiet, ROOM, broadcast_config()).await;
     let started = Instant::now();
@@ -269,15 +281,72 @@ async fn track(s: &mut PhoenixClient, jr: &str, n: usize) -> Result<(), String> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sizes_and_rest_broadcasts_are_a_project_s() {
+async fn sizes_channels_and_rest_broadcasts_are_a_project_s() {
     let _machine = crate::support::shared().await;
     let stack = Stack::start("stream");
     let (_worker, a, b, noisy, quiet) = start(&stack);
     payloads_over_the_size_are_refused(&a, &b, &noisy, &quiet).await;
     tokio::time::sleep(FADE).await;
     rest_broadcasts_are_limited(&a, &noisy, &quiet);
+    channels_per_client_is_the_project_s_own(&a, &b, &noisy, &quiet).await;
     tokio::time::sleep(FADE).await;
     private_only_refuses_public_rest_broadcasts(&a, &b, &noisy, &quiet).await;
+}
+
+/// `p`'s limits in force as `w`'s inspector shows them to `p`'s key.
+fn limits_seen(w: &Worker, p: &Created) -> Value {
+    let auth = format!("Bearer {}", p.anon);
+    let (status, text) = w.request(
+        "GET",
+        "/inspector/api/health",
+        &[("Authorization", &auth)],
+        None,
+    );
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    v["projects"][&p.id]["limits"].clone()
+}
+
+/// The noisy project's own `max_channels_per_client` (2, set through the management API
+/// on front A) holds on front B: a third channel is refused with
+/// `ChannelRateLimitReached: Too many channels`; the quiet project keeps the default.
+async fn channels_per_client_is_the_project_s_own(
+    a: &Worker,
+    b: &Worker,
+    noisy: &Created,
+    quiet: &Created,
+) {
+    let (status, v) = op(
+        a,
+        "PATCH",
+        &path(&noisy.id),
+        Some(r#"{"max_channels_per_client": 2}"#),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["effective_max_channels_per_client"], 2, "{v}");
+    let deadline = Instant::now() + APPLIED;
+    while limits_seen(b, noisy)["channels_per_client"] != 2 {
+        assert!(Instant::now() < deadline, "{}", limits_seen(b, noisy));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(limits_seen(b, quiet)["channels_per_client"], 100);
+    let mut s = PhoenixClient::connect(&b.ws_url(&noisy.anon)).await;
+    let mut q = PhoenixClient::connect(&b.ws_url(&quiet.anon)).await;
+    for i in 0..3 {
+        let topic = format!("realtime:c{i}");
+        let (_, reply) = s.join(&topic, broadcast_config(), None).await;
+        let (_, quiet_reply) = q.join(&topic, broadcast_config(), None).await;
+        assert_eq!(quiet_reply[4]["status"], "ok", "{quiet_reply}");
+        if i < 2 {
+            assert_eq!(reply[4]["status"], "ok", "{reply}");
+        } else {
+            assert_eq!(reply[4]["status"], "error", "{reply}");
+            assert_eq!(
+                reply[4]["response"]["reason"],
+                "ChannelRateLimitReached: Too many channels"
+            );
+        }
+    }
 }
 
 /// Over the project's 1 KiB: a broadcast gets an error reply and reaches nobody; a track

@@ -105,6 +105,8 @@ struct ProjectView {
     users: u64,
     /// The project's connected-users limit (its own, else the default).
     max_users: u64,
+    /// Every limit in force (its own, else the default).
+    limits: crate::usage::Quotas,
     /// This front's counters.
     here: ProjectUsage,
 }
@@ -151,9 +153,11 @@ fn project_views(usage: &Usage, project: &str) -> BTreeMap<String, ProjectView> 
     all.into_iter()
         .map(|(p, here)| {
             let users = here.users + usage.remote_users(&p);
+            let limits = usage.quotas(&p);
             let view = ProjectView {
                 users,
-                max_users: usage.max_users(&p),
+                max_users: limits.users,
+                limits,
                 here,
             };
             (p, view)

@@ -368,13 +368,7 @@ impl Parts {
                 self.projects.clone(),
                 self.probe.bus.clone(),
                 key,
-                (
-                    self.cfg.rotation_window,
-                    management::default_limits(
-                        self.cfg.project_max_users,
-                        self.cfg.max_channels_per_socket,
-                    ),
-                ),
+                (self.cfg.rotation_window, self.cfg.project_defaults()),
             ))
         });
         let routes = http::Routes {

@@ -23,6 +23,10 @@ pub struct ProjectArgs {
     /// of a project without its own).
     #[arg(long, env = "MAX_CHANNELS_PER_SOCKET", default_value_t = walcast_front::config::DEFAULT_MAX_CHANNELS_PER_SOCKET)]
     pub max_channels_per_socket: usize,
+    /// The fronts' default rate limits of a project (shown as the limits in force of a
+    /// project without its own).
+    #[command(flatten)]
+    pub project_rates: crate::front::ProjectRateArgs,
     #[command(subcommand)]
     pub action: ProjectAction,
 }
@@ -243,7 +247,13 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
-    let defaults = management::default_limits(args.project_max_users, args.max_channels_per_socket);
+    let defaults = walcast_front::FrontConfig {
+        project_max_users: args.project_max_users,
+        max_channels_per_socket: args.max_channels_per_socket,
+        project_rates: args.project_rates.config(),
+        ..Default::default()
+    }
+    .project_defaults();
     if let Some(req) = request(&args.action) {
         let with_secret = matches!(
             req,

@@ -44,33 +44,6 @@ use crate::telemetry;
 /// How long a request waits for the cdc-worker.
 const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The fronts' default channel joins per second of a project, across the fronts.
-pub const DEFAULT_PROJECT_JOINS_PER_SECOND: u32 = 1000;
-/// The fronts' default broadcast and presence messages per second of a project.
-pub const DEFAULT_PROJECT_EVENTS_PER_SECOND: u32 = 50_000;
-/// The fronts' default bytes of those messages per second of a project.
-pub const DEFAULT_PROJECT_BYTES_PER_SECOND: u32 = 50_000_000;
-/// The fronts' default presence track and untrack events per second of a project.
-pub const DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND: u32 = 1000;
-/// The fronts' default largest broadcast or presence payload of a project, in KiB.
-pub const DEFAULT_PROJECT_MAX_PAYLOAD_KB: u32 = 1024;
-
-/// The limits of a project without its own (every field set): `PROJECT_MAX_USERS`,
-/// `MAX_CHANNELS_PER_SOCKET`, and the `DEFAULT_PROJECT_…` constants for the rest.
-/// Values beyond `u32` are shown as `u32::MAX`.
-pub fn default_limits(project_max_users: u64, max_channels_per_socket: usize) -> ProjectLimits {
-    let clamp = |n: u64| Some(u32::try_from(n).unwrap_or(u32::MAX));
-    ProjectLimits {
-        max_concurrent_users: clamp(project_max_users),
-        max_joins_per_second: Some(DEFAULT_PROJECT_JOINS_PER_SECOND),
-        max_channels_per_client: clamp(max_channels_per_socket as u64),
-        max_events_per_second: Some(DEFAULT_PROJECT_EVENTS_PER_SECOND),
-        max_bytes_per_second: Some(DEFAULT_PROJECT_BYTES_PER_SECOND),
-        max_presence_events_per_second: Some(DEFAULT_PROJECT_PRESENCE_EVENTS_PER_SECOND),
-        max_payload_size_in_kb: Some(DEFAULT_PROJECT_MAX_PAYLOAD_KB),
-    }
-}
-
 /// What the management routes need.
 pub(crate) struct Management {
     pub projects: Projects,
@@ -80,7 +53,7 @@ pub(crate) struct Management {
     /// How long a rotated secret stays valid by default.
     pub rotation_window: Duration,
     /// A project's limits where it has none of its own (every field set; see
-    /// [`default_limits`]).
+    /// [`crate::FrontConfig::project_defaults`]).
     pub defaults: ProjectLimits,
 }
 

@@ -130,7 +130,7 @@ fn only_known_fields_are_accepted() {
 
 #[test]
 fn views_show_each_limit_and_the_one_in_force() {
-    let defaults = default_limits(10_000, 100);
+    let defaults = defaults_of(10_000, 100);
     assert_eq!(
         defaults.to_array(),
         [
@@ -144,7 +144,7 @@ fn views_show_each_limit_and_the_one_in_force() {
         ]
     );
     assert_eq!(
-        default_limits(u64::MAX, usize::MAX).max_concurrent_users,
+        defaults_of(u64::MAX, usize::MAX).max_concurrent_users,
         Some(u32::MAX)
     );
     let p = ProjectRecord {
@@ -189,7 +189,7 @@ async fn the_openapi_file_matches_the_router() {
         Projects::new("s"),
         Bus::local(16),
         "operator-key-for-the-openapi-test-0123456789",
-        (Duration::from_secs(60), default_limits(10_000, 100)),
+        (Duration::from_secs(60), defaults_of(10_000, 100)),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -250,7 +250,7 @@ fn check_schemas(doc: &Value) {
     assert_eq!(props("CreateProject"), sorted(create_fields()));
     assert_eq!(props("UpdateProject"), sorted(update_fields()));
     let p = ProjectRecord::default();
-    let view = with_effective_limits(project_view(&p), &p, &default_limits(1, 1));
+    let view = with_effective_limits(project_view(&p), &p, &defaults_of(1, 1));
     let view_keys: Vec<&str> = view
         .as_object()
         .unwrap()
@@ -297,4 +297,14 @@ async fn status(addr: std::net::SocketAddr, method: &str, path: &str) -> u16 {
     s.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8_lossy(&out);
     text.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// The fronts' defaults with these users and channels limits.
+fn defaults_of(users: u64, channels: usize) -> walcast_bus::admin::ProjectLimits {
+    crate::FrontConfig {
+        project_max_users: users,
+        max_channels_per_socket: channels,
+        ..Default::default()
+    }
+    .project_defaults()
 }

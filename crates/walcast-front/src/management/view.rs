@@ -32,7 +32,7 @@ pub fn project_view(p: &ProjectRecord) -> Value {
 
 /// `view` of `p` with `effective_<limit>` for each limit: the one its users meet on a
 /// front whose defaults are `defaults` (`PROJECT_MAX_USERS`, …; see
-/// [`super::default_limits`]).
+/// [`crate::FrontConfig::project_defaults`]).
 pub fn with_effective_limits(
     mut view: Value,
     p: &ProjectRecord,
