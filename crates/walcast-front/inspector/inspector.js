@@ -483,10 +483,13 @@ function renderHealth(h) {
   $('projects').tBodies[0].replaceChildren(...Object.entries(h.projects ?? {}).map(([id, p]) => projectRow(id, p)))
 }
 
-/** A project's counts: its users on every front and its limit, this front's counters. */
+/** A project's counts: its users on every front and its limit, this front's counters and rates (with the limits across the fronts). */
 function projectRow(id, p) {
   const here = p.here
-  const cells = [id, p.users, p.max_users, here.channels, here.joins, here.refused, `${here.messages_in} (${bytes(here.bytes_in)})`, `${here.messages_out} (${bytes(here.bytes_out)})`]
+  const rates = here.rates ?? {}
+  const limits = p.limits ?? {}
+  const cells = [id, p.users, p.max_users, here.channels, here.joins, here.refused, `${here.messages_in} (${bytes(here.bytes_in)})`, `${here.messages_out} (${bytes(here.bytes_out)})`,
+    `${rates.events ?? 0} (${limits.events_per_second ?? '–'})`, `${rates.joins ?? 0} (${limits.joins_per_second ?? '–'})`]
   const tr = el('tr', {}, ...cells.map((c) => el('td', { textContent: String(c) })))
   tr.dataset.project = id
   return tr
