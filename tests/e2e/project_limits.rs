@@ -17,6 +17,11 @@ use walcast_testkit::phoenix::PhoenixClient;
 
 /// A project's `max_users` as `w`'s inspector shows it to the project's `key`.
 fn inspected_limit(w: &Worker, p: &Created, key: &str) -> Value {
+    inspected(w, p, key)["max_users"].clone()
+}
+
+/// A project as `w`'s inspector shows it to `key` (its users, limits, counters).
+pub(crate) fn inspected(w: &Worker, p: &Created, key: &str) -> Value {
     let auth = format!("Bearer {key}");
     let (status, text) = w.request(
         "GET",
@@ -26,7 +31,7 @@ fn inspected_limit(w: &Worker, p: &Created, key: &str) -> Value {
     );
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).expect("JSON");
-    v["projects"][&p.id]["max_users"].clone()
+    v["projects"][&p.id].clone()
 }
 
 /// Wait until `w` applies `want` as `p`'s limit.

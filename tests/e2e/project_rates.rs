@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use walcast_testkit::phoenix::{Msg, PhoenixClient};
 
 use crate::management::{create, op, path, Created, APPLIED, OPERATOR, STARTUP};
+use crate::project_limits::inspected;
 use crate::support::{Stack, Worker};
 
 const ROOM: &str = "realtime:room";
@@ -295,16 +296,14 @@ async fn sizes_channels_and_rest_broadcasts_are_a_project_s() {
 
 /// `p`'s limits in force as `w`'s inspector shows them to `p`'s key.
 fn limits_seen(w: &Worker, p: &Created) -> Value {
-    let auth = format!("Bearer {}", p.anon);
-    let (status, text) = w.request(
-        "GET",
-        "/inspector/api/health",
-        &[("Authorization", &auth)],
-        None,
-    );
-    assert_eq!(status, 200, "{text}");
-    let v: Value = serde_json::from_str(&text).expect("JSON");
-    v["projects"][&p.id]["limits"].clone()
+    inspected(w, p, &p.anon)["limits"].clone()
+}
+
+/// `PATCH` the project `id` through the management API on `w`; the answer, 200.
+fn patch(w: &Worker, id: &str, body: &str) -> Value {
+    let (status, v) = op(w, "PATCH", &path(id), Some(body));
+    assert_eq!(status, 200, "{v}");
+    v
 }
 
 /// The noisy project's own `max_channels_per_client` (2, set through the management API
@@ -316,13 +315,7 @@ async fn channels_per_client_is_the_project_s_own(
     noisy: &Created,
     quiet: &Created,
 ) {
-    let (status, v) = op(
-        a,
-        "PATCH",
-        &path(&noisy.id),
-        Some(r#"{"max_channels_per_client": 2}"#),
-    );
-    assert_eq!(status, 200, "{v}");
+    let v = patch(a, &noisy.id, r#"{"max_channels_per_client": 2}"#);
     assert_eq!(v["effective_max_channels_per_client"], 2, "{v}");
     let deadline = Instant::now() + APPLIED;
     while limits_seen(b, noisy)["channels_per_client"] != 2 {
@@ -440,13 +433,7 @@ async fn private_only_refuses_public_rest_broadcasts(
     noisy: &Created,
     quiet: &Created,
 ) {
-    let (status, v) = op(
-        a,
-        "PATCH",
-        &path(&noisy.id),
-        Some(r#"{"private_only": true}"#),
-    );
-    assert_eq!(status, 200, "{v}");
+    patch(a, &noisy.id, r#"{"private_only": true}"#);
     let body = json!({"messages": [{"topic": "room", "event": "e", "payload": {}}]});
     let deadline = Instant::now() + APPLIED;
     loop {
