@@ -23,81 +23,24 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Value};
-use walcast_bus::admin::{AdminClient, AdminError, AdminErrorKind, AdminReply};
+use walcast_bus::admin::{AdminClient, AdminReply};
 
 use crate::auth::AuthError;
 use crate::credentials::Credentials;
 use crate::projects::Projects;
+use crate::reply::ApiError;
 use crate::telemetry;
 
 /// How long a request waits for the cdc-worker.
 const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(crate) struct ApiError {
-    status: StatusCode,
-    error: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            error,
-            message: message.into(),
-        }
-    }
-
-    fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
-    }
-
-    fn forbidden(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
-    }
-
-    fn unknown_project(project: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_project",
-            format!("project {project:?} does not exist"),
-        )
-    }
-
-    fn invalid_body(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", message)
-    }
-
-    /// Count, log and answer.
-    fn respond(self, op: &'static str, project: &str) -> Response {
-        metrics::counter!(telemetry::API_ERRORS, "status" => self.status.as_u16().to_string(), "error" => self.error)
-            .increment(1);
-        telemetry::error("admin_api");
-        if self.status.is_server_error() {
-            tracing::warn!(op, project, status = self.status.as_u16(), error = self.error, message = %self.message, "realtime API request failed");
-        } else {
-            tracing::info!(op, project, status = self.status.as_u16(), error = self.error, message = %self.message, "realtime API request refused");
-        }
-        let body = json!({ "error": self.error, "message": self.message });
-        (self.status, Json(body)).into_response()
-    }
-}
-
-impl From<AdminError> for ApiError {
-    fn from(e: AdminError) -> ApiError {
-        let (status, error) = match e.kind {
-            AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
-            AdminErrorKind::UnknownTable => (StatusCode::NOT_FOUND, "unknown_table"),
-            AdminErrorKind::NoPrimaryKey => (StatusCode::UNPROCESSABLE_ENTITY, "no_primary_key"),
-            AdminErrorKind::InvalidRequest => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
-            AdminErrorKind::PartitionedTable => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "partitioned_table")
-            }
-            AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            AdminErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-        };
-        ApiError::new(status, error, e.message)
-    }
+/// Count, log and answer a refusal or failure.
+fn respond(e: ApiError, op: &'static str, project: &str) -> Response {
+    let status = e.status.as_u16().to_string();
+    metrics::counter!(telemetry::API_ERRORS, "status" => status, "error" => e.error).increment(1);
+    telemetry::error("admin_api");
+    e.log("realtime API", op, Some(project));
+    e.into_response()
 }
 
 /// Check that the request carries a `service_role` key of `project`; the client to the
@@ -201,7 +144,7 @@ async fn set(
 fn reply(op: &'static str, project: &str, r: Result<Value, ApiError>) -> Response {
     match r {
         Ok(v) => (StatusCode::OK, Json(v)).into_response(),
-        Err(e) => e.respond(op, project),
+        Err(e) => respond(e, op, project),
     }
 }
 

@@ -29,8 +29,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use walcast_bus::admin::{
-    AdminClient, AdminError, AdminErrorKind, AdminRequest, LimitChanges, ProjectLimits,
-    ProjectRecord, LIMITS, MAX_LIMIT,
+    AdminClient, AdminRequest, LimitChanges, ProjectLimits, ProjectRecord, LIMITS, MAX_LIMIT,
 };
 use walcast_bus::Bus;
 
@@ -39,6 +38,7 @@ pub use view::{created_view, mint_keys, project_view, with_effective_limits, KEY
 pub use walcast_bus::admin::SUBJECT_PROJECTS_CHANGED;
 
 use crate::projects::Projects;
+use crate::reply::ApiError;
 use crate::telemetry;
 
 /// How long a request waits for the cdc-worker.
@@ -112,49 +112,12 @@ pub const RESPONSES: &[(&str, &[u16])] = &[
     ("rotate", &[200, 400, 401, 403, 404, 422, 500, 503]),
 ];
 
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    error: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, error: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            error,
-            message: message.into(),
-        }
-    }
-
-    fn invalid_body(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", message)
-    }
-
-    fn respond(self, op: &'static str) -> Response {
-        metrics::counter!(telemetry::MANAGEMENT_REQUESTS, "op" => op, "status" => self.status.as_u16().to_string())
-            .increment(1);
-        if self.status.is_server_error() {
-            tracing::warn!(op, status = self.status.as_u16(), error = self.error, message = %self.message, "management request failed");
-        } else {
-            tracing::info!(op, status = self.status.as_u16(), error = self.error, message = %self.message, "management request refused");
-        }
-        let body = json!({ "error": self.error, "message": self.message });
-        (self.status, Json(body)).into_response()
-    }
-}
-
-impl From<AdminError> for ApiError {
-    fn from(e: AdminError) -> ApiError {
-        let (status, error) = match e.kind {
-            AdminErrorKind::UnknownProject => (StatusCode::NOT_FOUND, "unknown_project"),
-            AdminErrorKind::InvalidRequest => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body"),
-            AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-        };
-        ApiError::new(status, error, e.message)
-    }
+/// Count, log and answer a refusal or failure.
+fn respond(e: ApiError, op: &'static str) -> Response {
+    let status = e.status.as_u16().to_string();
+    metrics::counter!(telemetry::MANAGEMENT_REQUESTS, "op" => op, "status" => status).increment(1);
+    e.log("management", op, None);
+    e.into_response()
 }
 
 /// The operator key, compared in constant time (digests of equal length); a project's
@@ -335,7 +298,7 @@ fn answer(op: &'static str, status: StatusCode, r: Result<Value, ApiError>) -> R
                 .increment(1);
             (status, Json(v)).into_response()
         }
-        Err(e) => e.respond(op),
+        Err(e) => respond(e, op),
     }
 }
 
