@@ -198,7 +198,7 @@ impl Broadcasts {
 
     /// May a REST message of `size` bytes go to a topic of `project`? Not to a public one
     /// of a private-only project (403); not over the frame limit or the project's payload
-    /// limit (413); not while the project is over its messages/s or bytes/s (429).
+    /// limit (413). (Nothing is counted: see [`Self::rest_rate`].)
     fn rest_refusal(
         &self,
         project: &str,
@@ -213,17 +213,19 @@ impl Broadcasts {
         if size > self.max_frame_bytes {
             return Some((StatusCode::PAYLOAD_TOO_LARGE, "payload too large".into()));
         }
-        match self.usage.admit_message(project, size) {
+        match self.usage.check_payload(project, size) {
             Ok(()) => None,
-            Err(MessageRefused::TooLarge { size, max }) => Some((
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("Payload size exceeded: {size} bytes, at most {max}"),
-            )),
-            Err(MessageRefused::OverRate(_)) => Some((
-                StatusCode::TOO_MANY_REQUESTS,
-                crate::usage::TOO_MANY_MESSAGES.to_string(),
-            )),
+            Err(e) => Some(refusal(e)),
         }
+    }
+
+    /// May `count` REST messages of `bytes` in all go now, within the project's messages/s
+    /// and bytes/s (429 if not)? Counted if so.
+    fn rest_rate(&self, project: &str, count: usize, bytes: usize) -> Option<(StatusCode, String)> {
+        self.usage
+            .take_messages(project, count as u64, bytes as u64)
+            .err()
+            .map(refusal)
     }
 
     fn relay_one(&self, msg: &BusMessage) {
@@ -369,14 +371,24 @@ pub(crate) async fn rest_batch(
         crate::telemetry::limit("rest_broadcast");
         return error_response(StatusCode::PAYLOAD_TOO_LARGE, &why);
     }
-    let mut out = Vec::with_capacity(batch.messages.len());
+    // The whole request is refused (nothing sent, nothing counted) or taken in whole.
+    let mut total = 0;
+    for m in &batch.messages {
+        let size = m.payload.as_ref().map_or(2, |p| p.get().len());
+        let private = m.private.unwrap_or(false);
+        if let Some((status, why)) = bc.rest_refusal(&sender.project, private, size) {
+            return error_response(status, &why);
+        }
+        total += size;
+    }
+    let count = batch.messages.len();
+    if let Some((status, why)) = bc.rest_rate(&sender.project, count, total) {
+        return error_response(status, &why);
+    }
+    let mut out = Vec::with_capacity(count);
     for m in batch.messages {
         let private = m.private.unwrap_or(false);
         let payload = m.payload.unwrap_or_else(empty_object);
-        if let Some((status, why)) = bc.rest_refusal(&sender.project, private, payload.get().len())
-        {
-            return error_response(status, &why);
-        }
         if !sender.may_send(&bc.policies, private, &m.topic).await {
             // Dropped, as Supabase drops what the policies refuse (the reply stays 202).
             continue;
@@ -398,6 +410,20 @@ pub(crate) async fn rest_batch(
         bc.send(&key, &b, Pushed::Json, None).await;
     }
     StatusCode::ACCEPTED.into_response()
+}
+
+/// The HTTP answer to a message refused by its project's limits.
+fn refusal(e: MessageRefused) -> (StatusCode, String) {
+    match e {
+        MessageRefused::TooLarge { size, max } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Payload size exceeded: {size} bytes, at most {max}"),
+        ),
+        MessageRefused::OverRate(_) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            crate::usage::TOO_MANY_MESSAGES.to_string(),
+        ),
+    }
 }
 
 /// `{}` as a raw JSON value.
@@ -452,7 +478,8 @@ pub(crate) async fn rest_single(
         Err((status, msg)) => return error_response(status, &msg),
     };
     let private = query.get("private").map(String::as_str) == Some("true");
-    if let Some((status, why)) = bc.rest_refusal(&sender.project, private, body.len()) {
+    let refused = bc.rest_refusal(&sender.project, private, body.len());
+    if let Some((status, why)) = refused.or_else(|| bc.rest_rate(&sender.project, 1, body.len())) {
         return error_response(status, &why);
     }
     if !sender.may_send(&bc.policies, private, &topic).await {

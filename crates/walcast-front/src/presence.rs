@@ -245,6 +245,9 @@ pub(crate) fn admit(
         usage.refuse(project, "presence_payload", "PayloadSizeExceeded", &detail);
         return Err(PresenceRefused::TooLarge);
     }
+    if usage.check_payload(project, size).is_err() {
+        return Err(PresenceRefused::TooLarge);
+    }
     if !events.take() {
         let detail = "a socket's presence events per second";
         usage.refuse(
@@ -265,11 +268,9 @@ pub(crate) fn admit(
         );
         return Err(PresenceRefused::ProjectRate);
     }
-    match usage.admit_message(project, size) {
-        Ok(()) => Ok(()),
-        Err(crate::usage::MessageRefused::TooLarge { .. }) => Err(PresenceRefused::TooLarge),
-        Err(crate::usage::MessageRefused::OverRate(_)) => Err(PresenceRefused::Messages),
-    }
+    usage
+        .take_messages(project, 1, size as u64)
+        .map_err(|_| PresenceRefused::Messages)
 }
 
 /// `{key:{metas:[…]}}` of a list of metas, grouped by key in first-seen order (linear in

@@ -232,6 +232,13 @@ impl Usage {
     /// within the project's payload limit and its messages/s and bytes/s across the
     /// fronts? Counted if so; counted as refused and logged if not.
     pub fn admit_message(&self, project: &str, size: usize) -> Result<(), MessageRefused> {
+        self.check_payload(project, size)?;
+        self.take_messages(project, 1, size as u64)
+    }
+
+    /// Is a payload of `size` bytes within `project`'s limit? (A refusal is counted and
+    /// logged; nothing else is counted.)
+    pub fn check_payload(&self, project: &str, size: usize) -> Result<(), MessageRefused> {
         let size = size as u64;
         let max = self.quotas(project).payload_bytes;
         if size > max {
@@ -239,7 +246,19 @@ impl Usage {
             self.refuse(project, "payload_size", "PayloadSizeExceeded", &detail);
             return Err(MessageRefused::TooLarge { size, max });
         }
-        let wants = [(Rate::Events, 1), (Rate::Bytes, size)];
+        Ok(())
+    }
+
+    /// `count` messages of `bytes` in all that clients of `project` send: counted if the
+    /// project stays within its messages/s and bytes/s across the fronts; else refused
+    /// (counted as such and logged), and none counted.
+    pub fn take_messages(
+        &self,
+        project: &str,
+        count: u64,
+        bytes: u64,
+    ) -> Result<(), MessageRefused> {
+        let wants = [(Rate::Events, count), (Rate::Bytes, bytes)];
         self.take(project, &wants).map_err(|over| {
             let detail = format!(
                 "{:?} {} per second, limit {}",

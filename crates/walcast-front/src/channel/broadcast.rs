@@ -22,7 +22,8 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, b: BroadcastPush) {
     match s.services.usage.admit_message(&s.project, b.payload.len()) {
         Ok(()) => {}
         Err(MessageRefused::TooLarge { size, max }) => {
-            // Not sent: said to the sender (Supabase answers only an `ack` join).
+            // Not sent: said to the sender, `ack` or not (Supabase answers only an `ack`
+            // join; a refused message is never dropped silently here).
             let text = format!("Payload size exceeded: {size} bytes, at most {max}");
             return s.reply_error(f, &server::error_reason("PayloadSizeExceeded", &text));
         }
