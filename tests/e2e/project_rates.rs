@@ -19,6 +19,7 @@ const EVENTS_PER_SECOND: &str = "150";
 const JOINS_PER_SECOND: &str = "20";
 const PRESENCE_PER_SECOND: &str = "6";
 const PAYLOAD_KB: &str = "1";
+const BYTES_PER_SECOND: &str = "60000";
 /// How long a project's rates take to leave the other fronts' sums: a beacon a second,
 /// each counting the last second.
 const FADE: Duration = Duration::from_millis(3500);
@@ -36,6 +37,7 @@ fn start(stack: &Stack) -> (Worker, Worker, Worker, Created, Created) {
             PRESENCE_PER_SECOND,
         ),
         ("PROJECT_MAX_PAYLOAD_KB", PAYLOAD_KB),
+        ("PROJECT_MAX_BYTES_PER_SECOND", BYTES_PER_SECOND),
     ];
     let mut env = limits.to_vec();
     env.push(("MANAGEMENT_API_KEY", OPERATOR));
@@ -97,6 +99,49 @@ async fn rates_are_a_project_s_across_the_fronts_and_not_the_others() {
     joins_are_refused(&a, &b, &noisy, &quiet).await;
     tokio::time::sleep(FADE).await;
     presence_shuts_the_tracker(&a, &b, &noisy, &quiet).await;
+    tokio::time::sleep(FADE).await;
+    bytes_shut_the_sender(&a, &b, &noisy).await;
+}
+
+/// Bytes, not messages: 900-byte messages at 20/s from front A (18 KB/s, under the
+/// 60 KB/s alone; 20 messages/s, far under the 150) to four listeners on front B: the
+/// bytes B sends them put the project over its bytes/s (while its messages/s, 100, stay
+/// under 150), and the sender's channel is shut.
+async fn bytes_shut_the_sender(a: &Worker, b: &Worker, noisy: &Created) {
+    let mut listeners = Vec::new();
+    for _ in 0..4 {
+        listeners.push(joined(b, noisy, ROOM, broadcast_config()).await.0);
+    }
+    let (mut sender, jr) = joined(a, noisy, ROOM, broadcast_config()).await;
+    let pad = "y".repeat(900);
+    let started = Instant::now();
+    let mut sent: u32 = 0;
+    let shut = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{sent} messages of 900 bytes at 20/s to 4 listeners, and no shut"
+        );
+        let m = json!({"type": "broadcast", "event": "big", "payload": {"pad": pad}});
+        sender.send(Some(&jr), None, ROOM, "broadcast", m).await;
+        sent += 1;
+        let due = started + Duration::from_millis(50) * sent;
+        let left = due.saturating_duration_since(Instant::now());
+        if let Some(m) = sender.try_recv(left).await {
+            break m;
+        }
+        for l in &mut listeners {
+            let _ = received(l, Duration::from_millis(1)).await;
+        }
+    };
+    let Msg::Frame(f) = shut else {
+        panic!("{shut:?}")
+    };
+    assert_eq!(f[4]["message"], "Too many messages per second", "{f}");
+    println!("bytes: the sender shut after {sent} messages of 900 bytes");
+    let seen = inspected(b, noisy, &noisy.anon);
+    println!("front B's rates then: {}", seen["here"]["rates"]);
+    let events = seen["here"]["rates"]["events"].as_u64().unwrap_or(0);
+    assert!(events < 130, "messages, not bytes, were over: {seen}");
 }
 
 /// A sender on front A at up to 100 messages/s is under the 150 alone; with four
@@ -184,7 +229,11 @@ async fn joins_are_refused(a: &Worker, b: &Worker, noisy: &Created, quiet: &Crea
     let started = Instant::now();
     let mut i: u32 = 0;
     while started.elapsed() < Duration::from_secs(4) {
-        let s = if i % 2 == 0 { &mut on_a } else { &mut on_b };
+        let s = if i.is_multiple_of(2) {
+            &mut on_a
+        } else {
+            &mut on_b
+        };
         match join_once(s, &format!("realtime:j{i}")).await {
             Ok(()) => ok += 1,
             Err(why) => {
@@ -192,7 +241,7 @@ async fn joins_are_refused(a: &Worker, b: &Worker, noisy: &Created, quiet: &Crea
                 refused += 1;
             }
         }
-        if i % 7 == 0 {
+        if i.is_multiple_of(7) {
             let r = join_once(&mut q, &format!("realtime:q{i}")).await;
             assert_eq!(r, Ok(()), "a quiet project's join");
         }
