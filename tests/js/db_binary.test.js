@@ -305,9 +305,19 @@ describe('a replay larger than one NATS message', () => {
     const since = Number(rows[0].ms)
     // 20,000 bytes each, 26,668 in base64: two fit in 64 KiB, five do not.
     const parts = [1, 2, 3, 4, 5].map((n) => Buffer.alloc(20000, n))
+    // A listener joined before the sends sees their live copies: once it has all five,
+    // none can reach the replaying channel live (on a loaded machine the stream may lag
+    // the join, and a live copy of a message the replay left out would be delivered).
+    const watcher = client(front)
+    const live = collector('live copies')
+    const wch = watcher.channel(topic, { config: { private: true } })
+    wch.on('broadcast', { event: 'stored' }, live)
+    await subscribed(wch)
     for (const p of parts) {
       await env.db.query("SELECT realtime.send_binary($1::bytea, 'stored', $2, true)", [p, topic])
     }
+    await live.wait(5)
+    watcher.disconnect()
     const rt = client(front)
     const got = collector('big replay')
     try {
