@@ -148,6 +148,7 @@ async fn classes_are_capped_per_project() {
     ];
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: (0..).zip(filters).map(|(n, f)| spec(n, f)).collect(),
             },

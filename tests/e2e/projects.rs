@@ -523,6 +523,7 @@ async fn projects_are_isolated_across_cdc_worker_and_ws_front() {
     };
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             walcast_bus::subs::RegisterRequest {
                 subs: vec![spec("steal", &b.schema), spec("own", &a.schema)],
             },

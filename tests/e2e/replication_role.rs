@@ -50,6 +50,7 @@ async fn a_replication_only_role_reads_the_slot_and_rls_checks_use_database_url(
     };
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: vec![spec("u1"), spec("u2")],
             },

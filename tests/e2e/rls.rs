@@ -79,6 +79,7 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
         |sub: &str| serde_json::json!({"role": "authenticated", "sub": sub, "exp": 4102444800u64});
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: vec![
                     spec("u1", "docs", user("u1")),
@@ -109,6 +110,7 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
     };
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: vec![
                     filtered("peek", "secret=eq.s1"),
@@ -225,6 +227,7 @@ async fn a_version_lacking_a_value_its_policy_reads_is_judged_by_its_row(source:
     let u1 = serde_json::json!({"role": "authenticated", "sub": "u1", "exp": 4102444800u64});
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: ["notes", "bignotes", "scores"]
                     .iter()

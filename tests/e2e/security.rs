@@ -82,6 +82,7 @@ async fn sql_crafted_identifiers_and_filters_are_refused_and_run_nothing() {
     ];
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: hostile.to_vec(),
             },

@@ -39,6 +39,7 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     let subs = SubsClient::new(&bus, None).unwrap();
     let reply = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: vec![
                     spec("front1:1", "t", "*", None),
@@ -87,6 +88,7 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     assert!(reply.results[..3].iter().all(|r| r.by_class));
     let rls = subs
         .register(
+            walcast_bus::source::DEFAULT_SOURCE,
             RegisterRequest {
                 subs: vec![
                     spec("front1:8", "p", "*", None),
@@ -134,14 +136,20 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     // Unregister one; a sync without the other drops it too (once it is older than the
     // grace that protects registrations racing with a list taken before them).
     tokio::time::sleep(walcast_realtime::subscriptions::matcher::SYNC_GRACE).await;
-    subs.unregister(UnregisterRequest {
-        ids: vec!["front1:2".into()],
-    })
+    subs.unregister(
+        walcast_bus::source::DEFAULT_SOURCE,
+        UnregisterRequest {
+            ids: vec!["front1:2".into()],
+        },
+    )
     .await
     .unwrap();
-    subs.sync(SyncMessage::whole("front1".into(), vec!["front1:1".into()]))
-        .await
-        .unwrap();
+    subs.sync(
+        walcast_bus::source::DEFAULT_SOURCE,
+        SyncMessage::whole("front1".into(), vec!["front1:1".into()]),
+    )
+    .await
+    .unwrap();
     let last = insert_after_edits(&stack, &bus, &subs, &collector, "(3, 'ann', 99)", 6).await;
     assert_eq!(last, ["front1:1"]);
 
@@ -149,9 +157,12 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
     // worker applies it whole: the listed subscription stays.
     let mut many: Vec<String> = (0..100_000).map(|i| format!("front1:x{i}")).collect();
     many.push("front1:1".into());
-    subs.sync(SyncMessage::whole("front1".into(), many))
-        .await
-        .unwrap();
+    subs.sync(
+        walcast_bus::source::DEFAULT_SOURCE,
+        SyncMessage::whole("front1".into(), many),
+    )
+    .await
+    .unwrap();
     let last = insert_after_edits(&stack, &bus, &subs, &collector, "(4, 'ann', 100)", 7).await;
     assert_eq!(last, ["front1:1"]);
 }
@@ -168,9 +179,13 @@ async fn insert_after_edits(
     n: usize,
 ) -> Vec<String> {
     bus.barrier().await.unwrap();
-    subs.register(RegisterRequest::default(), Duration::from_secs(10))
-        .await
-        .unwrap();
+    subs.register(
+        walcast_bus::source::DEFAULT_SOURCE,
+        RegisterRequest::default(),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
     stack.sql(&format!("INSERT INTO t VALUES {row}"));
     collector.wait_count(n, Duration::from_secs(60)).await;
     collector.snapshot().pop().unwrap().subs

@@ -63,6 +63,9 @@ pub enum AdminRequest {
         name: String,
         #[serde(default)]
         private_only: bool,
+        /// The source its schema is created in; absent: the default source.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
         /// Its own limits (each absent: the fronts' default), top-level fields.
         #[serde(flatten)]
         limits: ProjectLimits,
@@ -163,6 +166,9 @@ pub struct ProjectRecord {
     pub name: String,
     /// Its schema: `project_<uuid hex>`.
     pub schema: String,
+    /// The source (database) its schema is in; absent: the default source.
+    #[serde(default = "default_source")]
+    pub source: String,
     /// HS256 secret of its keys and tokens.
     pub jwt_secret: String,
     /// Accepted too during a secret rotation.
@@ -187,6 +193,10 @@ pub struct ProjectRecord {
     /// (`max_concurrent_users`, … as before they were grouped).
     #[serde(flatten)]
     pub limits: ProjectLimits,
+}
+
+fn default_source() -> String {
+    crate::source::DEFAULT_SOURCE.to_string()
 }
 
 /// A project's own limits (README "Running a platform"); each `None` is the fronts'
@@ -311,56 +321,88 @@ pub trait AdminHandler: Send + Sync + 'static {
 }
 
 /// The front side: over NATS, or calling the worker in process.
+///
+/// Requests about a project's tables and channels go to the leader of the project's
+/// source ([`AdminClient::request_to`]); the project list and management requests to the
+/// default source's leader, which keeps the control database.
 #[derive(Clone)]
-pub enum AdminClient {
-    Nats(async_nats::Client),
-    Local(Arc<dyn AdminHandler>),
+pub struct AdminClient {
+    /// The in-process worker (`walcast serve`): answers the default source.
+    local: Option<Arc<dyn AdminHandler>>,
+    nats: Option<async_nats::Client>,
 }
 
 impl AdminClient {
-    /// Over NATS when `bus` is NATS and no local handler is given, else in process.
+    /// Over NATS when `bus` is NATS; the default source in process when a local handler
+    /// is given.
     pub fn new(bus: &Bus, local: Option<Arc<dyn AdminHandler>>) -> Result<AdminClient, AdminError> {
-        match (bus, local) {
-            (_, Some(h)) => Ok(AdminClient::Local(h)),
-            (Bus::Nats(b), None) => Ok(AdminClient::Nats(b.client().clone())),
-            (Bus::Local(_), None) => Err(AdminError::unavailable(
+        let nats = match bus {
+            Bus::Nats(b) => Some(b.client().clone()),
+            Bus::Local(_) => None,
+        };
+        if nats.is_none() && local.is_none() {
+            return Err(AdminError::unavailable(
                 "an in-process bus needs the worker's admin handler",
-            )),
+            ));
+        }
+        Ok(AdminClient { local, nats })
+    }
+
+    /// In process only: every request to `handler` (the default source), none elsewhere.
+    pub fn local(handler: Arc<dyn AdminHandler>) -> AdminClient {
+        AdminClient {
+            local: Some(handler),
+            nats: None,
         }
     }
 
-    /// Send one request; the answer within `timeout`, or an `Unavailable` error.
+    /// Send one request to the default source's leader; the answer within `timeout`, or an
+    /// `Unavailable` error.
     pub async fn request(
         &self,
         req: AdminRequest,
         timeout: Duration,
     ) -> Result<AdminReply, AdminError> {
-        match self {
-            AdminClient::Local(h) => tokio::time::timeout(timeout, h.handle(req))
+        self.request_to(crate::source::DEFAULT_SOURCE, req, timeout)
+            .await
+    }
+
+    /// Send one request to the leader of `source`.
+    pub async fn request_to(
+        &self,
+        source: &str,
+        req: AdminRequest,
+        timeout: Duration,
+    ) -> Result<AdminReply, AdminError> {
+        if let (true, Some(h)) = (crate::source::is_default(source), &self.local) {
+            return tokio::time::timeout(timeout, h.handle(req))
                 .await
-                .map_err(|_| AdminError::unavailable("the admin request timed out"))?,
-            AdminClient::Nats(c) => {
-                let body = serde_json::to_vec(&req)
-                    .map_err(|e| AdminError::new(AdminErrorKind::Internal, e.to_string()))?;
-                let msg =
-                    tokio::time::timeout(timeout, c.request(SUBJECT_ADMIN, Bytes::from(body)))
-                        .await
-                        .map_err(|_| {
-                            AdminError::unavailable(
-                                "no cdc-worker answered the admin request in time",
-                            )
-                        })?
-                        .map_err(|e| {
-                            AdminError::unavailable(format!(
-                                "no cdc-worker answered the admin request: {e}"
-                            ))
-                        })?;
-                match serde_json::from_slice::<Response>(&msg.payload) {
-                    Ok(Response::Ok(r)) => Ok(r),
-                    Ok(Response::Error(e)) => Err(e),
-                    Err(e) => Err(AdminError::unavailable(format!("bad admin reply: {e}"))),
-                }
-            }
+                .map_err(|_| AdminError::unavailable("the admin request timed out"))?;
+        }
+        let Some(c) = &self.nats else {
+            return Err(AdminError::unavailable(format!(
+                "source {source:?} is served over NATS only"
+            )));
+        };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| AdminError::new(AdminErrorKind::Internal, e.to_string()))?;
+        let subject = crate::source::subject(source, SUBJECT_ADMIN);
+        let msg = tokio::time::timeout(timeout, c.request(subject, Bytes::from(body)))
+            .await
+            .map_err(|_| {
+                AdminError::unavailable(format!(
+                    "no cdc-worker leading source {source:?} answered the admin request in time"
+                ))
+            })?
+            .map_err(|e| {
+                AdminError::unavailable(format!(
+                    "no cdc-worker leading source {source:?} answered the admin request: {e}"
+                ))
+            })?;
+        match serde_json::from_slice::<Response>(&msg.payload) {
+            Ok(Response::Ok(r)) => Ok(r),
+            Ok(Response::Error(e)) => Err(e),
+            Err(e) => Err(AdminError::unavailable(format!("bad admin reply: {e}"))),
         }
     }
 
@@ -372,9 +414,11 @@ impl AdminClient {
         }
     }
 
-    /// Enable or disable realtime on a table of the project's schema.
+    /// Enable or disable realtime on a table of the project's schema (at the leader of
+    /// its `source`).
     pub async fn set_realtime(
         &self,
+        source: &str,
         project: &str,
         table: &str,
         enabled: bool,
@@ -385,22 +429,23 @@ impl AdminClient {
             table: table.to_string(),
             enabled,
         };
-        match self.request(req, timeout).await? {
+        match self.request_to(source, req, timeout).await? {
             r @ AdminReply::Realtime { .. } => Ok(r),
             other => Err(unexpected(&other)),
         }
     }
 
-    /// The realtime-enabled tables of a project.
+    /// The realtime-enabled tables of a project (of its `source`).
     pub async fn list_tables(
         &self,
+        source: &str,
         project: &str,
         timeout: Duration,
     ) -> Result<Vec<TableName>, AdminError> {
         let req = AdminRequest::ListTables {
             project: project.to_string(),
         };
-        match self.request(req, timeout).await? {
+        match self.request_to(source, req, timeout).await? {
             AdminReply::Tables { tables } => Ok(tables),
             other => Err(unexpected(&other)),
         }
@@ -408,9 +453,10 @@ impl AdminClient {
 }
 
 impl AdminClient {
-    /// See [`AdminRequest::AuthorizeChannel`].
+    /// See [`AdminRequest::AuthorizeChannel`] (at the leader of the project's `source`).
     pub async fn authorize_channel(
         &self,
+        source: &str,
         project: &str,
         topic: &str,
         claims: &serde_json::Value,
@@ -423,7 +469,7 @@ impl AdminClient {
             claims: claims.clone(),
             write,
         };
-        match self.request(req, timeout).await? {
+        match self.request_to(source, req, timeout).await? {
             AdminReply::Authorized { allowed } => Ok(allowed),
             other => Err(unexpected(&other)),
         }
@@ -431,9 +477,10 @@ impl AdminClient {
 }
 
 impl AdminClient {
-    /// See [`AdminRequest::Replay`].
+    /// See [`AdminRequest::Replay`] (at the leader of the project's `source`).
     pub async fn replay(
         &self,
+        source: &str,
         project: &str,
         topic: &str,
         since_ms: i64,
@@ -446,7 +493,7 @@ impl AdminClient {
             since_ms,
             limit,
         };
-        match self.request(req, timeout).await? {
+        match self.request_to(source, req, timeout).await? {
             AdminReply::Replayed { messages } => Ok(messages),
             other => Err(unexpected(&other)),
         }
@@ -491,6 +538,7 @@ fn unexpected(reply: &AdminReply) -> AdminError {
 /// or a burst of them does not hold every other front's request.
 pub async fn serve_nats(
     bus: &Bus,
+    source: &str,
     handler: Arc<dyn AdminHandler>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), crate::BusError> {
@@ -500,7 +548,7 @@ pub async fn serve_nats(
     };
     let client = nats.client().clone();
     let mut requests = client
-        .subscribe(SUBJECT_ADMIN)
+        .subscribe(crate::source::subject(source, SUBJECT_ADMIN))
         .await
         .map_err(crate::BusError::Subscribe)?;
     let reads = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_READS));

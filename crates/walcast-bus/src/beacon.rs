@@ -31,11 +31,28 @@ pub struct Beacon {
     /// Present in a process that serves clients (a ws-front or `serve`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub front: Option<FrontBeacon>,
+    /// The pipelines of the other sources (not the default) this worker leads or runs,
+    /// each named by its `source`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<WorkerBeacon>,
+}
+
+impl Beacon {
+    /// The state of `source`'s pipeline in this process, if it runs one.
+    pub fn source(&self, source: &str) -> Option<&WorkerBeacon> {
+        if crate::source::is_default(source) {
+            return self.worker.as_ref();
+        }
+        self.sources.iter().find(|w| w.source == source)
+    }
 }
 
 /// The pipeline part of a beacon.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct WorkerBeacon {
+    /// The source this pipeline reads.
+    #[serde(default = "default_source", skip_serializing_if = "is_default")]
+    pub source: String,
     /// Holds the lease (or runs without election).
     pub leader: bool,
     /// Reading the slot and publishing.
@@ -50,6 +67,29 @@ pub struct WorkerBeacon {
     /// Why the pipeline is not active, if it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+fn default_source() -> String {
+    crate::source::DEFAULT_SOURCE.to_string()
+}
+
+impl Default for WorkerBeacon {
+    fn default() -> Self {
+        WorkerBeacon {
+            source: default_source(),
+            leader: false,
+            cdc_active: false,
+            slot: String::new(),
+            lag_bytes: 0,
+            changes_total: 0,
+            skipped_changes_total: 0,
+            last_error: None,
+        }
+    }
+}
+
+fn is_default(source: &str) -> bool {
+    crate::source::is_default(source)
 }
 
 /// The front part of a beacon.
@@ -142,8 +182,21 @@ mod tests {
                 ..Default::default()
             }),
             front: None,
+            sources: vec![WorkerBeacon {
+                source: "shop".into(),
+                leader: true,
+                ..Default::default()
+            }],
         };
         assert_eq!(Beacon::decode(&b.encode()), Some(b.clone()));
+        assert!(b.source("shop").is_some_and(|w| w.leader));
+        assert_eq!(b.source("default"), b.worker.as_ref());
+        assert!(b.source("other").is_none());
+        let json: serde_json::Value = serde_json::from_slice(&b.encode()).unwrap();
+        assert!(
+            json["worker"].get("source").is_none(),
+            "the default is implied"
+        );
         let subject = b.subject();
         assert!(subject.starts_with("walcast.health."), "{subject}");
         assert_eq!(

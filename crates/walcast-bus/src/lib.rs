@@ -25,6 +25,7 @@ pub mod links;
 mod local;
 mod nats;
 pub mod resync;
+pub mod source;
 mod spec;
 pub mod subject;
 pub mod subs;

@@ -104,9 +104,10 @@ impl ResendClient {
         }
     }
 
-    /// Ask; the answer within `timeout`.
+    /// Ask the leader of `source`; the answer within `timeout`.
     pub async fn request(
         &self,
+        source: &str,
         req: &ResendRequest,
         timeout: Duration,
     ) -> Result<ResendReply, ResendError> {
@@ -114,18 +115,25 @@ impl ResendClient {
             return Err(ResendError::Unsupported);
         };
         let body = serde_json::to_vec(req).map_err(ResendError::Encode)?;
-        let msg = tokio::time::timeout(timeout, c.request(SUBJECT_RESEND, Bytes::from(body)))
-            .await
-            .map_err(|_| ResendError::Timeout(timeout))?
-            .map_err(ResendError::Request)?;
+        let msg = tokio::time::timeout(
+            timeout,
+            c.request(
+                crate::source::subject(source, SUBJECT_RESEND),
+                Bytes::from(body),
+            ),
+        )
+        .await
+        .map_err(|_| ResendError::Timeout(timeout))?
+        .map_err(ResendError::Request)?;
         serde_json::from_slice(&msg.payload).map_err(ResendError::Reply)
     }
 }
 
-/// Worker side over NATS: answer resend requests until `shutdown` completes, each on a
-/// task of its own.
+/// Worker side over NATS: answer the resend requests of `source` until `shutdown`
+/// completes, each on a task of its own.
 pub async fn serve_nats(
     bus: &Bus,
+    source: &str,
     handler: Arc<dyn ResendHandler>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BusError> {
@@ -135,7 +143,7 @@ pub async fn serve_nats(
     };
     let client = nats.client().clone();
     let mut requests = client
-        .subscribe(SUBJECT_RESEND)
+        .subscribe(crate::source::subject(source, SUBJECT_RESEND))
         .await
         .map_err(BusError::Subscribe)?;
     tokio::pin!(shutdown);

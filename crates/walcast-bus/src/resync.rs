@@ -197,11 +197,12 @@ impl ResyncWait {
 /// says.
 pub(crate) async fn request_resync(
     client: &async_nats::Client,
+    subject: String,
     reply: String,
     mut progress: async_nats::Subscriber,
     mut wait: ResyncWait,
 ) -> ResyncSummary {
-    if let Err(e) = client.publish(SUBJECT_RESYNC, Bytes::from(reply)).await {
+    if let Err(e) = client.publish(subject, Bytes::from(reply)).await {
         tracing::warn!(error = %e, "cannot ask fronts to register again");
         return ResyncSummary::default();
     }

@@ -175,10 +175,14 @@ impl SubsClient {
     /// latest `effective_from` stands for all).
     pub async fn register(
         &self,
+        source: &str,
         req: RegisterRequest,
         timeout: Duration,
     ) -> Result<RegisterReply, BusError> {
         match self {
+            SubsClient::Local(_) if !crate::source::is_default(source) => {
+                Err(BusError::NoSubsHandler)
+            }
             SubsClient::Local(h) => tokio::time::timeout(timeout, h.register(req))
                 .await
                 .map_err(|_| BusError::RegisterTimeout),
@@ -191,7 +195,8 @@ impl SubsClient {
                     chunks.push(Vec::new());
                 }
                 for subs in chunks {
-                    let reply = register_once(c, &RegisterRequest { subs }, timeout).await?;
+                    let reply =
+                        register_once(c, source, &RegisterRequest { subs }, timeout).await?;
                     merged.results.extend(reply.results);
                     merged.effective_from = merged.effective_from.max(reply.effective_from);
                 }
@@ -200,15 +205,20 @@ impl SubsClient {
         }
     }
 
-    pub async fn unregister(&self, req: UnregisterRequest) -> Result<(), BusError> {
+    /// Unregister, with the leader of `source`.
+    pub async fn unregister(&self, source: &str, req: UnregisterRequest) -> Result<(), BusError> {
         match self {
+            SubsClient::Local(_) if !crate::source::is_default(source) => {
+                Err(BusError::NoSubsHandler)
+            }
             SubsClient::Local(h) => {
                 h.unregister(req);
                 Ok(())
             }
             SubsClient::Nats(c) => {
                 for ids in chunks_by_size(req.ids, MESSAGE_BUDGET) {
-                    publish_json(c, SUBJECT_UNREGISTER, &UnregisterRequest { ids }).await?;
+                    let subject = crate::source::subject(source, SUBJECT_UNREGISTER);
+                    publish_json(c, subject, &UnregisterRequest { ids }).await?;
                 }
                 Ok(())
             }
@@ -231,8 +241,13 @@ impl SubsClient {
     /// A front's full list. Over NATS a long list goes as several messages of at most
     /// [`MESSAGE_BUDGET`] bytes, numbered by a fresh `round`; the worker applies a round
     /// only once its `last` part arrived.
-    pub async fn sync(&self, msg: SyncMessage) -> Result<(), BusError> {
+    ///
+    /// Sent to the leader of `source`, with the subscriptions of that source's projects.
+    pub async fn sync(&self, source: &str, msg: SyncMessage) -> Result<(), BusError> {
         match self {
+            SubsClient::Local(_) if !crate::source::is_default(source) => {
+                Err(BusError::NoSubsHandler)
+            }
             SubsClient::Local(h) => {
                 h.sync(msg);
                 Ok(())
@@ -249,7 +264,7 @@ impl SubsClient {
                         round,
                         last: i + 1 == n,
                     };
-                    publish_json(c, SUBJECT_SYNC, &part).await?;
+                    publish_json(c, crate::source::subject(source, SUBJECT_SYNC), &part).await?;
                 }
                 Ok(())
             }
@@ -259,14 +274,21 @@ impl SubsClient {
 
 async fn register_once(
     c: &async_nats::Client,
+    source: &str,
     req: &RegisterRequest,
     timeout: Duration,
 ) -> Result<RegisterReply, BusError> {
     let body = serde_json::to_vec(req).map_err(BusError::Encode)?;
-    let msg = tokio::time::timeout(timeout, c.request(SUBJECT_REGISTER, Bytes::from(body)))
-        .await
-        .map_err(|_| BusError::RequestTimeout)?
-        .map_err(BusError::Request)?;
+    let msg = tokio::time::timeout(
+        timeout,
+        c.request(
+            crate::source::subject(source, SUBJECT_REGISTER),
+            Bytes::from(body),
+        ),
+    )
+    .await
+    .map_err(|_| BusError::RequestTimeout)?
+    .map_err(BusError::Request)?;
     serde_json::from_slice(&msg.payload).map_err(BusError::BadReply)
 }
 
@@ -291,7 +313,7 @@ pub fn chunks_by_size<T: Serialize>(items: Vec<T>, budget: usize) -> Vec<Vec<T>>
 
 async fn publish_json<T: Serialize>(
     c: &async_nats::Client,
-    subject: &'static str,
+    subject: String,
     v: &T,
 ) -> Result<(), BusError> {
     let body = serde_json::to_vec(v).map_err(BusError::Encode)?;
@@ -310,6 +332,7 @@ async fn publish_json<T: Serialize>(
 /// when they are slow to answer the resync request.
 pub async fn serve_nats(
     bus: &Bus,
+    source: &str,
     handler: Arc<dyn SubsHandler>,
     expected: std::collections::HashSet<String>,
     resynced: tokio::sync::oneshot::Sender<ResyncSummary>,
@@ -321,7 +344,7 @@ pub async fn serve_nats(
     };
     let client = nats.client().clone();
     let sub = |s: &'static str| {
-        let c = client.clone();
+        let (c, s) = (client.clone(), crate::source::subject(source, s));
         async move { c.subscribe(s).await.map_err(BusError::Subscribe) }
     };
     let mut register = sub(SUBJECT_REGISTER).await?;
@@ -336,8 +359,9 @@ pub async fn serve_nats(
         .map_err(BusError::Subscribe)?;
     let asker = client.clone();
     let wait = ResyncWait::new(tokio::time::Instant::now(), expected);
+    let resync = crate::source::subject(source, SUBJECT_RESYNC);
     tokio::spawn(async move {
-        let summary = request_resync(&asker, inbox, progress, wait).await;
+        let summary = request_resync(&asker, resync, inbox, progress, wait).await;
         let _ = resynced.send(summary);
     });
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_REGISTRATIONS_IN_FLIGHT));

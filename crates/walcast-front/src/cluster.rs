@@ -212,6 +212,7 @@ mod tests {
                 ..Default::default()
             }),
             front: None,
+            sources: Vec::new(),
         }
     }
 
@@ -222,6 +223,7 @@ mod tests {
             bus_connected: true,
             worker: None,
             front: Some(FrontBeacon::default()),
+            sources: Vec::new(),
         }
     }
 

@@ -171,7 +171,9 @@ impl Fanout {
             self.feed.window,
         );
         tokio::spawn(async move {
-            let answer = resend.request(&req, timeout).await;
+            let answer = resend
+                .request(walcast_bus::source::DEFAULT_SOURCE, &req, timeout)
+                .await;
             let _ = answers.send((stream, from, to, answer));
         });
     }

@@ -49,7 +49,14 @@ impl Policies {
             ));
         };
         let allowed = admin
-            .authorize_channel(project, name, claims, write, self.timeout)
+            .authorize_channel(
+                walcast_bus::source::DEFAULT_SOURCE,
+                project,
+                name,
+                claims,
+                write,
+                self.timeout,
+            )
             .await?;
         if !allowed {
             let what = if write {

@@ -121,7 +121,13 @@ async fn set(
     let admin = authorize(projects, headers, project).await?;
     let enabled = enabled?;
     match admin
-        .set_realtime(project, table, enabled, WORKER_TIMEOUT)
+        .set_realtime(
+            walcast_bus::source::DEFAULT_SOURCE,
+            project,
+            table,
+            enabled,
+            WORKER_TIMEOUT,
+        )
         .await?
     {
         AdminReply::Realtime {
@@ -181,7 +187,13 @@ pub(crate) async fn get_one(
             .schema(&project)
             .await
             .map_err(|_| ApiError::unknown_project(&project))?;
-        let tables = admin.list_tables(&project, WORKER_TIMEOUT).await?;
+        let tables = admin
+            .list_tables(
+                walcast_bus::source::DEFAULT_SOURCE,
+                &project,
+                WORKER_TIMEOUT,
+            )
+            .await?;
         let enabled = tables
             .iter()
             .any(|t| t.schema == schema && t.table == table);
@@ -199,7 +211,13 @@ pub(crate) async fn list(
 ) -> Response {
     let r = async {
         let admin = authorize(&projects, &headers, &project).await?;
-        let tables = admin.list_tables(&project, WORKER_TIMEOUT).await?;
+        let tables = admin
+            .list_tables(
+                walcast_bus::source::DEFAULT_SOURCE,
+                &project,
+                WORKER_TIMEOUT,
+            )
+            .await?;
         serde_json::to_value(tables).map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })

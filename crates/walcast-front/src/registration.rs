@@ -98,7 +98,11 @@ impl Registrar {
         let ids: Vec<String> = specs.iter().map(|s| s.id.clone()).collect();
         let reply = self
             .subs
-            .register(RegisterRequest { subs: specs }, self.register_timeout)
+            .register(
+                walcast_bus::source::DEFAULT_SOURCE,
+                RegisterRequest { subs: specs },
+                self.register_timeout,
+            )
             .await
             .inspect_err(|_| telemetry::error("register"))?;
         metrics::counter!(telemetry::REGISTRATIONS, "path" => "worker").increment(ids.len() as u64);
@@ -277,7 +281,14 @@ impl Registrar {
     }
 
     async fn send_unregister(&self, ids: Vec<String>) {
-        if let Err(e) = self.subs.unregister(UnregisterRequest { ids }).await {
+        if let Err(e) = self
+            .subs
+            .unregister(
+                walcast_bus::source::DEFAULT_SOURCE,
+                UnregisterRequest { ids },
+            )
+            .await
+        {
             telemetry::error("unregister");
             tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
         }
@@ -373,7 +384,11 @@ pub(crate) async fn sync_loop(registrar: Arc<Registrar>, cancel: CancellationTok
         }
         let ids = registrar.registry().all_ids();
         let msg = SyncMessage::whole(registrar.front_id.clone(), ids);
-        if let Err(e) = registrar.subs.sync(msg).await {
+        if let Err(e) = registrar
+            .subs
+            .sync(walcast_bus::source::DEFAULT_SOURCE, msg)
+            .await
+        {
             telemetry::error("sync");
             tracing::warn!(error = %e, "subscription sync failed");
         }

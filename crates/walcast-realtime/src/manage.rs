@@ -24,6 +24,7 @@ pub fn record(p: Project) -> ProjectRecord {
         private_only: p.private_only,
         jwt_secret_previous_until_ms: p.jwt_secret_previous_until_ms,
         limits: p.limits,
+        source: p.source,
     }
 }
 
@@ -69,8 +70,15 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
         AdminRequest::ProjectCreate {
             name,
             private_only,
+            source,
             limits,
         } => {
+            if let Some(s) = source.filter(|s| !walcast_bus::source::is_default(s)) {
+                return Err(AdminError::new(
+                    AdminErrorKind::InvalidRequest,
+                    format!("unknown source {s:?}"),
+                ));
+            }
             if let Some(field) = limits.too_large() {
                 return Err(refused(ProjectError::LimitTooLarge { field }));
             }

@@ -86,6 +86,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "project_rate_limits",
         include_str!("../../../sql/0019_project_rate_limits.sql"),
     ),
+    (20, "sources", include_str!("../../../sql/0020_sources.sql")),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

@@ -35,6 +35,8 @@ pub struct Project {
     pub jwt_secret_previous_until_ms: Option<i64>,
     /// Its own limits (each `None`: the fronts' default).
     pub limits: ProjectLimits,
+    /// The source (database) its schema is in.
+    pub source: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +61,7 @@ const COLUMNS: &str = "id, name, schema_name, jwt_secret,
     (extract(epoch FROM jwt_secret_previous_until) * 1000)::bigint,
     max_concurrent_users, max_joins_per_second, max_channels_per_client,
     max_events_per_second, max_bytes_per_second, max_presence_events_per_second,
-    max_payload_size_in_kb";
+    max_payload_size_in_kb, source";
 
 /// The column of the first limit in [`COLUMNS`] (the others follow in the order of
 /// [`ProjectLimits::FIELDS`]).
@@ -82,6 +84,7 @@ fn from_row(r: &Row) -> Project {
             r.get::<_, Option<i32>>(FIRST_LIMIT + i)
                 .map(|n| n.max(0) as u32)
         })),
+        source: r.get(FIRST_LIMIT + ProjectLimits::FIELDS.len()),
     }
 }
 
@@ -355,9 +358,11 @@ mod tests {
     fn the_limit_columns_are_the_limits_in_order() {
         // The columns before the limits: the 10 of `from_row` (`to_char(…)` has a comma).
         let cols: Vec<&str> = COLUMNS.split(',').map(str::trim).collect();
-        assert_eq!(cols.len(), FIRST_LIMIT + 1 + ProjectLimits::FIELDS.len());
+        assert_eq!(cols.len(), FIRST_LIMIT + 2 + ProjectLimits::FIELDS.len());
         assert!(cols[FIRST_LIMIT].ends_with("::bigint"), "{cols:?}");
-        assert_eq!(cols[FIRST_LIMIT + 1..], ProjectLimits::FIELDS);
+        let limits = FIRST_LIMIT + 1..FIRST_LIMIT + 1 + ProjectLimits::FIELDS.len();
+        assert_eq!(cols[limits], ProjectLimits::FIELDS);
+        assert_eq!(cols.last(), Some(&"source"));
         let sets = limit_sets(5, 6);
         assert_eq!(sets.lines().count(), ProjectLimits::FIELDS.len());
         assert!(sets.contains(

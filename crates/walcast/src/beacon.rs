@@ -18,6 +18,7 @@ pub fn beacon(process: &str, state: &OpsState) -> Beacon {
     let worker = state.cdc.as_ref().map(|c| {
         let r = c.report();
         WorkerBeacon {
+            source: walcast_bus::source::DEFAULT_SOURCE.to_string(),
             leader: r.leader,
             cdc_active: r.cdc_active,
             slot: r.slot,
@@ -37,6 +38,7 @@ pub fn beacon(process: &str, state: &OpsState) -> Beacon {
         bus_connected: state.bus.is_connected(),
         worker,
         front,
+        sources: Vec::new(),
     }
 }
 

@@ -185,6 +185,7 @@ pub async fn run(
     tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 
     let leader = Arc::new(Leader {
+        source: walcast_bus::source::DEFAULT_SOURCE.to_string(),
         cfg,
         bus,
         registrar,
@@ -307,6 +308,8 @@ fn spawn_http(
 /// Everything only the leader does, one term at a time: answer subscription
 /// registrations and admin requests, read the slot.
 struct Leader {
+    /// The source this leader reads.
+    source: String,
     cfg: walcast_pipeline::PipelineConfig,
     bus: Bus,
     registrar: Registrar,
@@ -370,8 +373,10 @@ impl Leader {
             self.registrar.matcher().clone(),
             stop.clone().cancelled_owned(),
         );
+        let source = self.source.clone();
         tokio::spawn(async move {
-            let serve = walcast_bus::links::serve_nats(&bus, links.handler(), stop.cancelled());
+            let handler = links.handler();
+            let serve = walcast_bus::links::serve_nats(&bus, &source, handler, stop.cancelled());
             let (_, served) = tokio::join!(lead, serve);
             if let Err(e) = served {
                 tracing::error!(error = %e, "resend requests stopped");
@@ -402,10 +407,12 @@ impl Leader {
         let (bus, admin, t) = (self.bus.clone(), self.admin.clone(), term.clone());
         let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(self.registrar.clone());
         let (resynced, resync_done) = tokio::sync::oneshot::channel();
+        let source = self.source.clone();
         let task = tokio::spawn(async move {
+            let s = source.as_str();
             let subs =
-                walcast_bus::subs::serve_nats(&bus, handler, expected, resynced, t.cancelled());
-            let admin = walcast_bus::admin::serve_nats(&bus, admin, t.cancelled());
+                walcast_bus::subs::serve_nats(&bus, s, handler, expected, resynced, t.cancelled());
+            let admin = walcast_bus::admin::serve_nats(&bus, s, admin, t.cancelled());
             let (subs, admin) = tokio::join!(subs, admin);
             if let Err(e) = subs {
                 tracing::error!(error = %e, "subscription registry stopped");

@@ -214,6 +214,7 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
         } => AdminRequest::ProjectCreate {
             name,
             private_only,
+            source: None,
             limits: limits.limits(),
         },
         ProjectAction::Get { id } => AdminRequest::ProjectGet { id },

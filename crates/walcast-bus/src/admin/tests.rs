@@ -139,6 +139,7 @@ fn every_limit_is_a_flattened_top_level_field() {
         let create = AdminRequest::ProjectCreate {
             name: "n".into(),
             private_only: true,
+            source: None,
             limits,
         };
         let text = serde_json::to_string(&create).unwrap();

@@ -216,7 +216,14 @@ async fn replayed(s: &Session, key: &TopicKey, replay: Replay) -> (Vec<Out>, Has
     };
     let name = channel_name(&key.topic);
     let timeout = s.services.cfg.register_timeout;
-    let asked = admin.replay(&key.project, name, replay.since_ms, replay.limit, timeout);
+    let asked = admin.replay(
+        walcast_bus::source::DEFAULT_SOURCE,
+        &key.project,
+        name,
+        replay.since_ms,
+        replay.limit,
+        timeout,
+    );
     let messages = match asked.await {
         Ok(m) => m,
         Err(e) => {

@@ -318,6 +318,7 @@ async fn create(State(m): St, headers: HeaderMap, body: Bytes) -> Response {
         let req = AdminRequest::ProjectCreate {
             name,
             private_only,
+            source: None,
             limits,
         };
         let p = admin.project(req, WORKER_TIMEOUT).await?;

@@ -220,7 +220,7 @@ mod tests {
         ])));
         let p = Projects::with_directory(
             "s0",
-            AdminClient::Local(stored.clone()),
+            AdminClient::local(stored.clone()),
             DirectoryConfig::default(),
         );
         p.refresh_now().await;

@@ -72,7 +72,7 @@ const MIN: Duration = Duration::from_millis(300);
 fn directory(worker: &Arc<Worker>) -> Projects {
     Projects::with_directory(
         "s0",
-        AdminClient::Local(worker.clone()),
+        AdminClient::local(worker.clone()),
         DirectoryConfig {
             timeout: Duration::from_secs(5),
             min_refresh: MIN,

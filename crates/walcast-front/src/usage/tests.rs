@@ -162,6 +162,7 @@ fn the_other_fronts_rates_count() {
             )]),
             ..Default::default()
         }),
+        sources: Vec::new(),
     };
     heard.lock().observe(other, Instant::now());
     assert!(u.take("p", &[(Rate::Joins, 1)]).is_ok(), "9 there + 1 here");

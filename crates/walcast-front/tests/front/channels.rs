@@ -397,6 +397,7 @@ async fn pipeline_beacon(s: &Server, leader: bool) {
             ..Default::default()
         }),
         front: None,
+        sources: Vec::new(),
     };
     s.bus.publish(b.subject(), &[], b.encode()).await.unwrap();
 }
