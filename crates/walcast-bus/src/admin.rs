@@ -237,6 +237,7 @@ pub struct TableName {
 /// A successful answer.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(tag = "reply", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)]
 pub enum AdminReply {
     Projects {
         projects: Vec<ProjectRecord>,
