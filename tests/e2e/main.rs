@@ -17,6 +17,7 @@ mod hostile_limits;
 mod hostile_messages;
 mod lease;
 mod management;
+mod many_sources;
 mod nats_outage;
 mod nats_permissions;
 mod outbox;

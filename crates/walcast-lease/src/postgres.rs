@@ -277,14 +277,32 @@ pub async fn run<F, Fut>(
     cfg: PgLeaseConfig,
     status: Arc<LeaseStatus>,
     shutdown: CancellationToken,
+    lead: F,
+) where
+    F: FnMut(Fence) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    run_gated(cfg, status, shutdown, || true, lead).await
+}
+
+/// [`run`], trying to take the lease only while `may_lead` says so (asked before every
+/// attempt): a worker that already leads its fair share of the sources leaves the others
+/// to the other workers. A lease already held is kept whatever it says; to give one up,
+/// end the term (`lead` returns) and the lease is released.
+pub async fn run_gated<G, F, Fut>(
+    cfg: PgLeaseConfig,
+    status: Arc<LeaseStatus>,
+    shutdown: CancellationToken,
+    may_lead: G,
     mut lead: F,
 ) where
+    G: Fn() -> bool + Send + Sync,
     F: FnMut(Fence) -> Fut,
     Fut: Future<Output = ()>,
 {
     let mut db = Session::new(cfg.clone());
     while !shutdown.is_cancelled() {
-        let Some(won) = acquire(&mut db, &status, &shutdown).await else {
+        let Some(won) = acquire(&mut db, &status, &shutdown, &may_lead).await else {
             return;
         };
         let window = cfg.timing().leader_window();
@@ -330,11 +348,15 @@ pub async fn run<F, Fut>(
     }
 }
 
+/// How often a gated elector asks again whether it may lead.
+const GATE_RECHECK: Duration = Duration::from_millis(500);
+
 /// Read (and write) until we hold the lease; None on shutdown.
 async fn acquire(
     db: &mut Session,
     status: &LeaseStatus,
     shutdown: &CancellationToken,
+    may_lead: &(dyn Fn() -> bool + Send + Sync),
 ) -> Option<Won> {
     let every = db.cfg.timing().renew_every();
     let mut announced: Option<Option<String>> = None;
@@ -343,6 +365,14 @@ async fn acquire(
             return None;
         }
         let mut wait = every;
+        if !may_lead() {
+            // Not our turn: look again soon (a share changes within a beacon or two).
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(GATE_RECHECK.min(every)) => {}
+            }
+            continue;
+        }
         match db.with(every, attempt).await {
             Ok(Attempt::Won(won)) => return Some(won),
             Ok(Attempt::Held(h)) => {

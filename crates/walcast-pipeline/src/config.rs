@@ -35,6 +35,9 @@ pub struct PipelineConfig {
     pub allow_unbounded_wal: bool,
     /// This instance's id, sent as `Walcast-Origin`.
     pub origin: String,
+    /// The name of the source (database) this pipeline reads, sent as `Walcast-Source`
+    /// (see [`walcast_bus::source`]).
+    pub source_name: String,
     /// We were elected: a session still reading the slot belongs to a worker that lost
     /// its leadership (typically one that was killed while Postgres still runs its last
     /// query), so terminate it instead of waiting for it.
@@ -59,6 +62,7 @@ impl PipelineConfig {
             ack_interval: DEFAULT_ACK_INTERVAL,
             allow_unbounded_wal: false,
             origin: "walcast".to_string(),
+            source_name: walcast_bus::source::DEFAULT_SOURCE.to_string(),
             take_over_slot: false,
         }
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use async_nats::jetstream::context::{ContextBuilder, PublishAckFuture, Yes};
 use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
+use walcast_bus::source::HEADER_SOURCE;
 use walcast_bus::{Bus, BusError, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ, HEADER_TERM};
 use walcast_lease::{Action, Fence, Fenced};
 use walcast_wal2json::Lsn;
@@ -88,6 +89,8 @@ struct Term {
     fence: Fence,
     origin: String,
     term: String,
+    /// The source's name, stamped as `Walcast-Source`; `None` for the default source.
+    source: Option<String>,
 }
 
 /// A consumer's way to the bus (see the module docs). Cheap to clone.
@@ -102,16 +105,35 @@ impl Publisher {
     /// The session's publisher (the driver names one per consumer with
     /// [`Publisher::for_consumer`]).
     pub fn new(bus: Bus, fence: Fence, origin: impl Into<String>) -> Publisher {
+        Publisher::for_source(bus, fence, origin, walcast_bus::source::DEFAULT_SOURCE)
+    }
+
+    /// The session's publisher for the pipeline of `source` (see
+    /// [`walcast_bus::source`]): every message names it in `Walcast-Source`, except the
+    /// default source's, which go as they always did.
+    pub fn for_source(
+        bus: Bus,
+        fence: Fence,
+        origin: impl Into<String>,
+        source: &str,
+    ) -> Publisher {
         let term = fence.term().to_string();
+        let source = (!walcast_bus::source::is_default(source)).then(|| source.to_string());
         Publisher {
             term: Arc::new(Term {
                 bus,
                 fence,
                 origin: origin.into(),
                 term,
+                source,
             }),
             consumer: "session",
         }
+    }
+
+    /// The source this publisher's messages name (`None`: the default).
+    pub fn source(&self) -> Option<&str> {
+        self.term.source.as_deref()
     }
 
     /// The same publisher, labelled with the consumer that uses it.
@@ -156,9 +178,12 @@ impl Publisher {
     ) -> Result<(), PublishError> {
         let lsn = at.lsn.to_string();
         let seq = at.seq.map(|s| s.to_string());
-        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(4 + extra.len());
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(5 + extra.len());
         headers.push((HEADER_ORIGIN, &self.term.origin));
         headers.push((HEADER_TERM, &self.term.term));
+        if let Some(source) = &self.term.source {
+            headers.push((HEADER_SOURCE, source));
+        }
         headers.push((HEADER_LSN, &lsn));
         if let Some(seq) = &seq {
             headers.push((HEADER_SEQ, seq));
@@ -215,6 +240,9 @@ impl JetStreamPublisher {
         let p = &self.publisher;
         headers.insert(HEADER_ORIGIN, header(&p.term.origin));
         headers.insert(HEADER_TERM, header(&p.term.term));
+        if let Some(source) = &p.term.source {
+            headers.insert(HEADER_SOURCE, header(source));
+        }
         headers.insert(HEADER_LSN, header(&at.lsn.to_string()));
         if let Some(seq) = at.seq {
             headers.insert(HEADER_SEQ, header(&seq.to_string()));

@@ -100,7 +100,7 @@ pub async fn run(
     consumers: Vec<Arc<dyn ConsumerFactory>>,
 ) -> Result<(), PipelineError> {
     let cancel = fence.token().clone();
-    let publisher = Publisher::new(bus, fence.clone(), cfg.origin.clone());
+    let publisher = Publisher::for_source(bus, fence.clone(), cfg.origin.clone(), &cfg.source_name);
     let mut failures = 0u32;
     loop {
         let result = tokio::select! {

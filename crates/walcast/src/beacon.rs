@@ -38,7 +38,11 @@ pub fn beacon(process: &str, state: &OpsState) -> Beacon {
         bus_connected: state.bus.is_connected(),
         worker,
         front,
-        sources: Vec::new(),
+        sources: state
+            .sources
+            .as_ref()
+            .map(|s| s.all().iter().map(|s| s.beacon()).collect())
+            .unwrap_or_default(),
     }
 }
 

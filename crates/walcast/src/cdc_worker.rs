@@ -10,16 +10,18 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::admin::AdminHandler;
-use walcast_bus::subs::{KnownFronts, FRONT_ALIVE};
+use walcast_bus::subs::KnownFronts;
 use walcast_bus::Bus;
 
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
-use walcast_pipeline::PipelineHealth;
 use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
+use crate::leader::{Leader, Parts};
+use crate::share::Workers;
+use crate::supervisor;
 
 /// Reads the WAL through a wal2json slot and publishes every change to NATS.
 #[derive(Parser, Debug, Clone)]
@@ -140,6 +142,7 @@ pub async fn run(
     bus: Bus,
     registrar: Registrar,
     admin: Arc<dyn AdminHandler>,
+    roles: walcast_realtime::roles::RolePolicy,
     front: Option<walcast_front::Front>,
     origin: String,
     listener: TcpListener,
@@ -149,27 +152,50 @@ pub async fn run(
     preflight(db, cdc).await?;
     migrate(&db.database_url).await?;
     let tag = session_tag(&origin);
-    let mut cfg = cdc.to_config(db, &origin);
-    // Tagged: a worker taking over terminates the stale leader's sessions by this tag.
-    cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
-    cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
-    let mut realtime = cdc.realtime_config(db);
-    realtime.database_url = cfg.database_url.clone();
-    let health = Arc::new(PipelineHealth::new(&cdc.slot_name));
-    let (outbox, outbox_health) = outbox_consumer(cdc, &cfg, &bus);
-    let links = walcast_realtime::FrontLinks::new(realtime.links);
-    let matcher = registrar.matcher().clone();
-    let mut consumers = walcast_realtime::factories(realtime, matcher, links.clone());
-    consumers.extend(outbox);
-    let maintenance = outbox_maintenance(cdc, &cfg);
-    let tracker = TaskTracker::new();
-    spawn_front_expiry(&tracker, registrar.matcher().clone(), cancel.clone());
     let known_fronts = KnownFronts::default();
+    let default = cdc.default_source(db);
+    let (leader, outbox_health) = Leader::build(
+        &default,
+        Parts {
+            cdc,
+            origin: &origin,
+            bus: &bus,
+            registrar,
+            admin,
+            known_fronts: known_fronts.clone(),
+            root: Some(cancel.clone()),
+        },
+    );
+    let leader = Arc::new(leader);
+    let health = leader.health().clone();
+    let tracker = TaskTracker::new();
+    spawn_front_expiry(
+        &tracker,
+        leader.registrar().matcher().clone(),
+        cancel.clone(),
+    );
     spawn_front_listener(&tracker, known_fronts.clone(), bus.clone(), cancel.clone());
     let mode = lease_mode(cdc);
     let status = Arc::new(LeaseStatus::default());
+    let process = front
+        .as_ref()
+        .map_or_else(|| format!("worker-{origin}"), |f| f.id().to_string());
+    let ctx = supervisor::Context {
+        cdc: cdc.clone(),
+        control_url: db.database_url.clone(),
+        bus: bus.clone(),
+        origin: origin.clone(),
+        roles: roles.clone(),
+        known_fronts: known_fronts.clone(),
+        mode,
+        workers: Arc::new(Workers::new(process.clone())),
+        sources: Arc::default(),
+        default_health: health.clone(),
+    };
+    let sources = spawn_sources(&tracker, ctx, cancel.clone());
     let state = OpsState {
         cdc: Some(health.clone()),
+        sources: Some(sources),
         outbox: outbox_health,
         front: front.clone(),
         bus: bus.clone(),
@@ -177,27 +203,10 @@ pub async fn run(
         lease_mode: describe_mode(mode),
         lease: (mode != LeaseMode::None).then(|| status.clone()),
     };
-    let process = front
-        .as_ref()
-        .map_or_else(|| format!("worker-{origin}"), |f| f.id().to_string());
     crate::beacon::spawn(&tracker, process, state.clone(), cancel.clone());
     spawn_http(&tracker, listener, front.as_ref(), state, cancel.clone());
     tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 
-    let leader = Arc::new(Leader {
-        source: walcast_bus::source::DEFAULT_SOURCE.to_string(),
-        cfg,
-        bus,
-        registrar,
-        admin,
-        health,
-        known_fronts,
-        links,
-        consumers,
-        maintenance,
-        failure: Default::default(),
-        root: cancel.clone(),
-    });
     let lead = |fence: Fence| leader.clone().term(fence);
     let election = elect(mode, db, cdc, tag, status, &cancel, lead).await;
     cancel.cancel();
@@ -207,11 +216,24 @@ pub async fn run(
         f.closed().await;
     }
     election.context("Kubernetes leader election")?;
-    let failure = leader.failure.lock().ok().and_then(|mut f| f.take());
+    let failure = leader.take_failure();
     match failure {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
     }
+}
+
+/// The other sources' supervisor and the live-worker count it shares them by.
+fn spawn_sources(
+    tracker: &TaskTracker,
+    ctx: supervisor::Context,
+    cancel: CancellationToken,
+) -> Arc<supervisor::Sources> {
+    let sources = ctx.sources.clone();
+    let (workers, bus, stop) = (ctx.workers.clone(), ctx.bus.clone(), cancel.clone());
+    tracker.spawn(async move { workers.listen(&bus, stop.cancelled()).await });
+    tracker.spawn(supervisor::run(ctx, cancel));
+    sources
 }
 
 /// How `/health` names the election mode.
@@ -222,44 +244,12 @@ fn describe_mode(mode: LeaseMode) -> String {
     }
 }
 
-/// The outbox relay's consumer and health, when enabled (and the bus is NATS).
-fn outbox_consumer(
-    cdc: &CdcArgs,
-    cfg: &walcast_pipeline::PipelineConfig,
-    bus: &Bus,
-) -> (
-    Option<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
-    Option<Arc<walcast_outbox::OutboxHealth>>,
-) {
-    let Some(config) = cdc.outbox.to_config(&cfg.database_url) else {
-        return (None, None);
-    };
-    let Bus::Nats(_) = bus else {
-        tracing::warn!("the outbox relay needs NATS with JetStream (NATS_URL): walcast.emit events and outbox rows are NOT relayed by this process");
-        return (None, None);
-    };
-    walcast_outbox::telemetry::describe();
-    let outbox_health = Arc::new(walcast_outbox::OutboxHealth::new());
-    let factory = walcast_outbox::consumer_factory(config, outbox_health.clone());
-    (Some(factory), Some(outbox_health))
-}
-
-/// Partition maintenance of the outbox tables and of `realtime.messages` (always:
-/// whatever the bus, and with the relay off, inserts need the next day's partition).
-fn outbox_maintenance(
-    cdc: &CdcArgs,
-    cfg: &walcast_pipeline::PipelineConfig,
-) -> Option<walcast_outbox::maintain::Maintenance> {
-    walcast_outbox::telemetry::describe();
-    Some(walcast_outbox::maintain::Maintenance {
-        database_url: cfg.database_url.clone(),
-        interval: std::time::Duration::from_secs(cdc.outbox.maintain_interval_secs),
-        lock_timeout: walcast_outbox::config::MAINTAIN_LOCK_TIMEOUT,
-    })
-}
-
 /// Drop subscriptions of fronts that stopped syncing (died).
-fn spawn_front_expiry(tracker: &TaskTracker, matcher: Arc<Matcher>, cancel: CancellationToken) {
+pub(crate) fn spawn_front_expiry(
+    tracker: &TaskTracker,
+    matcher: Arc<Matcher>,
+    cancel: CancellationToken,
+) {
     tracker.spawn(async move {
         let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
         loop {
@@ -303,158 +293,6 @@ fn spawn_http(
             tracing::error!(error = %e, "http server failed");
         }
     });
-}
-
-/// Everything only the leader does, one term at a time: answer subscription
-/// registrations and admin requests, read the slot.
-struct Leader {
-    /// The source this leader reads.
-    source: String,
-    cfg: walcast_pipeline::PipelineConfig,
-    bus: Bus,
-    registrar: Registrar,
-    admin: Arc<dyn AdminHandler>,
-    health: Arc<PipelineHealth>,
-    known_fronts: KnownFronts,
-    /// Each front's numbered stream: heartbeats and resends while leading.
-    links: Arc<walcast_realtime::FrontLinks>,
-    /// The consumers of the WAL: realtime delivery, then the outbox relay when on.
-    consumers: Vec<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
-    /// The outbox tables' partition maintenance, run by each term.
-    maintenance: Option<walcast_outbox::maintain::Maintenance>,
-    failure: std::sync::Mutex<Option<walcast_pipeline::PipelineError>>,
-    /// Cancelled when the pipeline fails for good: the process stops.
-    root: CancellationToken,
-}
-
-impl Leader {
-    async fn term(self: Arc<Self>, fence: Fence) {
-        let term = fence.token().clone();
-        self.health.set_leader(true);
-        let maintenance = self.spawn_maintenance(&fence);
-        let links = self.spawn_links(&fence);
-        let responder = self.serve_fronts(&term).await;
-        let run = walcast_pipeline::run(
-            self.cfg.clone(),
-            self.bus.clone(),
-            self.health.clone(),
-            fence.clone(),
-            self.consumers.clone(),
-        );
-        if let Err(e) = run.await {
-            if let Ok(mut f) = self.failure.lock() {
-                *f = Some(e);
-            }
-            self.root.cancel();
-        }
-        term.cancel();
-        if let Some(t) = responder {
-            let _ = t.await;
-        }
-        if let Some(t) = maintenance {
-            let _ = t.await;
-        }
-        let _ = links.await;
-        self.health.set_leader(false);
-    }
-
-    /// This term's heartbeats to the fronts and answers to their resend requests (see
-    /// `walcast_realtime::delivery::links`), until the term ends.
-    fn spawn_links(&self, fence: &Fence) -> tokio::task::JoinHandle<()> {
-        let publisher = walcast_pipeline::Publisher::new(
-            self.bus.clone(),
-            fence.clone(),
-            self.cfg.origin.clone(),
-        )
-        .for_consumer("links");
-        let (links, bus, stop) = (self.links.clone(), self.bus.clone(), fence.token().clone());
-        let lead = links.clone().lead(
-            publisher,
-            self.registrar.matcher().clone(),
-            stop.clone().cancelled_owned(),
-        );
-        let source = self.source.clone();
-        tokio::spawn(async move {
-            let handler = links.handler();
-            let serve = walcast_bus::links::serve_nats(&bus, &source, handler, stop.cancelled());
-            let (_, served) = tokio::join!(lead, serve);
-            if let Err(e) = served {
-                tracing::error!(error = %e, "resend requests stopped");
-            }
-        })
-    }
-
-    /// The outbox partition maintenance of this term: at once, then every interval, while
-    /// the fence is open; it ends with the term.
-    fn spawn_maintenance(&self, fence: &Fence) -> Option<tokio::task::JoinHandle<()>> {
-        let m = self.maintenance.clone()?;
-        let (gate, stop) = (fence.clone(), fence.token().clone());
-        Some(tokio::spawn(
-            m.run(move || gate.is_open(), stop.cancelled_owned()),
-        ))
-    }
-
-    /// Over NATS: answer the fronts' registrations and admin requests for this term, and
-    /// return once the fronts registered again (each subscription from its own position),
-    /// so the backlog is matched against all of them before anything is decoded.
-    async fn serve_fronts(&self, term: &CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
-        if !matches!(self.bus, Bus::Nats(_)) {
-            return None;
-        }
-        let recorded = self.recorded_fronts().await;
-        let mut expected = self.known_fronts.alive(FRONT_ALIVE);
-        expected.extend(recorded);
-        let (bus, admin, t) = (self.bus.clone(), self.admin.clone(), term.clone());
-        let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(self.registrar.clone());
-        let (resynced, resync_done) = tokio::sync::oneshot::channel();
-        let source = self.source.clone();
-        let task = tokio::spawn(async move {
-            let s = source.as_str();
-            let subs =
-                walcast_bus::subs::serve_nats(&bus, s, handler, expected, resynced, t.cancelled());
-            let admin = walcast_bus::admin::serve_nats(&bus, s, admin, t.cancelled());
-            let (subs, admin) = tokio::join!(subs, admin);
-            if let Err(e) = subs {
-                tracing::error!(error = %e, "subscription registry stopped");
-            }
-            if let Err(e) = admin {
-                tracing::error!(error = %e, "admin requests stopped");
-            }
-        });
-        tokio::select! {
-            _ = term.cancelled() => {}
-            _ = resync_done => {}
-        }
-        let keep = self.registrar.fronts().clone().keep(
-            self.registrar.matcher().clone(),
-            self.cfg.database_url.clone(),
-            term.clone().cancelled_owned(),
-        );
-        let keep = tokio::spawn(keep);
-        Some(tokio::spawn(async move {
-            let _ = tokio::join!(task, keep);
-        }))
-    }
-
-    /// The fronts the previous leader had subscriptions from (none if unreadable: then
-    /// the resync waits only for fronts this worker heard from or that answer at once).
-    async fn recorded_fronts(&self) -> std::collections::HashSet<String> {
-        let read = async {
-            let client = walcast_pipeline::connect(&self.cfg.database_url).await?;
-            self.registrar.fronts().load(&client).await
-        };
-        match tokio::time::timeout(std::time::Duration::from_secs(5), read).await {
-            Ok(Ok(fronts)) => fronts,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot read the recorded fronts");
-                Default::default()
-            }
-            Err(_) => {
-                tracing::warn!("reading the recorded fronts timed out");
-                Default::default()
-            }
-        }
-    }
 }
 
 /// Run `lead` for every term this worker wins, until `cancel`. Each term gets a fence
@@ -513,7 +351,7 @@ fn lease_mode(cdc: &CdcArgs) -> LeaseMode {
 }
 
 /// Workers with the same lease name compete; defaults to the slot name.
-fn lease_name(cdc: &CdcArgs) -> String {
+pub(crate) fn lease_name(cdc: &CdcArgs) -> String {
     cdc.lease
         .lease_name
         .clone()
@@ -540,7 +378,7 @@ fn kubernetes_name(name: &str) -> String {
 
 /// This worker's Lease `holderIdentity`: the pod name (`HOSTNAME` in Kubernetes), else
 /// one made up for this process.
-fn lease_identity() -> String {
+pub(crate) fn lease_identity() -> String {
     match std::env::var("HOSTNAME") {
         Ok(h) if !h.is_empty() => h,
         _ => format!(
@@ -582,8 +420,9 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         cfg.db.database_url.clone(),
         roles,
     ));
+    let roles = cfg.roles.policy();
     run(
-        &cfg.db, &cfg.cdc, bus, registrar, admin, None, origin, listener, metrics, cancel,
+        &cfg.db, &cfg.cdc, bus, registrar, admin, roles, None, origin, listener, metrics, cancel,
     )
     .await
 }

@@ -79,6 +79,16 @@ impl RolesArgs {
     }
 }
 
+/// A database this worker may read (see [`walcast_bus::source`]): its name, its URLs and
+/// its slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceSpec {
+    pub name: String,
+    pub database_url: String,
+    pub replication_url: String,
+    pub slot_name: String,
+}
+
 /// The logical replication slot's default name.
 pub const DEFAULT_SLOT_NAME: &str = pipeline::DEFAULT_SLOT_NAME;
 
@@ -336,18 +346,34 @@ impl CdcArgs {
         }
     }
 
-    /// The pipeline's settings (slot, source, reading).
-    pub fn to_config(&self, db: &DbArgs, origin: &str) -> PipelineConfig {
-        PipelineConfig {
+    /// The default source: `DATABASE_URL` and `CDC_SLOT_NAME`.
+    pub fn default_source(&self, db: &DbArgs) -> SourceSpec {
+        SourceSpec {
+            name: walcast_bus::source::DEFAULT_SOURCE.to_string(),
             database_url: db.database_url.clone(),
             replication_url: db.replication_url().to_string(),
+            slot_name: self.slot_name.clone(),
+        }
+    }
+
+    /// The pipeline's settings (slot, source, reading) for the default source.
+    pub fn to_config(&self, db: &DbArgs, origin: &str) -> PipelineConfig {
+        self.source_config(&self.default_source(db), origin)
+    }
+
+    /// The pipeline's settings for `source`.
+    pub fn source_config(&self, source: &SourceSpec, origin: &str) -> PipelineConfig {
+        PipelineConfig {
+            database_url: source.database_url.clone(),
+            replication_url: source.replication_url.clone(),
+            source_name: source.name.clone(),
             allow_unbounded_wal: self.allow_unbounded_wal,
             source: self.source,
             ack_interval: Duration::from_millis(self.ack_interval_ms),
             origin: origin.to_string(),
             take_over_slot: self.lease.lease_mode != LeaseMode::None,
             read: ReadConfig {
-                slot: self.slot_name.clone(),
+                slot: source.slot_name.clone(),
                 min_batch: self.poll_batch,
                 max_batch: self.poll_max_batch,
                 idle: Duration::from_millis(self.poll_idle_ms),
@@ -358,8 +384,13 @@ impl CdcArgs {
 
     /// Realtime delivery's settings (row-level security, record size).
     pub fn realtime_config(&self, db: &DbArgs) -> RealtimeConfig {
+        self.realtime_config_for(&db.database_url)
+    }
+
+    /// Realtime delivery's settings, its checks on `database_url`.
+    pub fn realtime_config_for(&self, database_url: &str) -> RealtimeConfig {
         RealtimeConfig {
-            database_url: db.database_url.clone(),
+            database_url: database_url.to_string(),
             max_record_bytes: self.max_record_bytes,
             lanes: walcast_realtime::LaneLimits {
                 max_lag: Duration::from_millis(self.max_lag_ms),

@@ -21,6 +21,8 @@ use walcast_pipeline::{PipelineHealth, PipelineHealthReport};
 pub struct OpsState {
     /// The CDC pipeline, in processes that run one.
     pub cdc: Option<Arc<PipelineHealth>>,
+    /// The other sources' pipelines (README "Sources"), in processes that run the CDC.
+    pub sources: Option<Arc<crate::supervisor::Sources>>,
     /// The outbox relay, where enabled.
     pub outbox: Option<Arc<walcast_outbox::OutboxHealth>>,
     /// The realtime front, in processes that run one.
@@ -56,6 +58,9 @@ struct HealthBody {
     lease: Option<LeaseHealth>,
     #[serde(skip_serializing_if = "Option::is_none")]
     front: Option<walcast_front::Health>,
+    /// The other sources' pipelines (README "Sources"): each as the default's fields above.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    sources: Vec<crate::supervisor::SourceHealth>,
     bus: &'static str,
     bus_connected: bool,
 }
@@ -79,6 +84,7 @@ async fn health(State(s): State<OpsState>) -> impl IntoResponse {
             }
         }),
         front: s.front.as_ref().map(Front::health),
+        sources: s.sources.as_ref().map(|s| s.health()).unwrap_or_default(),
         bus: s.bus.kind(),
         bus_connected: s.bus.is_connected(),
     })
@@ -93,7 +99,10 @@ async fn livez() -> &'static str {
 async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
     let front = s.front.as_ref().map(Front::health);
     let cdc = s.cdc.as_ref().map(|c| c.report());
-    match readiness(s.bus.is_connected(), front.as_ref(), cdc.as_ref()) {
+    let sources = s.sources.as_ref().map(|s| s.health()).unwrap_or_default();
+    let ready = readiness(s.bus.is_connected(), front.as_ref(), cdc.as_ref())
+        .and_then(|()| sources_ready(&sources));
+    match ready {
         Ok(()) => (StatusCode::OK, "ready".to_string()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
@@ -119,6 +128,16 @@ pub fn readiness(
         return Err(format!(
             "not ready: leader, but the pipeline is not active: {why}"
         ));
+    }
+    Ok(())
+}
+
+/// Every source this worker leads streams (a source it only stands by for is ready).
+pub fn sources_ready(sources: &[crate::supervisor::SourceHealth]) -> Result<(), String> {
+    for s in sources {
+        if let Err(why) = readiness(true, None, Some(&s.pipeline)) {
+            return Err(format!("{why} (source {})", s.name));
+        }
     }
     Ok(())
 }

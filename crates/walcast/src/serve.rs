@@ -66,6 +66,7 @@ pub async fn run(
         bus,
         registrar,
         admin,
+        front_args.roles.policy(),
         Some(front),
         origin,
         listener,

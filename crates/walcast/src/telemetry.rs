@@ -8,6 +8,22 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogArgs, LogFormat};
 
+/// Sources this worker gave up because it led more than its fair share.
+pub const SOURCES_GIVEN_UP: &str = "walcast_sources_given_up_total";
+/// Sources this worker runs (leads or stands by for), the default one excluded.
+pub const SOURCES: &str = "walcast_sources";
+
+fn describe() {
+    metrics::describe_counter!(
+        SOURCES_GIVEN_UP,
+        "Sources given up to another worker (this one led more than its fair share)"
+    );
+    metrics::describe_gauge!(
+        SOURCES,
+        "Sources other than the default that this worker runs (leads or stands by for)"
+    );
+}
+
 pub fn init_logs(args: &LogArgs) {
     let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     let json = match args.log_format {
@@ -38,6 +54,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     walcast_realtime::telemetry::describe();
     walcast_lease::telemetry::describe();
     walcast_front::telemetry::describe();
+    describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

@@ -67,6 +67,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     .context("starting the front")?;
     crate::shutdown::drain_then_stop(signal, front.clone(), cancel.clone());
     let state = OpsState {
+        sources: None,
         cdc: None,
         outbox: None,
         front: Some(front.clone()),

@@ -1,0 +1,189 @@
+//! Several sources (README "Sources"): three Postgres instances, each a source with a
+//! project, read by two cdc-workers. The sources are spread over both workers, every row
+//! of every source is published once and in commit order per source, and a source whose
+//! database is down stops nothing else.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use walcast_bus::ChangeEvent;
+use walcast_testkit::Postgres;
+
+use crate::support::{rec, shared, Collector, Stack, Worker};
+
+const LEASE: &[(&str, &str)] = &[("LEASE_MODE", "postgres"), ("LEASE_DURATION_SECS", "3")];
+
+/// A source `name` reading `pg`, its project `project` with table `<schema>.t`.
+pub struct Source {
+    pub name: &'static str,
+    pub project: &'static str,
+    pub pg: Postgres,
+}
+
+impl Source {
+    pub fn start(name: &'static str, project: &'static str) -> Source {
+        let pg = Postgres::builder().start().expect("start postgres");
+        Source { name, project, pg }
+    }
+
+    pub fn schema(&self) -> String {
+        format!("project_{}", self.project)
+    }
+
+    pub fn sql(&self, sql: &str) -> String {
+        self.pg
+            .psql(sql)
+            .unwrap_or_else(|e| panic!("sql on {} failed: {e}\n{sql}", self.name))
+    }
+
+    /// Register the source and its project in the control database, migrate the
+    /// source's database, and create and enable the project's table there.
+    pub fn register(&self, stack: &Stack) {
+        let slot = format!("walcast_src_{}", self.name);
+        stack.sql(&format!(
+            "INSERT INTO walcast.sources (name, database_url, slot_name) VALUES ('{}', '{}', '{slot}');
+             INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
+             VALUES ('{}', '{}', '{}', 'secret-{}', '{}')",
+            self.name,
+            self.pg.url(),
+            self.project,
+            self.project,
+            self.schema(),
+            self.project,
+            self.name
+        ));
+        migrate(&self.pg.url());
+        let s = self.schema();
+        self.sql(&format!(
+            "CREATE SCHEMA {s}; GRANT USAGE ON SCHEMA {s} TO anon, authenticated, service_role;
+             CREATE TABLE {s}.t (i int PRIMARY KEY, v text);
+             GRANT SELECT ON {s}.t TO anon, authenticated, service_role;
+             ALTER TABLE {s}.t REPLICA IDENTITY FULL;
+             INSERT INTO walcast.realtime_tables (project_id, schema_name, table_name)
+             VALUES ('{}', '{s}', 't')",
+            self.project
+        ));
+    }
+}
+
+/// `walcast migrate` on a database.
+pub fn migrate(url: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_walcast"))
+        .args(["migrate"])
+        .env("DATABASE_URL", url)
+        .output()
+        .expect("run walcast migrate");
+    assert!(
+        out.status.success(),
+        "walcast migrate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The sources a worker leads with an active pipeline, by name (the default included).
+pub fn leading(w: &Worker) -> Vec<String> {
+    let Some(h) = w.health() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if h["leader"] == true && h["cdc_active"] == true {
+        out.push("default".to_string());
+    }
+    for s in h["sources"].as_array().into_iter().flatten() {
+        if s["leader"] == true && s["cdc_active"] == true {
+            out.push(s["name"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Wait until the workers together lead every one of `names`, each by one worker.
+pub fn wait_spread(workers: &[&Worker], names: &[&str], timeout: Duration) -> Vec<Vec<String>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let held: Vec<Vec<String>> = workers.iter().map(|w| leading(w)).collect();
+        let mut all: Vec<String> = held.iter().flatten().cloned().collect();
+        all.sort();
+        let mut want: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        let spread = held.iter().all(|h| h.len() < names.len());
+        if all == want && spread {
+            return held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sources not spread over the workers: {held:?} (want each of {want:?} once, no worker with all)\n{}",
+            workers
+                .iter()
+                .map(|w| format!("{:?}", w.health()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Each project's `i` values in the order they were published (table subjects), once.
+fn published(events: &[ChangeEvent]) -> BTreeMap<String, Vec<i64>> {
+    let mut out: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for e in events {
+        if e.table != "t" {
+            continue;
+        }
+        if let Some(i) = rec(e)["i"].as_i64() {
+            out.entry(e.project.clone()).or_default().push(i);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_in_order() {
+    let _machine = shared().await;
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE t (i int PRIMARY KEY, v text)");
+    stack.enable("t");
+    let sources = [Source::start("s1", "p1"), Source::start("s2", "p2")];
+    for s in &sources {
+        s.register(&stack);
+    }
+    let collector = Collector::start(&stack.nats.url()).await;
+    let a = stack.worker(LEASE);
+    let b = stack.worker(LEASE);
+    let held = wait_spread(&[&a, &b], &["default", "s1", "s2"], Duration::from_secs(90));
+    eprintln!("spread: a leads {:?}, b leads {:?}", held[0], held[1]);
+
+    const ROWS: i64 = 60;
+    for i in 1..=ROWS {
+        stack.sql(&format!("INSERT INTO t VALUES ({i}, 'default')"));
+        for s in &sources {
+            s.sql(&format!(
+                "INSERT INTO {}.t VALUES ({i}, '{}')",
+                s.schema(),
+                s.name
+            ));
+        }
+    }
+    let want: BTreeMap<String, Vec<i64>> = ["default", "p1", "p2"]
+        .iter()
+        .map(|p| (p.to_string(), (1..=ROWS).collect()))
+        .collect();
+    collector
+        .wait_until("every row of every source", Duration::from_secs(120), |e| {
+            published(e).values().map(Vec::len).sum::<usize>() >= 3 * ROWS as usize
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        published(&collector.snapshot()),
+        want,
+        "each source's rows once, in commit order"
+    );
+    let other_sources: Vec<Value> = a
+        .health()
+        .and_then(|h| h["sources"].as_array().cloned())
+        .unwrap_or_default();
+    assert_eq!(other_sources.len(), 2, "{other_sources:?}");
+}
