@@ -186,4 +186,77 @@ async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_i
         .and_then(|h| h["sources"].as_array().cloned())
         .unwrap_or_default();
     assert_eq!(other_sources.len(), 2, "{other_sources:?}");
+    a_source_cannot_speak_for_another_s_project(&sources[0], &collector, &[&a, &b]).await;
+}
+
+/// The sum of a counter's samples (every label set) over `workers`.
+fn counter(workers: &[&Worker], name: &str) -> f64 {
+    workers
+        .iter()
+        .filter_map(|w| w.get("/metrics"))
+        .flat_map(|body| {
+            body.lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// s1's database (its owner may be a tenant) names p2's project and the default
+/// project for its own tables, and its owner writes a broadcast as p2's: none of it is
+/// published; it is counted.
+async fn a_source_cannot_speak_for_another_s_project(
+    s1: &Source,
+    collector: &Collector,
+    workers: &[&Worker],
+) {
+    const DROPPED: &str = "walcast_source_foreign_project_dropped_total";
+    let before = counter(workers, DROPPED);
+    s1.sql(
+        "CREATE TABLE public.forged (i int PRIMARY KEY);
+         ALTER TABLE public.forged REPLICA IDENTITY FULL;
+         CREATE TABLE public.forged_default (i int PRIMARY KEY);
+         ALTER TABLE public.forged_default REPLICA IDENTITY FULL;
+         INSERT INTO walcast.realtime_tables (project_id, schema_name, table_name)
+         VALUES ('p2', 'public', 'forged'), ('default', 'public', 'forged_default');
+",
+    );
+    s1.sql("INSERT INTO public.forged VALUES (1); INSERT INTO public.forged_default VALUES (1)");
+    // Its owner (a superuser there) may act for any project in its own database.
+    s1.sql(
+        "SET walcast.project = 'p2';
+         INSERT INTO realtime.messages (payload, event, topic, private, extension)
+         VALUES ('{\"x\":1}', 'ev', 'room', false, 'broadcast')",
+    );
+    s1.sql(&format!(
+        "INSERT INTO {}.t VALUES (1000, 'marker')",
+        s1.schema()
+    ));
+    collector
+        .wait_until(
+            "the marker after the forged rows",
+            Duration::from_secs(60),
+            |e| published(e).get("p1").is_some_and(|v| v.contains(&1000)),
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counter(workers, DROPPED) < before + 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "forged changes and broadcast not counted: {} -> {}",
+            before,
+            counter(workers, DROPPED)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let forged: Vec<String> = collector
+        .subjects()
+        .into_iter()
+        .filter(|s| s.contains("forged") || s.starts_with("walcast.broadcast"))
+        .collect();
+    assert!(
+        forged.is_empty(),
+        "published for another source's project: {forged:?}"
+    );
 }

@@ -20,6 +20,7 @@ use crate::catalog::tables::{self, RealtimeTablesError};
 use crate::error::RealtimeError;
 use crate::projects::{self, ProjectError};
 use crate::roles::RolePolicy;
+use crate::source_projects::SourceProjects;
 
 /// Every admin session: a statement waits at most 3 s for a table lock and runs at most
 /// 5 s (a slow policy on `realtime.messages` fails its own check, never holds the others).
@@ -42,6 +43,9 @@ struct Inner {
     next_read: AtomicUsize,
     /// The roles a private-channel check may act as.
     roles: RolePolicy,
+    /// Another source's admin: only its projects' tables and channels (see
+    /// [`Admin::for_source`]); `None`: the default source's, with the control database.
+    projects: Option<Arc<SourceProjects>>,
 }
 
 impl Admin {
@@ -52,7 +56,58 @@ impl Admin {
                 sessions: (0..=READ_SESSIONS).map(|_| Mutex::new(None)).collect(),
                 next_read: AtomicUsize::new(0),
                 roles,
+                projects: None,
             }),
+        }
+    }
+
+    /// The admin of a source other than the default: it answers only for the projects
+    /// the control database puts on the source (their schemas from there, never from the
+    /// source's own database), and no project list or management request.
+    pub fn for_source(
+        database_url: String,
+        roles: RolePolicy,
+        projects: Arc<SourceProjects>,
+    ) -> Admin {
+        let mut a = Admin::new(database_url, roles);
+        if let Some(inner) = Arc::get_mut(&mut a.inner) {
+            inner.projects = Some(projects);
+        }
+        a
+    }
+
+    /// Refuse a request this source's admin does not answer (see [`Admin::for_source`]).
+    async fn refusal(&self, req: &AdminRequest) -> Result<(), AdminError> {
+        let Some(projects) = &self.inner.projects else {
+            return Ok(());
+        };
+        let project = match req {
+            AdminRequest::SetRealtime { project, .. }
+            | AdminRequest::ListTables { project }
+            | AdminRequest::AuthorizeChannel { project, .. }
+            | AdminRequest::Replay { project, .. } => project,
+            _ => {
+                return Err(AdminError::new(
+                    AdminErrorKind::InvalidRequest,
+                    format!(
+                        "source {:?} answers only its projects' table and channel requests",
+                        projects.source()
+                    ),
+                ))
+            }
+        };
+        match projects.schema_of(project).await.map_err(internal)? {
+            Some(_) => Ok(()),
+            None => {
+                projects.foreign(project, "admin");
+                Err(AdminError::new(
+                    AdminErrorKind::UnknownProject,
+                    format!(
+                        "project {project:?} is not on source {:?}",
+                        projects.source()
+                    ),
+                ))
+            }
         }
     }
 
@@ -72,6 +127,11 @@ impl Admin {
     }
 
     async fn answer(&self, req: AdminRequest) -> Result<AdminReply, AdminError> {
+        self.refusal(&req).await?;
+        let schema = match (&self.inner.projects, project_of(&req)) {
+            (Some(p), Some(project)) => p.schema_of(project).await.map_err(internal)?,
+            _ => None,
+        };
         let mut guard = self.session(&req).await;
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
             // A busy table must not hold every admin request (and the fronts' project
@@ -102,7 +162,7 @@ impl Admin {
                 "no database session",
             ));
         };
-        let result = run(client, &self.inner.roles, req).await;
+        let result = run(client, &self.inner.roles, req, schema).await;
         if let Err(e) = &result {
             if e.kind == AdminErrorKind::Internal {
                 // The session is suspect: reconnect next time.
@@ -213,10 +273,24 @@ async fn private_channel(
     }
 }
 
+/// The project a table or channel request is about.
+fn project_of(req: &AdminRequest) -> Option<&str> {
+    match req {
+        AdminRequest::SetRealtime { project, .. }
+        | AdminRequest::ListTables { project }
+        | AdminRequest::AuthorizeChannel { project, .. }
+        | AdminRequest::Replay { project, .. } => Some(project),
+        _ => None,
+    }
+}
+
+/// Answer `req`; `schema`: its project's schema when the control database told it (another
+/// source's admin), else read here.
 async fn run(
     client: &mut Client,
     roles: &RolePolicy,
     req: AdminRequest,
+    schema: Option<String>,
 ) -> Result<AdminReply, AdminError> {
     if crate::manage::is_management(&req) {
         return crate::manage::run(client, req).await;
@@ -234,12 +308,14 @@ async fn run(
             project,
             table,
             enabled,
-        } => set_realtime(client, project, table, enabled).await,
+        } => set_realtime(client, project, table, enabled, schema).await,
         req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
             private_channel(client, roles, req).await
         }
         AdminRequest::ListTables { project } => {
-            schema_of(client, &project).await?;
+            if schema.is_none() {
+                schema_of(client, &project).await?;
+            }
             let tables = tables::list(&*client, Some(&project))
                 .await?
                 .into_iter()
@@ -260,8 +336,12 @@ async fn set_realtime(
     project: String,
     table: String,
     enabled: bool,
+    schema: Option<String>,
 ) -> Result<AdminReply, AdminError> {
-    let schema = schema_of(client, &project).await?;
+    let schema = match schema {
+        Some(s) => s,
+        None => schema_of(client, &project).await?,
+    };
     if table.is_empty() || table.contains('\0') {
         // Postgres text cannot hold NUL: no such table can exist.
         return Err(

@@ -57,6 +57,9 @@ pub struct RealtimeConfig {
     pub lanes: LaneLimits,
     /// What is kept per front to resend.
     pub links: LinkOptions,
+    /// The projects this pipeline's source holds (README "Sources"): anything read for
+    /// another project is dropped. `None`: every project (a single-database tool).
+    pub projects: Option<std::sync::Arc<crate::source_projects::SourceProjects>>,
 }
 
 /// How far a project's delivery lane may fall behind (see `delivery/lanes.rs`).
@@ -86,6 +89,7 @@ impl RealtimeConfig {
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             lanes: LaneLimits::default(),
             links: LinkOptions::default(),
+            projects: None,
         }
     }
 }

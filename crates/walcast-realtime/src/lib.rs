@@ -29,6 +29,7 @@ pub mod migrate;
 pub mod projects;
 pub mod roles;
 pub mod session;
+pub mod source_projects;
 pub mod subscriptions;
 pub mod telemetry;
 

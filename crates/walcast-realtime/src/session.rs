@@ -28,10 +28,12 @@ pub fn factories(
     links: Arc<FrontLinks>,
 ) -> Vec<Arc<dyn ConsumerFactory>> {
     let max_record_bytes = cfg.max_record_bytes;
+    let projects = cfg.projects.clone();
     let broadcast = walcast_pipeline::factory(move |s| {
         let publisher = s.publisher("db_broadcast");
         let health = s.health.clone();
-        Box::new(DbBroadcast::new(publisher, health, max_record_bytes))
+        let b = DbBroadcast::new(publisher, health, max_record_bytes);
+        Box::new(b.for_projects(projects.clone()))
     });
     vec![
         Arc::new(RealtimeFactory {
@@ -77,6 +79,7 @@ impl RealtimeFactory {
             slot: slot_name.clone(),
             catalog: tracking,
             limits: self.cfg.lanes,
+            projects: self.cfg.projects.clone(),
         };
         RealtimeConsumer::new(self.matcher.clone(), catalog, opts).await
     }

@@ -5,6 +5,9 @@
 pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
 /// Counter: broadcasts from the database published to the fronts (label `payload`:
 /// `json` for `realtime.send`, `binary` for `realtime.send_binary`).
+/// Changes and broadcasts read from a source's database for a project not on that
+/// source, dropped (label `what`: change, broadcast, registration, admin).
+pub const FOREIGN_PROJECT_DROPPED: &str = "walcast_source_foreign_project_dropped_total";
 pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
 /// Counter: changes whose audience was split over several messages to fit the bus.
 pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
@@ -218,6 +221,10 @@ fn describe_publishing() {
 }
 
 fn describe_pipeline() {
+    metrics::describe_counter!(
+        FOREIGN_PROJECT_DROPPED,
+        "Things a source's database named for a project not on that source, dropped (label what: change, broadcast, registration, admin)"
+    );
     metrics::describe_counter!(
         DB_BROADCASTS,
         "Broadcasts from the database published to the fronts (label payload: json for realtime.send and realtime.broadcast_changes, binary for realtime.send_binary)"

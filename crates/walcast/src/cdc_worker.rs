@@ -22,6 +22,7 @@ use crate::http::{ops_router, serve, OpsState};
 use crate::leader::{Leader, Parts};
 use crate::share::Workers;
 use crate::supervisor;
+use walcast_realtime::source_projects::SourceProjects;
 
 /// Reads the WAL through a wal2json slot and publishes every change to NATS.
 #[derive(Parser, Debug, Clone)]
@@ -163,6 +164,7 @@ pub async fn run(
             registrar,
             admin,
             known_fronts: known_fronts.clone(),
+            projects: Arc::new(SourceProjects::new(&default.name, &db.database_url)),
             root: Some(cancel.clone()),
         },
     );

@@ -390,6 +390,7 @@ impl CdcArgs {
     /// Realtime delivery's settings, its checks on `database_url`.
     pub fn realtime_config_for(&self, database_url: &str) -> RealtimeConfig {
         RealtimeConfig {
+            projects: None,
             database_url: database_url.to_string(),
             max_record_bytes: self.max_record_bytes,
             lanes: walcast_realtime::LaneLimits {

@@ -13,6 +13,7 @@ use walcast_pipeline::PipelineHealth;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{CdcArgs, SourceSpec};
+use walcast_realtime::source_projects::{SourceProjects, REFRESH};
 
 /// Everything only the leader does, one term at a time: answer subscription
 /// registrations and admin requests, read the slot.
@@ -24,6 +25,8 @@ pub(crate) struct Parts<'a> {
     pub registrar: Registrar,
     pub admin: Arc<dyn AdminHandler>,
     pub known_fronts: KnownFronts,
+    /// The projects the control database puts on the source.
+    pub projects: Arc<SourceProjects>,
     /// Cancelled when the pipeline fails for good (the process stops); `None`: a failure
     /// ends the term only (another source's failure must not stop this process).
     pub root: Option<CancellationToken>,
@@ -55,6 +58,8 @@ pub(crate) struct Leader {
     consumers: Vec<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
     /// The outbox tables' partition maintenance, run by each term.
     maintenance: Option<walcast_outbox::maintain::Maintenance>,
+    /// The source's projects (read again while leading).
+    projects: Arc<SourceProjects>,
     failure: std::sync::Mutex<Option<walcast_pipeline::PipelineError>>,
     /// Cancelled when the pipeline fails for good: the process stops (`None`: only the
     /// term ends).
@@ -74,6 +79,7 @@ impl Leader {
         cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
         let mut realtime = p.cdc.realtime_config_for(&spec.database_url);
         realtime.database_url = cfg.database_url.clone();
+        realtime.projects = Some(p.projects.clone());
         let health = Arc::new(PipelineHealth::new(&spec.slot_name));
         let (outbox, outbox_health) = outbox_consumer(p.cdc, &cfg, p.bus);
         let links = walcast_realtime::FrontLinks::new(realtime.links);
@@ -92,6 +98,7 @@ impl Leader {
             links,
             consumers,
             maintenance,
+            projects: p.projects,
             failure: Default::default(),
             root: p.root,
         };
@@ -124,6 +131,7 @@ impl Leader {
     pub(crate) async fn term(self: Arc<Self>, fence: Fence) {
         let term = fence.token().clone();
         self.health.set_leader(true);
+        let projects = self.spawn_projects(&term).await;
         let maintenance = self.spawn_maintenance(&fence);
         let links = self.spawn_links(&fence);
         let responder = self.serve_fronts(&term).await;
@@ -152,7 +160,29 @@ impl Leader {
             let _ = t.await;
         }
         let _ = links.await;
+        let _ = projects.await;
         self.health.set_leader(false);
+    }
+
+    /// Read the source's projects now, then every [`REFRESH`] until the term ends.
+    async fn spawn_projects(&self, term: &CancellationToken) -> tokio::task::JoinHandle<()> {
+        if let Err(e) = self.projects.refresh().await {
+            tracing::warn!(source = %self.source, error = %e, "cannot read the source's projects from the control database; retrying");
+        }
+        let (projects, stop) = (self.projects.clone(), term.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REFRESH);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                if let Err(e) = projects.refresh().await {
+                    tracing::warn!(source = %projects.source(), error = %e, "cannot read the source's projects from the control database");
+                }
+            }
+        })
     }
 
     /// This term's heartbeats to the fronts and answers to their resend requests (see

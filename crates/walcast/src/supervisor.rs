@@ -24,6 +24,7 @@ use walcast_bus::Bus;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
 use walcast_pipeline::PipelineHealth;
 use walcast_realtime::roles::RolePolicy;
+use walcast_realtime::source_projects::SourceProjects;
 
 use crate::config::{redact_url, CdcArgs, SourceSpec};
 use crate::share::{self, Workers};
@@ -309,14 +310,17 @@ async fn elect(
     state: &Arc<SourceState>,
     stop: &CancellationToken,
 ) {
-    let registrar = walcast_realtime::subscriptions::registrar::Registrar::new(
+    let projects = Arc::new(SourceProjects::new(&spec.name, &ctx.control_url));
+    let registrar = walcast_realtime::subscriptions::registrar::Registrar::for_source(
         walcast_realtime::subscriptions::matcher::Matcher::with_limits(ctx.cdc.class_limits()),
         spec.database_url.clone(),
         ctx.roles.clone(),
+        projects.clone(),
     );
-    let admin = Arc::new(walcast_realtime::admin::Admin::new(
+    let admin = Arc::new(walcast_realtime::admin::Admin::for_source(
         spec.database_url.clone(),
         ctx.roles.clone(),
+        projects.clone(),
     ));
     let (leader, _outbox) = crate::leader::Leader::build(
         spec,
@@ -327,6 +331,7 @@ async fn elect(
             registrar,
             admin,
             known_fronts: ctx.known_fronts.clone(),
+            projects,
             root: None,
         },
     );

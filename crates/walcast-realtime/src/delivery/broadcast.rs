@@ -51,6 +51,8 @@ pub const REALTIME_SCHEMA: &str = "realtime";
 /// One broadcast read from a `realtime.messages` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbMessage {
+    /// The project it is for.
+    pub project: String,
     pub subject: String,
     pub payload: Bytes,
     /// From `realtime.send_binary` (`binary_payload`).
@@ -147,6 +149,7 @@ pub fn message(columns: &[Column<'_>]) -> Result<Option<DbMessage>, Undecodable>
         name: topic,
     };
     Ok(encode_envelope(&env, &body).map(|payload| DbMessage {
+        project: target.project.clone(),
         subject: target.subject(),
         payload,
         binary,
@@ -160,6 +163,8 @@ pub struct DbBroadcast {
     max_record_bytes: usize,
     txn: Vec<DbMessage>,
     unconfirmed: bool,
+    /// The projects of this source (`None`: all).
+    projects: Option<Arc<crate::source_projects::SourceProjects>>,
 }
 
 impl DbBroadcast {
@@ -174,7 +179,25 @@ impl DbBroadcast {
             max_record_bytes,
             txn: Vec::new(),
             unconfirmed: false,
+            projects: None,
         }
+    }
+
+    /// Whether a broadcast for `project` may pass (see [`Self::for_projects`]).
+    async fn admits(&self, project: &str) -> Result<bool, crate::error::RealtimeError> {
+        match &self.projects {
+            Some(p) => p.admits(project, "broadcast").await,
+            None => Ok(true),
+        }
+    }
+
+    /// Only the broadcasts of `projects` (the source's), the others dropped and counted.
+    pub fn for_projects(
+        mut self,
+        projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    ) -> DbBroadcast {
+        self.projects = projects;
+        self
     }
 
     /// Publish the transaction's broadcasts; one too large for the bus is skipped
@@ -234,7 +257,12 @@ impl Consumer for DbBroadcast {
                     if row.schema == REALTIME_SCHEMA && row.table.starts_with("messages") =>
                 {
                     match message(&row.columns) {
-                        Ok(m) => self.txn.extend(m),
+                        Ok(Some(m)) => {
+                            if self.admits(&m.project).await? {
+                                self.txn.push(m);
+                            }
+                        }
+                        Ok(None) => {}
                         Err(e) => self.health.report_skip(
                             SKIPPED_AS,
                             Some(txn.commit_lsn),

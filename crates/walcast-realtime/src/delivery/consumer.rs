@@ -62,6 +62,8 @@ pub struct RealtimeOptions {
     pub catalog: CatalogTracking,
     /// How far a project's delivery may fall behind.
     pub limits: LaneLimits,
+    /// The projects of this source (`None`: all).
+    pub projects: Option<Arc<crate::source_projects::SourceProjects>>,
 }
 
 /// While stopping, how often the lanes are looked at.
@@ -88,6 +90,7 @@ pub struct RealtimeConsumer {
     seq: u32,
     slot: String,
     ddl: CatalogTracking,
+    projects: Option<Arc<crate::source_projects::SourceProjects>>,
 }
 
 impl RealtimeConsumer {
@@ -127,6 +130,7 @@ impl RealtimeConsumer {
             seq: 0,
             slot: opts.slot,
             ddl: opts.catalog,
+            projects: opts.projects,
         })
     }
 
@@ -206,6 +210,11 @@ impl RealtimeConsumer {
             // started, since disabled.
             return Ok(Handled::Continue);
         };
+        if let Some(p) = &self.projects {
+            if !p.admits(project, "change").await? {
+                return Ok(Handled::Continue);
+            }
+        }
         metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
         let unknown_type = row
             .columns

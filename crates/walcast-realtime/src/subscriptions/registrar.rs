@@ -41,6 +41,8 @@ struct Inner {
     fronts: Arc<FrontsRecord>,
     /// The roles a subscription's token may act as.
     roles: RolePolicy,
+    /// The projects of this registrar's source (`None`: all).
+    projects: Option<Arc<crate::source_projects::SourceProjects>>,
 }
 
 impl Registrar {
@@ -54,8 +56,56 @@ impl Registrar {
                 client: Mutex::new(None),
                 fronts: Default::default(),
                 roles,
+                projects: None,
             }),
         }
+    }
+
+    /// A registrar that refuses subscriptions of projects not on its source.
+    pub fn for_source(
+        matcher: Arc<Matcher>,
+        database_url: String,
+        roles: RolePolicy,
+        projects: Arc<crate::source_projects::SourceProjects>,
+    ) -> Registrar {
+        let mut r = Registrar::new(matcher, database_url, roles);
+        if let Some(inner) = Arc::get_mut(&mut r.inner) {
+            inner.projects = Some(projects);
+        }
+        r
+    }
+
+    /// Why `spec` is refused before its table is looked at: its token's role, or its
+    /// project on another source.
+    async fn refusal(
+        &self,
+        client: &Client,
+        spec: &SubscriptionSpec,
+        roles: &mut HashMap<String, Result<(), RoleRefused>>,
+    ) -> Result<Option<String>, RealtimeError> {
+        let role = self.inner.roles.check_memo(client, &spec.claims, roles);
+        if let Err(refused) = role.await? {
+            return Ok(Some(refused.to_string()));
+        }
+        if !self.on_source(&spec.project).await? {
+            return Ok(Some(format!(
+                "project {:?} is not on this source",
+                spec.project
+            )));
+        }
+        Ok(None)
+    }
+
+    /// Whether `project` is on this registrar's source (always, without a source).
+    async fn on_source(&self, project: &str) -> Result<bool, RealtimeError> {
+        let Some(p) = &self.inner.projects else {
+            return Ok(true);
+        };
+        let on = p.schema_of(project).await?.is_some();
+        if !on {
+            p.foreign(project, "registration");
+        }
+        Ok(on)
     }
 
     pub fn matcher(&self) -> &Arc<Matcher> {
@@ -140,15 +190,11 @@ impl Registrar {
         let mut results = Vec::with_capacity(req.subs.len());
         let mut accepted = Vec::new();
         for spec in &req.subs {
-            let role = self
-                .inner
-                .roles
-                .check_memo(client, &spec.claims, &mut roles);
-            if let Err(refused) = role.await? {
+            if let Some(why) = self.refusal(client, spec, &mut roles).await? {
                 results.push(RegisterResult {
                     id: spec.id.clone(),
                     ok: false,
-                    error: Some(format!("Unable to subscribe to changes: {refused}")),
+                    error: Some(format!("Unable to subscribe to changes: {why}")),
                     by_class: false,
                 });
                 continue;
