@@ -22,6 +22,7 @@ use crate::http::{ops_router, serve, OpsState};
 use crate::leader::{Leader, Parts};
 use crate::share::Workers;
 use crate::supervisor;
+use walcast_bus::source::DEFAULT_SOURCE;
 use walcast_realtime::source_projects::SourceProjects;
 
 /// Reads the WAL through a wal2json slot and publishes every change to NATS.
@@ -154,22 +155,19 @@ pub async fn run(
     migrate(&db.database_url).await?;
     let tag = session_tag(&origin);
     let known_fronts = KnownFronts::default();
-    let default = cdc.default_source(db);
-    let (leader, outbox_health) = Leader::build(
-        &default,
-        Parts {
-            cdc,
-            origin: &origin,
-            bus: &bus,
-            registrar,
-            admin,
-            known_fronts: known_fronts.clone(),
-            projects: Arc::new(SourceProjects::new(&default.name, &db.database_url)),
-            root: Some(cancel.clone()),
-        },
-    );
-    let leader = Arc::new(leader);
+    let parts = Parts {
+        cdc,
+        origin: &origin,
+        bus: &bus,
+        registrar,
+        admin,
+        known_fronts: known_fronts.clone(),
+        projects: Arc::new(SourceProjects::new(DEFAULT_SOURCE, &db.database_url)),
+        root: Some(cancel.clone()),
+    };
+    let (leader, outbox_health) = Leader::build(&cdc.default_source(db), parts);
     let health = leader.health().clone();
+    let leader = Arc::new(leader);
     let tracker = TaskTracker::new();
     spawn_front_expiry(
         &tracker,
@@ -187,8 +185,8 @@ pub async fn run(
         control_url: db.database_url.clone(),
         bus: bus.clone(),
         origin: origin.clone(),
-        roles: roles.clone(),
-        known_fronts: known_fronts.clone(),
+        roles,
+        known_fronts,
         mode,
         workers: Arc::new(Workers::new(process.clone())),
         sources: Arc::default(),
@@ -211,17 +209,25 @@ pub async fn run(
 
     let lead = |fence: Fence| leader.clone().term(fence);
     let election = elect(mode, db, cdc, tag, status, &cancel, lead).await;
+    stop_all(&cancel, tracker, front).await;
+    election.context("Kubernetes leader election")?;
+    match leader.take_failure() {
+        Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
+        None => Ok(()),
+    }
+}
+
+/// Stop every task of the process, and the front's sockets.
+async fn stop_all(
+    cancel: &CancellationToken,
+    tracker: TaskTracker,
+    front: Option<walcast_front::Front>,
+) {
     cancel.cancel();
     tracker.close();
     tracker.wait().await;
     if let Some(f) = front {
         f.closed().await;
-    }
-    election.context("Kubernetes leader election")?;
-    let failure = leader.take_failure();
-    match failure {
-        Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
-        None => Ok(()),
     }
 }
 
