@@ -479,3 +479,105 @@ async fn a_killed_and_a_frozen_worker_lose_their_sources_within_the_lease_and_no
         assert_fenced(&collector, &project, &frozen_origin, at);
     }
 }
+
+/// A source's entry in a worker's `/health`.
+fn source_health(w: &Worker, name: &str) -> Option<Value> {
+    let h = w.health()?;
+    h["sources"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == name)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
+    let _machine = shared().await;
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE t (i int PRIMARY KEY, v text)");
+    stack.enable("t");
+    let collector = Collector::start(&stack.nats.url()).await;
+    let mut w = stack.worker(LEASE);
+    w.wait_active(Duration::from_secs(60));
+
+    // Added while the worker runs: a good source, one without logical decoding, and one
+    // whose database does not answer.
+    let s1 = Source::start("s1", "p1");
+    s1.register(&stack);
+    let no_logical = Postgres::builder()
+        .setting("wal_level", "replica")
+        .without_wal2json_check()
+        .start()
+        .expect("start postgres without logical decoding");
+    stack.sql(&format!(
+        "INSERT INTO walcast.sources (name, database_url, slot_name) VALUES
+           ('replica', '{}', 'walcast_src_replica'),
+           ('down', 'postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2', 'walcast_src_down')",
+        no_logical.url()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let good = source_health(&w, "s1").is_some_and(|s| s["cdc_active"] == true);
+        let replica =
+            source_health(&w, "replica").and_then(|s| s["last_error"].as_str().map(String::from));
+        let down =
+            source_health(&w, "down").and_then(|s| s["last_error"].as_str().map(String::from));
+        if let (true, Some(replica), Some(down)) = (good, &replica, &down) {
+            assert!(replica.contains("wal_level"), "the fix is named: {replica}");
+            eprintln!("replica: {replica}\ndown: {down}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sources not started or not reported: {:?}",
+            w.health()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, why) = w.status("/readyz");
+    assert_eq!(
+        code, 200,
+        "a broken source this worker does not lead: still ready ({why})"
+    );
+    stack.sql("INSERT INTO t VALUES (1, 'default')");
+    s1.sql(&format!("INSERT INTO {}.t VALUES (1, 's1')", s1.schema()));
+    collector
+        .wait_until(
+            "both sources stream beside the broken ones",
+            Duration::from_secs(60),
+            |e| {
+                let got = published(e);
+                got.get("default").is_some_and(|v| v == &[1])
+                    && got.get("p1").is_some_and(|v| v == &[1])
+            },
+        )
+        .await;
+
+    // Removed: its pipeline stops and its slot goes inactive, so it can be dropped.
+    stack.sql("DELETE FROM walcast.projects WHERE id = 'p1'; DELETE FROM walcast.sources WHERE name IN ('s1', 'replica', 'down')");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let gone = w
+            .health()
+            .is_some_and(|h| h["sources"].as_array().is_none_or(|a| a.is_empty()));
+        let active = s1.sql("SELECT count(*) FROM pg_replication_slots WHERE active");
+        if gone && active.trim() == "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "s1 not stopped: {:?}, active slots {active}",
+            w.health()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    s1.sql("SELECT pg_drop_replication_slot('walcast_src_s1')");
+    stack.sql("INSERT INTO t VALUES (2, 'default')");
+    collector
+        .wait_until(
+            "the default source streams on",
+            Duration::from_secs(60),
+            |e| published(e).get("default").is_some_and(|v| v == &[1, 2]),
+        )
+        .await;
+}
