@@ -204,8 +204,8 @@ fn counter(workers: &[&Worker], name: &str) -> f64 {
 }
 
 /// s1's database (its owner may be a tenant) names p2's project and the default
-/// project for its own tables, and its owner writes a broadcast as p2's: none of it is
-/// published; it is counted.
+/// project for its own tables, and its owner writes a broadcast and emits an outbox event
+/// as p2's: none of it is published; it is counted.
 async fn a_source_cannot_speak_for_another_s_project(
     s1: &Source,
     collector: &Collector,
@@ -227,7 +227,8 @@ async fn a_source_cannot_speak_for_another_s_project(
     s1.sql(
         "SET walcast.project = 'p2';
          INSERT INTO realtime.messages (payload, event, topic, private, extension)
-         VALUES ('{\"x\":1}', 'ev', 'room', false, 'broadcast')",
+         VALUES ('{\"x\":1}', 'ev', 'room', false, 'broadcast');
+         SELECT walcast.emit('orders.created', 'k', '{\"n\": 1}')",
     );
     s1.sql(&format!(
         "INSERT INTO {}.t VALUES (1000, 'marker')",
@@ -241,10 +242,10 @@ async fn a_source_cannot_speak_for_another_s_project(
         )
         .await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while counter(workers, DROPPED) < before + 3.0 {
+    while counter(workers, DROPPED) < before + 4.0 {
         assert!(
             Instant::now() < deadline,
-            "forged changes and broadcast not counted: {} -> {}",
+            "forged changes, broadcast and outbox event not counted: {} -> {}",
             before,
             counter(workers, DROPPED)
         );
@@ -253,7 +254,11 @@ async fn a_source_cannot_speak_for_another_s_project(
     let forged: Vec<String> = collector
         .subjects()
         .into_iter()
-        .filter(|s| s.contains("forged") || s.starts_with("walcast.broadcast"))
+        .filter(|s| {
+            s.contains("forged")
+                || s.starts_with("walcast.broadcast")
+                || s.starts_with("walcast.outbox.p2")
+        })
         .collect();
     assert!(
         forged.is_empty(),

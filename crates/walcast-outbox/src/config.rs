@@ -34,8 +34,31 @@ pub const DEFAULT_MAINTAIN_INTERVAL: Duration = Duration::from_secs(600);
 pub const MAINTAIN_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The relay's settings.
+/// Which projects a relay may relay events for (README "Sources"): a source's database
+/// may belong to a tenant, who must not emit events as another source's project.
+pub trait ProjectGate: Send + Sync {
+    /// Whether `project`'s events may pass; `Err`: the answer could not be had (the relay
+    /// retries).
+    fn admits<'a>(
+        &'a self,
+        project: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, String>>;
+}
+
+/// The projects a relay relays for: all of them, or those a [`ProjectGate`] admits.
+#[derive(Clone, Default)]
+pub struct Projects(pub Option<std::sync::Arc<dyn ProjectGate>>);
+
+impl std::fmt::Debug for Projects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "gated" } else { "all" })
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct OutboxConfig {
+    /// The projects relayed (a source's own, or all).
+    pub projects: Projects,
     /// The JetStream stream, created or updated at the first publish of a session.
     pub stream: String,
     pub subjects: Vec<String>,
@@ -60,6 +83,7 @@ impl OutboxConfig {
     /// The defaults, with the database to use.
     pub fn new(database_url: impl Into<String>) -> OutboxConfig {
         OutboxConfig {
+            projects: Projects::default(),
             stream: DEFAULT_STREAM.into(),
             subjects: vec![DEFAULT_SUBJECTS.into()],
             replicas: DEFAULT_REPLICAS,

@@ -177,6 +177,28 @@ impl Relay {
         }
     }
 
+    /// Drop the transaction's events of projects the relay's gate refuses (another
+    /// source's), each counted and reported like a malformed one.
+    async fn gate(&mut self, txn: &TxnContext) -> Result<(), RelayError> {
+        let Some(gate) = self.cfg.projects.0.clone() else {
+            return Ok(());
+        };
+        let mut kept = Vec::with_capacity(self.txn.len());
+        for ev in std::mem::take(&mut self.txn) {
+            match gate.admits(&ev.project).await {
+                Ok(true) => kept.push(ev),
+                Ok(false) => self.malformed(
+                    MESSAGE_PREFIX,
+                    txn,
+                    &format!("project {:?} is not on this source", ev.project),
+                ),
+                Err(e) => return Err(RelayError::Gate(e)),
+            }
+        }
+        self.txn = kept;
+        Ok(())
+    }
+
     /// The committed transaction's events to the sender (never waits); its commit is
     /// the relay's newest handed position.
     fn commit(&mut self, txn: &TxnContext) -> Result<(), RelayError> {
@@ -301,7 +323,10 @@ impl Consumer for Relay {
                 Item::Change(..) if self.skipping => {}
                 Item::Change(txn, change) => self.change(txn, change).await?,
                 Item::Commit(_) if self.skipping => self.skipping = false,
-                Item::Commit(txn) => self.commit(txn)?,
+                Item::Commit(txn) => {
+                    self.gate(txn).await?;
+                    self.commit(txn)?
+                }
             }
             Ok(Handled::Continue)
         })

@@ -32,6 +32,23 @@ pub(crate) struct Parts<'a> {
     pub root: Option<CancellationToken>,
 }
 
+/// The outbox relay relays only the events of the source's projects.
+struct OutboxGate(Arc<SourceProjects>);
+
+impl walcast_outbox::config::ProjectGate for OutboxGate {
+    fn admits<'a>(
+        &'a self,
+        project: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<bool, String>> {
+        Box::pin(async move {
+            self.0
+                .admits(project, "outbox")
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
 /// The `application_name` of a process's sessions for `source`: a worker taking over
 /// the source's lease terminates the stale leader's sessions by it, and two sources may
 /// be databases of one server, whose sessions one `pg_stat_activity` lists.
@@ -81,7 +98,7 @@ impl Leader {
         realtime.database_url = cfg.database_url.clone();
         realtime.projects = Some(p.projects.clone());
         let health = Arc::new(PipelineHealth::new(&spec.slot_name));
-        let (outbox, outbox_health) = outbox_consumer(p.cdc, &cfg, p.bus);
+        let (outbox, outbox_health) = outbox_consumer(p.cdc, &cfg, p.bus, &p.projects);
         let links = walcast_realtime::FrontLinks::new(realtime.links);
         let matcher = p.registrar.matcher().clone();
         let mut consumers = walcast_realtime::factories(realtime, matcher, links.clone());
@@ -188,10 +205,11 @@ impl Leader {
     /// This term's heartbeats to the fronts and answers to their resend requests (see
     /// `walcast_realtime::delivery::links`), until the term ends.
     fn spawn_links(&self, fence: &Fence) -> tokio::task::JoinHandle<()> {
-        let publisher = walcast_pipeline::Publisher::new(
+        let publisher = walcast_pipeline::Publisher::for_source(
             self.bus.clone(),
             fence.clone(),
             self.cfg.origin.clone(),
+            &self.source,
         )
         .for_consumer("links");
         let (links, bus, stop) = (self.links.clone(), self.bus.clone(), fence.token().clone());
@@ -289,13 +307,21 @@ fn outbox_consumer(
     cdc: &CdcArgs,
     cfg: &walcast_pipeline::PipelineConfig,
     bus: &Bus,
+    projects: &Arc<SourceProjects>,
 ) -> (
     Option<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
     Option<Arc<walcast_outbox::OutboxHealth>>,
 ) {
-    let Some(config) = cdc.outbox.to_config(&cfg.database_url) else {
+    let Some(mut config) = cdc.outbox.to_config(&cfg.database_url) else {
         return (None, None);
     };
+    // The default source relays every project's events as it always did (an outbox
+    // project need not be a stored project); another source only its own projects'.
+    if !walcast_bus::source::is_default(projects.source()) {
+        let gate: Arc<dyn walcast_outbox::config::ProjectGate> =
+            Arc::new(OutboxGate(projects.clone()));
+        config.projects = walcast_outbox::config::Projects(Some(gate));
+    }
     let Bus::Nats(_) = bus else {
         tracing::warn!("the outbox relay needs NATS with JetStream (NATS_URL): walcast.emit events and outbox rows are NOT relayed by this process");
         return (None, None);
