@@ -23,7 +23,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use walcast_bus::beacon::Beacon;
+use walcast_bus::beacon::{Beacon, WorkerBeacon};
 
 use crate::cluster::{Heard, ProcessView};
 use crate::credentials::Credentials;
@@ -208,7 +208,7 @@ fn scope(processes: &mut [ProcessView], project: &str, role: &str) {
 fn hide_counts(processes: &mut [ProcessView], project: &str) {
     for p in processes {
         p.history.clear();
-        if let Some(w) = p.beacon.worker.as_mut() {
+        for w in pipelines(&mut p.beacon) {
             w.lag_bytes = 0;
             w.changes_total = 0;
             w.skipped_changes_total = 0;
@@ -228,13 +228,18 @@ fn hide_counts(processes: &mut [ProcessView], project: &str) {
 /// project's `service_role` sees it.
 fn hide_errors(processes: &mut [ProcessView]) {
     for p in processes {
-        if let Some(w) = p.beacon.worker.as_mut() {
+        for w in pipelines(&mut p.beacon) {
             w.last_error = w
                 .last_error
                 .take()
                 .map(|_| "(shown to the default project's service_role only)".into());
         }
     }
+}
+
+/// A beacon's pipelines: the default source's and the other sources' (`sources`).
+fn pipelines(b: &mut Beacon) -> impl Iterator<Item = &mut WorkerBeacon> {
+    b.worker.iter_mut().chain(b.sources.iter_mut())
 }
 
 #[cfg(test)]
