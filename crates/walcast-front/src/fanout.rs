@@ -240,10 +240,10 @@ fn source_of(m: &BusMessage) -> Option<&str> {
 /// the project on that source. Else it is dropped and counted (before the replay guard
 /// sees it: another source must not poison a project's positions either).
 pub(crate) fn from_its_source(projects: &Projects, source: &str, project: &str) -> bool {
-    let its = projects.source_of(project);
-    if its.as_deref() == Some(source) {
+    if projects.is_on(project, source) {
         return true;
     }
+    let its = projects.source_of(project);
     metrics::counter!(telemetry::FOREIGN_SOURCE_DROPPED).increment(1);
     tracing::warn!(
         source,

@@ -332,6 +332,26 @@ mod tests {
     }
 
     #[test]
+    fn the_other_sources_pipelines_are_scrubbed_alike() {
+        let on_s2 = WorkerBeacon {
+            source: "s2".into(),
+            leader: true,
+            cdc_active: true,
+            changes_total: 42,
+            lag_bytes: 7,
+            last_error: Some("relation \"tenant.secret\" does not exist".into()),
+            ..Default::default()
+        };
+        let mut v = vec![heard("w1", Some(WorkerBeacon::default()), None)];
+        v[0].beacon.sources.push(on_s2.clone());
+        scope(&mut v, "0b6c", "service_role");
+        let w = &v[0].beacon.sources[0];
+        assert!(w.leader && w.cdc_active && w.source == "s2");
+        assert_eq!((w.changes_total, w.lag_bytes), (0, 0));
+        assert_ne!(w.last_error.as_deref(), on_s2.last_error.as_deref());
+    }
+
+    #[test]
     fn pipeline_errors_are_hidden_but_their_presence_is_not() {
         let failing = WorkerBeacon {
             last_error: Some("relation \"secret_table\" does not exist".into()),

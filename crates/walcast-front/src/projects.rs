@@ -251,6 +251,11 @@ impl Projects {
         self.read().get(id).map(|e| e.source.to_string())
     }
 
+    /// Whether a known project is on `source` (no allocation: asked per change).
+    pub fn is_on(&self, id: &str, source: &str) -> bool {
+        self.read().get(id).is_some_and(|e| &*e.source == source)
+    }
+
     /// Every source some known project is on, the default one always among them.
     pub fn sources(&self) -> std::collections::BTreeSet<String> {
         let map = self.read();
