@@ -5,18 +5,19 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
+use walcast_bus::links::{ResendHandler, ResendReply, ResendRequest};
 use walcast_bus::source::HEADER_SOURCE;
 use walcast_bus::subs::{
-    RegisterRequest, ResyncProgress, SubsClient, SubsHandler, SubscriptionSpec,
+    BoxFuture, RegisterRequest, ResyncProgress, SubsClient, SubsHandler, SubscriptionSpec,
 };
-use walcast_bus::Bus;
+use walcast_bus::{Bus, HEADER_FRONT_SEQ, HEADER_ORIGIN, HEADER_TERM};
 use walcast_front::{Front, FrontConfig, Projects};
 use walcast_testkit::tokens::Claims;
 use walcast_testkit::Nats;
@@ -25,12 +26,41 @@ use crate::support::{connect, Call, PhoenixClient, TestWorker, SECRET, TIMEOUT};
 
 const P2_SECRET: &str = "p2-secret-with-enough-bytes-0123456789";
 
+/// A change to publish: project, schema, row id, subscription id.
+type Change<'a> = (&'a str, &'a str, u64, &'a str);
+
+/// A stand-in leader's resend service: records what it is asked, has nothing to resend.
+#[derive(Default)]
+struct Resends(Mutex<Vec<ResendRequest>>);
+
+impl ResendHandler for Resends {
+    fn resend(&self, req: ResendRequest) -> BoxFuture<ResendReply> {
+        let reply = ResendReply::lost(req.from, req.from, "not kept in this test");
+        self.0.lock().unwrap().push(req);
+        Box::pin(async move { reply })
+    }
+}
+
+fn resends(bus: &Bus, source: &'static str, cancel: &CancellationToken) -> Arc<Resends> {
+    let resends = Arc::new(Resends::default());
+    let (handler, bus, c) = (resends.clone(), bus.clone(), cancel.clone());
+    tokio::spawn(async move {
+        let handler = handler as Arc<dyn ResendHandler>;
+        let served = walcast_bus::links::serve_nats(&bus, source, handler, c.cancelled_owned());
+        served.await.unwrap();
+    });
+    resends
+}
+
 struct Sources {
     _nats: Nats,
     bus: Bus,
     /// The stand-in leaders of the default source and of `s2`.
     default: Arc<TestWorker>,
     s2: Arc<TestWorker>,
+    /// Their resend services.
+    default_resends: Arc<Resends>,
+    s2_resends: Arc<Resends>,
     front: Front,
     addr: SocketAddr,
     cancel: CancellationToken,
@@ -85,6 +115,10 @@ async fn start() -> Sources {
     let cancel = CancellationToken::new();
     let default = leader(&bus, "default", &cancel).await;
     let s2 = leader(&bus, "s2", &cancel).await;
+    let (default_resends, s2_resends) = (
+        resends(&bus, "default", &cancel),
+        resends(&bus, "s2", &cancel),
+    );
     let projects = Projects::new(SECRET);
     projects.insert_on("p2", "project_p2", P2_SECRET, "s2");
     let subs = SubsClient::new(&bus, None).unwrap();
@@ -111,6 +145,8 @@ async fn start() -> Sources {
         bus,
         default,
         s2,
+        default_resends,
+        s2_resends,
         front,
         addr,
         cancel,
@@ -135,6 +171,24 @@ impl Sources {
     /// Publish a change of `project` to this front, as the leader of `source` (`None`:
     /// no `Walcast-Source` header, the default source).
     async fn change(&self, source: Option<&str>, project: &str, schema: &str, id: u64, sub: &str) {
+        let headers: Vec<(&str, &str)> = source.map(|s| (HEADER_SOURCE, s)).into_iter().collect();
+        self.publish(&headers, (project, schema, id, sub)).await;
+    }
+
+    /// [`Sources::change`] numbered `n` in the stream of `source`'s leader of `term`.
+    async fn numbered(&self, source: Option<&str>, term: &str, n: u64, change: Change<'_>) {
+        let n = n.to_string();
+        let mut headers = vec![
+            (HEADER_TERM, term),
+            (HEADER_ORIGIN, "leader-process"),
+            (HEADER_FRONT_SEQ, n.as_str()),
+        ];
+        headers.extend(source.map(|s| (HEADER_SOURCE, s)));
+        self.publish(&headers, change).await;
+    }
+
+    async fn publish(&self, headers: &[(&str, &str)], change: Change<'_>) {
+        let (project, schema, id, sub) = change;
         let lsn = 0x10_0000 + id;
         let ev = json!({
             "project": project, "schema": schema, "table": "t", "type": "INSERT",
@@ -143,11 +197,10 @@ impl Sources {
             "columns": [{"name": "id", "type": "int8"}], "pk": ["id"],
             "record": {"id": id}, "subs": [sub],
         });
-        let headers: Vec<(&str, &str)> = source.map(|s| (HEADER_SOURCE, s)).into_iter().collect();
         self.bus
             .publish(
                 walcast_bus::subject::delivery_subject(self.front.id()),
-                &headers,
+                headers,
                 Bytes::from(serde_json::to_vec(&ev).unwrap()),
             )
             .await
@@ -281,4 +334,57 @@ async fn a_source_speaks_only_for_its_own_projects() {
     s.change(Some("s2"), "p2", "project_p2", 3, &p2_id).await;
     let m = c2.recv_event("postgres_changes").await;
     assert_eq!(m.payload()["data"]["record"], json!({"id": 3}));
+}
+
+/// Two leaders' numbered streams on one delivery subject: their terms and numbers are
+/// unrelated, and a gap in s2's stream is asked of s2's leader and told to s2's channels
+/// only, while the default source's stream goes on.
+#[tokio::test]
+async fn a_gap_in_one_sources_stream_is_its_own() {
+    let s = start().await;
+    let (mut c2, mut c1) = (s.client(true).await, s.client(false).await);
+    c2.join_subscribed("realtime:a", t_in("project_p2")).await;
+    c1.join_subscribed("realtime:b", t_in("public")).await;
+    let p2_id = registrations(&s.s2)[0][0].clone();
+    let default_id = registrations(&s.default)[0][0].clone();
+    let record = |m: Value| m[4]["data"]["record"]["id"].clone();
+
+    s.numbered(None, "1", 1, ("default", "public", 1, &default_id))
+        .await;
+    assert_eq!(record(c1.recv_frame().await), 1);
+    s.numbered(Some("s2"), "7", 1, ("p2", "project_p2", 2, &p2_id))
+        .await;
+    assert_eq!(record(c2.recv_frame().await), 2);
+    // Term 7 of s2 says nothing of the default source's term 1.
+    s.numbered(None, "1", 2, ("default", "public", 3, &default_id))
+        .await;
+    assert_eq!(record(c1.recv_frame().await), 3);
+
+    // s2's number 2 never comes: 3 is held, s2's leader is asked and has lost 2.
+    s.numbered(Some("s2"), "7", 3, ("p2", "project_p2", 4, &p2_id))
+        .await;
+    let lost = c2.recv_frame().await;
+    assert_eq!(
+        (&lost[3], &lost[4]["status"]),
+        (&json!("system"), &json!("error")),
+        "{lost}"
+    );
+    assert_eq!(record(c2.recv_frame().await), 4, "then what was held");
+    let asked = s.s2_resends.0.lock().unwrap().clone();
+    assert!(!asked.is_empty());
+    assert_eq!((asked[0].term, asked[0].from), (7, 2));
+    assert!(
+        s.default_resends.0.lock().unwrap().is_empty(),
+        "the default's leader is not asked"
+    );
+
+    // The default source's channel heard nothing of it, and its stream goes on.
+    s.numbered(None, "1", 3, ("default", "public", 5, &default_id))
+        .await;
+    let next = c1.recv_frame().await;
+    assert_eq!(
+        next[3], "postgres_changes",
+        "no loss told to the default's channel: {next}"
+    );
+    assert_eq!(record(next), 5);
 }
