@@ -476,9 +476,9 @@ async function pollHealth() {
 }
 
 function renderHealth(h) {
-  const workers = h.processes.filter((p) => p.worker)
+  const workers = h.processes.filter((p) => p.worker || p.sources?.length)
   const fronts = h.processes.filter((p) => p.front)
-  $('pipelines').replaceChildren(...(workers.length ? workers.map(pipeline) : [el('p', { className: 'hint', textContent: 'No pipeline heard from yet.' })]))
+  $('pipelines').replaceChildren(...(workers.length ? workers.flatMap(pipelines) : [el('p', { className: 'hint', textContent: 'No pipeline heard from yet.' })]))
   $('fronts').tBodies[0].replaceChildren(...fronts.map((p) => frontRow(p, h.front)))
   $('projects').tBodies[0].replaceChildren(...Object.entries(h.projects ?? {}).map(([id, p]) => projectRow(id, p)))
 }
@@ -495,11 +495,17 @@ function projectRow(id, p) {
   return tr
 }
 
-function pipeline(p) {
-  const w = p.worker
-  const last = p.history.at(-1)
+/** A worker's pipelines: the default source's (with its graphs), then each other source's (`sources`). */
+function pipelines(p) {
+  const own = p.worker ? [pipeline(p, p.worker, p.history)] : []
+  return own.concat((p.sources ?? []).map((w) => pipeline(p, w, null)))
+}
+
+function pipeline(p, w, history) {
+  const last = history?.at(-1)
   const facts = [
     ['process', p.process],
+    ['source', w.source ?? 'default'],
     ['role', w.leader ? 'leader' : 'standby'],
     ['cdc_active', String(w.cdc_active)],
     ['slot', w.slot],
@@ -509,8 +515,10 @@ function pipeline(p) {
   ]
   if (w.last_error) facts.push(['last error', w.last_error])
   const dl = el('dl', {}, ...facts.flatMap(([k, v]) => [el('dt', { textContent: k }), el('dd', { textContent: v })]))
-  const div = el('div', { className: 'pipeline' }, dl, graph(p.history, 'lag_bytes', 'slot lag', bytes), graph(p.history, 'changes_per_s', 'changes/s', (v) => v.toFixed(0)))
+  const graphs = history ? [graph(history, 'lag_bytes', 'slot lag', bytes), graph(history, 'changes_per_s', 'changes/s', (v) => v.toFixed(0))] : []
+  const div = el('div', { className: 'pipeline' }, dl, ...graphs)
   div.dataset.process = p.process
+  div.dataset.source = w.source ?? 'default'
   div.dataset.cdcActive = String(w.cdc_active)
   div.dataset.leader = String(w.leader)
   return div

@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::broadcast::{BroadcastTarget, Envelope};
+use walcast_bus::source::HEADER_SOURCE;
 use walcast_bus::{Bus, BusMessage, Subscription, HEADER_ORIGIN, HEADER_PUSHED, HEADER_TERM};
 use walcast_protocol::message::TOPIC_PREFIX;
 use walcast_protocol::{channel_name, server, BroadcastBody, UserBroadcast, Vsn, WireMessage};
@@ -228,7 +229,9 @@ impl Broadcasts {
             .map(refusal)
     }
 
-    fn relay_one(&self, msg: &BusMessage) {
+    /// `leader`: the source whose leader published it (a database broadcast), `None`
+    /// for another front's.
+    fn relay_one(&self, msg: &BusMessage, leader: Option<&str>) {
         if msg.header(HEADER_ORIGIN) == Some(self.front_id.as_str()) {
             return;
         }
@@ -237,6 +240,12 @@ impl Broadcasts {
             telemetry::error("bad_broadcast_relay");
             return;
         };
+        // A source's database speaks only for the projects on that source.
+        if let Some(source) = leader {
+            if !crate::fanout::from_its_source(&self.projects, source, &key.project) {
+                return;
+            }
+        }
         metrics::counter!(telemetry::BROADCASTS, "source" => "bus").increment(1);
         let how = match msg.header(HEADER_PUSHED) {
             Some(_) => Pushed::Binary,
@@ -246,9 +255,10 @@ impl Broadcasts {
     }
 }
 
-/// Relay the other fronts' broadcasts, and the leader's database broadcasts, to local
-/// channels. A database broadcast carries its leader's term: one of a term older than
-/// the newest seen (a frozen leader's late message) is dropped, as changes are.
+/// Relay the other fronts' broadcasts, and the leaders' database broadcasts, to local
+/// channels. A database broadcast carries its leader's term and source: one of a term
+/// older than the newest seen of that source (a frozen leader's late message) is
+/// dropped, as changes are, and so is one of a project not on that source.
 pub(crate) async fn relay_loop(
     broadcasts: Arc<Broadcasts>,
     mut sub: Subscription,
@@ -256,8 +266,13 @@ pub(crate) async fn relay_loop(
 ) {
     let mut terms = TermGuard::default();
     while let Some(msg) = next_message(&mut sub, &cancel, "broadcast relay").await {
-        if terms.admit(msg.header(HEADER_TERM), std::time::Instant::now()) {
-            broadcasts.relay_one(&msg);
+        // Only a leader's messages carry a term (and, but for the default, a source).
+        let leader = msg
+            .header(HEADER_TERM)
+            .map(|_| walcast_bus::source::of_header(msg.header(HEADER_SOURCE)));
+        let source = leader.unwrap_or(walcast_bus::source::DEFAULT_SOURCE);
+        if terms.admit(source, msg.header(HEADER_TERM), std::time::Instant::now()) {
+            broadcasts.relay_one(&msg, leader);
         }
     }
 }

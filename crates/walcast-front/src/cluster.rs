@@ -117,14 +117,13 @@ impl Cluster {
             .fold(Default::default(), |sum, r| sum.plus(r))
     }
 
-    /// Whether a pipeline leader is streaming changes: a process heard from within
-    /// [`FRESH`] says it leads and its CDC is active.
-    pub fn pipeline_active(&self, now: Instant) -> bool {
+    /// Whether a leader of `source` is streaming changes: a process heard from within
+    /// [`FRESH`] says it leads that source's pipeline and its CDC is active.
+    pub fn pipeline_active(&self, source: &str, now: Instant) -> bool {
         self.entries.values().any(|e| {
             now.saturating_duration_since(e.heard) < FRESH
                 && e.last
-                    .worker
-                    .as_ref()
+                    .source(source)
                     .is_some_and(|w| w.leader && w.cdc_active)
         })
     }
@@ -259,7 +258,7 @@ mod tests {
     fn a_pipeline_is_active_while_a_fresh_leader_streams() {
         let mut c = Cluster::default();
         let t0 = Instant::now();
-        assert!(!c.pipeline_active(t0), "nothing heard");
+        assert!(!c.pipeline_active("default", t0), "nothing heard");
         c.observe(front("f"), t0);
         let mut standby = worker("standby", 1_000, 0, 0);
         if let Some(w) = standby.worker.as_mut() {
@@ -267,12 +266,39 @@ mod tests {
         }
         c.observe(standby, t0);
         assert!(
-            !c.pipeline_active(t0),
+            !c.pipeline_active("default", t0),
             "a front and a standby do not stream"
         );
         c.observe(worker("w", 1_000, 0, 0), t0);
-        assert!(c.pipeline_active(t0 + Duration::from_secs(1)));
-        assert!(!c.pipeline_active(t0 + FRESH), "its beacon is stale");
+        assert!(c.pipeline_active("default", t0 + Duration::from_secs(1)));
+        assert!(
+            !c.pipeline_active("default", t0 + FRESH),
+            "its beacon is stale"
+        );
+    }
+
+    #[test]
+    fn each_source_streams_by_its_own_leader() {
+        let mut c = Cluster::default();
+        let t0 = Instant::now();
+        // A standby of the default source that leads source s2.
+        let mut b = worker("w", 1_000, 0, 0);
+        if let Some(w) = b.worker.as_mut() {
+            w.leader = false;
+        }
+        b.sources.push(WorkerBeacon {
+            source: "s2".into(),
+            leader: true,
+            cdc_active: true,
+            ..Default::default()
+        });
+        c.observe(b, t0);
+        assert!(c.pipeline_active("s2", t0));
+        assert!(
+            !c.pipeline_active("default", t0),
+            "not the default's leader"
+        );
+        assert!(!c.pipeline_active("s3", t0), "nobody runs s3");
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //! ids, group them by channel, encode the change once, and produce each channel's frame
 //! text once (cached by version, topic and ids, so identical channels share the bytes).
 //! Frames go into each connection's bounded queue without waiting.
+//!
+//! The subject carries the streams of several leaders, one per source (database), each
+//! message naming its source in `Walcast-Source` (absent: the default). Terms, numbers,
+//! gaps and resend requests are per source, and a loss is told only to the channels with
+//! subscriptions of that source's projects. A change of a project that is not on the
+//! message's source is dropped and counted: a source's database may belong to a tenant,
+//! and must never speak for another source's project.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::links::{ResendClient, ResendError, ResendReply, ResendRequest, NOTICE_HEARTBEAT};
+use walcast_bus::source::HEADER_SOURCE;
 use walcast_bus::subs::{NOTICE_SUBS_ENDED, NOTICE_SUBS_LAGGED};
 use walcast_bus::{BusMessage, ChangeEvent, Subscription, HEADER_NOTICE};
 use walcast_bus::{HEADER_FRONT_SEQ, HEADER_ORIGIN, HEADER_RESENT, HEADER_TERM};
@@ -25,8 +33,9 @@ use crate::delivery::Delivery;
 use crate::encode::encode;
 use crate::guards::{ReplayGuard, TermGuard};
 use crate::listen::next_message;
+use crate::projects::Projects;
 use crate::registration::Registrar;
-use crate::sequence::{Loss, Out, Sequencer, Step, StreamId};
+use crate::sequence::{Loss, Out, Sequencers, Step, StreamId};
 use crate::sink::Change;
 use crate::telemetry;
 
@@ -34,6 +43,8 @@ use crate::telemetry;
 pub(crate) struct Feed {
     pub delivery: Arc<Delivery>,
     pub registrar: Arc<Registrar>,
+    /// Which source each project is on.
+    pub projects: Projects,
     pub resend: ResendClient,
     pub front_id: String,
     /// How long a gap is recovered, and how much is held behind it.
@@ -51,13 +62,13 @@ struct Fanout {
     feed: Feed,
     replays: ReplayGuard,
     terms: TermGuard,
-    seq: Sequencer<BusMessage>,
+    seq: Sequencers<BusMessage>,
     answers: mpsc::UnboundedSender<Answer>,
 }
 
 pub(crate) async fn run(feed: Feed, mut sub: Subscription, cancel: CancellationToken) {
     let (answers, mut answered) = mpsc::unbounded_channel();
-    let seq = Sequencer::new(feed.window, feed.max_held);
+    let seq = Sequencers::new(feed.window, feed.max_held);
     let mut f = Fanout {
         feed,
         replays: ReplayGuard::default(),
@@ -68,15 +79,17 @@ pub(crate) async fn run(feed: Feed, mut sub: Subscription, cancel: CancellationT
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let step = tokio::select! {
+        let steps = tokio::select! {
             m = next_message(&mut sub, &cancel, "change") => match m {
-                Some(m) => f.on_message(m),
+                Some(m) => vec![f.on_message(m)],
                 None => return,
             },
-            Some(a) = answered.recv() => f.on_answer(a),
+            Some(a) = answered.recv() => vec![f.on_answer(a)],
             _ = tick.tick(), if f.seq.waiting() => f.seq.tick(Instant::now()),
         };
-        f.apply(step).await;
+        for step in steps {
+            f.apply(step).await;
+        }
     }
 }
 
@@ -84,7 +97,10 @@ impl Fanout {
     /// A message of the delivery subject: numbered ones go through the sequencer.
     fn on_message(&mut self, m: BusMessage) -> Step<BusMessage> {
         let now = Instant::now();
-        if !self.terms.admit(m.header(HEADER_TERM), now) {
+        let Some(source) = source_of(&m) else {
+            return Step::default();
+        };
+        if !self.terms.admit(source, m.header(HEADER_TERM), now) {
             return Step::default();
         }
         let Some(n) = m.header(HEADER_FRONT_SEQ).and_then(|v| v.parse().ok()) else {
@@ -94,6 +110,7 @@ impl Fanout {
             return step;
         };
         let stream = StreamId {
+            source: source.to_string(),
             term: m
                 .header(HEADER_TERM)
                 .and_then(|t| t.parse().ok())
@@ -155,6 +172,7 @@ impl Fanout {
         tracing::warn!(
             from,
             to,
+            source = %stream.source,
             term = stream.term,
             "messages from the leader missed: asking for them again"
         );
@@ -171,19 +189,18 @@ impl Fanout {
             self.feed.window,
         );
         tokio::spawn(async move {
-            let answer = resend
-                .request(walcast_bus::source::DEFAULT_SOURCE, &req, timeout)
-                .await;
+            let answer = resend.request(&stream.source, &req, timeout).await;
             let _ = answers.send((stream, from, to, answer));
         });
     }
 
-    /// Messages lost for good: every channel with `postgres_changes` subscriptions is told.
+    /// Messages of a source lost for good: every channel with `postgres_changes`
+    /// subscriptions of that source's projects is told.
     fn lost(&self, loss: &Loss) {
         metrics::counter!(telemetry::DELIVERY_GAPS).increment(1);
         metrics::counter!(telemetry::DELIVERY_LOST).increment(loss.missing);
-        let sinks = self.feed.delivery.registry.sinks();
-        tracing::error!(from = loss.from, to = loss.to, missing = loss.missing, why = %loss.why, channels = sinks.len(), "messages from the leader lost: every postgres_changes channel is told");
+        let sinks = self.feed.delivery.registry.sinks_of(&loss.source);
+        tracing::error!(source = %loss.source, from = loss.from, to = loss.to, missing = loss.missing, why = %loss.why, channels = sinks.len(), "messages from a leader lost: its source's postgres_changes channels are told");
         let why = format!(
             "Some database changes may not have been delivered: this server lost its link to \
              the change stream for a moment and {} message(s) could not be recovered ({})",
@@ -196,7 +213,7 @@ impl Fanout {
 
     async fn handle(&mut self, m: BusMessage) {
         match m.header(HEADER_NOTICE) {
-            None => deliver(&self.feed.delivery, &m, &mut self.replays),
+            None => deliver(&self.feed, &m, &mut self.replays),
             Some(NOTICE_SUBS_ENDED) => self.feed.registrar.subs_ended(&m).await,
             Some(NOTICE_SUBS_LAGGED) => self.feed.registrar.subs_lagged(&m),
             Some(NOTICE_HEARTBEAT) => {}
@@ -208,7 +225,40 @@ impl Fanout {
     }
 }
 
-fn deliver(delivery: &Delivery, msg: &BusMessage, replays: &mut ReplayGuard) {
+/// The source a message names (absent: the default); `None` (counted): not a source name.
+fn source_of(m: &BusMessage) -> Option<&str> {
+    let source = walcast_bus::source::of_header(m.header(HEADER_SOURCE));
+    if walcast_bus::source::check_name(source).is_err() {
+        telemetry::error("bad_source_header");
+        tracing::warn!(source, "a message naming no valid source: dropped");
+        return None;
+    }
+    Some(source)
+}
+
+/// Whether a change of `project` may come from `source`'s leader: the directory puts
+/// the project on that source. Else it is dropped and counted (before the replay guard
+/// sees it: another source must not poison a project's positions either).
+pub(crate) fn from_its_source(projects: &Projects, source: &str, project: &str) -> bool {
+    if projects.is_on(project, source) {
+        return true;
+    }
+    let its = projects.source_of(project);
+    metrics::counter!(telemetry::FOREIGN_SOURCE_DROPPED).increment(1);
+    tracing::warn!(
+        source,
+        project,
+        project_source = its.as_deref().unwrap_or("(unknown project)"),
+        "dropped a change of a project that is not on the source it came from"
+    );
+    false
+}
+
+fn deliver(feed: &Feed, msg: &BusMessage, replays: &mut ReplayGuard) {
+    let delivery = &feed.delivery;
+    let Some(source) = source_of(msg) else {
+        return;
+    };
     let ev: ChangeEvent = match serde_json::from_slice(&msg.payload) {
         Ok(ev) => ev,
         Err(e) => {
@@ -217,7 +267,10 @@ fn deliver(delivery: &Delivery, msg: &BusMessage, replays: &mut ReplayGuard) {
             return;
         }
     };
-    delivery.registry.saw(ev.commit_lsn);
+    if !from_its_source(&feed.projects, source, &ev.project) {
+        return;
+    }
+    delivery.registry.saw(source, ev.commit_lsn);
     if !replays.admit(&ev) {
         return;
     }
@@ -248,5 +301,38 @@ fn deliver_event(delivery: &Delivery, ev: &ChangeEvent) {
         if sink.deliver(&mut change, ids) {
             metrics::counter!(telemetry::DELIVERIES).increment(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_is_taken_only_from_its_projects_source() {
+        let projects = Projects::new(crate::keys::ProjectKeys::secret("s"));
+        projects.insert_on("p2", "project_p2", "x", "s2");
+        projects.insert("p1", "project_p1", "y");
+        assert!(from_its_source(&projects, "s2", "p2"));
+        assert!(from_its_source(&projects, "default", "p1"));
+        assert!(from_its_source(
+            &projects,
+            "default",
+            crate::DEFAULT_PROJECT
+        ));
+        assert!(
+            !from_its_source(&projects, "default", "p2"),
+            "the default source speaks for s2's project"
+        );
+        assert!(
+            !from_its_source(&projects, "s2", "p1"),
+            "s2 speaks for a default-source project"
+        );
+        assert!(!from_its_source(&projects, "s2", crate::DEFAULT_PROJECT));
+        assert!(!from_its_source(&projects, "s3", "p2"), "another source");
+        assert!(
+            !from_its_source(&projects, "s2", "nobody"),
+            "an unknown project"
+        );
     }
 }

@@ -12,29 +12,43 @@ use crate::telemetry;
 /// reached us, and the old leader's judgement (its subscriptions, privileges) is stale.
 /// A lower term is adopted only after the newest has been silent for
 /// [`STALE_TERM_WINDOW`] (the lease state was reset by hand, say), never within it.
+///
+/// Per source: each source has its own lease, so its own terms; a term of one source says
+/// nothing about another's (term 9 of one never drops term 1 of another).
 #[derive(Default)]
 pub(crate) struct TermGuard {
-    newest: Option<(u64, std::time::Instant)>,
+    newest: HashMap<String, (u64, std::time::Instant)>,
 }
 
 /// How long the newest term must have been silent before a lower one is accepted.
 pub(crate) const STALE_TERM_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl TermGuard {
-    /// True if a message of `term` (the header; absent from workers without it) may be
-    /// delivered, seen at `now`.
-    pub(crate) fn admit(&mut self, term: Option<&str>, now: std::time::Instant) -> bool {
+    /// True if a message of `source`'s leader of `term` (the header; absent from workers
+    /// without it) may be delivered, seen at `now`.
+    pub(crate) fn admit(
+        &mut self,
+        source: &str,
+        term: Option<&str>,
+        now: std::time::Instant,
+    ) -> bool {
         let Some(term) = term.and_then(|t| t.parse::<u64>().ok()) else {
             return true;
         };
-        match self.newest {
-            Some((newest, at)) if term < newest => {
+        match self.newest.get(source) {
+            Some(&(newest, at)) if term < newest => {
                 if now.saturating_duration_since(at) < STALE_TERM_WINDOW {
                     metrics::counter!(telemetry::STALE_TERM_DROPPED).increment(1);
-                    tracing::warn!(term, newest, "dropped a message of an older leader term");
+                    tracing::warn!(
+                        source,
+                        term,
+                        newest,
+                        "dropped a message of an older leader term"
+                    );
                     return false;
                 }
                 tracing::warn!(
+                    source,
                     term,
                     newest,
                     "the newest leader term went silent; accepting a lower one"
@@ -42,7 +56,7 @@ impl TermGuard {
             }
             _ => {}
         }
-        self.newest = Some((term, now));
+        self.newest.insert(source.to_string(), (term, now));
         true
     }
 }
@@ -111,21 +125,47 @@ mod tests {
     fn an_older_term_is_dropped_unless_the_newest_went_silent() {
         let t0 = std::time::Instant::now();
         let mut g = TermGuard::default();
-        assert!(g.admit(None, t0), "no header: no election");
-        assert!(g.admit(Some("3"), t0));
-        assert!(g.admit(Some("3"), t0));
-        assert!(g.admit(Some("4"), t0), "a new leader");
+        assert!(g.admit("default", None, t0), "no header: no election");
+        assert!(g.admit("default", Some("3"), t0));
+        assert!(g.admit("default", Some("3"), t0));
+        assert!(g.admit("default", Some("4"), t0), "a new leader");
         assert!(
-            !g.admit(Some("3"), t0 + std::time::Duration::from_secs(1)),
+            !g.admit("default", Some("3"), t0 + std::time::Duration::from_secs(1)),
             "the old one woke up"
         );
-        assert!(g.admit(Some("4"), t0 + std::time::Duration::from_secs(2)));
-        assert!(g.admit(Some("junk"), t0), "unparsable: not judged");
+        assert!(g.admit("default", Some("4"), t0 + std::time::Duration::from_secs(2)));
+        assert!(
+            g.admit("default", Some("junk"), t0),
+            "unparsable: not judged"
+        );
         let later = t0 + std::time::Duration::from_secs(2) + STALE_TERM_WINDOW;
         assert!(
-            g.admit(Some("1"), later),
+            g.admit("default", Some("1"), later),
             "term 4 silent for the window: lease reset by hand"
         );
-        assert!(!g.admit(Some("0"), later), "and 1 is now the newest");
+        assert!(
+            !g.admit("default", Some("0"), later),
+            "and 1 is now the newest"
+        );
+    }
+
+    #[test]
+    fn terms_of_different_sources_are_unrelated() {
+        let t0 = std::time::Instant::now();
+        let mut g = TermGuard::default();
+        assert!(g.admit("a", Some("9"), t0));
+        assert!(
+            g.admit("b", Some("1"), t0),
+            "term 9 of a does not drop term 1 of b"
+        );
+        assert!(g.admit("a", Some("9"), t0));
+        assert!(g.admit("b", Some("1"), t0));
+        assert!(g.admit("b", Some("2"), t0), "b's new leader");
+        assert!(!g.admit("b", Some("1"), t0), "b's old leader woke up");
+        assert!(
+            g.admit("a", Some("9"), t0),
+            "a is untouched by b's election"
+        );
+        assert!(!g.admit("a", Some("8"), t0));
     }
 }

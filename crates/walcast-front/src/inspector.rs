@@ -23,7 +23,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use walcast_bus::beacon::Beacon;
+use walcast_bus::beacon::{Beacon, WorkerBeacon};
 
 use crate::cluster::{Heard, ProcessView};
 use crate::credentials::Credentials;
@@ -208,7 +208,7 @@ fn scope(processes: &mut [ProcessView], project: &str, role: &str) {
 fn hide_counts(processes: &mut [ProcessView], project: &str) {
     for p in processes {
         p.history.clear();
-        if let Some(w) = p.beacon.worker.as_mut() {
+        for w in pipelines(&mut p.beacon) {
             w.lag_bytes = 0;
             w.changes_total = 0;
             w.skipped_changes_total = 0;
@@ -228,13 +228,18 @@ fn hide_counts(processes: &mut [ProcessView], project: &str) {
 /// project's `service_role` sees it.
 fn hide_errors(processes: &mut [ProcessView]) {
     for p in processes {
-        if let Some(w) = p.beacon.worker.as_mut() {
+        for w in pipelines(&mut p.beacon) {
             w.last_error = w
                 .last_error
                 .take()
                 .map(|_| "(shown to the default project's service_role only)".into());
         }
     }
+}
+
+/// A beacon's pipelines: the default source's and the other sources' (`sources`).
+fn pipelines(b: &mut Beacon) -> impl Iterator<Item = &mut WorkerBeacon> {
+    b.worker.iter_mut().chain(b.sources.iter_mut())
 }
 
 #[cfg(test)]
@@ -324,6 +329,26 @@ mod tests {
         let w = operator[0].beacon.worker.as_ref().unwrap();
         assert_eq!(w.last_error.as_deref(), busy.last_error.as_deref());
         assert_eq!(operator[1].beacon.front.as_ref().unwrap().connections, 9);
+    }
+
+    #[test]
+    fn the_other_sources_pipelines_are_scrubbed_alike() {
+        let on_s2 = WorkerBeacon {
+            source: "s2".into(),
+            leader: true,
+            cdc_active: true,
+            changes_total: 42,
+            lag_bytes: 7,
+            last_error: Some("relation \"tenant.secret\" does not exist".into()),
+            ..Default::default()
+        };
+        let mut v = vec![heard("w1", Some(WorkerBeacon::default()), None)];
+        v[0].beacon.sources.push(on_s2.clone());
+        scope(&mut v, "0b6c", "service_role");
+        let w = &v[0].beacon.sources[0];
+        assert!(w.leader && w.cdc_active && w.source == "s2");
+        assert_eq!((w.changes_total, w.lag_bytes), (0, 0));
+        assert_ne!(w.last_error.as_deref(), on_s2.last_error.as_deref());
     }
 
     #[test]

@@ -154,6 +154,8 @@ struct Feeds {
     changes: Subscription,
     broadcasts: Subscription,
     resync: Subscription,
+    /// The resync requests of the other sources' leaders.
+    resync_others: Subscription,
     roll_call: Subscription,
     beacons: Subscription,
     /// Management notices: a project changed.
@@ -166,6 +168,9 @@ impl Feeds {
             changes: bus.subscribe(&delivery_subject(front_id)).await?,
             broadcasts: bus.subscribe(BROADCAST_ALL).await?,
             resync: bus.subscribe(SUBJECT_RESYNC).await?,
+            resync_others: bus
+                .subscribe(&walcast_bus::source::every_other(SUBJECT_RESYNC))
+                .await?,
             roll_call: bus.subscribe(SUBJECT_ROLL_CALL).await?,
             beacons: bus.subscribe(walcast_bus::beacon::BEACON_ALL).await?,
             project_notices: bus.subscribe(management::SUBJECT_PROJECTS_CHANGED).await?,
@@ -219,9 +224,8 @@ impl Parts {
             heard.clone(),
         ));
         let (registrar, background) = Registrar::new(
-            front_id.clone(),
-            subs,
-            delivery.clone(),
+            (front_id.clone(), subs),
+            (delivery.clone(), projects.clone()),
             tracker.clone(),
             &cfg,
         );
@@ -295,6 +299,7 @@ impl Parts {
         let feed = fanout::Feed {
             delivery: self.delivery.clone(),
             registrar: reg.clone(),
+            projects: self.projects.clone(),
             resend: walcast_bus::links::ResendClient::new(&self.probe.bus),
             front_id: self.front_id.clone(),
             window: self.cfg.gap_recovery,
@@ -312,11 +317,13 @@ impl Parts {
             cancel.clone(),
         ));
         t.spawn(registration::sync_loop(reg.clone(), cancel.clone()));
-        t.spawn(registration::resync_loop(
-            reg.clone(),
-            feeds.resync,
-            cancel.clone(),
-        ));
+        for resync in [feeds.resync, feeds.resync_others] {
+            t.spawn(registration::resync_loop(
+                reg.clone(),
+                resync,
+                cancel.clone(),
+            ));
+        }
         t.spawn(registration::roll_call_loop(
             reg.clone(),
             feeds.roll_call,

@@ -48,15 +48,15 @@ impl Policies {
                 "private channels need the cdc-worker, which this front cannot reach",
             ));
         };
+        // The leader of the project's source reads its policies.
+        let Some(source) = self.projects.source_of(project) else {
+            return Err(AdminError::new(
+                AdminErrorKind::UnknownProject,
+                format!("unknown project {project:?}"),
+            ));
+        };
         let allowed = admin
-            .authorize_channel(
-                walcast_bus::source::DEFAULT_SOURCE,
-                project,
-                name,
-                claims,
-                write,
-                self.timeout,
-            )
+            .authorize_channel(&source, project, name, claims, write, self.timeout)
             .await?;
         if !allowed {
             let what = if write {

@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::AdminClient;
+use walcast_bus::source::DEFAULT_SOURCE;
 // The tests' (their module, `projects/tests.rs`, takes everything from here).
 #[cfg(test)]
 use {std::time::Duration, tokio::time::Instant, walcast_bus::admin::AdminError};
@@ -51,6 +52,8 @@ pub const DEFAULT_ALLOWED_ROLES: &[&str] = &["anon", "authenticated", "service_r
 #[derive(Clone)]
 struct Entry {
     schema: Arc<str>,
+    /// The source (database) its schema is in.
+    source: Arc<str>,
     keys: ProjectKeys,
     status: Status,
 }
@@ -121,6 +124,7 @@ impl Projects {
     fn build(default_keys: ProjectKeys, directory: Option<Directory>) -> Projects {
         let default = Entry {
             schema: Arc::from(DEFAULT_SCHEMA),
+            source: Arc::from(DEFAULT_SOURCE),
             keys: default_keys,
             status: Status::default(),
         };
@@ -221,12 +225,44 @@ impl Projects {
     /// Add (or replace) a project. With a directory, the next refresh replaces every
     /// project but the default one with the worker's list.
     pub fn insert(&self, id: impl Into<String>, schema: &str, secret: impl AsRef<[u8]>) {
+        self.insert_on(id, schema, secret, DEFAULT_SOURCE);
+    }
+
+    /// [`Projects::insert`] of a project on `source`.
+    pub fn insert_on(
+        &self,
+        id: impl Into<String>,
+        schema: &str,
+        secret: impl AsRef<[u8]>,
+        source: &str,
+    ) {
         let entry = Entry {
             schema: Arc::from(schema),
+            source: Arc::from(source),
             keys: ProjectKeys::secret(secret),
             status: Status::default(),
         };
         self.write().insert(id.into(), entry);
+    }
+
+    /// The source (database) a known project is on (`None`: unknown). The default
+    /// project is on the default source.
+    pub fn source_of(&self, id: &str) -> Option<String> {
+        self.read().get(id).map(|e| e.source.to_string())
+    }
+
+    /// Whether a known project is on `source` (no allocation: asked per change).
+    pub fn is_on(&self, id: &str, source: &str) -> bool {
+        self.read().get(id).is_some_and(|e| &*e.source == source)
+    }
+
+    /// Every source some known project is on, the default one always among them.
+    pub fn sources(&self) -> std::collections::BTreeSet<String> {
+        let map = self.read();
+        let mut names: std::collections::BTreeSet<&str> =
+            map.values().map(|e| &*e.source).collect();
+        names.insert(DEFAULT_SOURCE);
+        names.into_iter().map(str::to_string).collect()
     }
 
     /// Remove a project (the default one cannot be removed).

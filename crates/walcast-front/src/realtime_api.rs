@@ -45,11 +45,13 @@ fn respond(e: ApiError, op: &'static str, project: &str) -> Response {
 
 /// Check that the request carries a `service_role` key of `project`; the client to the
 /// worker.
+/// The worker's admin client and the project's source (its leader answers), once the
+/// key is checked.
 async fn authorize(
     projects: &Projects,
     headers: &HeaderMap,
     project: &str,
-) -> Result<AdminClient, ApiError> {
+) -> Result<(AdminClient, String), ApiError> {
     let creds = Credentials::from_headers(headers);
     let Some(key) = creds.key() else {
         return Err(ApiError::unauthorized(
@@ -93,13 +95,17 @@ async fn authorize(
                 .map_or("missing".to_string(), |r| format!("{r:?}"))
         )));
     }
-    projects.admin().cloned().ok_or_else(|| {
+    let source = projects
+        .source_of(project)
+        .ok_or_else(|| ApiError::unknown_project(project))?;
+    let admin = projects.admin().cloned().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "this front has no cdc-worker to ask",
         )
-    })
+    })?;
+    Ok((admin, source))
 }
 
 /// `{"enabled": true|false}`.
@@ -118,16 +124,10 @@ async fn set(
     table: &str,
     enabled: Result<bool, ApiError>,
 ) -> Result<Value, ApiError> {
-    let admin = authorize(projects, headers, project).await?;
+    let (admin, source) = authorize(projects, headers, project).await?;
     let enabled = enabled?;
     match admin
-        .set_realtime(
-            walcast_bus::source::DEFAULT_SOURCE,
-            project,
-            table,
-            enabled,
-            WORKER_TIMEOUT,
-        )
+        .set_realtime(&source, project, table, enabled, WORKER_TIMEOUT)
         .await?
     {
         AdminReply::Realtime {
@@ -182,18 +182,12 @@ pub(crate) async fn get_one(
     headers: HeaderMap,
 ) -> Response {
     let r = async {
-        let admin = authorize(&projects, &headers, &project).await?;
+        let (admin, source) = authorize(&projects, &headers, &project).await?;
         let schema = projects
             .schema(&project)
             .await
             .map_err(|_| ApiError::unknown_project(&project))?;
-        let tables = admin
-            .list_tables(
-                walcast_bus::source::DEFAULT_SOURCE,
-                &project,
-                WORKER_TIMEOUT,
-            )
-            .await?;
+        let tables = admin.list_tables(&source, &project, WORKER_TIMEOUT).await?;
         let enabled = tables
             .iter()
             .any(|t| t.schema == schema && t.table == table);
@@ -210,14 +204,8 @@ pub(crate) async fn list(
     headers: HeaderMap,
 ) -> Response {
     let r = async {
-        let admin = authorize(&projects, &headers, &project).await?;
-        let tables = admin
-            .list_tables(
-                walcast_bus::source::DEFAULT_SOURCE,
-                &project,
-                WORKER_TIMEOUT,
-            )
-            .await?;
+        let (admin, source) = authorize(&projects, &headers, &project).await?;
+        let tables = admin.list_tables(&source, &project, WORKER_TIMEOUT).await?;
         serde_json::to_value(tables).map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })

@@ -3,6 +3,12 @@
 //! leader's resync request, and the worker's notice that it ended subscriptions (their
 //! table was dropped). The map they keep is [`crate::registry`].
 //!
+//! Each source (database) has its own leader: a subscription is registered with, and
+//! unregistered from, the leader of its project's source (a batch is split by source),
+//! the sync goes to every source's leader with only that source's ids, and a resync
+//! request (on a source's own resync subject) is answered with that source's
+//! subscriptions only.
+//!
 //! A join of a subscription whose class the worker already delivers by class to this
 //! front (see [`Registry::claim_ready`](crate::registry::Registry::claim_ready)) needs no
 //! round trip: it is in effect as soon as it is in the map, and is registered with the
@@ -11,7 +17,7 @@
 //! other subscriptions of the class waits, so the worker never forgets the class while
 //! a member it has not heard of depends on it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,13 +26,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::subs::{
     FrontHello, RegisterRequest, ResyncProgress, SubsClient, SubsEnded, SubscriptionSpec,
-    SyncMessage, UnregisterRequest, SYNC_INTERVAL,
+    SyncMessage, UnregisterRequest, SUBJECT_RESYNC, SYNC_INTERVAL,
 };
 use walcast_bus::{BusError, BusMessage, Subscription};
 
 use crate::config::FrontConfig;
 use crate::delivery::Delivery;
 use crate::listen::next_message;
+use crate::projects::Projects;
 use crate::registry::{Registry, Removed};
 use crate::telemetry;
 
@@ -49,6 +56,8 @@ pub(crate) struct Registrar {
     front_id: String,
     subs: SubsClient,
     delivery: Arc<Delivery>,
+    /// Which source each project is on.
+    projects: Projects,
     background: mpsc::Sender<Background>,
     /// Delayed unregistrations run on it (see [`Registrar::unregister`]).
     tracker: TaskTracker,
@@ -59,9 +68,8 @@ pub(crate) struct Registrar {
 impl Registrar {
     /// The registrar, and the queue of background registrations for [`background_loop`].
     pub(crate) fn new(
-        front_id: String,
-        subs: SubsClient,
-        delivery: Arc<Delivery>,
+        (front_id, subs): (String, SubsClient),
+        (delivery, projects): (Arc<Delivery>, Projects),
         tracker: TaskTracker,
         cfg: &FrontConfig,
     ) -> (Registrar, mpsc::Receiver<Background>) {
@@ -70,6 +78,7 @@ impl Registrar {
             front_id,
             subs,
             delivery,
+            projects,
             background,
             tracker,
             register_timeout: cfg.register_timeout,
@@ -88,10 +97,46 @@ impl Registrar {
         &self.delivery.registry
     }
 
-    /// Register specs with the worker. `Ok` maps each refused id to the worker's reason;
-    /// `Err` is why the whole request failed (no answer in time, NATS down …). An
-    /// accepted subscription keeps the position it first became effective from.
+    /// The source of a project (`None`: unknown to the directory).
+    pub(crate) fn source_of(&self, project: &str) -> Option<String> {
+        self.projects.source_of(project)
+    }
+
+    /// The source a subscription is registered on: the one it was made with, else its
+    /// project's.
+    fn source_for(&self, spec: &SubscriptionSpec) -> Option<String> {
+        self.registry()
+            .source_of(&spec.id)
+            .or_else(|| self.source_of(&spec.project))
+    }
+
+    /// Register specs with the leaders of their projects' sources. `Ok` maps each refused
+    /// id to the worker's reason; `Err` is why a request failed (no answer in time, NATS
+    /// down …; the other sources' answers are applied). An accepted subscription keeps
+    /// the position it first became effective from.
     pub(crate) async fn register(&self, specs: Vec<SubscriptionSpec>) -> Result<Refused, BusError> {
+        let (groups, mut refused) = group_by_source(specs, |s| self.source_for(s));
+        let mut failed = None;
+        for (source, specs) in groups {
+            match self.register_to(&source, specs).await {
+                Ok(r) => refused.extend(r),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(refused),
+        }
+    }
+
+    /// [`Registrar::register`] of specs all on `source`.
+    async fn register_to(
+        &self,
+        source: &str,
+        specs: Vec<SubscriptionSpec>,
+    ) -> Result<Refused, BusError> {
         if specs.is_empty() {
             return Ok(HashMap::new());
         }
@@ -99,7 +144,7 @@ impl Registrar {
         let reply = self
             .subs
             .register(
-                walcast_bus::source::DEFAULT_SOURCE,
+                source,
                 RegisterRequest { subs: specs },
                 self.register_timeout,
             )
@@ -149,7 +194,10 @@ impl Registrar {
         let registry = self.registry();
         let mut slow = Vec::new();
         for (n, mut spec) in subs.iter().zip(specs) {
-            let Some((from, class)) = registry.claim_ready(&spec) else {
+            let claimed = self
+                .source_for(&spec)
+                .and_then(|source| registry.claim_ready(&spec, &source));
+            let Some((from, class)) = claimed else {
                 slow.push(spec);
                 continue;
             };
@@ -270,27 +318,27 @@ impl Registrar {
             return;
         }
         if !removed.wait {
-            return self.send_unregister(removed.ids).await;
+            return self.send_unregister(removed.by_source()).await;
         }
         let me = self.clone();
         self.tracker.spawn(async move {
             let limit = me.register_timeout * BACKGROUND_ATTEMPTS as u32;
             me.registry().settle(&removed.classes, limit).await;
-            me.send_unregister(removed.ids).await;
+            me.send_unregister(removed.by_source()).await;
         });
     }
 
-    async fn send_unregister(&self, ids: Vec<String>) {
-        if let Err(e) = self
-            .subs
-            .unregister(
-                walcast_bus::source::DEFAULT_SOURCE,
-                UnregisterRequest { ids },
-            )
-            .await
-        {
-            telemetry::error("unregister");
-            tracing::warn!(error = %e, "unregister failed (the next sync repairs it)");
+    /// Unregister ids from the leader of their source.
+    async fn send_unregister(&self, by_source: BTreeMap<String, Vec<String>>) {
+        for (source, ids) in by_source {
+            if let Err(e) = self
+                .subs
+                .unregister(&source, UnregisterRequest { ids })
+                .await
+            {
+                telemetry::error("unregister");
+                tracing::warn!(%source, error = %e, "unregister failed (the next sync repairs it)");
+            }
         }
     }
 
@@ -316,9 +364,14 @@ impl Registrar {
         self.end_subscriptions(ended, "refused_on_resync").await;
     }
 
-    /// Answer a resync request (a new worker leader): register everything again, telling
-    /// the leader where we are.
+    /// Answer a resync request (a new leader of a source, named by the request's subject):
+    /// register that source's subscriptions again, telling the leader where we are.
     async fn resync(self: &Arc<Self>, request: &BusMessage) {
+        let Some(source) = walcast_bus::source::of_subject(&request.subject, SUBJECT_RESYNC) else {
+            telemetry::error("bad_resync_subject");
+            tracing::warn!(subject = %request.subject, "a resync request on an unknown subject");
+            return;
+        };
         // The request's payload is where the new leader waits for our progress.
         let reply_to = std::str::from_utf8(&request.payload)
             .ok()
@@ -333,10 +386,11 @@ impl Registrar {
                 tracing::warn!(error = %e, "cannot answer a resync request");
             }
         }
-        let specs = self.registry().all_specs();
+        let specs = self.registry().specs_of(source);
         tracing::info!(
             count = specs.len(),
-            "resync requested: registering all subscriptions again"
+            source,
+            "resync requested: registering the source's subscriptions again"
         );
         // In batches, so joins are not held behind one huge registration.
         for chunk in specs.chunks(self.resync_batch) {
@@ -373,7 +427,8 @@ pub(crate) async fn background_loop(
     }
 }
 
-/// Every [`SYNC_INTERVAL`]: send the full list of this front's subscription ids.
+/// Every [`SYNC_INTERVAL`]: send each source's leader the full list of this front's
+/// subscription ids of that source ([`sync_lists`]).
 pub(crate) async fn sync_loop(registrar: Arc<Registrar>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(SYNC_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -382,17 +437,60 @@ pub(crate) async fn sync_loop(registrar: Arc<Registrar>, cancel: CancellationTok
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let ids = registrar.registry().all_ids();
-        let msg = SyncMessage::whole(registrar.front_id.clone(), ids);
-        if let Err(e) = registrar
-            .subs
-            .sync(walcast_bus::source::DEFAULT_SOURCE, msg)
-            .await
-        {
-            telemetry::error("sync");
-            tracing::warn!(error = %e, "subscription sync failed");
+        let lists = sync_lists(
+            registrar.registry().ids_by_source(),
+            registrar.projects.sources(),
+        );
+        for (source, ids) in lists {
+            let msg = SyncMessage::whole(registrar.front_id.clone(), ids);
+            if let Err(e) = registrar.subs.sync(&source, msg).await {
+                telemetry::error("sync");
+                tracing::warn!(%source, error = %e, "subscription sync failed");
+            }
         }
     }
+}
+
+/// The sync lists: one for the default source always (workers learn from it which
+/// fronts are alive), and one for every other source a known project is on or a
+/// subscription is registered on (an empty list tells that leader to drop what it holds
+/// for this front).
+pub(crate) fn sync_lists(
+    mut ids: HashMap<String, Vec<String>>,
+    sources: impl IntoIterator<Item = String>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = sources
+        .into_iter()
+        .chain([walcast_bus::source::DEFAULT_SOURCE.to_string()])
+        .map(|s| (s, Vec::new()))
+        .collect();
+    for (source, ids) in ids.drain() {
+        out.entry(source).or_default().extend(ids);
+    }
+    out
+}
+
+/// Split specs by the source `source_for` names; those it names none for (their
+/// project is unknown) are refused.
+pub(crate) fn group_by_source(
+    specs: Vec<SubscriptionSpec>,
+    source_for: impl Fn(&SubscriptionSpec) -> Option<String>,
+) -> (BTreeMap<String, Vec<SubscriptionSpec>>, Refused) {
+    let mut groups: BTreeMap<String, Vec<SubscriptionSpec>> = BTreeMap::new();
+    let mut refused = Refused::new();
+    for spec in specs {
+        match source_for(&spec) {
+            Some(source) => groups.entry(source).or_default().push(spec),
+            None => {
+                let why = format!(
+                    "Unable to subscribe to changes: unknown project {:?}",
+                    spec.project
+                );
+                refused.insert(spec.id, why);
+            }
+        }
+    }
+    (groups, refused)
 }
 
 /// On every roll call (a worker starting), say that this front exists: a new leader then
@@ -415,7 +513,8 @@ pub(crate) async fn roll_call_loop(
     }
 }
 
-/// On every resync request (a new worker leader), register everything again.
+/// On every resync request (a new leader of a source), register that source's
+/// subscriptions again.
 pub(crate) async fn resync_loop(
     registrar: Arc<Registrar>,
     mut sub: Subscription,
@@ -435,3 +534,7 @@ fn subs_notice(m: &BusMessage) -> Option<SubsEnded> {
         })
         .ok()
 }
+
+#[cfg(test)]
+#[path = "registration_tests.rs"]
+mod tests;

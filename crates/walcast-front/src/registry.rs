@@ -14,12 +14,13 @@
 //! member of a class, and so everyone a change named by class reaches, has the class's
 //! role, filter and columns.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use walcast_bus::source::DEFAULT_SOURCE;
 use walcast_bus::subs::{is_class_key, ClassFields, SubscriptionSpec, SYNC_INTERVAL};
 use walcast_core::Lsn;
 use walcast_protocol::PgChangeBinding;
@@ -37,6 +38,8 @@ pub(crate) struct Target {
     /// The binding id the client knows (the join reply's `id`).
     pub binding: u32,
     pub spec: SubscriptionSpec,
+    /// The source its project is on: its leader is the one that delivers it.
+    pub source: String,
 }
 
 /// A class the worker delivers by class key, and has registered subscriptions of.
@@ -80,10 +83,25 @@ struct Map {
 #[derive(Default)]
 pub(crate) struct Removed {
     pub ids: Vec<String>,
+    /// The source of each of `ids` (same order; missing ones: the default source).
+    pub sources: Vec<String>,
     pub classes: Vec<String>,
     /// A registration of one of these classes is on its way to the worker: unregister
     /// only once it arrived (see `registration::Registrar::unregister`).
     pub wait: bool,
+}
+
+impl Removed {
+    /// The ids, grouped by their source.
+    pub(crate) fn by_source(self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut sources = self.sources.into_iter();
+        for id in self.ids {
+            let source = sources.next().unwrap_or_else(|| DEFAULT_SOURCE.to_string());
+            out.entry(source).or_default().push(id);
+        }
+        out
+    }
 }
 
 impl Map {
@@ -154,8 +172,9 @@ pub(crate) struct Registry {
     prefix: String,
     next: AtomicU64,
     map: RwLock<Map>,
-    /// The newest commit position of any change delivered to this front.
-    seen: AtomicU64,
+    /// Per source, the newest commit position of any change delivered to this front
+    /// (positions of different sources are unrelated numbers).
+    seen: Mutex<HashMap<String, Lsn>>,
     /// Woken whenever a registration on its way to the worker arrived (or gave up).
     settled: tokio::sync::Notify,
 }
@@ -171,7 +190,7 @@ impl Registry {
             prefix: format!("{front_id}:"),
             next: AtomicU64::new(1),
             map: RwLock::new(Map::new(key)),
-            seen: AtomicU64::new(0),
+            seen: Mutex::new(HashMap::new()),
             settled: tokio::sync::Notify::new(),
         }
     }
@@ -205,6 +224,7 @@ impl Registry {
             if let Some(t) = g.remove(*n) {
                 out.classes.push(g.class_of(&t.spec));
                 out.ids.push(t.spec.id);
+                out.sources.push(t.source);
             }
         }
         out.classes.sort_unstable();
@@ -213,21 +233,39 @@ impl Registry {
         out
     }
 
-    /// A change for this front arrived (whatever it is delivered to).
-    pub(crate) fn saw(&self, at: Lsn) {
-        self.seen.fetch_max(at.0, Ordering::Relaxed);
+    /// A change of `source` for this front arrived (whatever it is delivered to).
+    pub(crate) fn saw(&self, source: &str, at: Lsn) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match seen.get_mut(source) {
+            Some(s) => *s = (*s).max(at),
+            None => {
+                seen.insert(source.to_string(), at);
+            }
+        }
+    }
+
+    /// The newest commit position seen of `source`.
+    fn seen(&self, source: &str) -> Lsn {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(source).copied().unwrap_or(Lsn(0))
     }
 
     /// Join one more subscription of this class without asking the worker, if the class
     /// is ready: the worker has registered a subscription of it that it delivers by class
     /// (so it names the class in every change it matches, for this front), as it said
     /// within [`READY_TTL`]. Returns the position the new subscription is effective from:
-    /// every change committed after this call is newer than every change seen so far, so
+    /// every change of its `source` committed after this call is newer than every change
+    /// of that source seen so far, so
     /// it is delivered (older ones still in flight may be too). The claim counts as a
     /// registration on its way until [`Registry::end_pending`]. Only a class whose fields
     /// are the spec's is claimed (never one its key merely names). Returns the class's key
     /// too.
-    pub(crate) fn claim_ready(&self, spec: &SubscriptionSpec) -> Option<(Lsn, String)> {
+    pub(crate) fn claim_ready(
+        &self,
+        spec: &SubscriptionSpec,
+        source: &str,
+    ) -> Option<(Lsn, String)> {
+        let seen = self.seen(source);
         let mut g = self.write();
         let fields = ClassFields::of(spec);
         let class = (g.key)(&fields);
@@ -239,7 +277,7 @@ impl Registry {
             return None;
         }
         *g.pending.entry(class.clone()).or_default() += 1;
-        Some((r.from.max(Lsn(self.seen.load(Ordering::Relaxed))), class))
+        Some((r.from.max(seen), class))
     }
 
     /// The worker accepted one of our subscriptions: note whether it delivers it by class
@@ -395,29 +433,40 @@ impl Registry {
         }
     }
 
-    pub(crate) fn all_ids(&self) -> Vec<String> {
-        self.read()
-            .targets
-            .values()
-            .map(|t| t.spec.id.clone())
-            .collect()
+    /// Every subscription id, by the source its project is on.
+    pub(crate) fn ids_by_source(&self) -> HashMap<String, Vec<String>> {
+        let mut out: HashMap<String, Vec<String>> = HashMap::new();
+        for t in self.read().targets.values() {
+            out.entry(t.source.clone())
+                .or_default()
+                .push(t.spec.id.clone());
+        }
+        out
     }
 
-    pub(crate) fn all_specs(&self) -> Vec<SubscriptionSpec> {
+    /// The specs of the subscriptions of projects on `source`.
+    pub(crate) fn specs_of(&self, source: &str) -> Vec<SubscriptionSpec> {
         self.read()
             .targets
             .values()
+            .filter(|t| t.source == source)
             .map(|t| t.spec.clone())
             .collect()
     }
 
-    /// Every sink with a subscription, once each.
-    pub(crate) fn sinks(&self) -> Vec<SinkRef> {
+    /// The source of one of our subscriptions, if still there.
+    pub(crate) fn source_of(&self, id: &str) -> Option<String> {
+        let n = self.own(id)?;
+        self.read().targets.get(&n).map(|t| t.source.clone())
+    }
+
+    /// Every sink with a subscription of a project on `source`, once each.
+    pub(crate) fn sinks_of(&self, source: &str) -> Vec<SinkRef> {
         let g = self.read();
         let mut seen = std::collections::HashSet::new();
         g.targets
             .values()
-            .filter(|t| seen.insert(t.sink.id()))
+            .filter(|t| t.source == source && seen.insert(t.sink.id()))
             .map(|t| t.sink.clone())
             .collect()
     }

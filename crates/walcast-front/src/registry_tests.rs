@@ -20,7 +20,8 @@ fn todos_insert(id: &str) -> SubscriptionSpec {
 }
 
 fn claim(r: &Registry) -> Option<Lsn> {
-    r.claim_ready(&todos_insert("x")).map(|(at, _)| at)
+    r.claim_ready(&todos_insert("x"), "default")
+        .map(|(at, _)| at)
 }
 
 /// A registry with subscriptions 1..=n of one class (`f:1` …).
@@ -45,6 +46,7 @@ fn registry_of(n: u64) -> (Registry, String) {
                 sink: out.clone(),
                 binding: 1,
                 spec,
+                source: "default".into(),
             },
         )
         .unwrap();
@@ -59,9 +61,9 @@ fn a_class_is_ready_only_while_the_worker_has_one_of_its_subscriptions_by_class(
     r.confirm("f:1", false, Lsn(10));
     assert_eq!(claim(&r), None, "row-checked: never ready");
     r.confirm("f:1", true, Lsn(10));
-    r.saw(Lsn(7));
+    r.saw("default", Lsn(7));
     assert_eq!(claim(&r), Some(Lsn(10)), "from the class's own position");
-    r.saw(Lsn(20));
+    r.saw("default", Lsn(20));
     assert_eq!(claim(&r), Some(Lsn(20)), "from the newest change seen");
     r.end_pending(&[class.clone(), class.clone()]);
     // The only registered member leaves: the class is no longer ready.
@@ -125,12 +127,13 @@ fn a_forced_key_never_merges_subscriptions_of_other_fields() {
             from: Some(Lsn(1)),
             ..todos_insert(id)
         },
+        source: "default".into(),
     };
     r.insert(1, target("f:1", "service_role")).unwrap();
     r.confirm("f:1", true, Lsn(1));
     let anon = target("f:2", "anon");
     assert!(
-        r.claim_ready(&anon.spec).is_none(),
+        r.claim_ready(&anon.spec, "default").is_none(),
         "another class's readiness"
     );
     assert_eq!(r.insert(2, anon), Err(COLLISION));
@@ -160,7 +163,9 @@ fn a_forced_key_never_merges_subscriptions_of_other_fields() {
     assert_eq!(r.len(), 1);
     // The same fields join, and may claim the ready class.
     r.insert(5, target("f:5", "service_role")).unwrap();
-    assert!(r.claim_ready(&target("f:5", "service_role").spec).is_some());
+    assert!(r
+        .claim_ready(&target("f:5", "service_role").spec, "default")
+        .is_some());
 }
 
 #[test]
@@ -183,4 +188,15 @@ fn a_subscription_covers_only_its_table_and_event() {
         ..spec
     };
     assert!(covers(&all, &ev("secrets", "DELETE")));
+}
+
+#[test]
+fn positions_seen_are_per_source() {
+    let (r, _) = registry_of(1);
+    r.confirm("f:1", true, Lsn(10));
+    // Source s2's positions are far ahead: they say nothing of the default source's.
+    r.saw("s2", Lsn(1_000_000));
+    assert_eq!(claim(&r), Some(Lsn(10)));
+    r.saw("default", Lsn(12));
+    assert_eq!(claim(&r), Some(Lsn(12)));
 }

@@ -3,18 +3,23 @@
 //! what to deliver (in order), what to ask for again and what is lost come out. The
 //! fan-out task (`fanout`) does the I/O.
 //!
-//! A stream is `(term, origin)`. The first stream this front sees is taken from wherever
+//! Each source (database) has its own leader, so its own stream: [`Sequencers`] keeps one
+//! [`Sequencer`] per source (the `Walcast-Source` header), and a gap in one source's
+//! stream holds nothing of another's.
+//!
+//! A stream is `(source, term, origin)`. The first stream this front sees is taken from wherever
 //! it is (a front that just started missed nothing); a later one must start at 1. A
 //! message past the next expected number is held, and the numbers before it are asked
 //! for; they are given up (reported lost) when the leader says it no longer has them,
 //! when the recovery window passes, or when too many messages are held.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-/// One leader term of one worker process.
+/// One leader term of one worker process, for one source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StreamId {
+    pub source: String,
     pub term: u64,
     pub origin: String,
 }
@@ -22,6 +27,8 @@ pub(crate) struct StreamId {
 /// Numbers `from..=to` of which `missing` never arrived.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Loss {
+    /// The source whose stream lost them.
+    pub source: String,
     pub from: u64,
     pub to: u64,
     pub missing: u64,
@@ -257,11 +264,13 @@ impl<T> Sequencer<T> {
             return;
         }
         let from = self.next;
+        let source = self.stream.as_ref().map(|s| s.source.clone());
         let later = self.held.split_off(&(to + 1));
         let held = std::mem::replace(&mut self.held, later);
         let missing = (to - from + 1) - held.len() as u64;
         if missing > 0 {
             step.out.push(Out::Lost(Loss {
+                source: source.unwrap_or_default(),
                 from,
                 to,
                 missing,
@@ -271,6 +280,71 @@ impl<T> Sequencer<T> {
         step.out.extend(held.into_values().map(Out::Deliver));
         self.next = to + 1;
         self.gap = None;
+    }
+}
+
+/// One [`Sequencer`] per source: the streams of different sources' leaders are
+/// unrelated (their own terms and numbers).
+pub(crate) struct Sequencers<T> {
+    by_source: HashMap<String, Sequencer<T>>,
+    window: Duration,
+    max_held: usize,
+}
+
+impl<T> Sequencers<T> {
+    /// See [`Sequencer::new`] (per source).
+    pub(crate) fn new(window: Duration, max_held: usize) -> Sequencers<T> {
+        Sequencers {
+            by_source: HashMap::new(),
+            window,
+            max_held,
+        }
+    }
+
+    fn of(&mut self, source: &str) -> &mut Sequencer<T> {
+        if !self.by_source.contains_key(source) {
+            let q = Sequencer::new(self.window, self.max_held);
+            self.by_source.insert(source.to_string(), q);
+        }
+        self.by_source.get_mut(source).expect("inserted just above")
+    }
+
+    /// Whether a gap is open in some source's stream.
+    pub(crate) fn waiting(&self) -> bool {
+        self.by_source.values().any(Sequencer::waiting)
+    }
+
+    /// See [`Sequencer::message`].
+    pub(crate) fn message(&mut self, stream: StreamId, seq: u64, item: T, now: Instant) -> Step<T> {
+        self.of(&stream.source.clone())
+            .message(stream, seq, item, now)
+    }
+
+    /// See [`Sequencer::heartbeat`].
+    pub(crate) fn heartbeat(&mut self, stream: StreamId, last: u64, now: Instant) -> Step<T> {
+        self.of(&stream.source.clone()).heartbeat(stream, last, now)
+    }
+
+    /// See [`Sequencer::answered`].
+    pub(crate) fn answered(
+        &mut self,
+        stream: &StreamId,
+        lost: Option<(u64, u64, String)>,
+        now: Instant,
+    ) -> Step<T> {
+        match self.by_source.get_mut(&stream.source) {
+            Some(q) => q.answered(stream, lost, now),
+            None => Step::default(),
+        }
+    }
+
+    /// See [`Sequencer::tick`]: a step per source with an open gap.
+    pub(crate) fn tick(&mut self, now: Instant) -> Vec<Step<T>> {
+        self.by_source
+            .values_mut()
+            .filter(|q| q.waiting())
+            .map(|q| q.tick(now))
+            .collect()
     }
 }
 

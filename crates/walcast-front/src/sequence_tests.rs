@@ -2,6 +2,7 @@ use super::*;
 
 fn s(term: u64) -> StreamId {
     StreamId {
+        source: "default".into(),
         term,
         origin: "o".into(),
     }
@@ -137,4 +138,65 @@ fn a_later_cut_while_waiting_extends_the_request() {
     }
     assert_eq!(delivered(&q.message(s(1), 6, 6, t)), [6]);
     assert!(!q.waiting());
+}
+
+fn on(source: &str, term: u64) -> StreamId {
+    StreamId {
+        source: source.into(),
+        term,
+        origin: "o".into(),
+    }
+}
+
+#[test]
+fn two_sources_streams_interleave_without_holding_each_other() {
+    let (mut q, t) = (Sequencers::new(Duration::from_secs(5), 100), Instant::now());
+    assert_eq!(delivered(&q.message(on("a", 9), 1, 1, t)), [1]);
+    // Another source's stream, with its own (lower) term and its own numbers.
+    assert_eq!(delivered(&q.message(on("b", 1), 1, 101, t)), [101]);
+    assert_eq!(delivered(&q.message(on("a", 9), 2, 2, t)), [2]);
+    // A gap in a: 3 is missing, 4 is held, and a's leader is asked.
+    let step = q.message(on("a", 9), 4, 4, t);
+    assert!(step.out.is_empty());
+    assert_eq!(step.ask, Some((on("a", 9), 3, 4)));
+    assert!(q.waiting());
+    // b goes on meanwhile, never asked about.
+    let step = q.message(on("b", 1), 2, 102, t);
+    assert_eq!(delivered(&step), [102]);
+    assert!(step.ask.is_none());
+    assert_eq!(delivered(&q.heartbeat(on("b", 1), 2, t)), Vec::<u64>::new());
+    // a's answer reaches only a.
+    assert!(q.answered(&on("b", 1), None, t).out.is_empty());
+    assert_eq!(delivered(&q.message(on("a", 9), 3, 3, t)), [3, 4]);
+    assert!(!q.waiting());
+}
+
+#[test]
+fn a_loss_names_its_source_and_a_tick_concerns_only_the_waiting_one() {
+    let t = Instant::now();
+    let mut q = Sequencers::new(Duration::from_secs(5), 100);
+    q.message(on("a", 1), 1, 1, t);
+    q.message(on("b", 1), 1, 11, t);
+    q.message(on("b", 1), 3, 13, t);
+    let steps = q.tick(t + Duration::from_secs(6));
+    assert_eq!(steps.len(), 1, "only b waits");
+    let lost: Vec<&Loss> = steps[0]
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Lost(l) => Some(l),
+            Out::Deliver(_) => None,
+        })
+        .collect();
+    assert_eq!(lost.len(), 1);
+    assert_eq!(
+        (lost[0].source.as_str(), lost[0].from, lost[0].missing),
+        ("b", 2, 1)
+    );
+    assert_eq!(delivered(&steps[0]), [13]);
+    assert_eq!(
+        delivered(&q.message(on("a", 1), 2, 2, t)),
+        [2],
+        "a never waited"
+    );
 }

@@ -60,6 +60,13 @@ pub(crate) async fn subscribe(
     let mut specs = Vec::with_capacity(bindings.len());
     let mut collided = Refused::new();
     let registry = registrar.registry();
+    // Its changes come from the leader of its project's source.
+    let Some(source) = registrar.source_of(project) else {
+        telemetry::error("unknown_project_source");
+        return Err(format!(
+            "Unable to subscribe to changes: unknown project {project:?}"
+        ));
+    };
     for b in bindings {
         let (n, sid) = registry.alloc();
         let spec = registry::spec_for(sid, registrar.front_id(), project, b, claims);
@@ -67,6 +74,7 @@ pub(crate) async fn subscribe(
             sink: sink.clone(),
             binding: b.id,
             spec: spec.clone(),
+            source: source.clone(),
         };
         match registry.insert(n, target) {
             Ok(()) => {

@@ -35,6 +35,11 @@ pub const REPLAYED_LIVE_DROPPED: &str = "walcast_front_replayed_live_dropped_tot
 /// front already received (a leader that woke up after losing its lease).
 pub const STALE_TERM_DROPPED: &str = "walcast_front_stale_term_dropped_total";
 
+/// Counter: change events and database broadcasts dropped because their project is not
+/// on the source whose leader sent them (a source's database must never speak for
+/// another source's project).
+pub const FOREIGN_SOURCE_DROPPED: &str = "walcast_front_foreign_source_dropped_total";
+
 /// Counter: subscriptions registered, by `path`: `worker` (the join waited for the
 /// worker's answer) or `ready_class` (joined at once: its class was already delivered by
 /// class to this front; registered with the worker in the background).
@@ -112,6 +117,11 @@ fn describe_delivery() {
         REPLAYED_LIVE_DROPPED,
         "Live copies of broadcasts dropped because the channel's join already replayed them \
          from realtime.messages"
+    );
+    metrics::describe_counter!(
+        FOREIGN_SOURCE_DROPPED,
+        "Change events and database broadcasts dropped because their project is not on the \
+         source (database) whose leader sent them"
     );
     metrics::describe_counter!(
         STALE_TERM_DROPPED,

@@ -68,8 +68,12 @@ async fn resubscribe(
     let (specs, collided) = registrar.registry().set_claims(subs, claims);
     if !collided.is_empty() {
         // Out of the map already; the worker forgets them too.
+        let source = registrar
+            .source_of(&s.project)
+            .unwrap_or_else(|| walcast_bus::source::DEFAULT_SOURCE.to_string());
         let removed = Removed {
             ids: collided.clone(),
+            sources: vec![source; collided.len()],
             ..Default::default()
         };
         registrar.unregister(removed).await;

@@ -214,10 +214,15 @@ async fn replayed(s: &Session, key: &TopicKey, replay: Replay) -> (Vec<Out>, Has
     let Some(admin) = s.services.projects.admin() else {
         return Default::default();
     };
+    let Some(source) = s.services.projects.source_of(&key.project) else {
+        telemetry::error("replay");
+        tracing::warn!(project = %key.project, "broadcast replay of an unknown project");
+        return Default::default();
+    };
     let name = channel_name(&key.topic);
     let timeout = s.services.cfg.register_timeout;
     let asked = admin.replay(
-        walcast_bus::source::DEFAULT_SOURCE,
+        &source,
         &key.project,
         name,
         replay.since_ms,

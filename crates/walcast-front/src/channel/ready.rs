@@ -1,7 +1,7 @@
 //! `config.broadcast.replication_ready`: a channel that asks for it gets the `system`
 //! message `{extension:"system", status:"ok", message:"Replication connection
-//! established"}` once the change stream runs (a pipeline leader's recent health beacon
-//! says its CDC is active, see [`crate::cluster`]): with its first frames if it already
+//! established"}` once the change stream runs (a recent health beacon of a leader of the
+//! channel's project's source says its CDC is active, see [`crate::cluster`]): with its first frames if it already
 //! does, else when it is first seen running (checked every [`POLL`]). Not running within
 //! `replication_ready_timeout` ([`crate::FrontConfig`], a minute): a `system` error, and
 //! the channel is closed, as Supabase does.
@@ -31,8 +31,15 @@ pub(super) fn ready_message(join_ref: Option<&str>, topic: &str) -> Frame {
     server::system(join_ref, topic, "system", SystemStatus::Ok, READY)
 }
 
+/// Whether the leader of the channel's project's source is heard streaming.
 fn stream_runs(s: &Session, now: Instant) -> bool {
-    s.services.heard.lock().pipeline_active(now.into_std())
+    let Some(source) = s.services.projects.source_of(&s.project) else {
+        return false;
+    };
+    s.services
+        .heard
+        .lock()
+        .pipeline_active(&source, now.into_std())
 }
 
 /// At a join that asked for it: the message now (to go with the first frames), or the

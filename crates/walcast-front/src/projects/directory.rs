@@ -104,6 +104,7 @@ impl Directory {
             .map(|p| {
                 let entry = Entry {
                     schema: Arc::from(p.schema.as_str()),
+                    source: Arc::from(record_source(&p)),
                     keys: record_keys(&p),
                     status: record_status(&p),
                 };
@@ -143,6 +144,15 @@ impl Directory {
 
 /// Where a refresh tells what changed.
 pub(super) type Events = tokio::sync::broadcast::Sender<ProjectEvent>;
+
+/// A stored project's source (an empty name, as `ProjectRecord::default()` has: the
+/// default source).
+fn record_source(p: &ProjectRecord) -> &str {
+    match p.source.as_str() {
+        "" => walcast_bus::source::DEFAULT_SOURCE,
+        s => s,
+    }
+}
 
 /// A stored project's switches; after a rotation, its keys without the previous secret
 /// from the window's end.
@@ -239,5 +249,29 @@ mod tests {
         assert_eq!(p.limits("a"), changed);
         assert_eq!(p.max_users("a"), None);
         assert_eq!(p.limits("b"), ProjectLimits::default(), "b is gone");
+    }
+
+    #[tokio::test]
+    async fn a_refresh_learns_each_projects_source() {
+        let on_s2 = ProjectRecord {
+            source: "s2".into(),
+            ..record("a", ProjectLimits::default())
+        };
+        let stored = Arc::new(Stored(Mutex::new(vec![
+            on_s2,
+            record("b", ProjectLimits::default()),
+        ])));
+        let p = Projects::with_directory(
+            "s0",
+            AdminClient::local(stored.clone()),
+            DirectoryConfig::default(),
+        );
+        p.refresh_now().await;
+        assert_eq!(p.source_of("a").as_deref(), Some("s2"));
+        assert_eq!(p.source_of("b").as_deref(), Some("default"));
+        assert_eq!(p.source_of(DEFAULT_PROJECT).as_deref(), Some("default"));
+        assert_eq!(p.source_of("unknown"), None);
+        let sources: Vec<String> = p.sources().into_iter().collect();
+        assert_eq!(sources, ["default", "s2"]);
     }
 }

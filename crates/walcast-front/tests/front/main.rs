@@ -1,6 +1,6 @@
 //! The front's integration tests, one binary: a front on a loopback port with an
 //! in-process bus and a stand-in worker ([`support`]), driven through its WebSocket, SSE
-//! and REST endpoints.
+//! and REST endpoints (`sources`: over a real NATS, with stand-in leaders of two sources).
 
 mod support;
 
@@ -8,4 +8,5 @@ mod auth;
 mod broadcast_presence;
 mod channels;
 mod hostile;
+mod sources;
 mod sse;
