@@ -11,5 +11,6 @@ pub mod project;
 pub mod serve;
 pub mod shutdown;
 pub mod slot;
+pub mod source;
 pub mod telemetry;
 pub mod ws_front;

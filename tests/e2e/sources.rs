@@ -1,0 +1,389 @@
+//! Sources end to end (README "Sources"): `walcast source add|list|remove` against real
+//! Postgres clusters (the control database and the sources' own), checks that refuse an
+//! unusable database with its fix, passwords never shown, and projects whose schema is
+//! in a source's database while their row stays in the control database.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use walcast_testkit::Postgres;
+
+/// `walcast <args>` with DATABASE_URL = `control`'s.
+fn walcast(control: &Postgres, args: &[&str]) -> Output {
+    walcast_on(&control.url(), args)
+}
+
+fn walcast_on(database_url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_walcast"))
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .env_remove("CDC_SLOT_NAME")
+        .output()
+        .unwrap_or_else(|e| panic!("run walcast {args:?}: {e}"))
+}
+
+fn ok(out: Output, what: &str) -> Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text}"))
+}
+
+/// The command failed; its stderr.
+fn failed(out: Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "{what} succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    err
+}
+
+fn names(control: &Postgres) -> Vec<String> {
+    let list = ok(walcast(control, &["source", "list"]), "source list");
+    list.as_array()
+        .expect("an array")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn one(pg: &Postgres, sql: &str) -> String {
+    pg.psql(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_are_checked_listed_and_refused() {
+    let _machine = crate::support::shared().await;
+    let mut pgs = Postgres::start_many(2).expect("start postgres");
+    let (shop, control) = (pgs.pop().unwrap(), pgs.pop().unwrap());
+    let list = ok(walcast(&control, &["source", "list"]), "source list");
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(list[0]["name"], "default");
+    assert_eq!(list[0]["database_url"], Value::Null);
+    assert_eq!(list[0]["slot_name"], Value::Null);
+
+    // Checked: preflight passes, walcast's migrations are applied to it.
+    let added = ok(
+        walcast(
+            &control,
+            &["source", "add", "shop", "--database-url", &shop.url()],
+        ),
+        "source add shop",
+    );
+    assert_eq!(added["name"], "shop");
+    assert_eq!(added["slot_name"], "walcast_src_shop");
+    assert_eq!(
+        one(
+            &shop,
+            "SELECT to_regclass('walcast.realtime_tables') IS NOT NULL"
+        ),
+        "t"
+    );
+    // The check's temporary slot is gone.
+    assert_eq!(one(&shop, "SELECT count(*) FROM pg_replication_slots"), "0");
+
+    // Unchecked, with passwords in its URLs: stored as given, shown without them.
+    let vault_db = "postgres://walcast:hunter2@127.0.0.1:1/vault?sslmode=disable";
+    let vault_repl = "postgres://repl@127.0.0.1:1/vault?password=s3cret";
+    let added = walcast(
+        &control,
+        &[
+            "source",
+            "add",
+            "vault-2",
+            "--database-url",
+            vault_db,
+            "--replication-url",
+            vault_repl,
+            "--skip-check",
+        ],
+    );
+    let text = String::from_utf8_lossy(&added.stdout).to_string();
+    let added = ok(added, "source add vault-2");
+    assert_eq!(added["slot_name"], "walcast_src_vault_2");
+    let out = walcast(&control, &["source", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    let list = ok(out, "source list");
+    for shown in [&text, &listed] {
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "a password shown: {shown}"
+        );
+    }
+    assert_eq!(list.as_array().map(Vec::len), Some(3), "{list}");
+    assert_eq!(
+        list[2]["database_url"],
+        "postgres://walcast:***@127.0.0.1:1/vault?sslmode=disable"
+    );
+    assert_eq!(
+        list[2]["replication_url"],
+        "postgres://repl@127.0.0.1:1/vault?password=***"
+    );
+    assert_eq!(
+        one(
+            &control,
+            "SELECT database_url FROM walcast.sources WHERE name = 'vault-2'"
+        ),
+        vault_db
+    );
+
+    refusals(&control, &shop);
+    assert_eq!(names(&control), ["default", "shop", "vault-2"]);
+}
+
+/// Duplicates, bad names and unusable databases are refused, each saying why, and
+/// nothing is stored.
+fn refusals(control: &Postgres, shop: &Postgres) {
+    let add = |args: &[&str]| {
+        let mut argv = vec!["source", "add"];
+        argv.extend(args);
+        failed(walcast(control, &argv), &format!("{args:?}"))
+    };
+    let e = add(&["shop", "--database-url", "postgres://x/y", "--skip-check"]);
+    assert!(e.contains("a source named \"shop\" already exists"), "{e}");
+    let e = add(&[
+        "other",
+        "--database-url",
+        "postgres://x/y",
+        "--slot-name",
+        "walcast_src_shop",
+        "--skip-check",
+    ]);
+    assert!(
+        e.contains("\"walcast_src_shop\" is already the slot of another source"),
+        "{e}"
+    );
+    let thirty_one = "a".repeat(31);
+    for bad in [
+        "../x",
+        "a.b",
+        "*",
+        "Default",
+        "default",
+        &thirty_one,
+        "1x",
+        "a b",
+    ] {
+        let e = add(&[bad, "--database-url", "postgres://x/y", "--skip-check"]);
+        assert!(
+            e.contains("source name") || e.contains("default source"),
+            "{bad}: {e}"
+        );
+    }
+    for bad in ["Bad", "a-b", "x.y"] {
+        let e = add(&[
+            "fine",
+            "--database-url",
+            "postgres://x/y",
+            "--slot-name",
+            bad,
+            "--skip-check",
+        ]);
+        assert!(e.contains("slot name"), "{bad}: {e}");
+    }
+    let e = add(&[
+        "fine",
+        "--database-url",
+        "postgres://x/y",
+        "--slot-name",
+        "walcast_cdc_slot",
+        "--skip-check",
+    ]);
+    assert!(e.contains("CDC_SLOT_NAME"), "{e}");
+
+    // A server without logical decoding: refused with the fix.
+    let replica = Postgres::builder()
+        .setting("wal_level", "replica")
+        .start()
+        .expect("start postgres (wal_level=replica)");
+    let e = add(&["old", "--database-url", &replica.url()]);
+    assert!(
+        e.contains("wal_level is \"replica\"")
+            && e.contains("ALTER SYSTEM SET wal_level = logical"),
+        "{e}"
+    );
+    assert_eq!(
+        one(&replica, "SELECT to_regclass('walcast.sources') IS NULL"),
+        "t",
+        "migrations applied to a refused source"
+    );
+    // A database that does not exist.
+    let e = add(&["gone", "--database-url", &shop.url_for("postgres", "nope")]);
+    assert!(e.contains("connecting to") && e.contains("nope"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn projects_on_a_source_live_in_its_database() {
+    let _machine = crate::support::shared().await;
+    let mut pgs = Postgres::start_many(2).expect("start postgres");
+    let (shop, control) = (pgs.pop().unwrap(), pgs.pop().unwrap());
+    ok(
+        walcast(
+            &control,
+            &["source", "add", "shop", "--database-url", &shop.url()],
+        ),
+        "source add shop",
+    );
+    let p = ok(
+        walcast(
+            &control,
+            &["project", "create", "--name", "Shop", "--source", "shop"],
+        ),
+        "project create --source shop",
+    );
+    assert_eq!(p["source"], "shop");
+    let (id, schema) = (p["id"].as_str().unwrap(), p["schema"].as_str().unwrap());
+    let exists = format!("SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'");
+    assert_eq!(
+        one(&shop, &exists),
+        "1",
+        "the schema is in the source's database"
+    );
+    assert_eq!(
+        one(&control, &exists),
+        "0",
+        "the schema is in the control database"
+    );
+    assert_eq!(
+        one(
+            &shop,
+            &format!("SELECT has_schema_privilege('anon', '{schema}', 'USAGE')")
+        ),
+        "t"
+    );
+    assert_eq!(
+        one(
+            &control,
+            &format!("SELECT source FROM walcast.projects WHERE id = '{id}'")
+        ),
+        "shop"
+    );
+    assert_eq!(
+        one(&shop, "SELECT count(*) FROM walcast.projects"),
+        "0",
+        "the project's row is in the source's database"
+    );
+    let list = ok(walcast(&control, &["project", "list"]), "project list");
+    assert_eq!(list[0]["source"], "shop", "{list}");
+    let got = ok(walcast(&control, &["project", "get", id]), "project get");
+    assert_eq!(got["source"], "shop", "{got}");
+
+    let e = failed(
+        walcast(
+            &control,
+            &["project", "create", "--name", "X", "--source", "nope"],
+        ),
+        "project create --source nope",
+    );
+    assert!(e.contains("unknown source \"nope\""), "{e}");
+    let e = failed(
+        walcast(&control, &["source", "remove", "shop"]),
+        "source remove shop with a project",
+    );
+    assert!(e.contains("still has 1 project(s)"), "{e}");
+
+    // Realtime on a table of the project, in the source's database; deleting the
+    // project turns it off there.
+    shop.psql(&format!(
+        "CREATE TABLE \"{schema}\".items (id int PRIMARY KEY, v text)"
+    ))
+    .expect("create table");
+    let out = walcast_on(
+        &shop.url(),
+        &[
+            "realtime",
+            "--project",
+            id,
+            "enable",
+            &format!("{schema}.items"),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let registered =
+        format!("SELECT count(*) FROM walcast.realtime_tables WHERE project_id = '{id}'");
+    assert_eq!(one(&shop, &registered), "1");
+    let deleted = ok(
+        walcast(&control, &["project", "delete", id]),
+        "project delete",
+    );
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    assert_eq!(deleted["tables"][0]["table"], "items", "{deleted}");
+    assert_eq!(one(&shop, &registered), "0");
+    assert_eq!(one(&control, "SELECT count(*) FROM walcast.projects"), "0");
+    assert_eq!(one(&shop, &exists), "1", "the schema and its data are kept");
+
+    // Removed, its (inactive) slot dropped.
+    shop.psql("SELECT pg_create_logical_replication_slot('walcast_src_shop', 'wal2json')")
+        .expect("create the source's slot");
+    let out = walcast(&control, &["source", "remove", "shop", "--drop-slot"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("dropped replication slot \"walcast_src_shop\""),
+        "{err}"
+    );
+    assert_eq!(one(&shop, "SELECT count(*) FROM pg_replication_slots"), "0");
+    assert_eq!(names(&control), ["default"]);
+    let e = failed(
+        walcast(&control, &["source", "remove", "shop"]),
+        "source remove shop again",
+    );
+    assert!(e.contains("no source named \"shop\""), "{e}");
+    let e = failed(
+        walcast(&control, &["source", "remove", "default"]),
+        "source remove default",
+    );
+    assert!(e.contains("default source"), "{e}");
+}
+
+/// The sources' URLs carry credentials: a login role of the control database that is
+/// not walcast's own cannot read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_role_cannot_read_the_sources() {
+    let _machine = crate::support::shared().await;
+    let control = Postgres::start().expect("start postgres");
+    ok(
+        walcast(
+            &control,
+            &[
+                "source",
+                "add",
+                "vault",
+                "--database-url",
+                "postgres://u:hunter2@127.0.0.1:1/v",
+                "--skip-check",
+            ],
+        ),
+        "source add vault",
+    );
+    control
+        .psql("CREATE ROLE mallory LOGIN; GRANT USAGE ON SCHEMA walcast TO mallory;")
+        .expect("create role");
+    let (mallory, conn) = tokio_postgres::connect(
+        &control.url_for("mallory", "postgres"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect as mallory");
+    tokio::spawn(conn);
+    for sql in [
+        "SELECT database_url FROM walcast.sources",
+        "SELECT count(*) FROM walcast.sources",
+    ] {
+        let e = mallory.query(sql, &[]).await.expect_err(sql);
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "{sql}: {e}"
+        );
+    }
+}
