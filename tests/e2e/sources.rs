@@ -4,6 +4,7 @@
 //! in a source's database while their row stays in the control database.
 
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use walcast_testkit::Postgres;
@@ -386,4 +387,90 @@ async fn a_plain_role_cannot_read_the_sources() {
             "{sql}: {e}"
         );
     }
+}
+
+/// `pg_recvlogical` reading `slot` of `pg` (an active slot, as a worker's), once it is.
+fn read_slot(pg: &Postgres, slot: &str) -> std::process::Child {
+    let child = Command::new(pg.bindir().join("pg_recvlogical"))
+        .args(["-d", &pg.url(), "-S", slot, "--start", "-f", "/dev/null"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run pg_recvlogical");
+    let active = format!("SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'");
+    wait_for(|| one(pg, &active) == "t", &format!("{slot} active"));
+    child
+}
+
+fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `remove --drop-slot` waits for the slot's reader to let go (as the worker that led
+/// the source does within seconds), and says so when it never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_slot_waits_for_the_reader_to_let_go() {
+    let _machine = crate::support::shared().await;
+    let mut pgs = Postgres::start_many(2).expect("start postgres");
+    let (shop, control) = (pgs.pop().unwrap(), pgs.pop().unwrap());
+    for name in ["a", "b"] {
+        ok(
+            walcast(
+                &control,
+                &["source", "add", name, "--database-url", &shop.url()],
+            ),
+            "source add",
+        );
+        one(
+            &shop,
+            &format!("SELECT 1 FROM pg_create_logical_replication_slot('walcast_src_{name}', 'wal2json')"),
+        );
+    }
+
+    let mut reader = read_slot(&shop, "walcast_src_a");
+    let mut remove = Command::new(env!("CARGO_BIN_EXE_walcast"))
+        .args(["source", "remove", "a", "--drop-slot"])
+        .env("DATABASE_URL", control.url())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run walcast source remove");
+    // The row goes first; then the command waits for the slot.
+    let gone = "SELECT count(*) FROM walcast.sources WHERE name = 'a'";
+    wait_for(|| one(&control, gone) == "0", "source a removed");
+    assert!(
+        remove.try_wait().expect("try_wait").is_none(),
+        "remove --drop-slot did not wait for the active slot"
+    );
+    reader.kill().expect("stop pg_recvlogical");
+    let _ = reader.wait();
+    let out = remove.wait_with_output().expect("walcast source remove");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("dropped replication slot \"walcast_src_a\""),
+        "{err}"
+    );
+    let slots = "SELECT string_agg(slot_name, ',') FROM pg_replication_slots";
+    assert_eq!(one(&shop, slots), "walcast_src_b");
+
+    // A reader that never lets go: the source is removed, the slot kept, and the
+    // command says what to do.
+    let mut reader = read_slot(&shop, "walcast_src_b");
+    let e = failed(
+        walcast(&control, &["source", "remove", "b", "--drop-slot"]),
+        "source remove b --drop-slot (slot held)",
+    );
+    assert!(
+        e.contains("still read by process")
+            && e.contains("walcast slot drop --slot-name walcast_src_b"),
+        "{e}"
+    );
+    assert_eq!(one(&shop, slots), "walcast_src_b");
+    assert_eq!(names(&control), ["default"]);
+    reader.kill().expect("stop pg_recvlogical");
+    let _ = reader.wait();
 }
