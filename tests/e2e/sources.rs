@@ -474,3 +474,81 @@ async fn drop_slot_waits_for_the_reader_to_let_go() {
     reader.kill().expect("stop pg_recvlogical");
     let _ = reader.wait();
 }
+
+/// The management API's `"source"`: the same operations as `walcast project create
+/// --source`, through a front and the leading worker (`walcast serve`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_management_api_creates_projects_on_a_source() {
+    use crate::management::{op, path, OPERATOR, PROJECTS, STARTUP};
+    let _machine = crate::support::shared().await;
+    let mut pgs = Postgres::start_many(2).expect("start postgres");
+    let (shop, control) = (pgs.pop().unwrap(), pgs.pop().unwrap());
+    ok(
+        walcast(
+            &control,
+            &["source", "add", "shop", "--database-url", &shop.url()],
+        ),
+        "source add shop",
+    );
+    let mut w = crate::support::Worker::serve(&control.url(), &[("MANAGEMENT_API_KEY", OPERATOR)]);
+    w.wait_active(STARTUP);
+
+    let (status, v) = op(
+        &w,
+        "POST",
+        PROJECTS,
+        Some(r#"{"name": "api", "source": "shop"}"#),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["source"], "shop", "{v}");
+    let (id, schema) = (v["id"].as_str().unwrap(), v["schema"].as_str().unwrap());
+    let exists = format!("SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'");
+    assert_eq!(one(&shop, &exists), "1");
+    assert_eq!(one(&control, &exists), "0");
+    let (status, g) = op(&w, "GET", &path(id), None);
+    assert_eq!((status, &g["source"]), (200, &Value::from("shop")), "{g}");
+
+    for (body, says) in [
+        (
+            r#"{"name": "x", "source": "nope"}"#,
+            "unknown source \"nope\"",
+        ),
+        (r#"{"name": "x", "source": "../x"}"#, "unknown source"),
+        (
+            r#"{"name": "x", "source": 5}"#,
+            "\"source\" must be a string",
+        ),
+    ] {
+        let (status, v) = op(&w, "POST", PROJECTS, Some(body));
+        assert_eq!(status, 422, "{body}: {v}");
+        assert_eq!(v["error"], "invalid_body", "{body}: {v}");
+        assert!(v["message"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+    // "default" (or nothing) is the deployment's own database.
+    let (status, v) = op(
+        &w,
+        "POST",
+        PROJECTS,
+        Some(r#"{"name": "here", "source": "default"}"#),
+    );
+    assert_eq!(
+        (status, &v["source"]),
+        (201, &Value::from("default")),
+        "{v}"
+    );
+    let here = format!(
+        "SELECT count(*) FROM pg_namespace WHERE nspname = '{}'",
+        v["schema"].as_str().unwrap()
+    );
+    assert_eq!(one(&control, &here), "1");
+
+    let (status, d) = op(&w, "DELETE", &path(id), None);
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(
+        one(
+            &control,
+            &format!("SELECT count(*) FROM walcast.projects WHERE id = '{id}'")
+        ),
+        "0"
+    );
+}
