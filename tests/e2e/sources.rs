@@ -213,6 +213,9 @@ fn refusals(control: &Postgres, shop: &Postgres) {
         "t",
         "migrations applied to a refused source"
     );
+    // The control database itself.
+    let e = add(&["self", "--database-url", &control.url()]);
+    assert!(e.contains("is the control database itself"), "{e}");
     // A database that does not exist.
     let e = add(&["gone", "--database-url", &shop.url_for("postgres", "nope")]);
     assert!(e.contains("connecting to") && e.contains("nope"), "{e}");

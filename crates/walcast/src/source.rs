@@ -90,6 +90,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 bail!("slot name {slot:?} is the default source's (CDC_SLOT_NAME): pass another --slot-name");
             }
             if !skip_check {
+                not_the_control_database(&control, &new).await?;
                 check(&new, allow_unbounded_wal).await?;
             }
             let added = sources::add(&control, &new).await?;
@@ -157,6 +158,43 @@ async fn check(new: &NewSource, allow_unbounded_wal: bool) -> anyhow::Result<()>
         "source {name:?} checked: Postgres {}, role {}, migrations applied",
         report.server_version, report.role
     );
+    Ok(())
+}
+
+/// Which database a session is on: its server's start time (to the microsecond), the
+/// database's oid and name. Two sessions with the same are on the same database.
+async fn database_identity(client: &tokio_postgres::Client) -> anyhow::Result<String> {
+    let row = client
+        .query_one(
+            "SELECT pg_postmaster_start_time()::text || ' ' || d.oid::text || ' ' || d.datname::text
+               FROM pg_database d WHERE d.datname = current_database()",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// A source is another database than the control one (whose projects are the default
+/// source's already): the same database read twice would deliver its changes twice.
+async fn not_the_control_database(
+    control: &tokio_postgres::Client,
+    new: &NewSource,
+) -> anyhow::Result<()> {
+    let db = walcast_pipeline::connect(&new.database_url)
+        .await
+        .with_context(|| {
+            format!(
+                "source {:?}: connecting to {}",
+                new.name,
+                redact_url(&new.database_url)
+            )
+        })?;
+    if database_identity(&db).await? == database_identity(control).await? {
+        bail!(
+            "source {:?} is the control database itself (DATABASE_URL): its projects are on the default source already",
+            new.name
+        );
+    }
     Ok(())
 }
 
