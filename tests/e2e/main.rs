@@ -35,4 +35,5 @@ mod replication_role;
 mod rls;
 mod security;
 mod slot;
+mod sources;
 mod subs;

@@ -14,6 +14,7 @@
 //! - [`catalog`]: the realtime tables, types, and the catalog facts at a WAL position;
 //! - [`admin`], [`projects`], [`roles`]: the fronts' admin requests, the project
 //!   directory, which roles a token may act as;
+//! - [`sources`]: the sources registry (the databases walcast reads);
 //! - [`migrate`]: walcast's SQL schema; [`config`], [`error`], [`telemetry`].
 
 #![forbid(unsafe_code)]
@@ -30,6 +31,7 @@ pub mod projects;
 pub mod roles;
 pub mod session;
 pub mod source_projects;
+pub mod sources;
 pub mod subscriptions;
 pub mod telemetry;
 

@@ -7,6 +7,7 @@ use tokio_postgres::Client;
 use walcast_bus::admin::{
     AdminError, AdminErrorKind, AdminReply, AdminRequest, LimitChanges, ProjectRecord, TableName,
 };
+use walcast_bus::source::DEFAULT_SOURCE;
 
 use crate::projects::{self, Project, ProjectChanges, ProjectError};
 
@@ -40,8 +41,12 @@ fn refused(e: ProjectError) -> AdminError {
         ProjectError::EmptyName
         | ProjectError::LongName
         | ProjectError::ControlInName
-        | ProjectError::LimitTooLarge { .. } => {
+        | ProjectError::LimitTooLarge { .. }
+        | ProjectError::UnknownSource(_) => {
             AdminError::new(AdminErrorKind::InvalidRequest, e.to_string())
+        }
+        ProjectError::SourceUnreachable { .. } => {
+            AdminError::new(AdminErrorKind::Unavailable, e.to_string())
         }
         other => AdminError::new(AdminErrorKind::Internal, other.to_string()),
     }
@@ -73,17 +78,14 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
             source,
             limits,
         } => {
-            if let Some(s) = source.filter(|s| !walcast_bus::source::is_default(s)) {
-                return Err(AdminError::new(
-                    AdminErrorKind::InvalidRequest,
-                    format!("unknown source {s:?}"),
-                ));
-            }
             if let Some(field) = limits.too_large() {
                 return Err(refused(ProjectError::LimitTooLarge { field }));
             }
-            let p = projects::create(client, &name).await.map_err(refused)?;
-            tracing::info!(project = %p.id, "project created");
+            let source = source.as_deref().unwrap_or(DEFAULT_SOURCE);
+            let p = projects::create_on(client, source, &name)
+                .await
+                .map_err(refused)?;
+            tracing::info!(project = %p.id, source, "project created");
             let changes = ProjectChanges {
                 private_only: private_only.then_some(true),
                 limits: LimitChanges::set(&limits),

@@ -7,6 +7,7 @@ use tokio_postgres::{Client, GenericClient, Row};
 use walcast_bus::admin::{LimitChanges, ProjectLimits, MAX_LIMIT};
 
 use crate::catalog::tables::DEFAULT_PROJECT;
+use walcast_bus::source::DEFAULT_SOURCE;
 use walcast_core::sql::quote_ident;
 
 /// Schema of the default project.
@@ -51,6 +52,12 @@ pub enum ProjectError {
     LimitTooLarge { field: &'static str },
     #[error("realtime tables: {0}")]
     Tables(String),
+    #[error("unknown source {0:?}")]
+    UnknownSource(String),
+    #[error("the database of source {name:?} cannot be reached: {message}")]
+    SourceUnreachable { name: String, message: String },
+    #[error("sources: {0}")]
+    Source(String),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
@@ -107,10 +114,23 @@ pub async fn set_keys<C: GenericClient>(
     Ok(n > 0)
 }
 
-/// Create a project: a new uuid id, its schema `project_<uuid hex>` (usable by `anon`,
-/// `authenticated` and `service_role`) and a 64-hex-digit secret, all in one transaction.
+/// Create a project of the default source: see [`create_on`].
 pub async fn create(client: &mut Client, name: &str) -> Result<Project, ProjectError> {
+    create_on(client, DEFAULT_SOURCE, name).await
+}
+
+/// Create a project on `source`: a new uuid id, its schema `project_<uuid hex>` (usable
+/// by `anon`, `authenticated` and `service_role`) in the source's database, and its row
+/// (a 64-hex-digit secret) in the control database (`client`'s). For the default source
+/// both in one transaction; for another, the schema first (on a session of its own) and,
+/// if the row cannot be stored, the schema dropped again (when still empty).
+pub async fn create_on(
+    client: &mut Client,
+    source: &str,
+    name: &str,
+) -> Result<Project, ProjectError> {
     let name = check_name(name)?;
+    let db = connect_source(&*client, source).await?;
     let tx = client.transaction().await?;
     let row = tx
         .query_one(
@@ -123,21 +143,60 @@ pub async fn create(client: &mut Client, name: &str) -> Result<Project, ProjectE
     let secret: String = row.get(1);
     let schema = format!("{SCHEMA_PREFIX}{}", id.replace('-', ""));
     let q = quote_ident(&schema);
-    tx.batch_execute(&format!(
+    let make = format!(
         "CREATE SCHEMA {q}; GRANT USAGE ON SCHEMA {q} TO anon, authenticated, service_role;"
-    ))
-    .await?;
-    let row = tx
-        .query_one(
-            &format!(
-                "INSERT INTO walcast.projects (id, name, schema_name, jwt_secret)
-                 VALUES ($1, $2, $3, $4) RETURNING {COLUMNS}"
-            ),
-            &[&id, &name, &schema, &secret],
-        )
-        .await?;
-    tx.commit().await?;
-    Ok(from_row(&row))
+    );
+    match &db {
+        None => tx.batch_execute(&make).await?,
+        Some(db) => db.batch_execute(&make).await?,
+    }
+    let stored: Result<Project, ProjectError> = async {
+        let row = tx
+            .query_one(
+                &format!(
+                    "INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
+                     VALUES ($1, $2, $3, $4, $5) RETURNING {COLUMNS}"
+                ),
+                &[&id, &name, &schema, &secret, &source],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(from_row(&row))
+    }
+    .await;
+    if let (Err(e), Some(db)) = (&stored, &db) {
+        // Without CASCADE: refused if anything was put in it meanwhile.
+        let dropped = db.batch_execute(&format!("DROP SCHEMA {q}")).await;
+        tracing::warn!(error = %e, source, %schema, dropped = dropped.is_ok(), "project row not stored: its new schema dropped");
+    }
+    stored
+}
+
+/// A session on the database of `source` (`None`: the default source, whose database
+/// is `control`'s own), its URL read from the control database's `walcast.sources`.
+pub async fn connect_source<C: GenericClient>(
+    control: &C,
+    source: &str,
+) -> Result<Option<Client>, ProjectError> {
+    if walcast_bus::source::is_default(source) {
+        return Ok(None);
+    }
+    let url = crate::sources::get(control, source)
+        .await
+        .map_err(|e| match e {
+            crate::sources::SourceError::Db(d) => ProjectError::Db(d),
+            other => ProjectError::Source(other.to_string()),
+        })?
+        .and_then(|s| s.database_url)
+        .ok_or_else(|| ProjectError::UnknownSource(source.to_string()))?;
+    let client =
+        walcast_pgtls::connect(&url)
+            .await
+            .map_err(|e| ProjectError::SourceUnreachable {
+                name: source.to_string(),
+                message: e.to_string(),
+            })?;
+    Ok(Some(client))
 }
 
 /// Every stored project, oldest first.
@@ -312,35 +371,54 @@ pub async fn rotate<C: GenericClient>(
 /// Longest rotation window: ten years.
 pub const MAX_WINDOW_SECS: i64 = 10 * 365 * 86_400;
 
-/// Delete a project in one transaction: realtime disabled on each of its tables (no
-/// longer streamed), then its row (its secrets: its keys and tokens are refused). Its
-/// schema and data are kept. `None`: no such project; else the tables it streamed.
+/// Delete a project: realtime disabled on each of its tables (no longer streamed), in
+/// its source's database (the realtime tables are in the database that has the tables),
+/// then its row (its secrets: its keys and tokens are refused), in one transaction of the
+/// control database (for the default source, the same one). Its schema and data are
+/// kept. `None`: no such project; else the tables it streamed.
 pub async fn delete(
     client: &mut Client,
     id: &str,
 ) -> Result<Option<Vec<crate::catalog::tables::TableRef>>, ProjectError> {
-    use crate::catalog::tables;
     let tx = client.transaction().await?;
-    let exists = tx
+    let source: Option<String> = tx
         .query_opt(
-            "SELECT 1 FROM walcast.projects WHERE id = $1 FOR UPDATE",
+            "SELECT source FROM walcast.projects WHERE id = $1 FOR UPDATE",
             &[&id],
         )
         .await?
-        .is_some();
-    if !exists {
+        .map(|r| r.get(0));
+    let Some(source) = source else {
         return Ok(None);
-    }
-    let streamed = tables::list(&tx, Some(id)).await.map_err(table_error)?;
-    for t in &streamed {
-        tables::disable(&tx, id, &t.schema, &t.table)
-            .await
-            .map_err(table_error)?;
-    }
+    };
+    let streamed = match connect_source(&tx, &source).await? {
+        None => disable_all(&tx, id).await?,
+        Some(mut db) => {
+            let stx = db.transaction().await?;
+            let streamed = disable_all(&stx, id).await?;
+            stx.commit().await?;
+            streamed
+        }
+    };
     tx.execute("DELETE FROM walcast.projects WHERE id = $1", &[&id])
         .await?;
     tx.commit().await?;
     Ok(Some(streamed))
+}
+
+/// Realtime disabled on every table of project `id` in `client`'s database.
+async fn disable_all<C: GenericClient>(
+    client: &C,
+    id: &str,
+) -> Result<Vec<crate::catalog::tables::TableRef>, ProjectError> {
+    use crate::catalog::tables;
+    let streamed = tables::list(client, Some(id)).await.map_err(table_error)?;
+    for t in &streamed {
+        tables::disable(client, id, &t.schema, &t.table)
+            .await
+            .map_err(table_error)?;
+    }
+    Ok(streamed)
 }
 
 fn table_error(e: crate::catalog::tables::RealtimeTablesError) -> ProjectError {

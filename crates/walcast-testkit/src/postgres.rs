@@ -109,6 +109,12 @@ impl Postgres {
         PostgresBuilder::default().start()
     }
 
+    /// `n` independent clusters (each its own data directory, port and slots) with the
+    /// default settings: the databases of several sources.
+    pub fn start_many(n: usize) -> Result<Vec<Postgres>, KitError> {
+        (0..n).map(|_| Postgres::start()).collect()
+    }
+
     fn start_with(builder: PostgresBuilder) -> Result<Postgres, KitError> {
         let bindir = find_bindir()?;
         if builder.require_wal2json {

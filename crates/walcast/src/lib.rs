@@ -13,6 +13,7 @@ pub mod serve;
 mod share;
 pub mod shutdown;
 pub mod slot;
+pub mod source;
 mod supervisor;
 pub mod telemetry;
 pub mod ws_front;

@@ -27,6 +27,9 @@ enum Command {
     Realtime(RealtimeArgs),
     /// Create and list projects (tenants with their own schema and keys).
     Project(walcast::project::ProjectArgs),
+    /// Add, list and remove sources: other databases this deployment reads (projects on
+    /// them have their schema there).
+    Source(walcast::source::SourceArgs),
     /// Print change events from NATS as JSON lines.
     Tail(TailArgs),
     /// Print a signed API key / access token (HS256 JWT) for a role.
@@ -97,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
         Command::Realtime(args) => walcast::commands::realtime(args).await,
         Command::Project(args) => walcast::project::project(args).await,
+        Command::Source(args) => walcast::source::source(args).await,
         Command::Tail(args) => walcast::commands::tail(args).await,
         Command::Key(args) => walcast::commands::key(args),
         Command::Slot(args) => walcast::slot::slot(args).await,

@@ -42,6 +42,10 @@ pub enum ProjectAction {
         /// Refuse public channels.
         #[arg(long)]
         private_only: bool,
+        /// The source (database) to put its schema in (`walcast source list`); default:
+        /// the deployment's own database.
+        #[arg(long)]
+        source: Option<String>,
         #[command(flatten)]
         limits: CreateLimits,
     },
@@ -210,11 +214,12 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
         ProjectAction::Create {
             name,
             private_only,
+            source,
             limits,
         } => AdminRequest::ProjectCreate {
             name,
             private_only,
-            source: None,
+            source,
             limits: limits.limits(),
         },
         ProjectAction::Get { id } => AdminRequest::ProjectGet { id },
@@ -339,6 +344,29 @@ mod tests {
         for bad in ["-1", "2147483648", "1.5", "", "none", "1e3", "0x10"] {
             assert!(parse_limit(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn create_takes_a_source() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ProjectArgs,
+        }
+        let source = |extra: &[&str]| {
+            let mut argv = vec!["walcast", "--database-url", "postgres://x", "create"];
+            argv.extend(extra);
+            match request(&Cli::try_parse_from(argv).unwrap().args.action) {
+                Some(AdminRequest::ProjectCreate { source, .. }) => source,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(source(&["--name", "n"]), None);
+        assert_eq!(
+            source(&["--name", "n", "--source", "shop"]).as_deref(),
+            Some("shop")
+        );
     }
 
     /// Each `--max-…` option of update and create reaches its own field of the request;

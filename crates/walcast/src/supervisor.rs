@@ -384,20 +384,18 @@ async fn lead_term(state: Arc<SourceState>, leader: Arc<crate::leader::Leader>, 
 /// The sources of the control database (not the default one).
 async fn list(control_url: &str) -> anyhow::Result<Vec<SourceSpec>> {
     let client = walcast_pipeline::connect(control_url).await?;
-    let rows = client
-        .query(
-            "SELECT name, database_url, coalesce(replication_url, database_url), slot_name
-               FROM walcast.sources WHERE name <> 'default' ORDER BY name",
-            &[],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| SourceSpec {
-            name: r.get(0),
-            database_url: r.get(1),
-            replication_url: r.get(2),
-            slot_name: r.get(3),
+    let sources = walcast_realtime::sources::list(&client).await?;
+    Ok(sources
+        .into_iter()
+        .filter(|s| !s.is_default())
+        .map(|s| {
+            let urls = s.urls(control_url, None);
+            SourceSpec {
+                slot_name: s.slot(walcast_pipeline::config::DEFAULT_SLOT_NAME).to_string(),
+                name: s.name,
+                database_url: urls.database_url,
+                replication_url: urls.replication_url,
+            }
         })
         .collect())
 }

@@ -124,6 +124,7 @@ pub const VIEW_FIELDS: &[&str] = &[
     "max_payload_size_in_kb",
     "effective_max_payload_size_in_kb",
     "jwks",
+    "source",
 ];
 
 pub fn realtime_path(project: &str, table: &str) -> String {

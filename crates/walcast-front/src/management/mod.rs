@@ -254,7 +254,7 @@ fn opt_limits(o: &serde_json::Map<String, Value>) -> Result<LimitChanges, ApiErr
 
 /// The fields a create accepts (checked against the OpenAPI file by a test).
 pub fn create_fields() -> Vec<&'static str> {
-    let mut f = vec!["name", "private_only"];
+    let mut f = vec!["name", "private_only", "source"];
     f.extend(ProjectLimits::FIELDS);
     f
 }
@@ -304,8 +304,8 @@ fn answer(op: &'static str, status: StatusCode, r: Result<Value, ApiError>) -> R
 
 type St = State<Arc<Management>>;
 
-/// `POST /management/v1/projects` `{"name", "private_only"?, "max_concurrent_users"?, …
-/// the other limits?}`: 201, with its secret and keys (a limit `null`: the default).
+/// `POST /management/v1/projects` `{"name", "private_only"?, "source"?,
+/// "max_concurrent_users"?, … the other limits?}`: 201, with its secret and keys (a limit `null`: the default).
 async fn create(State(m): St, headers: HeaderMap, body: Bytes) -> Response {
     let r = async {
         let admin = authorize(&m, &headers)?;
@@ -314,11 +314,12 @@ async fn create(State(m): St, headers: HeaderMap, body: Bytes) -> Response {
         let name =
             opt_str(&o, "name")?.ok_or_else(|| ApiError::invalid_body("\"name\" is required"))?;
         let private_only = opt_bool(&o, "private_only")?.unwrap_or(false);
+        let source = opt_str(&o, "source")?;
         let limits = ProjectLimits::from_array(opt_limits(&o)?.to_array().map(Option::flatten));
         let req = AdminRequest::ProjectCreate {
             name,
             private_only,
-            source: None,
+            source,
             limits,
         };
         let p = admin.project(req, WORKER_TIMEOUT).await?;

@@ -108,6 +108,8 @@ fn only_known_fields_are_accepted() {
         );
     }
     assert!(!create_fields().contains(&"suspended"));
+    // A project's source is chosen at its creation, never changed.
+    assert!(create_fields().contains(&"source") && !update_fields().contains(&"source"));
     for bad in [
         "max_users",
         "max_concurrent_user",

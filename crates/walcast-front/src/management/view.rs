@@ -23,6 +23,7 @@ pub fn project_view(p: &ProjectRecord) -> Value {
             .and(p.jwt_secret_previous_until_ms),
         "previous_secret": p.jwt_secret_previous.is_some(),
         "jwks": p.jwks.is_some(),
+        "source": p.source,
     });
     for (k, n) in ProjectLimits::FIELDS.into_iter().zip(p.limits.to_array()) {
         v[k] = json!(n);
