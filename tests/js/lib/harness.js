@@ -57,9 +57,10 @@ async function freePort() {
  * `env.command('restart-postgres' | 'restart-nats')` restarts one (Postgres: immediate
  * shutdown, i.e. a crash restart); `env.db` is then reconnected.
  */
-export async function startEnv({ natsMaxPayload, fakeKube = false } = {}) {
+export async function startEnv({ natsMaxPayload, fakeKube = false, extraPostgres = 0 } = {}) {
   const extra = natsMaxPayload ? { WALCAST_TESTENV_NATS_MAX_PAYLOAD: String(natsMaxPayload) } : {}
   if (fakeKube) extra.WALCAST_TESTENV_FAKE_KUBE = '1'
+  if (extraPostgres) extra.WALCAST_TESTENV_EXTRA_POSTGRES = String(extraPostgres)
   const child = spawn(bin('walcast-testenv'), [], { stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, ...extra } })
   let buf = ''
   const lines = []

@@ -4,6 +4,8 @@
 //! `WALCAST_TESTENV_NATS_MAX_PAYLOAD` (bytes) lowers nats-server's `max_payload`.
 //! `WALCAST_TESTENV_FAKE_KUBE=1` also serves the fake Kubernetes API server (Leases
 //! only, see `walcast_testkit::fake_kube`); its URL is `kube_api_url`.
+//! `WALCAST_TESTENV_EXTRA_POSTGRES=N` also starts N more Postgres instances (other
+//! databases for walcast's sources); their URLs are `extra_database_urls`.
 //! Commands on stdin, one a line, each answered by a line `ok` or `error: …`:
 //! `restart-postgres` (immediate shutdown, then start: a crash restart) and
 //! `restart-nats` (SIGKILL, then start on the same port and store).
@@ -11,6 +13,22 @@
 use std::io::{BufRead, Write};
 
 use walcast_testkit::{Nats, Postgres};
+
+/// The extra Postgres instances asked for (kept until we exit).
+fn extra_postgres() -> Vec<Postgres> {
+    let n: usize = std::env::var("WALCAST_TESTENV_EXTRA_POSTGRES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (0..n)
+        .map(|_| {
+            Postgres::start().unwrap_or_else(|e| {
+                eprintln!("walcast-testenv: cannot start an extra postgres: {e}");
+                std::process::exit(1);
+            })
+        })
+        .collect()
+}
 
 fn main() {
     let mut pg = match Postgres::start() {
@@ -38,6 +56,9 @@ fn main() {
         Some((_, url)) => format!(",\"kube_api_url\":\"{url}\""),
         None => String::new(),
     };
+    let extra = extra_postgres();
+    let urls: Vec<String> = extra.iter().map(|p| format!("\"{}\"", p.url())).collect();
+    let kube_url = format!("{kube_url},\"extra_database_urls\":[{}]", urls.join(","));
     let line = format!(
         "{{\"database_url\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}{kube_url}}}",
         pg.url(),

@@ -1,0 +1,121 @@
+// Several databases (README "Several databases: a leader per source"): three Postgres
+// instances, each a source with a project (the default one, and two added with `walcast
+// source add`, their projects made with `walcast project create --source`, their tables
+// enabled through a front's REST API, which the source's leader answers). Two cdc-workers
+// share the sources; realtime-js clients on two ws-fronts follow a table in each. Every
+// row of every source reaches its clients once, in commit order per source, and neither
+// worker leads all three.
+import { describe, test, before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
+import pg from 'pg'
+import { startEnv, startProcess, enableTable, client, subscribed, uniq, until, bin } from './lib/harness.js'
+import { enableViaRest } from './lib/tenants.js'
+
+const run = promisify(execFile)
+const ROWS = 40
+
+/** `walcast <args>` against the control database; its stdout as JSON. */
+async function walcast(env, args) {
+  const { stdout } = await run(bin('walcast'), args, {
+    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url },
+  })
+  return JSON.parse(stdout)
+}
+
+async function connect(url) {
+  const c = new pg.Client({ connectionString: url })
+  c.on('error', () => {})
+  await c.connect()
+  return c
+}
+
+/** The sources a worker leads with an active pipeline. */
+async function leading(w) {
+  const h = await w.health().catch(() => ({}))
+  const out = []
+  if (h.leader && h.cdc_active) out.push('default')
+  for (const s of h.sources ?? []) if (s.leader && s.cdc_active) out.push(s.name)
+  return out.sort()
+}
+
+describe('sources', () => {
+  let env, front1, front2
+  const workers = []
+  const clients = []
+  const dbs = []
+  const projects = []
+
+  before(async () => {
+    env = await startEnv({ extraPostgres: 2 })
+    await run(bin('walcast'), ['migrate'], { env: { PATH: process.env.PATH, DATABASE_URL: env.database_url } })
+    await env.db.query('CREATE TABLE t (id int8 PRIMARY KEY, v text)')
+    await enableTable(env, 't')
+    projects.push({ name: 'default', schema: 'public', anon_key: undefined, db: env.db })
+    for (const [i, url] of env.extra_database_urls.entries()) {
+      const name = `s${i + 1}`
+      await walcast(env, ['source', 'add', name, '--database-url', url])
+      const p = await walcast(env, ['project', 'create', '--name', `p${i + 1}`, '--source', name])
+      const db = await connect(url)
+      dbs.push(db)
+      await db.query(`CREATE TABLE ${p.schema}.t (id int8 PRIMARY KEY, v text)`)
+      await db.query(`GRANT SELECT ON ${p.schema}.t TO anon, authenticated, service_role`)
+      projects.push({ ...p, db })
+    }
+    for (let i = 0; i < 2; i += 1) {
+      workers.push(await startProcess(env, 'cdc-worker', [], {
+        NATS_URL: env.nats_url,
+        LEASE_MODE: 'postgres',
+        LEASE_DURATION_SECS: '3',
+      }, { standby: true }))
+    }
+    front1 = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
+    front2 = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
+  })
+
+  after(async () => {
+    for (const rt of clients) {
+      await rt.removeAllChannels().catch(() => {})
+      await rt.disconnect()
+    }
+    await front1?.stop()
+    await front2?.stop()
+    for (const w of workers) await w.stop().catch(() => {})
+    for (const db of dbs) await db.end().catch(() => {})
+    await env?.stop()
+  })
+
+  test('three sources over two workers: every row of each reaches clients on both fronts once, in order', async () => {
+    let held = []
+    await until('the three sources led, spread over both workers', async () => {
+      held = await Promise.all(workers.map(leading))
+      const all = held.flat().sort()
+      return JSON.stringify(all) === JSON.stringify(['default', 's1', 's2']) && held.every((h) => h.length < 3)
+    }, 90000)
+    for (const p of projects.slice(1)) {
+      // Answered by the leader of the project's source, through the front.
+      const r = await enableViaRest(front1, p.id, 't', p.service_role_key)
+      assert.equal(r.status, 200, `enable on ${p.name}: ${r.body}`)
+    }
+    const subscribers = []
+    for (const p of projects) {
+      for (const front of [front1, front2]) {
+        const rt = client(front, p.anon_key ? { apikey: p.anon_key } : {})
+        clients.push(rt)
+        const got = []
+        const ch = rt.channel(uniq('t')).on('postgres_changes', { event: 'INSERT', schema: p.schema, table: 't' }, (m) => got.push(Number(m.new.id)))
+        await subscribed(ch)
+        subscribers.push({ name: `${p.name} on ${front === front1 ? 'front1' : 'front2'}`, got })
+      }
+    }
+    for (let id = 1; id <= ROWS; id += 1) {
+      for (const p of projects) await p.db.query(`INSERT INTO ${p.schema}.t VALUES ($1, 'x')`, [id])
+    }
+    const want = Array.from({ length: ROWS }, (_, i) => i + 1)
+    await until('every row at every client', () => subscribers.every((s) => s.got.length >= ROWS), 60000)
+    await new Promise((r) => setTimeout(r, 500))
+    for (const s of subscribers) assert.deepEqual(s.got, want, `${s.name}: once, in commit order`)
+    console.log(`spread: ${held.map((h) => h.join('+')).join(' | ')}`)
+  })
+})
