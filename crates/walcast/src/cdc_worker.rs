@@ -85,54 +85,14 @@ pub fn describe(
     })
 }
 
+pub use crate::database::{migrate, preflight};
+pub use crate::election::session_tag;
+use crate::election::{describe_mode, elect, lease_mode};
+use crate::leader::spawn_front_expiry;
+
 /// A random id for this process, sent as `Walcast-Origin`.
 pub fn instance_id() -> String {
     format!("{:016x}", rand::random::<u64>())
-}
-
-/// The `application_name` of this process's pipeline and lease sessions: a worker that
-/// takes over our expired lease terminates them (Postgres lease mode).
-pub fn session_tag(origin: &str) -> String {
-    format!("walcast-cdc-{origin}")
-}
-
-/// Apply our migrations (idempotent, serialised by an advisory lock).
-pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
-    let mut client = walcast_pipeline::connect(database_url)
-        .await
-        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
-    walcast_realtime::migrate::migrate(&mut client)
-        .await
-        .context("applying migrations")?;
-    Ok(())
-}
-
-/// Fail fast, with the fix, on configuration the operator must change. Transient states
-/// (a slot still held by a dying session) are left to the pipeline's retries.
-pub async fn preflight(db: &DbArgs, cdc: &CdcArgs) -> anyhow::Result<()> {
-    let url = db.replication_url();
-    let client = walcast_pipeline::connect(url)
-        .await
-        .with_context(|| format!("connecting to {}", redact_url(url)))?;
-    match walcast_pipeline::preflight::preflight(&client, &cdc.slot_name, cdc.allow_unbounded_wal)
-        .await
-    {
-        Ok(report) => {
-            tracing::info!(
-                server = %report.server_version,
-                role = %report.role,
-                max_slot_wal_keep_size = %report.max_slot_wal_keep_size,
-                slot_exists = report.slot_exists,
-                "preflight passed"
-            );
-            Ok(())
-        }
-        Err(e) if e.is_fatal() => Err(anyhow::anyhow!("preflight failed: {e}")),
-        Err(e) => {
-            tracing::warn!(error = %e, "preflight: will retry");
-            Ok(())
-        }
-    }
 }
 
 /// Run migrations, the pipeline and the ops HTTP server until `cancel` fires or the
@@ -244,31 +204,6 @@ fn spawn_sources(
     sources
 }
 
-/// How `/health` names the election mode.
-fn describe_mode(mode: LeaseMode) -> String {
-    match mode {
-        LeaseMode::None => "none (no election: never run two workers)".to_string(),
-        m => m.to_string(),
-    }
-}
-
-/// Drop subscriptions of fronts that stopped syncing (died).
-pub(crate) fn spawn_front_expiry(
-    tracker: &TaskTracker,
-    matcher: Arc<Matcher>,
-    cancel: CancellationToken,
-) {
-    tracker.spawn(async move {
-        let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tick.tick() => { matcher.expire_dead_fronts(); }
-            }
-        }
-    });
-}
-
 /// Every front heard from (leading or not), so that a term's resync waits for them.
 fn spawn_front_listener(
     tracker: &TaskTracker,
@@ -301,100 +236,6 @@ fn spawn_http(
             tracing::error!(error = %e, "http server failed");
         }
     });
-}
-
-/// Run `lead` for every term this worker wins, until `cancel`. Each term gets a fence
-/// (open until the lease could have expired, on our own clock); without election, one
-/// term that never closes.
-async fn elect<F, Fut>(
-    mode: LeaseMode,
-    db: &DbArgs,
-    cdc: &CdcArgs,
-    tag: String,
-    status: Arc<LeaseStatus>,
-    cancel: &CancellationToken,
-    mut lead: F,
-) -> Result<(), walcast_lease::kubernetes::KubeLeaseError>
-where
-    F: FnMut(Fence) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    match mode {
-        LeaseMode::None => {
-            tracing::warn!("LEASE_MODE=none: no leader election. Running two cdc-workers on one slot reorders changes; use it for development only");
-            lead(Fence::unfenced(cancel.child_token())).await;
-            Ok(())
-        }
-        LeaseMode::Kubernetes => {
-            let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
-                api_url: cdc.lease.lease_kube_api_url.clone(),
-                namespace: cdc.lease.lease_namespace.clone(),
-                name: kubernetes_name(&lease_name(cdc)),
-                identity: lease_identity(),
-                duration: cdc.lease.duration(),
-            };
-            tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, "electing through a Kubernetes Lease");
-            walcast_lease::kubernetes::run(cfg, status, cancel.clone(), lead).await
-        }
-        LeaseMode::Postgres | LeaseMode::Auto => {
-            let pg = walcast_lease::postgres::PgLeaseConfig {
-                url: walcast_lease::postgres::tagged_url(&db.database_url, &tag),
-                name: lease_name(cdc),
-                identity: lease_identity(),
-                session_tag: tag,
-                duration: cdc.lease.duration(),
-            };
-            tracing::info!(lease = %pg.name, identity = %pg.identity, session = %pg.session_tag, "electing through a Postgres lease row");
-            walcast_lease::postgres::run(pg, status, cancel.clone(), lead).await;
-            Ok(())
-        }
-    }
-}
-
-/// The election mode in force: `auto` is Kubernetes inside a cluster
-/// (`KUBERNETES_SERVICE_HOST` set), else Postgres.
-fn lease_mode(cdc: &CdcArgs) -> LeaseMode {
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    cdc.lease.lease_mode.resolve(in_cluster)
-}
-
-/// Workers with the same lease name compete; defaults to the slot name.
-pub(crate) fn lease_name(cdc: &CdcArgs) -> String {
-    cdc.lease
-        .lease_name
-        .clone()
-        .unwrap_or_else(|| cdc.slot_name.clone())
-}
-
-/// A valid Kubernetes object name (RFC 1123 subdomain: lower case, digits, `-`, `.`) for
-/// a lease name: the default, the slot name `walcast_cdc_slot`, becomes
-/// `walcast-cdc-slot` (the Postgres lease keeps the name as it is).
-fn kubernetes_name(name: &str) -> String {
-    let mapped: String = name
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
-            _ => '-',
-        })
-        .collect();
-    let trimmed = mapped.trim_matches(|c: char| c == '-' || c == '.');
-    match trimmed.is_empty() {
-        true => "walcast".to_string(),
-        false => trimmed.chars().take(253).collect(),
-    }
-}
-
-/// This worker's Lease `holderIdentity`: the pod name (`HOSTNAME` in Kubernetes), else
-/// one made up for this process.
-pub(crate) fn lease_identity() -> String {
-    match std::env::var("HOSTNAME") {
-        Ok(h) if !h.is_empty() => h,
-        _ => format!(
-            "cdc-worker-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ),
-    }
 }
 
 /// Entry point of the `cdc-worker` binary.
@@ -433,17 +274,4 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         &cfg.db, &cfg.cdc, bus, registrar, admin, roles, None, origin, listener, metrics, cancel,
     )
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn lease_names_become_valid_kubernetes_names() {
-        assert_eq!(
-            super::kubernetes_name("walcast_cdc_slot"),
-            "walcast-cdc-slot"
-        );
-        assert_eq!(super::kubernetes_name("My.Lease_1"), "my.lease-1");
-        assert_eq!(super::kubernetes_name("__"), "walcast");
-    }
 }

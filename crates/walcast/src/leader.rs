@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use walcast_bus::admin::AdminHandler;
 use walcast_bus::subs::{KnownFronts, FRONT_ALIVE};
 use walcast_bus::Bus;
 use walcast_lease::Fence;
 use walcast_pipeline::PipelineHealth;
+use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{CdcArgs, SourceSpec};
@@ -30,6 +32,23 @@ pub(crate) struct Parts<'a> {
     /// Cancelled when the pipeline fails for good (the process stops); `None`: a failure
     /// ends the term only (another source's failure must not stop this process).
     pub root: Option<CancellationToken>,
+}
+
+/// Drop subscriptions of fronts that stopped syncing (died).
+pub(crate) fn spawn_front_expiry(
+    tracker: &TaskTracker,
+    matcher: Arc<Matcher>,
+    cancel: CancellationToken,
+) {
+    tracker.spawn(async move {
+        let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => { matcher.expire_dead_fronts(); }
+            }
+        }
+    });
 }
 
 /// The outbox relay relays only the events of the source's projects.
@@ -53,7 +72,7 @@ impl walcast_outbox::config::ProjectGate for OutboxGate {
 /// the source's lease terminates the stale leader's sessions by it, and two sources may
 /// be databases of one server, whose sessions one `pg_stat_activity` lists.
 pub(crate) fn source_tag(origin: &str, source: &str) -> String {
-    let tag = crate::cdc_worker::session_tag(origin);
+    let tag = crate::election::session_tag(origin);
     match walcast_bus::source::is_default(source) {
         true => tag,
         false => format!("{tag}-{source}"),

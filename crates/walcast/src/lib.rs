@@ -4,6 +4,8 @@ pub mod beacon;
 pub mod cdc_worker;
 pub mod commands;
 pub mod config;
+mod database;
+mod election;
 pub mod front;
 pub mod http;
 mod leader;

@@ -299,8 +299,8 @@ async fn prepare(ctx: &Context, spec: &SourceSpec) -> anyhow::Result<()> {
     };
     let mut cdc = ctx.cdc.clone();
     cdc.slot_name = spec.slot_name.clone();
-    crate::cdc_worker::preflight(&db, &cdc).await?;
-    crate::cdc_worker::migrate(&spec.database_url).await
+    crate::database::preflight(&db, &cdc).await?;
+    crate::database::migrate(&spec.database_url).await
 }
 
 /// Elect on the source's own lease row and lead each term won, until `stop`.
@@ -338,7 +338,7 @@ async fn elect(
     let leader = Arc::new(leader.with_health(state.health.clone()));
     let expiry = stop.child_token();
     let tracker = TaskTracker::new();
-    crate::cdc_worker::spawn_front_expiry(
+    crate::leader::spawn_front_expiry(
         &tracker,
         leader.registrar().matcher().clone(),
         expiry.clone(),
@@ -350,8 +350,8 @@ async fn elect(
         let tag = crate::leader::source_tag(&ctx.origin, &spec.name);
         let cfg = walcast_lease::postgres::PgLeaseConfig {
             url: walcast_lease::postgres::tagged_url(&spec.database_url, &tag),
-            name: crate::cdc_worker::lease_name(&ctx.cdc),
-            identity: crate::cdc_worker::lease_identity(),
+            name: crate::election::lease_name(&ctx.cdc),
+            identity: crate::election::lease_identity(),
             session_tag: tag,
             duration: ctx.cdc.lease.duration(),
         };
@@ -391,7 +391,9 @@ async fn list(control_url: &str) -> anyhow::Result<Vec<SourceSpec>> {
         .map(|s| {
             let urls = s.urls(control_url, None);
             SourceSpec {
-                slot_name: s.slot(walcast_pipeline::config::DEFAULT_SLOT_NAME).to_string(),
+                slot_name: s
+                    .slot(walcast_pipeline::config::DEFAULT_SLOT_NAME)
+                    .to_string(),
                 name: s.name,
                 database_url: urls.database_url,
                 replication_url: urls.replication_url,
