@@ -87,6 +87,32 @@ async fn sources_are_checked_listed_and_refused() {
     );
     // The check's temporary slot is gone.
     assert_eq!(one(&shop, "SELECT count(*) FROM pg_replication_slots"), "0");
+    // Declared again as it is (a chart's upgrade hook): no change; otherwise refused.
+    let again = [
+        "source",
+        "add",
+        "shop",
+        "--database-url",
+        &shop.url(),
+        "--if-missing",
+    ];
+    assert_eq!(
+        ok(walcast(&control, &again), "add --if-missing")["name"],
+        "shop"
+    );
+    let other = format!("{}?application_name=x", shop.url());
+    let differs = walcast(
+        &control,
+        &[
+            "source",
+            "add",
+            "shop",
+            "--database-url",
+            &other,
+            "--if-missing",
+        ],
+    );
+    assert!(!differs.status.success(), "a different shop was accepted");
 
     // Unchecked, with passwords in its URLs: stored as given, shown without them.
     let vault_db = "postgres://walcast:hunter2@127.0.0.1:1/vault?sslmode=disable";

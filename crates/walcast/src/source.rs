@@ -28,12 +28,14 @@ pub enum SourceAction {
         /// Its name: a lower-case letter, then lower-case letters, digits, '-' or '_'
         /// (at most 30).
         name: String,
-        /// Its database (tables, catalog, RLS checks, the realtime registry).
-        #[arg(long)]
+        /// Its database (tables, catalog, RLS checks, the realtime registry). From the
+        /// environment rather than the command line, where other users of the machine
+        /// can read it.
+        #[arg(long, env = "SOURCE_DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The URL its replication slot is read with (a role with REPLICATION);
         /// default: --database-url.
-        #[arg(long)]
+        #[arg(long, env = "SOURCE_REPLICATION_URL", hide_env_values = true)]
         replication_url: Option<String>,
         /// Its replication slot; default: `walcast_src_<name>` ('-' as '_'). Two sources
         /// on one server need different ones.
@@ -42,6 +44,11 @@ pub enum SourceAction {
         /// Store it without connecting to it (no preflight, no migrations).
         #[arg(long)]
         skip_check: bool,
+        /// Succeed without a change when a source of that name exists with the same
+        /// URLs and slot (a deployment that declares its sources runs `add` on every
+        /// upgrade); one that differs is still an error.
+        #[arg(long)]
+        if_missing: bool,
         /// Accept a server whose max_slot_wal_keep_size is -1 (a stalled slot can then
         /// fill its disk).
         #[arg(long, env = "CDC_ALLOW_UNBOUNDED_WAL", default_value_t = false)]
@@ -75,6 +82,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
             replication_url,
             slot_name,
             skip_check,
+            if_missing,
             allow_unbounded_wal,
             cdc_slot_name,
         } => {
@@ -85,6 +93,9 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 slot_name,
             }
             .checked()?;
+            if if_missing && already_there(&control, &new).await? {
+                return Ok(());
+            }
             let slot = new.slot_name.clone().unwrap_or_default();
             if slot == cdc_slot_name {
                 bail!("slot name {slot:?} is the default source's (CDC_SLOT_NAME): pass another --slot-name");
@@ -113,6 +124,27 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `new` is stored already, as it is (`add --if-missing`); an error if a source
+/// of that name differs.
+async fn already_there(control: &tokio_postgres::Client, new: &NewSource) -> anyhow::Result<bool> {
+    let Some(old) = sources::get(control, &new.name).await? else {
+        return Ok(false);
+    };
+    let same = old.database_url.as_deref() == Some(new.database_url.as_str())
+        && old.replication_url == new.replication_url
+        && old.slot_name == new.slot_name;
+    if !same {
+        bail!(
+            "source {:?} exists with other URLs or slot: remove it first (walcast source remove {})",
+            new.name,
+            new.name
+        );
+    }
+    eprintln!("source {:?} is there already", new.name);
+    println!("{}", serde_json::to_string_pretty(&old.view())?);
+    Ok(true)
 }
 
 /// What `add` checks before storing a source: the preflight of its replication URL
