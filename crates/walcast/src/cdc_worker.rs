@@ -198,6 +198,11 @@ fn spawn_sources(
     cancel: CancellationToken,
 ) -> Arc<supervisor::Sources> {
     let sources = ctx.sources.clone();
+    if !matches!(ctx.bus, Bus::Nats(_)) {
+        // In process, the front reaches only this process's default leader.
+        tracing::info!("no NATS: only the default source is read (other sources need NATS_URL)");
+        return sources;
+    }
     let (workers, bus, stop) = (ctx.workers.clone(), ctx.bus.clone(), cancel.clone());
     tracker.spawn(async move { workers.listen(&bus, stop.cancelled()).await });
     tracker.spawn(supervisor::run(ctx, cancel));
