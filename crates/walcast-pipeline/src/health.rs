@@ -50,6 +50,9 @@ pub struct PartLag {
 
 #[derive(Default)]
 pub struct PipelineHealth {
+    /// Not reflected in the process's gauges (another source's pipeline: the gauges are
+    /// the default source's).
+    quiet: std::sync::atomic::AtomicBool,
     consumers: Mutex<std::collections::BTreeMap<&'static str, ConsumerProgress>>,
     parts: Mutex<std::collections::BTreeMap<String, PartLag>>,
     skipped_total: AtomicU64,
@@ -136,9 +139,23 @@ impl PipelineHealth {
         h
     }
 
+    /// The health of a pipeline that leaves the process's gauges (`walcast_cdc_active`,
+    /// the slot lag) to another: one process may run several sources' pipelines.
+    pub fn without_gauges(slot: &str) -> PipelineHealth {
+        let h = PipelineHealth::new(slot);
+        h.quiet.store(true, Ordering::SeqCst);
+        h
+    }
+
+    fn gauges(&self) -> bool {
+        !self.quiet.load(Ordering::SeqCst)
+    }
+
     pub fn set_active(&self, active: bool) {
         self.active.store(active, Ordering::SeqCst);
-        metrics::gauge!(crate::telemetry::ACTIVE).set(if active { 1.0 } else { 0.0 });
+        if self.gauges() {
+            metrics::gauge!(crate::telemetry::ACTIVE).set(if active { 1.0 } else { 0.0 });
+        }
     }
 
     pub fn is_active(&self) -> bool {
@@ -152,7 +169,9 @@ impl PipelineHealth {
     pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64) {
         self.confirmed_flush.store(confirmed.0, Ordering::SeqCst);
         self.lag_bytes.store(lag_bytes, Ordering::SeqCst);
-        metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
+        if self.gauges() {
+            metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
+        }
     }
 
     pub fn record_slot_loss(&self, range: LostRange) {

@@ -56,8 +56,8 @@ impl SourceState {
         SourceState {
             name: spec.name.clone(),
             slot: spec.slot_name.clone(),
-            health: Arc::new(PipelineHealth::new(&spec.slot_name)),
-            lease: Arc::new(LeaseStatus::default()),
+            health: Arc::new(PipelineHealth::without_gauges(&spec.slot_name)),
+            lease: Arc::new(LeaseStatus::without_gauges()),
             leading_since: Mutex::new(None),
             resting_until: Mutex::new(None),
             give_up: Mutex::new(None),
