@@ -31,6 +31,9 @@ use crate::share::{self, Workers};
 
 /// How often the source list is read again.
 pub const REFRESH: Duration = Duration::from_secs(5);
+/// How long an admitted attempt counts against the share before it led (the lease
+/// statement takes milliseconds; a loaded machine, more).
+const RESERVE: Duration = Duration::from_secs(1);
 /// How long a source that failed (or was given up) waits before this worker tries it again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(15);
 
@@ -43,6 +46,9 @@ pub struct SourceState {
     leading_since: Mutex<Option<Instant>>,
     /// Not tried again before then (failed, or given up for another worker).
     resting_until: Mutex<Option<Instant>>,
+    /// An attempt to take its lease that may win is under way until then: it counts
+    /// against this worker's share, so electors admitted together do not all win.
+    reserved_until: Mutex<Option<Instant>>,
     /// Ends the current term (to give the source up).
     give_up: Mutex<Option<CancellationToken>>,
 }
@@ -60,12 +66,25 @@ impl SourceState {
             lease: Arc::new(LeaseStatus::without_gauges()),
             leading_since: Mutex::new(None),
             resting_until: Mutex::new(None),
+            reserved_until: Mutex::new(None),
             give_up: Mutex::new(None),
         }
     }
 
     fn resting(&self, now: Instant) -> bool {
         lock(&self.resting_until).is_some_and(|t| now < t)
+    }
+
+    /// Reserved, and not led yet.
+    fn reserved(&self, now: Instant) -> bool {
+        lock(&self.leading_since).is_none() && lock(&self.reserved_until).is_some_and(|t| now < t)
+    }
+
+    /// Whether an attempt now could win: the lease was last seen free, expired, or not
+    /// at all (one held by a live worker is not worth a reservation).
+    fn likely_free(&self) -> bool {
+        let lease = self.lease.report();
+        lease.holder.is_none() || lease.expires_in.is_none_or(|d| d < RESERVE)
     }
 
     fn rest(&self, d: Duration) {
@@ -172,13 +191,26 @@ impl Context {
         share::fair_share(total, self.workers.live(now))
     }
 
-    /// Whether this worker may try to take `source` now.
+    /// Whether this worker may try to take `source` now: it leads, or is about to lead
+    /// (attempts reserved by the other sources' electors), fewer than its share.
     fn may_take(&self, source: &SourceState) -> bool {
         let now = Instant::now();
         if source.resting(now) || !self.workers.settled(now) {
             return false;
         }
-        share::may_take(self.held().len(), self.share(now))
+        let reserved = self
+            .sources
+            .all()
+            .iter()
+            .filter(|s| s.name != source.name && s.reserved(now))
+            .count();
+        if !share::may_take(self.held().len() + reserved, self.share(now)) {
+            return false;
+        }
+        if source.likely_free() {
+            *lock(&source.reserved_until) = Some(now + RESERVE);
+        }
+        true
     }
 }
 
