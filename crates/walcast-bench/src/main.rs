@@ -10,6 +10,7 @@ mod outbox;
 mod outbox_poll;
 mod rls;
 mod scale;
+mod sources;
 mod ws;
 mod ws_server;
 
@@ -47,6 +48,10 @@ enum Bench {
     /// and beside projects with a slow RLS policy, and another table's latency during a
     /// burst of table enables through the REST API.
     Isolation(isolation::IsolationBench),
+    /// Many sources: the cdc-workers' memory and CPU per idle source, commit-to-NATS
+    /// latency per source under steady load, and how long a killed worker's sources take
+    /// to be led again, against the default source alone.
+    Sources(sources::SourcesBench),
     /// (internal) `walcast serve` with the in-process bus, run as the `ws` child.
     #[command(hide = true)]
     WsServer(Box<ws_server::ServerArgs>),
@@ -74,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
         Bench::Scale(args) => scale::run(args).await,
+        Bench::Sources(args) => sources::run(args).await,
         Bench::ScaleWorker(cfg) => walcast::cdc_worker::main(*cfg).await,
         Bench::ScaleFront(cfg) => walcast::ws_front::main(*cfg).await,
     }

@@ -433,7 +433,7 @@ pub(crate) async fn http_get(port: u16, path: &str) -> Option<String> {
 }
 
 /// `/proc/<pid>/status` field in kB (VmRSS, VmHWM).
-fn proc_kb(pid: &str, field: &str) -> u64 {
+pub(crate) fn proc_kb(pid: &str, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
