@@ -145,7 +145,7 @@ async fn start_stack(mode: &str, initplan: bool) -> anyhow::Result<Stack> {
         .env("DATABASE_URL", env.pg.url())
         .env("JWT_SECRET", SECRET)
         .env("CDC_RLS_MODE", mode)
-        .envs(crate::scale::UNLIMITED_PROJECT)
+        .envs(crate::ws::UNLIMITED_PROJECT)
         .env("HOST", "127.0.0.1")
         .env("PORT", "0")
         .env("LOG_FORMAT", "text")

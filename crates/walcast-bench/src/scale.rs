@@ -30,7 +30,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::ws::{cpu_secs, fd_limit, http_get, jwt};
+use crate::ws::{cpu_secs, fd_limit, http_get, jwt, UNLIMITED_PROJECT};
 
 #[derive(Args)]
 pub struct ScaleBench {
@@ -160,15 +160,6 @@ impl Proc {
             .unwrap_or(0.0)
     }
 }
-
-/// The per-project limits of the benchmarks' servers: out of the way.
-pub(crate) const UNLIMITED_PROJECT: [(&str, &str); 5] = [
-    ("PROJECT_MAX_USERS", "1000000000"),
-    ("PROJECT_MAX_JOINS_PER_SECOND", "1000000000"),
-    ("PROJECT_MAX_EVENTS_PER_SECOND", "1000000000"),
-    ("PROJECT_MAX_BYTES_PER_SECOND", "4000000000"),
-    ("PROJECT_MAX_PRESENCE_EVENTS_PER_SECOND", "1000000000"),
-];
 
 /// What the clients saw.
 #[derive(Default)]
