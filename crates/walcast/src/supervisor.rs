@@ -75,9 +75,11 @@ impl SourceState {
         lock(&self.resting_until).is_some_and(|t| now < t)
     }
 
-    /// Reserved, and not led yet.
+    /// Reserved, not led yet, and not lost (the attempt found another holder).
     fn reserved(&self, now: Instant) -> bool {
-        lock(&self.leading_since).is_none() && lock(&self.reserved_until).is_some_and(|t| now < t)
+        lock(&self.leading_since).is_none()
+            && lock(&self.reserved_until).is_some_and(|t| now < t)
+            && self.likely_free()
     }
 
     /// Whether an attempt now could win: the lease was last seen free, expired, or not
