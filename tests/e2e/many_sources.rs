@@ -139,9 +139,9 @@ fn published(events: &[ChangeEvent]) -> BTreeMap<String, Vec<i64>> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_in_order() {
-    let _machine = shared().await;
+/// A stack whose default source has table `t`, and sources s1 and s2 (projects p1 and
+/// p2, each with its table `t`), with a collector on NATS.
+async fn three_sources() -> (Stack, [Source; 2], Collector) {
     let stack = Stack::start("stream");
     stack.sql("CREATE TABLE t (i int PRIMARY KEY, v text)");
     stack.enable("t");
@@ -150,6 +150,13 @@ async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_i
         s.register(&stack);
     }
     let collector = Collector::start(&stack.nats.url()).await;
+    (stack, sources, collector)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_in_order() {
+    let _machine = shared().await;
+    let (stack, sources, collector) = three_sources().await;
     let a = stack.worker(LEASE);
     let b = stack.worker(LEASE);
     let held = wait_spread(&[&a, &b], &["default", "s1", "s2"], Duration::from_secs(90));
@@ -367,14 +374,7 @@ fn publishers(collector: &Collector, project: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_and_a_frozen_worker_lose_their_sources_within_the_lease_and_nothing_else() {
     let _machine = shared().await;
-    let stack = Stack::start("stream");
-    stack.sql("CREATE TABLE t (i int PRIMARY KEY, v text)");
-    stack.enable("t");
-    let sources = [Source::start("s1", "p1"), Source::start("s2", "p2")];
-    for s in &sources {
-        s.register(&stack);
-    }
-    let collector = Collector::start(&stack.nats.url()).await;
+    let (stack, sources, collector) = three_sources().await;
     let mut ws = [
         stack.worker(LEASE),
         stack.worker(LEASE),

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use walcast_bus::beacon::{Beacon, WorkerBeacon};
+use walcast_bus::beacon::Beacon;
 
 use crate::http::OpsState;
 
@@ -15,19 +15,10 @@ pub const BEACON_EVERY: Duration = Duration::from_secs(1);
 
 /// The beacon of process `process` from its ops state.
 pub fn beacon(process: &str, state: &OpsState) -> Beacon {
-    let worker = state.cdc.as_ref().map(|c| {
-        let r = c.report();
-        WorkerBeacon {
-            source: walcast_bus::source::DEFAULT_SOURCE.to_string(),
-            leader: r.leader,
-            cdc_active: r.cdc_active,
-            slot: r.slot,
-            lag_bytes: r.lag_bytes,
-            changes_total: r.changes_total,
-            skipped_changes_total: r.skipped_changes_total,
-            last_error: r.last_error,
-        }
-    });
+    let worker = state
+        .cdc
+        .as_ref()
+        .map(|c| crate::supervisor::worker_beacon(walcast_bus::source::DEFAULT_SOURCE, c.report()));
     let front = state.front.as_ref().map(|f| f.health().beacon());
     let at_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -95,17 +95,21 @@ impl SourceState {
 
     /// Its part of a health beacon.
     pub fn beacon(&self) -> WorkerBeacon {
-        let r = self.health.report();
-        WorkerBeacon {
-            source: self.name.clone(),
-            leader: r.leader,
-            cdc_active: r.cdc_active,
-            slot: r.slot,
-            lag_bytes: r.lag_bytes,
-            changes_total: r.changes_total,
-            skipped_changes_total: r.skipped_changes_total,
-            last_error: r.last_error,
-        }
+        worker_beacon(&self.name, self.health.report())
+    }
+}
+
+/// The beacon part of `source`'s pipeline, from its health.
+pub fn worker_beacon(source: &str, r: walcast_pipeline::PipelineHealthReport) -> WorkerBeacon {
+    WorkerBeacon {
+        source: source.to_string(),
+        leader: r.leader,
+        cdc_active: r.cdc_active,
+        slot: r.slot,
+        lag_bytes: r.lag_bytes,
+        changes_total: r.changes_total,
+        skipped_changes_total: r.skipped_changes_total,
+        last_error: r.last_error,
     }
 }
 
