@@ -4,7 +4,9 @@
 // enabled through a front's REST API, which the source's leader answers). Two cdc-workers
 // share the sources; realtime-js clients on two ws-fronts follow a table in each. Every
 // row of every source reaches its clients once, in commit order per source, and neither
-// worker leads all three.
+// worker leads all three. Then, with a third worker, under writers on every source: kill
+// -9 the worker leading s1, then SIGSTOP its successor past the lease: every source is
+// taken over, and every client still gets every row once, in order.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
@@ -29,6 +31,26 @@ async function connect(url) {
   c.on('error', () => {})
   await c.connect()
   return c
+}
+
+/** One row per transaction into each project's table, ids from `first`, until stopped. */
+function startWriters(projects, first) {
+  let stop = false
+  const written = {}
+  const done = Promise.all(projects.map(async (p) => {
+    let id = first
+    while (!stop) {
+      try {
+        await p.db.query(`INSERT INTO ${p.schema}.t VALUES ($1, 'w')`, [id])
+        id += 1
+      } catch {
+        await new Promise((r) => setTimeout(r, 50))
+      }
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    written[p.name] = id - 1
+  }))
+  return { async stop() { stop = true; await done; return written } }
 }
 
 /** The sources a worker leads with an active pipeline. */
@@ -86,7 +108,7 @@ describe('sources', () => {
     await env?.stop()
   })
 
-  test('three sources over two workers: every row of each reaches clients on both fronts once, in order', async () => {
+  test('three sources over two workers: every row of each reaches clients on both fronts once, in order; then a kill -9 and a freeze of workers lose nothing', async () => {
     let held = []
     await until('the three sources led, spread over both workers', async () => {
       held = await Promise.all(workers.map(leading))
@@ -117,5 +139,54 @@ describe('sources', () => {
     await new Promise((r) => setTimeout(r, 500))
     for (const s of subscribers) assert.deepEqual(s.got, want, `${s.name}: once, in commit order`)
     console.log(`spread: ${held.map((h) => h.join('+')).join(' | ')}`)
+
+    // A third worker: one source each. Then a kill -9 and a freeze, under writers.
+    workers.push(await startProcess(env, 'cdc-worker', [], {
+      NATS_URL: env.nats_url,
+      LEASE_MODE: 'postgres',
+      LEASE_DURATION_SECS: '3',
+    }, { standby: true }))
+    await until('one source per worker', async () => {
+      held = await Promise.all(workers.map(leading))
+      return held.every((h) => h.length === 1) && held.flat().length === 3
+    }, 90000)
+    const writers = startWriters(projects, ROWS + 1)
+    await new Promise((r) => setTimeout(r, 1500))
+    const leaderOf = async (source, skip) => {
+      for (const [i, w] of workers.entries()) {
+        if (skip.includes(i)) continue
+        if ((await leading(w)).includes(source)) return i
+      }
+      return -1
+    }
+    const killed = await leaderOf('s1', [])
+    workers[killed].child.kill('SIGKILL')
+    let successor = -1
+    await until('s1 taken over after kill -9', async () => {
+      successor = await leaderOf('s1', [killed])
+      return successor >= 0
+    }, 30000)
+    await new Promise((r) => setTimeout(r, 1500))
+    const frozen = workers[successor]
+    frozen.child.kill('SIGSTOP')
+    await until('every source led by the last worker', async () => {
+      const i = [0, 1, 2].find((j) => j !== killed && j !== successor)
+      return (await leading(workers[i])).length === 3
+    }, 30000)
+    await new Promise((r) => setTimeout(r, 6000))
+    frozen.child.kill('SIGCONT')
+    await new Promise((r) => setTimeout(r, 2000))
+    const written = await writers.stop()
+    await until('every row at every client after the faults', () => subscribers.every((s) => {
+      const p = s.name.split(' on ')[0]
+      return s.got.length >= written[p]
+    }), 90000)
+    await new Promise((r) => setTimeout(r, 1000))
+    for (const s of subscribers) {
+      const p = s.name.split(' on ')[0]
+      const all = Array.from({ length: written[p] }, (_, i) => i + 1)
+      assert.deepEqual(s.got, all, `${s.name}: every row once, in order, across kill -9 and SIGSTOP`)
+    }
+    console.log(`after the faults: ${JSON.stringify(written)} rows written`)
   })
 })
