@@ -193,6 +193,12 @@ async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_i
         .and_then(|h| h["sources"].as_array().cloned())
         .unwrap_or_default();
     assert_eq!(other_sources.len(), 2, "{other_sources:?}");
+    let (both, w) = if held[0].len() == 2 {
+        (&held[0], &a)
+    } else {
+        (&held[1], &b)
+    };
+    crate::source_metrics::assert_labelled_per_source(w, both, ROWS as f64);
     a_source_cannot_speak_for_another_s_project(&sources[0], &collector, &[&a, &b]).await;
 }
 
@@ -530,6 +536,7 @@ async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
         if let (true, Some(replica), Some(down)) = (good, &replica, &down) {
             assert!(replica.contains("wal_level"), "the fix is named: {replica}");
             eprintln!("replica: {replica}\ndown: {down}");
+            crate::source_metrics::assert_reported_inactive(&w, "down");
             break;
         }
         assert!(

@@ -131,6 +131,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     spawn_front_expiry(
         &tracker,
+        DEFAULT_SOURCE,
         leader.registrar().matcher().clone(),
         cancel.clone(),
     );
@@ -168,7 +169,12 @@ pub async fn run(
     tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 
     let lead = |fence: Fence| leader.clone().term(fence);
-    let election = elect(mode, db, cdc, tag, status, &cancel, lead).await;
+    // The default source's election and terms: their metrics carry `source="default"`.
+    let election = walcast_core::source_scope::within(DEFAULT_SOURCE, async {
+        health.set_active(false);
+        elect(mode, db, cdc, tag, status, &cancel, lead).await
+    })
+    .await;
     stop_all(&cancel, tracker, front).await;
     election.context("Kubernetes leader election")?;
     match leader.take_failure() {
