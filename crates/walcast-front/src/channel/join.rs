@@ -134,11 +134,21 @@ async fn open_channel(
     let bindings = req.config.postgres_changes;
     let Subscribed { subs, refused } = match subscribe(s, &out, &key, &bindings, &claims).await {
         Ok(v) => v,
-        Err(e) => return join_error(s, f, "UnableToSubscribe", &e),
+        Err(e) => {
+            // No leader answered: say why, when its source is known not to stream.
+            let why = super::ready::not_streaming(s).map_or(e, |(why, _)| {
+                format!("Unable to subscribe to changes: {why}")
+            });
+            return join_error(s, f, "UnableToSubscribe", &why);
+        }
     };
     let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
     let presence = req.config.presence.enabled.then_some(&key);
     let mut first = first_frames(s, f, &bindings, &refused, presence).await;
+    if !bindings.is_empty() {
+        let failing = super::ready::failing_source_message(s, join_ref.as_deref(), topic);
+        first.extend(failing.and_then(|m| s.out(&m)));
+    }
     let (ready, ready_wait) = match req.config.broadcast.replication_ready {
         true => super::ready::at_join(s, join_ref.as_deref(), topic),
         false => (None, None),
