@@ -583,6 +583,9 @@ async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    for removed in ["s1", "replica", "down"] {
+        crate::source_metrics::assert_no_series(&w, removed);
+    }
     s1.sql("SELECT pg_drop_replication_slot('walcast_src_s1')");
     stack.sql("INSERT INTO t VALUES (2, 'default')");
     collector

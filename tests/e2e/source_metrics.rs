@@ -1,7 +1,8 @@
 //! Metrics labelled by source (README "Several databases"): a worker leading two sources
 //! reports each one's pipeline, realtime delivery and lease under `source="<name>"`
-//! (`source="default"` for the default one), and a broken source it runs but cannot
-//! read as not active. Called from the `many_sources` tests (their setups).
+//! (`source="default"` for the default one), a broken source it runs but cannot read as
+//! not active, and a removed source not at all. Called from the `many_sources` tests
+//! (their setups).
 
 use std::time::{Duration, Instant};
 
@@ -101,6 +102,18 @@ pub fn assert_reported_inactive(w: &Worker, source: &str) {
             .filter(|l| l.starts_with("walcast_cdc_active"))
             .collect::<Vec<_>>()
             .join("\n")
+    );
+}
+
+/// `source` was removed: `w`'s `/metrics` has none of its series left (a removed source
+/// must not look like one no worker reads).
+pub fn assert_no_series(w: &Worker, source: &str) {
+    let body = w.get("/metrics").unwrap_or_default();
+    let label = format!("source=\"{source}\"");
+    let left: Vec<&str> = body.lines().filter(|l| l.contains(&label)).collect();
+    assert!(
+        left.is_empty(),
+        "series of removed source {source}: {left:?}"
     );
 }
 

@@ -264,6 +264,7 @@ fn apply(
         let keep = listed.get(name) == Some(spec);
         if !keep {
             tracing::info!(source = %name, "source removed or changed: stopping its pipeline");
+            crate::telemetry::source_removed(name);
             stop.cancel();
             lock(&ctx.sources.states).remove(name);
         }
@@ -274,6 +275,7 @@ fn apply(
             continue;
         }
         tracing::info!(source = %name, database = %redact_url(&spec.database_url), slot = %spec.slot_name, "source added");
+        crate::telemetry::source_added(&name);
         let state = Arc::new(SourceState::new(&spec));
         lock(&ctx.sources.states).insert(name.clone(), state.clone());
         let stop = cancel.child_token();

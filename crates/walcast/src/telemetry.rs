@@ -113,6 +113,48 @@ impl<R: metrics::Recorder> metrics::Recorder for BySource<R> {
     }
 }
 
+/// Sources removed from this worker (`walcast source remove`): their series, left at
+/// their last values by the recorder (it forgets nothing), are no longer rendered, so a
+/// removed source does not look like a source no worker reads.
+static REMOVED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn removed() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<String>> {
+    REMOVED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `source` was removed: `/metrics` leaves its series out (until it is added again).
+pub fn source_removed(source: &str) {
+    removed().insert(source.to_string());
+}
+
+/// `source` runs (again) in this worker: its series are rendered.
+pub fn source_added(source: &str) {
+    removed().remove(source);
+}
+
+/// The Prometheus text of `/metrics`, without the series of removed sources.
+pub fn render(handle: &PrometheusHandle) -> String {
+    without_sources(handle.render(), &removed())
+}
+
+fn without_sources(text: String, removed: &std::collections::BTreeSet<String>) -> String {
+    if removed.is_empty() {
+        return text;
+    }
+    let labels: Vec<String> = removed.iter().map(|s| format!("source=\"{s}\"")).collect();
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let series = line.split_once('}').map_or("", |(series, _)| series);
+        if labels.iter().any(|l| series.contains(l.as_str())) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +189,16 @@ mod tests {
             [("source".into(), "a".into())],
             "an explicit source label is kept"
         );
+    }
+
+    #[test]
+    fn a_removed_source_s_series_are_left_out() {
+        let text = "# TYPE walcast_cdc_active gauge\nwalcast_cdc_active{source=\"default\"} 1\nwalcast_cdc_active{source=\"shop\"} 0\nwalcast_cdc_active{source=\"shop2\"} 0\nwalcast_sources 1\n".to_string();
+        let removed = ["shop".to_string()].into_iter().collect();
+        assert_eq!(
+            without_sources(text.clone(), &removed),
+            "# TYPE walcast_cdc_active gauge\nwalcast_cdc_active{source=\"default\"} 1\nwalcast_cdc_active{source=\"shop2\"} 0\nwalcast_sources 1\n"
+        );
+        assert_eq!(without_sources(text.clone(), &Default::default()), text);
     }
 }
