@@ -481,6 +481,8 @@ async fn a_killed_and_a_frozen_worker_lose_their_sources_within_the_lease_and_no
             "{project}: gap or reorder"
         );
     }
+    let checked = crate::source_metrics::assert_former_leader_reports_zero(&ws[successor], &moved);
+    eprintln!("the frozen worker reports 0 for the sources it lost: {checked:?}");
     // The frozen worker's terms published nothing once a successor had published.
     for n in &moved {
         let project = match *n {

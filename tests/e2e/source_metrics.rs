@@ -105,6 +105,36 @@ pub fn assert_reported_inactive(w: &Worker, source: &str) {
     );
 }
 
+/// `w` led `sources` and lost them (frozen past its lease): for each it does not lead
+/// again, its gauges say so (not active, not leader, slot lag 0), so a per-source alert
+/// reads the new leader's values only. Returns the sources checked.
+pub fn assert_former_leader_reports_zero(w: &Worker, sources: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let body = w.get("/metrics").unwrap_or_default();
+        let led = crate::many_sources::leading(w);
+        let mut checked = Vec::new();
+        let mut pending = Vec::new();
+        for s in sources.iter().filter(|s| !led.iter().any(|l| l == *s)) {
+            let seen = seen(&body, s);
+            match (seen.active, seen.leader, seen.slot_lag) {
+                (Some(a), Some(l), Some(lag)) if a == 0.0 && l == 0.0 && lag == 0.0 => {
+                    checked.push(s.to_string())
+                }
+                _ => pending.push((s.to_string(), seen)),
+            }
+        }
+        if pending.is_empty() {
+            return checked;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a former leader still reports: {pending:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// `source` was removed: `w`'s `/metrics` has none of its series left (a removed source
 /// must not look like one no worker reads).
 pub fn assert_no_series(w: &Worker, source: &str) {

@@ -146,11 +146,17 @@ impl PipelineHealth {
     }
 
     /// Whether this process leads the pipeline's source. Once it no longer does, its slot
-    /// lag gauge says 0 (the new leader reports the lag; `/health` keeps the last seen).
+    /// lag and consumer gauges say 0 (the new leader reports them; `/health` keeps the
+    /// last seen), so that no alert stays on a value this worker no longer measures.
     pub fn set_leader(&self, leader: bool) {
         self.leader.store(leader, Ordering::SeqCst);
         if !leader {
             metrics::gauge!(crate::telemetry::SLOT_LAG).set(0.0);
+            for &name in lock(&self.consumers).keys() {
+                metrics::gauge!(crate::telemetry::CONSUMER_LAG, "consumer" => name).set(0.0);
+                metrics::gauge!(crate::telemetry::CONSUMER_DETACHED_NOW, "consumer" => name)
+                    .set(0.0);
+            }
         }
     }
 
