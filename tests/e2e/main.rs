@@ -35,5 +35,6 @@ mod replication_role;
 mod rls;
 mod security;
 mod slot;
+mod source_metrics;
 mod sources;
 mod subs;

@@ -193,6 +193,12 @@ async fn three_sources_are_spread_over_two_workers_and_each_row_published_once_i
         .and_then(|h| h["sources"].as_array().cloned())
         .unwrap_or_default();
     assert_eq!(other_sources.len(), 2, "{other_sources:?}");
+    let (both, w) = if held[0].len() == 2 {
+        (&held[0], &a)
+    } else {
+        (&held[1], &b)
+    };
+    crate::source_metrics::assert_labelled_per_source(w, both, ROWS as f64);
     a_source_cannot_speak_for_another_s_project(&sources[0], &collector, &[&a, &b]).await;
 }
 
@@ -475,6 +481,8 @@ async fn a_killed_and_a_frozen_worker_lose_their_sources_within_the_lease_and_no
             "{project}: gap or reorder"
         );
     }
+    let checked = crate::source_metrics::assert_former_leader_reports_zero(&ws[successor], &moved);
+    eprintln!("the frozen worker reports 0 for the sources it lost: {checked:?}");
     // The frozen worker's terms published nothing once a successor had published.
     for n in &moved {
         let project = match *n {
@@ -530,6 +538,7 @@ async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
         if let (true, Some(replica), Some(down)) = (good, &replica, &down) {
             assert!(replica.contains("wal_level"), "the fix is named: {replica}");
             eprintln!("replica: {replica}\ndown: {down}");
+            crate::source_metrics::assert_reported_inactive(&w, "down");
             break;
         }
         assert!(
@@ -575,6 +584,9 @@ async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
             w.health()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for removed in ["s1", "replica", "down"] {
+        crate::source_metrics::assert_no_series(&w, removed);
     }
     s1.sql("SELECT pg_drop_replication_slot('walcast_src_s1')");
     stack.sql("INSERT INTO t VALUES (2, 'default')");

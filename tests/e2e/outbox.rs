@@ -292,10 +292,8 @@ async fn a_crash_in_either_window_loses_nothing(source: &'static str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let dups = worker
-        .get("/metrics")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("walcast_outbox_published_total{duplicate=\"true\"}"));
+        .metric("walcast_outbox_published_total{duplicate=\"true\"}")
+        .is_some();
     assert!(
         dups,
         "the replayed events reached JetStream again as duplicates"

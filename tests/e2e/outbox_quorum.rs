@@ -132,12 +132,8 @@ async fn a_relay_whose_buffer_fills_is_detached_and_catches_up_from_the_slot() {
 
 /// Times the outbox relay was detached (its buffer full).
 fn detached(worker: &Worker) -> u64 {
-    let metrics = worker.get("/metrics").unwrap_or_default();
-    metrics
-        .lines()
-        .find(|l| l.starts_with("walcast_cdc_consumer_detached_total{consumer=\"outbox\"}"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
+    worker
+        .metric("walcast_cdc_consumer_detached_total{consumer=\"outbox\"}")
         .map_or(0, |v| v as u64)
 }
 

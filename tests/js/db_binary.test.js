@@ -27,9 +27,11 @@ const bytesOf = (m) => {
 }
 
 async function sample(proc, line) {
+  // `name{labels}` as given, whatever labels follow (a worker's series carry `source`).
   const text = await (await fetch(`${proc.url}/metrics`)).text()
-  const hit = text.split('\n').find((l) => l.startsWith(`${line} `))
-  return hit ? Number(hit.split(' ')[1]) : 0
+  const prefix = line.endsWith('}') ? line.slice(0, -1) : line
+  const hit = text.split('\n').find((l) => l.startsWith(`${line} `) || l.startsWith(`${prefix},`))
+  return hit ? Number(hit.split(' ').at(-1)) : 0
 }
 
 describe('realtime.send_binary', () => {

@@ -152,12 +152,13 @@ impl Proc {
         cpu_secs(&self.child.id().to_string())
     }
 
-    /// A counter (no labels) from `/metrics`.
+    /// A counter from `/metrics`, summed over its label sets (a worker's carry `source`).
     async fn counter(&self, name: &str) -> f64 {
         let text = http_get(self.port, "/metrics").await.unwrap_or_default();
         text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or(0.0)
+            .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+            .sum()
     }
 }
 

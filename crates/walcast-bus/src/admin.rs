@@ -584,7 +584,7 @@ pub async fn serve_nats(
             continue;
         };
         let (client, handler) = (client.clone(), handler.clone());
-        tokio::spawn(async move {
+        walcast_core::source_scope::spawn(async move {
             let response = respond(handler.as_ref(), req).await;
             answer(&client, reply_to, response).await;
             drop(permit);

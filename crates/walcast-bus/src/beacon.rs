@@ -163,6 +163,40 @@ impl Beacon {
     }
 }
 
+/// Why a source's pipeline does not stream, as a class its projects' clients may be told:
+/// never the error itself, which may name hosts, roles and other sources' details.
+/// `last_error`: what a worker running the source reports (`None`: no worker reported
+/// one, e.g. none runs it yet). Read from walcast's own messages (preflight, connection).
+pub fn not_streaming_reason(last_error: Option<&str>) -> &'static str {
+    let Some(e) = last_error.map(str::to_ascii_lowercase) else {
+        return "no cdc-worker is reading it";
+    };
+    let has = |words: &[&str]| words.iter().any(|w| e.contains(w));
+    if has(&["wal2json", "wal_level", "logical decoding"]) {
+        "its database does not allow logical decoding (wal_level or wal2json)"
+    } else if has(&["replication slot", "max_replication_slots"]) {
+        "its replication slot cannot be used"
+    } else if has(&[
+        "replicat",
+        "permission denied",
+        "authentication",
+        "password",
+    ]) {
+        "walcast is not allowed to read it"
+    } else if has(&[
+        "connect",
+        "refused",
+        "timed out",
+        "timeout",
+        "closed",
+        "unreachable",
+    ]) {
+        "its database cannot be reached"
+    } else {
+        "its change stream failed"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +244,36 @@ mod tests {
             json.get("front").is_none(),
             "absent parts are left out: {json}"
         );
+    }
+
+    #[test]
+    fn why_a_source_is_not_streaming_is_told_as_a_class() {
+        let cases = [
+            (None, "no cdc-worker is reading it"),
+            (
+                Some("error connecting to server: Connection refused (os error 111)"),
+                "its database cannot be reached",
+            ),
+            (
+                Some("wal_level is \"replica\", logical decoding needs \"logical\". Fix: …"),
+                "its database does not allow logical decoding (wal_level or wal2json)",
+            ),
+            (
+                Some("the wal2json output plugin is not installed on the Postgres server. Fix: …"),
+                "its database does not allow logical decoding (wal_level or wal2json)",
+            ),
+            (
+                Some("no free replication slot: all 10 of max_replication_slots are in use"),
+                "its replication slot cannot be used",
+            ),
+            (
+                Some("role \"w\" can neither replicate nor is superuser. Fix: …"),
+                "walcast is not allowed to read it",
+            ),
+            (Some("something else"), "its change stream failed"),
+        ];
+        for (error, class) in cases {
+            assert_eq!(not_streaming_reason(error), class, "{error:?}");
+        }
     }
 }

@@ -164,7 +164,7 @@ pub async fn serve_nats(
             }
         };
         let (client, handler) = (client.clone(), handler.clone());
-        tokio::spawn(async move {
+        walcast_core::source_scope::spawn(async move {
             let reply = handler.resend(req).await;
             crate::nats::reply_json(&client, reply_to, &reply, "resend").await
         });

@@ -360,7 +360,7 @@ pub async fn serve_nats(
     let asker = client.clone();
     let wait = ResyncWait::new(tokio::time::Instant::now(), expected);
     let resync = crate::source::subject(source, SUBJECT_RESYNC);
-    tokio::spawn(async move {
+    walcast_core::source_scope::spawn(async move {
         let summary = request_resync(&asker, resync, inbox, progress, wait).await;
         let _ = resynced.send(summary);
     });
@@ -376,7 +376,7 @@ pub async fn serve_nats(
                 // MAX_REGISTRATIONS_IN_FLIGHT at once.
                 let Ok(permit) = in_flight.clone().acquire_owned().await else { continue };
                 let (handler, client) = (handler.clone(), client.clone());
-                tokio::spawn(async move {
+                walcast_core::source_scope::spawn(async move {
                     let reply = match serde_json::from_slice::<RegisterRequest>(&msg.payload) {
                         Ok(req) => handler.register(req).await,
                         Err(e) => {

@@ -8,12 +8,16 @@
 //!   is, and the schema its tables live in;
 //! - [`sql`]: identifier quoting and parsing (values are never quoted: always bound);
 //! - [`timestamp`]: Postgres timestamp text → RFC 3339 UTC milliseconds (commit times);
-//! - [`Backoff`]: the one retry schedule (doubling from a base up to a cap).
+//! - [`Backoff`]: the one retry schedule (doubling from a base up to a cap);
+//! - `source_scope` (feature `source_scope`, with tokio): which source a task works
+//!   for, so the metrics it records carry a `source` label.
 
 #![forbid(unsafe_code)]
 
 mod backoff;
 mod lsn;
+#[cfg(feature = "source_scope")]
+pub mod source_scope;
 pub mod sql;
 pub mod timestamp;
 

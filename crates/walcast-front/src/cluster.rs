@@ -128,6 +128,25 @@ impl Cluster {
         })
     }
 
+    /// Why `source` is not streaming, as a class its projects' clients may be told
+    /// ([`walcast_bus::beacon::not_streaming_reason`], from the error a worker running it
+    /// reports), and whether a worker reported an error (else none is heard streaming it
+    /// yet); `None` while a leader streams it.
+    pub fn not_streaming(&self, source: &str, now: Instant) -> Option<(&'static str, bool)> {
+        if self.pipeline_active(source, now) {
+            return None;
+        }
+        let error = self
+            .entries
+            .values()
+            .filter(|e| now.saturating_duration_since(e.heard) < FRESH)
+            .find_map(|e| e.last.source(source)?.last_error.as_deref());
+        Some((
+            walcast_bus::beacon::not_streaming_reason(error),
+            error.is_some(),
+        ))
+    }
+
     /// Every process heard from recently, pipelines first, then by id.
     pub fn view(&mut self, now: Instant) -> Vec<ProcessView> {
         self.forget_silent(now);

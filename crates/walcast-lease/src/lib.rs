@@ -88,7 +88,7 @@ pub(crate) struct Keeper<T>(tokio::task::JoinHandle<T>);
 
 impl<T: Send + 'static> Keeper<T> {
     pub(crate) fn spawn(keep: impl std::future::Future<Output = T> + Send + 'static) -> Self {
-        Keeper(tokio::spawn(keep))
+        Keeper(walcast_core::source_scope::spawn(keep))
     }
 
     /// Its result once it ended; `None` if it panicked.

@@ -16,8 +16,6 @@ struct State {
     term: Option<u64>,
     /// While following: when the holder's lease runs out, as far as we can tell.
     expires_at: Option<Instant>,
-    /// Not reflected in the process's gauges (another source's lease).
-    quiet: bool,
 }
 
 /// Shared view of an elector. Cheap to read.
@@ -39,14 +37,6 @@ pub struct LeaseReport {
 }
 
 impl LeaseStatus {
-    /// The status of a lease that leaves the process's gauges (`walcast_lease_leader`,
-    /// `walcast_lease_term`) to another: one process may elect for several sources.
-    pub fn without_gauges() -> LeaseStatus {
-        let s = LeaseStatus::default();
-        s.state().quiet = true;
-        s
-    }
-
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -58,19 +48,15 @@ impl LeaseStatus {
         s.holder = Some(identity.to_string());
         s.term = Some(fence.term());
         s.expires_at = None;
-        if !s.quiet {
-            metrics::gauge!(telemetry::LEADER).set(1.0);
-            metrics::gauge!(telemetry::TERM).set(fence.term() as f64);
-        }
+        metrics::gauge!(telemetry::LEADER).set(1.0);
+        metrics::gauge!(telemetry::TERM).set(fence.term() as f64);
     }
 
     /// We stopped leading.
     pub(crate) fn following(&self) {
         let mut s = self.state();
         s.fence = None;
-        if !s.quiet {
-            metrics::gauge!(telemetry::LEADER).set(0.0);
-        }
+        metrics::gauge!(telemetry::LEADER).set(0.0);
     }
 
     /// What we read while following.

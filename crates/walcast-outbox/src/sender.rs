@@ -91,7 +91,7 @@ impl SenderHandle {
             attempt: 0,
             db: None,
         };
-        let task = tokio::spawn(task.run(rx));
+        let task = walcast_core::source_scope::spawn(task.run(rx));
         SenderHandle {
             tx,
             done,

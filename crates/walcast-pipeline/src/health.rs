@@ -50,9 +50,6 @@ pub struct PartLag {
 
 #[derive(Default)]
 pub struct PipelineHealth {
-    /// Not reflected in the process's gauges (another source's pipeline: the gauges are
-    /// the default source's).
-    quiet: std::sync::atomic::AtomicBool,
     consumers: Mutex<std::collections::BTreeMap<&'static str, ConsumerProgress>>,
     parts: Mutex<std::collections::BTreeMap<String, PartLag>>,
     skipped_total: AtomicU64,
@@ -139,39 +136,34 @@ impl PipelineHealth {
         h
     }
 
-    /// The health of a pipeline that leaves the process's gauges (`walcast_cdc_active`,
-    /// the slot lag) to another: one process may run several sources' pipelines.
-    pub fn without_gauges(slot: &str) -> PipelineHealth {
-        let h = PipelineHealth::new(slot);
-        h.quiet.store(true, Ordering::SeqCst);
-        h
-    }
-
-    fn gauges(&self) -> bool {
-        !self.quiet.load(Ordering::SeqCst)
-    }
-
     pub fn set_active(&self, active: bool) {
         self.active.store(active, Ordering::SeqCst);
-        if self.gauges() {
-            metrics::gauge!(crate::telemetry::ACTIVE).set(if active { 1.0 } else { 0.0 });
-        }
+        metrics::gauge!(crate::telemetry::ACTIVE).set(if active { 1.0 } else { 0.0 });
     }
 
     pub fn is_active(&self) -> bool {
         self.active.load(Ordering::SeqCst)
     }
 
+    /// Whether this process leads the pipeline's source. Once it no longer does, its slot
+    /// lag and consumer gauges say 0 (the new leader reports them; `/health` keeps the
+    /// last seen), so that no alert stays on a value this worker no longer measures.
     pub fn set_leader(&self, leader: bool) {
         self.leader.store(leader, Ordering::SeqCst);
+        if !leader {
+            metrics::gauge!(crate::telemetry::SLOT_LAG).set(0.0);
+            for &name in lock(&self.consumers).keys() {
+                metrics::gauge!(crate::telemetry::CONSUMER_LAG, "consumer" => name).set(0.0);
+                metrics::gauge!(crate::telemetry::CONSUMER_DETACHED_NOW, "consumer" => name)
+                    .set(0.0);
+            }
+        }
     }
 
     pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64) {
         self.confirmed_flush.store(confirmed.0, Ordering::SeqCst);
         self.lag_bytes.store(lag_bytes, Ordering::SeqCst);
-        if self.gauges() {
-            metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
-        }
+        metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
     }
 
     pub fn record_slot_loss(&self, range: LostRange) {

@@ -180,7 +180,7 @@ impl AdminHandler for Admin {
     /// aborted transaction and fail every later request on it.
     fn handle(&self, req: AdminRequest) -> BoxFuture<Result<AdminReply, AdminError>> {
         let this = self.clone();
-        let task = tokio::spawn(async move { this.answer(req).await });
+        let task = walcast_core::source_scope::spawn(async move { this.answer(req).await });
         Box::pin(async move {
             task.await
                 .unwrap_or_else(|e| Err(internal(format!("admin request task: {e}"))))

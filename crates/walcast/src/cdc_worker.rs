@@ -131,6 +131,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     spawn_front_expiry(
         &tracker,
+        DEFAULT_SOURCE,
         leader.registrar().matcher().clone(),
         cancel.clone(),
     );
@@ -167,14 +168,32 @@ pub async fn run(
     spawn_http(&tracker, listener, front.as_ref(), state, cancel.clone());
     tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 
-    let lead = |fence: Fence| leader.clone().term(fence);
-    let election = elect(mode, db, cdc, tag, status, &cancel, lead).await;
+    let election = lead_default(mode, db, cdc, tag, status, &cancel, &leader).await;
     stop_all(&cancel, tracker, front).await;
     election.context("Kubernetes leader election")?;
     match leader.take_failure() {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
     }
+}
+
+/// The default source's election and terms, as work for it (their metrics carry
+/// `source="default"`); its pipeline is reported not active until it leads.
+async fn lead_default(
+    mode: LeaseMode,
+    db: &DbArgs,
+    cdc: &CdcArgs,
+    tag: String,
+    status: Arc<LeaseStatus>,
+    cancel: &CancellationToken,
+    leader: &Arc<Leader>,
+) -> Result<(), walcast_lease::kubernetes::KubeLeaseError> {
+    let lead = |fence: Fence| leader.clone().term(fence);
+    walcast_core::source_scope::within(DEFAULT_SOURCE, async {
+        leader.health().set_active(false);
+        elect(mode, db, cdc, tag, status, cancel, lead).await
+    })
+    .await
 }
 
 /// Stop every task of the process, and the front's sockets.

@@ -155,7 +155,7 @@ async fn project_metrics(State(s): State<OpsState>) -> impl IntoResponse {
 async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        crate::telemetry::render(&s.metrics),
     )
 }
 

@@ -37,10 +37,11 @@ pub(crate) struct Parts<'a> {
 /// Drop subscriptions of fronts that stopped syncing (died).
 pub(crate) fn spawn_front_expiry(
     tracker: &TaskTracker,
+    source: &str,
     matcher: Arc<Matcher>,
     cancel: CancellationToken,
 ) {
-    tracker.spawn(async move {
+    tracker.spawn(walcast_core::source_scope::within(source, async move {
         let mut tick = tokio::time::interval(walcast_bus::subs::SYNC_INTERVAL);
         loop {
             tokio::select! {
@@ -48,7 +49,7 @@ pub(crate) fn spawn_front_expiry(
                 _ = tick.tick() => { matcher.expire_dead_fronts(); }
             }
         }
-    });
+    }));
 }
 
 /// The outbox relay relays only the events of the source's projects.
@@ -164,7 +165,13 @@ impl Leader {
 }
 
 impl Leader {
+    /// Lead one term, as work for the leader's source (its metrics carry `source`).
     pub(crate) async fn term(self: Arc<Self>, fence: Fence) {
+        let source = self.source.clone();
+        walcast_core::source_scope::within(&source, self.lead(fence)).await
+    }
+
+    async fn lead(self: Arc<Self>, fence: Fence) {
         let term = fence.token().clone();
         self.health.set_leader(true);
         let projects = self.spawn_projects(&term).await;
@@ -206,7 +213,7 @@ impl Leader {
             tracing::warn!(source = %self.source, error = %e, "cannot read the source's projects from the control database; retrying");
         }
         let (projects, stop) = (self.projects.clone(), term.clone());
-        tokio::spawn(async move {
+        walcast_core::source_scope::spawn(async move {
             let mut tick = tokio::time::interval(REFRESH);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -238,7 +245,7 @@ impl Leader {
             stop.clone().cancelled_owned(),
         );
         let source = self.source.clone();
-        tokio::spawn(async move {
+        walcast_core::source_scope::spawn(async move {
             let handler = links.handler();
             let serve = walcast_bus::links::serve_nats(&bus, &source, handler, stop.cancelled());
             let (_, served) = tokio::join!(lead, serve);
@@ -253,7 +260,7 @@ impl Leader {
     fn spawn_maintenance(&self, fence: &Fence) -> Option<tokio::task::JoinHandle<()>> {
         let m = self.maintenance.clone()?;
         let (gate, stop) = (fence.clone(), fence.token().clone());
-        Some(tokio::spawn(
+        Some(walcast_core::source_scope::spawn(
             m.run(move || gate.is_open(), stop.cancelled_owned()),
         ))
     }
@@ -272,7 +279,7 @@ impl Leader {
         let handler: Arc<dyn walcast_bus::subs::SubsHandler> = Arc::new(self.registrar.clone());
         let (resynced, resync_done) = tokio::sync::oneshot::channel();
         let source = self.source.clone();
-        let task = tokio::spawn(async move {
+        let task = walcast_core::source_scope::spawn(async move {
             let s = source.as_str();
             let subs =
                 walcast_bus::subs::serve_nats(&bus, s, handler, expected, resynced, t.cancelled());
@@ -294,8 +301,8 @@ impl Leader {
             self.cfg.database_url.clone(),
             term.clone().cancelled_owned(),
         );
-        let keep = tokio::spawn(keep);
-        Some(tokio::spawn(async move {
+        let keep = walcast_core::source_scope::spawn(keep);
+        Some(walcast_core::source_scope::spawn(async move {
             let _ = tokio::join!(task, keep);
         }))
     }

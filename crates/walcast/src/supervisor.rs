@@ -62,8 +62,8 @@ impl SourceState {
         SourceState {
             name: spec.name.clone(),
             slot: spec.slot_name.clone(),
-            health: Arc::new(PipelineHealth::without_gauges(&spec.slot_name)),
-            lease: Arc::new(LeaseStatus::without_gauges()),
+            health: Arc::new(PipelineHealth::new(&spec.slot_name)),
+            lease: Arc::new(LeaseStatus::default()),
             leading_since: Mutex::new(None),
             resting_until: Mutex::new(None),
             reserved_until: Mutex::new(None),
@@ -264,6 +264,7 @@ fn apply(
         let keep = listed.get(name) == Some(spec);
         if !keep {
             tracing::info!(source = %name, "source removed or changed: stopping its pipeline");
+            crate::telemetry::source_removed(name);
             stop.cancel();
             lock(&ctx.sources.states).remove(name);
         }
@@ -274,10 +275,13 @@ fn apply(
             continue;
         }
         tracing::info!(source = %name, database = %redact_url(&spec.database_url), slot = %spec.slot_name, "source added");
+        crate::telemetry::source_added(&name);
         let state = Arc::new(SourceState::new(&spec));
         lock(&ctx.sources.states).insert(name.clone(), state.clone());
         let stop = cancel.child_token();
-        tracker.spawn(runner(ctx.clone(), spec.clone(), state, stop.clone()));
+        let run = runner(ctx.clone(), spec.clone(), state, stop.clone());
+        // Its metrics carry `source="<name>"` (see walcast_core::source_scope).
+        tracker.spawn(walcast_core::source_scope::within(&name, run));
         running.insert(name, (spec, stop));
     }
     metrics::gauge!(crate::telemetry::SOURCES).set(running.len() as f64);
@@ -306,7 +310,8 @@ fn give_up_over_share(ctx: &Context) {
     let token = lock(&state.give_up).take();
     if let Some(token) = token {
         tracing::info!(source = %name, share, live = ctx.workers.live(now), "leading more than this worker's share: giving the source up");
-        metrics::counter!(crate::telemetry::SOURCES_GIVEN_UP).increment(1);
+        metrics::counter!(crate::telemetry::SOURCES_GIVEN_UP, "source" => name.clone())
+            .increment(1);
         state.rest(RETRY_AFTER);
         token.cancel();
     }
@@ -314,6 +319,9 @@ fn give_up_over_share(ctx: &Context) {
 
 /// One source, until `stop`: prepare its database, then elect and lead.
 async fn runner(ctx: Context, spec: SourceSpec, state: Arc<SourceState>, stop: CancellationToken) {
+    // Every worker running the source reports it (`walcast_cdc_active{source}` 0 until
+    // one leads it), so a source no worker can read is seen.
+    state.health.set_active(false);
     while !stop.is_cancelled() {
         if let Err(e) = prepare(&ctx, &spec).await {
             let why = format!("{e:#}");
@@ -378,6 +386,7 @@ async fn elect(
     let tracker = TaskTracker::new();
     crate::leader::spawn_front_expiry(
         &tracker,
+        &spec.name,
         leader.registrar().matcher().clone(),
         expiry.clone(),
     );

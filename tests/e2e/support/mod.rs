@@ -316,14 +316,10 @@ impl Worker {
         let _ = self.child.wait();
     }
 
-    /// Value of a Prometheus sample, e.g. `walcast_cdc_slot_lost_total`.
-    pub fn metric(&self, name: &str) -> Option<f64> {
-        let body = self.get("/metrics")?;
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
+    /// Value of a Prometheus sample, e.g. `walcast_cdc_slot_lost_total` or
+    /// `walcast_cdc_changes_skipped_total{reason="event"}` (see [`sample_sum`]).
+    pub fn metric(&self, selector: &str) -> Option<f64> {
+        sample_sum(&self.get("/metrics")?, selector)
     }
 }
 
@@ -331,6 +327,45 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The sum of the samples of a `/metrics` body that `selector` names (`name`, or
+/// `name{k="v",…}`): the same name and each label given, whatever other labels they carry
+/// (a worker's series carry `source`). `None` when none.
+pub fn sample_sum(body: &str, selector: &str) -> Option<f64> {
+    fn split(series: &str) -> (&str, Vec<&str>) {
+        match series.split_once('{') {
+            Some((name, labels)) => (
+                name,
+                labels
+                    .trim_end_matches('}')
+                    .split(',')
+                    .filter(|l| !l.is_empty())
+                    .collect(),
+            ),
+            None => (series, Vec::new()),
+        }
+    }
+    let (name, want) = split(selector);
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, labels) = split(series);
+            n == name && want.iter().all(|w| labels.contains(w))
+        })
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .fold(None, |sum, v| Some(sum.unwrap_or(0.0) + v))
+}
+
+#[test]
+fn samples_are_found_whatever_other_labels_they_carry() {
+    let body = "# TYPE a counter\na{source=\"default\"} 2\nb{reason=\"x\",source=\"s1\"} 1\nb{reason=\"y\",source=\"s1\"} 5\nc 7\n";
+    assert_eq!(sample_sum(body, "a"), Some(2.0));
+    assert_eq!(sample_sum(body, "b{reason=\"x\"}"), Some(1.0));
+    assert_eq!(sample_sum(body, "b"), Some(6.0));
+    assert_eq!(sample_sum(body, "c"), Some(7.0));
+    assert_eq!(sample_sum(body, "d"), None);
 }
 
 pub fn http_get(port: u16, path: &str) -> Option<String> {

@@ -102,6 +102,14 @@ async fn may_read(s: &Session, f: &Frame, name: &str, claims: &Value) -> bool {
     }
 }
 
+/// Why the bindings could not be subscribed (no leader answered): the reason its
+/// source is not streaming, when known, else the registration's error `e`.
+fn subscribe_error(s: &Session, e: String) -> String {
+    super::ready::not_streaming(s).map_or(e, |(why, _)| {
+        format!("Unable to subscribe to changes: {why}")
+    })
+}
+
 /// Open the channel of an accepted join: route its topic and subscribe its bindings,
 /// answer, keep it.
 async fn open_channel(
@@ -134,7 +142,7 @@ async fn open_channel(
     let bindings = req.config.postgres_changes;
     let Subscribed { subs, refused } = match subscribe(s, &out, &key, &bindings, &claims).await {
         Ok(v) => v,
-        Err(e) => return join_error(s, f, "UnableToSubscribe", &e),
+        Err(e) => return join_error(s, f, "UnableToSubscribe", &subscribe_error(s, e)),
     };
     let join_ref = f.join_ref.clone().or_else(|| f.ref_.clone());
     let presence = req.config.presence.enabled.then_some(&key);
@@ -198,6 +206,8 @@ async fn first_frames(
     let mut first: Vec<Out> = s.out(&reply).into_iter().collect();
     if !bindings.is_empty() {
         first.extend(s.out(&subscribed_message(join_ref, topic, refused)));
+        let failing = super::ready::failing_source_message(s, join_ref, topic);
+        first.extend(failing.and_then(|m| s.out(&m)));
     }
     if let Some(key) = presence {
         let metas = s.services.presence.list(key.clone()).await;

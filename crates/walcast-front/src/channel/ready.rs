@@ -42,6 +42,43 @@ fn stream_runs(s: &Session, now: Instant) -> bool {
         .pipeline_active(&source, now.into_std())
 }
 
+/// Why the session's project gets no changes while the leader of its source is not heard
+/// streaming, for its clients: its database, by the source's name, and the class of the
+/// reason (nothing of the error itself, nor of other sources); and whether a worker
+/// reported an error (else none is heard streaming it yet). `None` while it streams.
+pub(super) fn not_streaming(s: &Session) -> Option<(String, bool)> {
+    let source = s.services.projects.source_of(&s.project)?;
+    let (reason, reported) = s
+        .services
+        .heard
+        .lock()
+        .not_streaming(&source, std::time::Instant::now())?;
+    let why = format!(
+        "the database of project {:?} (source {source:?}) is not streaming changes: {reason}",
+        s.project
+    );
+    Some((why, reported))
+}
+
+/// At a join with `postgres_changes` accepted while a worker reports that its source
+/// fails: the `system` error saying why (its changes wait until the source streams).
+pub(super) fn failing_source_message(
+    s: &Session,
+    join_ref: Option<&str>,
+    topic: &str,
+) -> Option<Frame> {
+    let (why, reported) = not_streaming(s)?;
+    reported.then(|| {
+        server::system(
+            join_ref,
+            topic,
+            "postgres_changes",
+            SystemStatus::Error,
+            &format!("Subscribed, but {why}"),
+        )
+    })
+}
+
 /// At a join that asked for it: the message now (to go with the first frames), or the
 /// wait.
 pub(super) fn at_join(
@@ -73,6 +110,13 @@ pub(super) async fn check(s: &mut Session, now: Instant) {
         return;
     }
     let runs = stream_runs(s, now);
+    let not_ready = match runs {
+        true => NOT_READY.to_string(),
+        false => not_streaming(s).map_or_else(
+            || NOT_READY.to_string(),
+            |(why, _)| format!("{NOT_READY}: {why}"),
+        ),
+    };
     for topic in due {
         let vsn = s.vsn;
         let Some(ch) = s.channels.get_mut(&topic) else {
@@ -89,7 +133,7 @@ pub(super) async fn check(s: &mut Session, now: Instant) {
             }
         } else if now >= wait.deadline {
             crate::telemetry::error("replication_not_ready");
-            s.shut(&topic, NOT_READY).await;
+            s.shut(&topic, &not_ready).await;
         } else {
             wait.poll_at = now + POLL;
         }

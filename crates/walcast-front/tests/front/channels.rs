@@ -437,9 +437,20 @@ async fn replication_ready_not_in_time_closes_the_channel() {
     config["broadcast"]["replication_ready"] = json!(true);
     let mut c = s.client("1.0.0").await;
     let (jr, _) = c.join("realtime:room", config, None).await;
+    // Supabase's words, then why: no worker heard streaming the project's source.
+    let error = c.recv().await.frame().clone();
+    let message = error[4]["message"].as_str().unwrap_or_default().to_string();
     assert_eq!(
-        c.recv().await.frame(),
-        &json!([jr, null, "realtime:room", "system", {"extension":"system","status":"error","message":"Replication connection was not established in time","channel":"room"}])
+        error,
+        json!([jr, null, "realtime:room", "system", {"extension":"system","status":"error","message":message,"channel":"room"}])
+    );
+    assert!(
+        message.starts_with(
+            "Replication connection was not established in time: the database of project "
+        ) && message.ends_with(
+            "(source \"default\") is not streaming changes: no cdc-worker is reading it"
+        ),
+        "{message}"
     );
     assert_eq!(
         c.recv().await.frame(),

@@ -7,6 +7,7 @@ mod support;
 mod auth;
 mod broadcast_presence;
 mod channels;
+mod failing_source;
 mod hostile;
 mod sources;
 mod sse;

@@ -206,7 +206,7 @@ impl Lanes {
             tx,
             progress,
             xids: Vec::new(),
-            task: tokio::spawn(task.run(rx)),
+            task: walcast_core::source_scope::spawn(task.run(rx)),
         });
         self.lanes.len() - 1
     }

@@ -10,6 +10,7 @@ use walcast_bus::subs::{
     BoxFuture, RegisterReply, RegisterRequest, RegisterResult, SubsHandler, SubscriptionSpec,
     SyncMessage, UnregisterRequest,
 };
+use walcast_core::source_scope;
 use walcast_protocol::filter::{CompiledFilter, Filter};
 use walcast_wal2json::Lsn;
 
@@ -529,17 +530,36 @@ async fn table_columns<'a>(
     Ok(columns.get(&key).map(Vec::as_slice).unwrap_or_default())
 }
 
+// Each call is work for the registrar's source (its metrics carry `source`), also when a
+// front in the same process calls it directly.
 impl SubsHandler for Registrar {
     fn register(&self, req: RegisterRequest) -> BoxFuture<RegisterReply> {
         let this = self.clone();
-        Box::pin(async move { this.register_all(req).await })
+        let source = self.source().to_string();
+        Box::pin(source_scope::within(&source, async move {
+            this.register_all(req).await
+        }))
     }
 
     fn unregister(&self, req: UnregisterRequest) {
-        self.inner.matcher.remove(&req.ids);
+        source_scope::within_sync(self.source(), || self.inner.matcher.remove(&req.ids));
     }
 
     fn sync(&self, msg: SyncMessage) {
+        source_scope::within_sync(self.source(), || self.sync_now(msg));
+    }
+}
+
+impl Registrar {
+    /// The source whose subscriptions it answers for.
+    fn source(&self) -> &str {
+        self.inner
+            .projects
+            .as_ref()
+            .map_or(walcast_bus::source::DEFAULT_SOURCE, |p| p.source())
+    }
+
+    fn sync_now(&self, msg: SyncMessage) {
         let matcher = &self.inner.matcher;
         if msg.last && msg.round == 0 {
             matcher.sync(

@@ -8,7 +8,9 @@
 //! databases for walcast's sources); their URLs are `extra_database_urls`.
 //! Commands on stdin, one a line, each answered by a line `ok` or `error: …`:
 //! `restart-postgres` (immediate shutdown, then start: a crash restart) and
-//! `restart-nats` (SIGKILL, then start on the same port and store).
+//! `restart-nats` (SIGKILL, then start on the same port and store), and
+//! `stop-extra-postgres N` (immediate shutdown of the Nth extra instance, from 0: a
+//! source's database goes down).
 
 use std::io::{BufRead, Write};
 
@@ -56,7 +58,7 @@ fn main() {
         Some((_, url)) => format!(",\"kube_api_url\":\"{url}\""),
         None => String::new(),
     };
-    let extra = extra_postgres();
+    let mut extra = extra_postgres();
     let urls: Vec<String> = extra.iter().map(|p| format!("\"{}\"", p.url())).collect();
     let kube_url = format!("{kube_url},\"extra_database_urls\":[{}]", urls.join(","));
     let line = format!(
@@ -76,6 +78,7 @@ fn main() {
         let result = match buf.trim() {
             "restart-postgres" => pg.restart().map_err(|e| e.to_string()),
             "restart-nats" => nats.restart().map_err(|e| e.to_string()),
+            cmd if cmd.starts_with("stop-extra-postgres ") => stop_extra(&mut extra, cmd),
             "" => Ok(()),
             other => Err(format!("unknown command {other:?}")),
         };
@@ -89,6 +92,19 @@ fn main() {
     drop(kube);
     drop(nats);
     drop(pg);
+}
+
+/// `stop-extra-postgres N`: stop the Nth extra Postgres (its data directory kept).
+fn stop_extra(extra: &mut [Postgres], cmd: &str) -> Result<(), String> {
+    let n: usize = cmd["stop-extra-postgres ".len()..]
+        .trim()
+        .parse()
+        .map_err(|_| format!("not an index: {cmd:?}"))?;
+    let pg = extra
+        .get_mut(n)
+        .ok_or_else(|| format!("no extra postgres {n}"))?;
+    pg.stop();
+    Ok(())
 }
 
 /// The fake Kubernetes API server on its own runtime, and its URL (one endpoint for
