@@ -51,6 +51,8 @@ pub enum Action {
     /// Reading on: a source checks between reads, so it stops at the deadline even when
     /// it has nothing to publish or acknowledge.
     Read,
+    /// Writing the pipeline's heartbeat (a logical message on the source database).
+    Heartbeat,
 }
 
 impl Action {
@@ -60,6 +62,7 @@ impl Action {
             Action::Ack => "ack",
             Action::Slot => "slot",
             Action::Read => "read",
+            Action::Heartbeat => "heartbeat",
         }
     }
 }

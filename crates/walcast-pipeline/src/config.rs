@@ -17,6 +17,8 @@ pub const DEFAULT_POLL_MAX_BATCH: usize = 100_000;
 pub const DEFAULT_POLL_IDLE: Duration = Duration::from_millis(100);
 /// How often consumers re-check their state (the realtime registry, the outboxes).
 pub const DEFAULT_FILTER_REFRESH: Duration = Duration::from_millis(3000);
+/// The heartbeat's interval: off (see [`crate::heartbeat`]).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::ZERO;
 
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
@@ -33,6 +35,10 @@ pub struct PipelineConfig {
     /// Stream mode: how often progress is acknowledged.
     pub ack_interval: Duration,
     pub allow_unbounded_wal: bool,
+    /// The leader writes a heartbeat (a logical message) on the source database this
+    /// often, so the slot has a commit of its own to acknowledge (zero: off; see
+    /// [`crate::heartbeat`]).
+    pub heartbeat: Duration,
     /// This instance's id, sent as `Walcast-Origin`.
     pub origin: String,
     /// The name of the source (database) this pipeline reads, sent as `Walcast-Source`
@@ -61,6 +67,7 @@ impl PipelineConfig {
             },
             ack_interval: DEFAULT_ACK_INTERVAL,
             allow_unbounded_wal: false,
+            heartbeat: DEFAULT_HEARTBEAT_INTERVAL,
             origin: "walcast".to_string(),
             source_name: walcast_bus::source::DEFAULT_SOURCE.to_string(),
             take_over_slot: false,

@@ -60,11 +60,14 @@ pub struct PipelineHealth {
     leader: AtomicBool,
     confirmed_flush: AtomicU64,
     lag_bytes: AtomicI64,
+    retained_bytes: AtomicI64,
     slot_lost_total: AtomicU64,
     last_loss: Mutex<Option<LostRange>>,
     last_error: Mutex<Option<String>>,
     ddl_tracking: Mutex<Option<&'static str>>,
     changes_total: AtomicU64,
+    heartbeats_total: AtomicU64,
+    heartbeat_failures_total: AtomicU64,
 }
 
 /// The JSON body of `/health` for the CDC part.
@@ -74,6 +77,9 @@ pub struct PipelineHealthReport {
     pub slot: String,
     pub confirmed_flush_lsn: Option<Lsn>,
     pub lag_bytes: i64,
+    /// WAL the server keeps for the slot: from its `restart_lsn` to the current position
+    /// (at least `lag_bytes`' worth once a running-transactions record was decoded).
+    pub retained_bytes: i64,
     pub leader: bool,
     pub slot_lost_total: u64,
     pub last_slot_loss: Option<LostRange>,
@@ -89,6 +95,10 @@ pub struct PipelineHealthReport {
     pub ddl_tracking: Option<&'static str>,
     /// Changes read from the WAL since start (every table any consumer reads).
     pub changes_total: u64,
+    /// Heartbeats written on the source database (`CDC_HEARTBEAT_INTERVAL_MS`), since start.
+    pub heartbeats_total: u64,
+    /// Heartbeats that failed (logged; tried again at the next interval), since start.
+    pub heartbeat_failures_total: u64,
     /// Each consumer's progress (the slot is acknowledged at the lowest).
     pub consumers: std::collections::BTreeMap<&'static str, ConsumerProgress>,
     /// Parts of consumers that lag (e.g. `realtime/<project>`); absent when none waits.
@@ -152,6 +162,7 @@ impl PipelineHealth {
         self.leader.store(leader, Ordering::SeqCst);
         if !leader {
             metrics::gauge!(crate::telemetry::SLOT_LAG).set(0.0);
+            metrics::gauge!(crate::telemetry::SLOT_RETAINED).set(0.0);
             for &name in lock(&self.consumers).keys() {
                 metrics::gauge!(crate::telemetry::CONSUMER_LAG, "consumer" => name).set(0.0);
                 metrics::gauge!(crate::telemetry::CONSUMER_DETACHED_NOW, "consumer" => name)
@@ -160,10 +171,14 @@ impl PipelineHealth {
         }
     }
 
-    pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64) {
+    /// The slot's confirmed position, the WAL after it (`lag_bytes`) and the WAL the
+    /// server keeps for it (`retained_bytes`, from its `restart_lsn`).
+    pub fn set_slot_position(&self, confirmed: Lsn, lag_bytes: i64, retained_bytes: i64) {
         self.confirmed_flush.store(confirmed.0, Ordering::SeqCst);
         self.lag_bytes.store(lag_bytes, Ordering::SeqCst);
+        self.retained_bytes.store(retained_bytes, Ordering::SeqCst);
         metrics::gauge!(crate::telemetry::SLOT_LAG).set(lag_bytes as f64);
+        metrics::gauge!(crate::telemetry::SLOT_RETAINED).set(retained_bytes as f64);
     }
 
     pub fn record_slot_loss(&self, range: LostRange) {
@@ -200,6 +215,17 @@ impl PipelineHealth {
         }
     }
 
+    /// A heartbeat was written (`ok`) or failed: counted here and in
+    /// `walcast_cdc_heartbeats_total{result}`.
+    pub fn record_heartbeat(&self, ok: bool) {
+        let (counter, result) = match ok {
+            true => (&self.heartbeats_total, "ok"),
+            false => (&self.heartbeat_failures_total, "error"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::telemetry::HEARTBEATS, "result" => result).increment(1);
+    }
+
     /// A change was read from the WAL.
     pub fn record_change(&self) {
         self.changes_total.fetch_add(1, Ordering::Relaxed);
@@ -223,6 +249,7 @@ impl PipelineHealth {
             slot: lock(&self.slot).clone(),
             confirmed_flush_lsn: (confirmed != 0).then_some(Lsn(confirmed)),
             lag_bytes: self.lag_bytes.load(Ordering::SeqCst),
+            retained_bytes: self.retained_bytes.load(Ordering::SeqCst),
             leader: self.leader.load(Ordering::SeqCst),
             slot_lost_total: self.slot_lost_total.load(Ordering::SeqCst),
             last_slot_loss: lock(&self.last_loss).clone(),
@@ -232,6 +259,8 @@ impl PipelineHealth {
             last_skipped_change: lock(&self.last_skipped).clone(),
             ddl_tracking: *lock(&self.ddl_tracking),
             changes_total: self.changes_total.load(Ordering::Relaxed),
+            heartbeats_total: self.heartbeats_total.load(Ordering::Relaxed),
+            heartbeat_failures_total: self.heartbeat_failures_total.load(Ordering::Relaxed),
             consumers: lock(&self.consumers).clone(),
             lagging: lock(&self.parts).clone(),
         }

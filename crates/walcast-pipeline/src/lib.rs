@@ -15,7 +15,9 @@
 //!   owns the control logic: the decoding filter (the union of the consumers' tables),
 //!   timers, [`health`], fence checks, and "every consumer's barrier, then acknowledge";
 //! - each consumer publishes only through its [`Publisher`], which checks the leadership
-//!   term's fence before every message and stamps it with origin, term and position.
+//!   term's fence before every message and stamps it with origin, term and position;
+//! - beside the session, the [`heartbeat`] (when on) writes a logical message on the
+//!   source database at each interval, for the term only.
 //!
 //! Adding a consumer: implement [`Consumer`] (and [`ConsumerFactory`], or wrap a closure
 //! with [`factory`]) and pass it to [`run`]; `tests/pipeline.rs` is a complete example.
@@ -27,6 +29,7 @@ pub mod consumer;
 pub mod driver;
 pub mod error;
 pub mod health;
+pub mod heartbeat;
 pub mod preflight;
 pub mod publisher;
 mod run;

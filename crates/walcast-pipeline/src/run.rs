@@ -22,7 +22,7 @@ use crate::preflight::{self, PreflightError};
 use crate::publisher::Publisher;
 use crate::slot::{self, SlotState};
 use crate::source::{self, SourceKind};
-use crate::{signed, telemetry};
+use crate::{heartbeat, signed, telemetry};
 
 /// Waits between failed sessions: 100 ms, doubling up to 5 s.
 const SESSION_BACKOFF: Backoff = Backoff {
@@ -87,8 +87,9 @@ pub async fn connect(url: &str) -> Result<Client, PipelineError> {
 }
 
 /// Run the pipeline for one leadership term, until the fence's token is cancelled.
-/// Every publish and every acknowledgement checks the fence first; once it is closed the
-/// term ends with nothing more published or acknowledged. Transient failures (connection
+/// Every publish and every acknowledgement (and every heartbeat, when on) checks the
+/// fence first; once it is closed the term ends with nothing more published or
+/// acknowledged. Transient failures (connection
 /// loss, a slot still held by a dying session, a lost slot, a consumer's transient
 /// fault) are retried with backoff while `/health` reports `cdc_active: false`;
 /// configuration errors are returned at once.
@@ -101,6 +102,8 @@ pub async fn run(
 ) -> Result<(), PipelineError> {
     let cancel = fence.token().clone();
     let publisher = Publisher::for_source(bus, fence.clone(), cfg.origin.clone(), &cfg.source_name);
+    // Beside the sessions, for this term only (stopped when `run` returns).
+    let _heartbeat = heartbeat::start(&cfg.database_url, cfg.heartbeat, &fence, &health);
     let mut failures = 0u32;
     loop {
         let result = tokio::select! {

@@ -89,7 +89,7 @@ pub async fn ensure_slot(
     })
 }
 
-/// Read the slot's position and lag into `/health` and metrics; a lost or vanished slot
+/// Read the slot's position, lag and retained WAL into `/health` and metrics; a lost or vanished slot
 /// is an error (the pipeline then restarts and [`ensure_slot`] recovers it).
 pub async fn report_position(
     client: &Client,
@@ -99,7 +99,8 @@ pub async fn report_position(
     let row = client
         .query_opt(
             "SELECT wal_status, confirmed_flush_lsn::text,
-                    coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8
+                    coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8,
+                    coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8
                FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
@@ -112,7 +113,7 @@ pub async fn report_position(
         return Err(crate::PipelineError::SlotLost(slot.to_string()));
     }
     if let Some(c) = parse_lsn(row.get(1)) {
-        health.set_slot_position(c, row.get(2));
+        health.set_slot_position(c, row.get(2), row.get(3));
     }
     Ok(())
 }

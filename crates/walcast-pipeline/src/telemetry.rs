@@ -9,6 +9,10 @@ pub const CHANGES_SKIPPED: &str = "walcast_cdc_changes_skipped_total";
 pub const ACTIVE: &str = "walcast_cdc_active";
 /// Gauge: bytes of WAL between the server's position and the slot's confirmed one.
 pub const SLOT_LAG: &str = "walcast_cdc_slot_lag_bytes";
+/// Gauge: bytes of WAL the server keeps for the slot (from its `restart_lsn`).
+pub const SLOT_RETAINED: &str = "walcast_cdc_slot_retained_bytes";
+/// Counter: heartbeats written (label `result`: `ok`, `error`).
+pub const HEARTBEATS: &str = "walcast_cdc_heartbeats_total";
 /// Counter: lost slots recreated.
 pub const SLOT_LOST: &str = "walcast_cdc_slot_lost_total";
 /// Counter: session failures retried.
@@ -59,6 +63,14 @@ pub fn describe() {
     metrics::describe_gauge!(
         SLOT_LAG,
         "Bytes of WAL between the server's current position and the slot's confirmed position"
+    );
+    metrics::describe_gauge!(
+        SLOT_RETAINED,
+        "Bytes of WAL the server keeps for the slot: between its current position and the slot's restart_lsn"
+    );
+    metrics::describe_counter!(
+        HEARTBEATS,
+        "Heartbeats (a logical message on the source database, CDC_HEARTBEAT_INTERVAL_MS) written by the leader, by result (ok, error)"
     );
     metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
     metrics::describe_counter!(SOURCE_ERRORS, "cdc session failures that were retried (Postgres or NATS unreachable, slot busy), in either source");

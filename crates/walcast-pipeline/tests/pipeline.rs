@@ -22,6 +22,9 @@ use walcast_pipeline::{
 use walcast_testkit::{Nats, Postgres};
 use walcast_wal2json::Change;
 
+#[path = "pipeline/idle.rs"]
+mod idle;
+
 /// Counts committed transactions with at least one row change of `public.counted`.
 struct CountTransactions {
     seen: bool,

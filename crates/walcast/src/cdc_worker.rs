@@ -59,6 +59,7 @@ pub fn describe(
         "nats_url": nats_url.map(redact_url),
         "cdc_source": cdc.source.to_string(),
         "ack_interval_ms": cdc.ack_interval_ms,
+        "heartbeat_interval_ms": cdc.heartbeat_interval_ms,
         "slot_name": cdc.slot_name,
         "num_shards": cdc.num_shards,
         "rls_batch": cdc.rls_batch,

@@ -119,6 +119,12 @@ pub struct CdcArgs {
     /// Stream mode: how often progress is acknowledged to Postgres, in milliseconds.
     #[arg(long, env = "CDC_ACK_INTERVAL_MS", default_value_t = pipeline::DEFAULT_ACK_INTERVAL.as_millis() as u64)]
     pub ack_interval_ms: u64,
+    /// The leader of each source writes a heartbeat (a transactional logical message,
+    /// prefix `walcast.heartbeat`) on its database this often, in milliseconds, so its
+    /// slot always has a recent commit to acknowledge even when the tables it reads are
+    /// idle; 0: off. A failed beat is logged, counted and tried again at the next one.
+    #[arg(long, env = "CDC_HEARTBEAT_INTERVAL_MS", default_value_t = pipeline::DEFAULT_HEARTBEAT_INTERVAL.as_millis() as u64)]
+    pub heartbeat_interval_ms: u64,
     /// Name of the logical replication slot (created with wal2json when missing).
     #[arg(long, env = "CDC_SLOT_NAME", default_value = DEFAULT_SLOT_NAME)]
     pub slot_name: String,
@@ -370,6 +376,7 @@ impl CdcArgs {
             allow_unbounded_wal: self.allow_unbounded_wal,
             source: self.source,
             ack_interval: Duration::from_millis(self.ack_interval_ms),
+            heartbeat: Duration::from_millis(self.heartbeat_interval_ms),
             origin: origin.to_string(),
             take_over_slot: self.lease.lease_mode != LeaseMode::None,
             read: ReadConfig {
