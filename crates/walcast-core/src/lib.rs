@@ -8,16 +8,19 @@
 //!   is, and the schema its tables live in;
 //! - [`sql`]: identifier quoting and parsing (values are never quoted: always bound);
 //! - [`timestamp`]: Postgres timestamp text → RFC 3339 UTC milliseconds (commit times);
-//! - [`Backoff`]: the one retry schedule (doubling from a base up to a cap).
+//! - [`Backoff`]: the one retry schedule (doubling from a base up to a cap);
+//! - [`ChangeId`]: the identity of a change-stream message (`Nats-Msg-Id`, event id).
 
 #![forbid(unsafe_code)]
 
 mod backoff;
+pub mod change_id;
 mod lsn;
 pub mod sql;
 pub mod timestamp;
 
 pub use backoff::Backoff;
+pub use change_id::ChangeId;
 pub use lsn::{Lsn, ParseLsnError};
 
 /// The project of a deployment without a project directory, and of tokens without a

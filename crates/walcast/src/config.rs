@@ -195,6 +195,8 @@ pub struct CdcArgs {
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub outbox: OutboxArgs,
+    #[command(flatten)]
+    pub changes: crate::changes::ChangeStreamArgs,
 }
 
 /// The transactional outbox relay (docs/outbox.md).

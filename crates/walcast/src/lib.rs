@@ -2,6 +2,7 @@
 
 pub mod beacon;
 pub mod cdc_worker;
+pub mod changes;
 pub mod commands;
 pub mod config;
 mod database;
