@@ -196,7 +196,7 @@ pub struct CdcArgs {
     #[command(flatten)]
     pub outbox: OutboxArgs,
     #[command(flatten)]
-    pub changes: crate::changes::ChangeStreamArgs,
+    pub changes: crate::changes_args::ChangeStreamArgs,
 }
 
 /// The transactional outbox relay (docs/outbox.md).
