@@ -45,8 +45,18 @@ async fn changes_stream(nats_url: &str) -> stream::Stream {
     }
 }
 
-/// Applies `public.items`' changes to `public.mirror`, logging each message applied.
+/// Applies `public.items`' changes to `public.mirror`, logging each message applied. By
+/// position, as a mirror must: each row keeps the `(commit_lsn, seq)` of the change that
+/// last set it (a deleted row stays as a tombstone) and `mirror_meta` the last TRUNCATE's,
+/// so a change that arrives after a later one (a resend after a lost publish, a
+/// redelivery) changes nothing it should not.
 struct Mirror;
+
+const UPSERT: &str = "INSERT INTO mirror (id, v, lsn, seq, deleted)
+     SELECT $1, $2, $3, $4, $5 WHERE ($3::int8, $4::int4) > (SELECT lsn, seq FROM mirror_meta)
+     ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v, lsn = EXCLUDED.lsn, seq = EXCLUDED.seq,
+         deleted = EXCLUDED.deleted
+     WHERE (mirror.lsn, mirror.seq) < (EXCLUDED.lsn, EXCLUDED.seq)";
 
 impl Handler for Mirror {
     async fn handle(&self, tx: &mut Transaction<'_>, event: &Event) -> Result<(), HandlerError> {
@@ -54,6 +64,7 @@ impl Handler for Mirror {
         let id = event.header("Nats-Msg-Id").unwrap_or_default().to_string();
         tx.execute("INSERT INTO applied_log (msg_id) VALUES ($1)", &[&id])
             .await?;
+        let (lsn, seq) = (c.commit_lsn.0 as i64, c.seq as i32);
         let row = |r: &Option<serde_json::Value>| -> Result<(i64, i64), HandlerError> {
             let r = r.as_ref().ok_or("no row")?;
             Ok((r["id"].as_i64().ok_or("id")?, r["v"].as_i64().unwrap_or(-1)))
@@ -61,20 +72,23 @@ impl Handler for Mirror {
         match c.kind.as_str() {
             "INSERT" | "UPDATE" => {
                 let (id, v) = row(&c.record)?;
-                tx.execute(
-                    "INSERT INTO mirror (id, v) VALUES ($1, $2)
-                     ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
-                    &[&id, &v],
-                )
-                .await?;
+                tx.execute(UPSERT, &[&id, &v, &lsn, &seq, &false]).await?;
             }
             "DELETE" => {
                 let (id, _) = row(&c.old_record)?;
-                tx.execute("DELETE FROM mirror WHERE id = $1", &[&id])
-                    .await?;
+                tx.execute(UPSERT, &[&id, &0i64, &lsn, &seq, &true]).await?;
             }
             "TRUNCATE" => {
-                tx.execute("DELETE FROM mirror", &[]).await?;
+                tx.execute(
+                    "UPDATE mirror_meta SET lsn = $1, seq = $2 WHERE (lsn, seq) < ($1, $2)",
+                    &[&lsn, &seq],
+                )
+                .await?;
+                tx.execute(
+                    "DELETE FROM mirror WHERE (lsn, seq) < ($1, $2)",
+                    &[&lsn, &seq],
+                )
+                .await?;
             }
             other => return Err(format!("unknown change type {other}").into()),
         }
@@ -97,9 +111,6 @@ impl Service {
         config.ack_wait = Duration::from_secs(5);
         config.fetch_wait = Duration::from_secs(1);
         config.max_deliver = -1;
-        // A mirror needs each key's changes in order: a delivery that comes back (after
-        // a nak or the ack wait) must not be applied after later ones.
-        config.max_ack_pending = Some(1);
         config.retry_base = Duration::from_millis(100);
         config.retry_max = Duration::from_secs(1);
         let mut consumer = InboxConsumer::bind(&js, db, &Inbox::default(), config)
@@ -194,8 +205,8 @@ async fn progress(db: &tokio_postgres::Client, from: i64, n: i64, what: &str) ->
 async fn differences(db: &tokio_postgres::Client) -> i64 {
     let row = db
         .query_one(
-            "SELECT count(*) FROM ((TABLE items EXCEPT TABLE mirror)
-                                   UNION ALL (TABLE mirror EXCEPT TABLE items)) d",
+            "SELECT count(*) FROM ((TABLE items EXCEPT TABLE mirrored)
+                                   UNION ALL (TABLE mirrored EXCEPT TABLE items)) d",
             &[],
         )
         .await
@@ -222,8 +233,8 @@ async fn converge(db: &tokio_postgres::Client, nats_url: &str, what: &str) {
 async fn explain(db: &tokio_postgres::Client, nats_url: &str) {
     let rows = db
         .query(
-            "SELECT 'items' AS t, id, v FROM (TABLE items EXCEPT TABLE mirror) a
-             UNION ALL SELECT 'mirror', id, v FROM (TABLE mirror EXCEPT TABLE items) b
+            "SELECT 'items' AS t, id, v FROM (TABLE items EXCEPT TABLE mirrored) a
+             UNION ALL SELECT 'mirror', id, v FROM (TABLE mirrored EXCEPT TABLE items) b
              ORDER BY 2 LIMIT 6",
             &[],
         )
@@ -279,7 +290,11 @@ async fn wait_leader(workers: &[Worker; 2]) -> usize {
 fn setup(stack: &Stack) {
     stack.sql(
         "CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL);
-         CREATE TABLE mirror (id bigint PRIMARY KEY, v bigint NOT NULL);
+         CREATE TABLE mirror (id bigint PRIMARY KEY, v bigint NOT NULL, lsn int8 NOT NULL,
+                              seq int4 NOT NULL, deleted bool NOT NULL);
+         CREATE VIEW mirrored AS SELECT id, v FROM mirror WHERE NOT deleted;
+         CREATE TABLE mirror_meta (lsn int8 NOT NULL, seq int4 NOT NULL);
+         INSERT INTO mirror_meta VALUES (0, 0);
          CREATE TABLE applied_log (msg_id text NOT NULL, at timestamptz DEFAULT now());",
     );
     enable(stack, "items");
@@ -438,4 +453,41 @@ async fn a_tenant_cannot_put_anything_on_the_change_stream() {
         ["walcast.changes.default.public.items"],
         "{all:?}"
     );
+}
+
+/// A TRUNCATE of a realtime table reaches its table subject (core NATS) as a change of
+/// its own, after the table's earlier changes, with no rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_reaches_the_table_subject() {
+    use futures_util::StreamExt;
+    let _guard = crate::support::shared().await;
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE notes (id bigint PRIMARY KEY, body text)");
+    stack.enable("notes");
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let nats = async_nats::connect(stack.nats.url()).await.expect("nats");
+    let mut sub = nats
+        .subscribe("walcast.realtime.default.public.notes")
+        .await
+        .expect("subscribe");
+    nats.flush().await.expect("flush");
+    stack.sql("INSERT INTO notes VALUES (1, 'a'), (2, 'b'); TRUNCATE notes;");
+    let mut kinds = Vec::new();
+    while kinds.len() < 3 {
+        let m = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {kinds:?} within 30 s"))
+            .expect("subscription");
+        let ev: serde_json::Value = serde_json::from_slice(&m.payload).expect("json");
+        kinds.push(ev["type"].as_str().unwrap_or_default().to_string());
+        if ev["type"] == "TRUNCATE" {
+            assert!(
+                ev.get("record").is_none() && ev.get("old_record").is_none(),
+                "{ev}"
+            );
+            assert_eq!(ev["seq"], 2, "{ev}");
+        }
+    }
+    assert_eq!(kinds, ["INSERT", "INSERT", "TRUNCATE"]);
 }
