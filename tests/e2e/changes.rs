@@ -491,3 +491,72 @@ async fn a_truncate_reaches_the_table_subject() {
     }
     assert_eq!(kinds, ["INSERT", "INSERT", "TRUNCATE"]);
 }
+
+/// The change stream has a position of its own: while JetStream cannot take its changes
+/// (another stream holds its subjects, so `WALCAST_CHANGES` cannot be created) realtime
+/// delivery goes on, the slot keeps the WAL the change stream needs, and once the way is
+/// clear every change is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_change_stream_stalls_nothing_else_and_catches_up() {
+    use futures_util::StreamExt;
+    let _guard = crate::support::shared().await;
+    let stack = Stack::start("stream");
+    stack.sql("CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL)");
+    stack.enable("items");
+    enable(&stack, "items");
+    let nats = async_nats::connect(stack.nats.url()).await.expect("nats");
+    let js = jetstream::new(nats.clone());
+    js.create_stream(stream::Config {
+        name: "SQUATTER".into(),
+        subjects: vec!["walcast.changes.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("squatter stream");
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let mut sub = nats
+        .subscribe("walcast.realtime.default.public.items")
+        .await
+        .expect("subscribe");
+    nats.flush().await.expect("flush");
+    stack.sql("INSERT INTO items SELECT g, g FROM generate_series(1, 50) g");
+    for i in 0..50 {
+        tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .unwrap_or_else(|_| panic!("realtime stalled after {i} changes"))
+            .expect("subscription");
+    }
+    let lag = r#"walcast_cdc_consumer_lag_bytes{consumer="change_stream"}"#;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while worker.metric(lag).unwrap_or(0.0) <= 0.0 {
+        assert!(Instant::now() < deadline, "no change-stream lag reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        js.get_stream(STREAM).await.is_err(),
+        "{STREAM} exists beside the squatter"
+    );
+    js.delete_stream("SQUATTER")
+        .await
+        .expect("delete the squatter");
+    let mut stream = changes_stream(&stack.nats.url()).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stored_count(&mut stream).await < 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the change stream did not catch up in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all = read_all(&mut stream).await;
+    let seqs: Vec<u64> = all
+        .iter()
+        .map(|m| m.payload["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        seqs,
+        (0..50).collect::<Vec<_>>(),
+        "one transaction, in order"
+    );
+}
