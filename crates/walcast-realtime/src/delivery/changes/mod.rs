@@ -126,18 +126,7 @@ impl ChangeStream {
 
     /// A change-stream-tables edit, at its WAL position; `true` if the tables changed.
     fn edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) -> bool {
-        let before = self.routes.clone();
-        if kind != ChangeKind::Insert {
-            if let Some(t) = tables_row(&row.identity) {
-                self.routes.remove(&(t.schema, t.table));
-            }
-        }
-        if kind != ChangeKind::Delete {
-            if let Some(t) = tables_row(&row.columns) {
-                self.routes.insert((t.schema, t.table), t.project);
-            }
-        }
-        self.routes != before
+        apply_edit(&mut self.routes, kind, row)
     }
 
     /// The project of a streaming table, if its project may pass on this source.
@@ -315,6 +304,27 @@ impl ChangeStream {
     }
 }
 
+/// Apply an edit of `walcast.change_stream_tables` (its old row removed, its new row
+/// added) to `routes`; `true` if they changed.
+fn apply_edit(
+    routes: &mut HashMap<(String, String), String>,
+    kind: ChangeKind,
+    row: &RowChange<'_>,
+) -> bool {
+    let before = routes.clone();
+    if kind != ChangeKind::Insert {
+        if let Some(t) = tables_row(&row.identity) {
+            routes.remove(&(t.schema, t.table));
+        }
+    }
+    if kind != ChangeKind::Delete {
+        if let Some(t) = tables_row(&row.columns) {
+            routes.insert((t.schema, t.table), t.project);
+        }
+    }
+    *routes != before
+}
+
 impl Consumer for ChangeStream {
     fn name(&self) -> &'static str {
         "change_stream"
@@ -378,5 +388,48 @@ impl Consumer for ChangeStream {
         self.txn.clear();
         self.seq = 0;
         self.skipping = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(line: &str) -> walcast_wal2json::Change<'_> {
+        walcast_wal2json::decode(line).unwrap()
+    }
+
+    const COLS: &str = r#"[{"name":"project_id","type":"text","value":"shop"},{"name":"schema_name","type":"text","value":"public"},{"name":"table_name","type":"text","value":"orders"}]"#;
+
+    #[test]
+    fn edits_of_the_list_change_the_routes_at_their_position() {
+        let mut routes = HashMap::new();
+        let insert = format!(
+            r#"{{"action":"I","xid":1,"schema":"walcast","table":"change_stream_tables","columns":{COLS}}}"#
+        );
+        let change = row(&insert);
+        assert!(apply_edit(
+            &mut routes,
+            ChangeKind::Insert,
+            change.row().unwrap()
+        ));
+        let key = ("public".to_string(), "orders".to_string());
+        assert_eq!(routes.get(&key).map(String::as_str), Some("shop"));
+        // The same row again changes nothing.
+        assert!(!apply_edit(
+            &mut routes,
+            ChangeKind::Insert,
+            change.row().unwrap()
+        ));
+        let delete = format!(
+            r#"{{"action":"D","xid":2,"schema":"walcast","table":"change_stream_tables","identity":{COLS}}}"#
+        );
+        let change = row(&delete);
+        assert!(apply_edit(
+            &mut routes,
+            ChangeKind::Delete,
+            change.row().unwrap()
+        ));
+        assert!(routes.is_empty());
     }
 }
