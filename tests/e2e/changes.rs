@@ -390,8 +390,27 @@ async fn a_mirror_applies_every_change_once_across_kills_and_restarts() {
         .iter()
         .filter_map(|w| w.metric("walcast_change_stream_published_total{duplicate=\"true\"}"))
         .sum::<f64>();
+    let reordered = workers
+        .iter()
+        .filter_map(|w| w.metric("walcast_change_stream_reordered_total"))
+        .sum::<f64>();
+    let late = all
+        .windows(2)
+        .filter(|w| {
+            let pos = |m: &crate::support::outbox::Stored| {
+                (m.commit_lsn(), m.payload["seq"].as_u64().unwrap_or(0))
+            };
+            pos(&w[1]) < pos(&w[0])
+        })
+        .inspect(|w| {
+            let id = |m: &crate::support::outbox::Stored| {
+                format!("{} {}", m.seq, m.header("Nats-Msg-Id").unwrap_or_default())
+            };
+            eprintln!("stored out of order: {} then {}", id(&w[0]), id(&w[1]));
+        })
+        .count();
     eprintln!(
-        "change stream: {} messages stored, each applied once ({rows} rows mirrored, then TRUNCATE); {replays} replays dropped by the duplicate window after the takeover",
+        "change stream: {} messages stored, each applied once ({rows} rows mirrored, then TRUNCATE); {replays} replays dropped by the duplicate window after the takeover; {late} stored before an older one ({reordered} counted by the workers alive at the end)",
         all.len()
     );
     service.kill();

@@ -103,6 +103,8 @@ pub const DDL_EVENT_TRIGGER: &str = "walcast_cdc_ddl_event_trigger";
 pub const CHANGE_STREAM_PUBLISHED: &str = "walcast_change_stream_published_total";
 /// Change-stream publishes that failed (`kind`: `transient`, resent; `too_large`, skipped).
 pub const CHANGE_STREAM_FAILURES: &str = "walcast_change_stream_failures_total";
+/// Change-stream messages stored after a later one (a resend after a lost publish).
+pub const CHANGE_STREAM_REORDERED: &str = "walcast_change_stream_reordered_total";
 /// Time from sending a change-stream message to its PubAck.
 pub const CHANGE_STREAM_ACK_SECONDS: &str = "walcast_change_stream_ack_seconds";
 /// Change-stream messages handed to the sender and not yet acknowledged.
@@ -281,6 +283,10 @@ fn describe_change_stream() {
     metrics::describe_counter!(
         CHANGE_STREAM_FAILURES,
         "Change-stream publishes that failed (kind=transient: resent after a backoff; too_large: skipped and reported)"
+    );
+    metrics::describe_counter!(
+        CHANGE_STREAM_REORDERED,
+        "Change-stream messages stored after a later change (their first publish was lost, a resend landed after what followed)"
     );
     metrics::describe_histogram!(
         CHANGE_STREAM_ACK_SECONDS,

@@ -41,14 +41,16 @@ use crate::delivery::event::{build_event, truncate_event};
 use crate::delivery::outlet;
 use crate::error::RealtimeError;
 use crate::telemetry;
-use sender::{SenderHandle, StreamMessage};
+use sender::{SenderHandle, Stored, StreamMessage};
 
 /// The change-stream consumer's factory (the leader adds it when NATS is the bus).
 pub fn factory(cfg: ChangeStreamConfig) -> Arc<dyn ConsumerFactory> {
-    Arc::new(Factory(cfg))
+    let source = cfg.projects.as_ref().map_or("default", |p| p.source());
+    let stored = sender::stored_for(&cfg.stream, source);
+    Arc::new(Factory(cfg, stored))
 }
 
-struct Factory(ChangeStreamConfig);
+struct Factory(ChangeStreamConfig, Stored);
 
 impl ConsumerFactory for Factory {
     fn build<'a>(
@@ -64,7 +66,8 @@ impl ConsumerFactory for Factory {
                 .map_err(RealtimeError::from)?;
             let publisher = session.publisher("change_stream");
             let health = session.health.clone();
-            let c = ChangeStream::new(self.0.clone(), publisher, health, catalog, types);
+            let mut c = ChangeStream::new(self.0.clone(), publisher, health, catalog, types);
+            c.stored = self.1.clone();
             Ok(Box::new(c) as Box<dyn Consumer>)
         })
     }
@@ -97,6 +100,9 @@ pub struct ChangeStream {
     seen: Lsn,
     submitted: u64,
     pending: VecDeque<PendingTxn>,
+    /// The newest position stored, shared by this process's sessions and terms of the
+    /// source (to count a change stored after later ones).
+    stored: Stored,
 }
 
 impl ChangeStream {
@@ -121,6 +127,7 @@ impl ChangeStream {
             seen: Lsn::ZERO,
             submitted: 0,
             pending: VecDeque::new(),
+            stored: Stored::default(),
         }
     }
 
@@ -232,7 +239,8 @@ impl ChangeStream {
                     .max_ack_inflight(self.cfg.max_in_flight.max(1))
                     .backpressure_on_inflight(true)
             })?;
-            let s = SenderHandle::spawn(self.cfg.clone(), js, self.health.clone());
+            let (health, stored) = (self.health.clone(), self.stored.clone());
+            let s = SenderHandle::spawn(self.cfg.clone(), js, health, stored);
             self.sender = Some(s);
         }
         let Some(sender) = self.sender.as_ref() else {

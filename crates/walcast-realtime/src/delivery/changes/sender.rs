@@ -69,6 +69,7 @@ impl SenderHandle {
         cfg: ChangeStreamConfig,
         js: JetStreamPublisher,
         health: Arc<PipelineHealth>,
+        stored: Stored,
     ) -> SenderHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let (done_tx, done) = watch::channel(0);
@@ -85,6 +86,7 @@ impl SenderHandle {
             in_flight: VecDeque::new(),
             attempt: 0,
             stream_ready: false,
+            stored,
         };
         let shared = failure.clone();
         let task = tokio::spawn(async move {
@@ -140,6 +142,24 @@ struct Sender {
     attempt: u32,
     retry: Backoff,
     stream_ready: bool,
+    /// The newest position JetStream stored a message of (not as a duplicate), kept
+    /// across the sessions of this process.
+    stored: Stored,
+}
+
+/// See [`Sender`]'s `stored`.
+pub(crate) type Stored = Arc<Mutex<Option<(walcast_core::Lsn, u32)>>>;
+
+/// The [`Stored`] of a source's messages to a stream in this process: kept across its
+/// sessions and leadership terms (a lost publish is often resent by the next session).
+pub(crate) fn stored_for(stream: &str, source: &str) -> Stored {
+    type All = Mutex<std::collections::HashMap<(String, String), Stored>>;
+    static ALL: std::sync::OnceLock<All> = std::sync::OnceLock::new();
+    let all = ALL.get_or_init(Default::default);
+    let mut all = all.lock().unwrap_or_else(|p| p.into_inner());
+    all.entry((stream.to_string(), source.to_string()))
+        .or_default()
+        .clone()
 }
 
 /// What the first outstanding message's answer says.
@@ -242,6 +262,17 @@ impl Sender {
 
     fn acknowledged(&mut self, duplicate: bool) {
         let Some(f) = self.done_one() else { return };
+        let at = (f.message.id.commit_lsn, f.message.id.seq);
+        if !duplicate {
+            let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+            if stored.is_some_and(|s| s > at) {
+                // Its first publish was lost and later ones landed meanwhile: stored out
+                // of commit order (README "Change streams", Order).
+                metrics::counter!(telemetry::CHANGE_STREAM_REORDERED).increment(1);
+                tracing::warn!(msg_id = %f.message.id, "change stored after later ones (its first publish was lost)");
+            }
+            *stored = (*stored).max(Some(at));
+        }
         let dup = if duplicate { "true" } else { "false" };
         metrics::counter!(telemetry::CHANGE_STREAM_PUBLISHED, "duplicate" => dup).increment(1);
         metrics::histogram!(telemetry::CHANGE_STREAM_ACK_SECONDS)
