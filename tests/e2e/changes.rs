@@ -410,7 +410,7 @@ async fn a_mirror_applies_every_change_once_across_kills_and_restarts() {
         })
         .count();
     eprintln!(
-        "change stream: {} messages stored, each applied once ({rows} rows mirrored, then TRUNCATE); {replays} replays dropped by the duplicate window after the takeover; {late} stored before an older one ({reordered} counted by the workers alive at the end)",
+        "change stream: {} messages stored, each applied once ({rows} rows mirrored, then TRUNCATE); {replays} duplicates dropped by the duplicate window (the takeover's replay, the resends after the NATS restart); {late} stored before an older one ({reordered} counted by the workers alive at the end)",
         all.len()
     );
     service.kill();

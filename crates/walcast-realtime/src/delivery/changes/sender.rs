@@ -87,6 +87,7 @@ impl SenderHandle {
             attempt: 0,
             stream_ready: false,
             stored,
+            last_fresh: None,
         };
         let shared = failure.clone();
         let task = tokio::spawn(async move {
@@ -145,6 +146,8 @@ struct Sender {
     /// The newest position JetStream stored a message of (not as a duplicate), kept
     /// across the sessions of this process.
     stored: Stored,
+    /// The last position this sender stored (not as a duplicate).
+    last_fresh: Option<(walcast_core::Lsn, u32)>,
 }
 
 /// See [`Sender`]'s `stored`.
@@ -262,21 +265,31 @@ impl Sender {
 
     fn acknowledged(&mut self, duplicate: bool) {
         let Some(f) = self.done_one() else { return };
-        let at = (f.message.id.commit_lsn, f.message.id.seq);
-        if !duplicate {
-            let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
-            if stored.is_some_and(|s| s > at) {
-                // Its first publish was lost and later ones landed meanwhile: stored out
-                // of commit order (README "Change streams", Order).
-                metrics::counter!(telemetry::CHANGE_STREAM_REORDERED).increment(1);
-                tracing::warn!(msg_id = %f.message.id, "change stored after later ones (its first publish was lost)");
-            }
-            *stored = (*stored).max(Some(at));
-        }
+        self.check_order(&f.message.id, duplicate);
         let dup = if duplicate { "true" } else { "false" };
         metrics::counter!(telemetry::CHANGE_STREAM_PUBLISHED, "duplicate" => dup).increment(1);
         metrics::histogram!(telemetry::CHANGE_STREAM_ACK_SECONDS)
             .record(f.sent.elapsed().as_secs_f64());
+    }
+
+    /// Count a change stored after a later one (README "Change streams", Order): stored
+    /// now (not a duplicate) below a position stored before in this process, or a
+    /// duplicate (stored earlier) above the last one this sender stored now.
+    fn check_order(&mut self, id: &ChangeId, duplicate: bool) {
+        let at = (id.commit_lsn, id.seq);
+        let mut stored = self.stored.lock().unwrap_or_else(|p| p.into_inner());
+        let reordered = match duplicate {
+            false => stored.is_some_and(|s| s > at),
+            true => self.last_fresh.take_if(|f| *f < at).is_some(),
+        };
+        if !duplicate {
+            *stored = (*stored).max(Some(at));
+            self.last_fresh = Some(at);
+        }
+        if reordered {
+            metrics::counter!(telemetry::CHANGE_STREAM_REORDERED).increment(1);
+            tracing::warn!(msg_id = %id, duplicate, "change stream: a change was stored after a later one (a publish was lost and resent)");
+        }
     }
 
     fn refused(&mut self, why: &str) {
