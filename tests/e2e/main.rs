@@ -5,6 +5,7 @@
 #[macro_use]
 mod support;
 
+mod changes;
 mod crash;
 mod db_binary;
 mod drain;

@@ -3,6 +3,7 @@
 //! and prints both with their ratio.
 
 mod cdc;
+mod changes;
 mod env;
 mod isolation;
 mod latency;
@@ -44,6 +45,10 @@ enum Bench {
     /// the same events: backlog events/s relayed with JetStream acks and commit-to-ack
     /// latency at a steady rate, with and without an idle transaction open.
     Outbox(outbox::OutboxBench),
+    /// Change streams: the same backlog drained to core NATS (realtime, table subjects)
+    /// and to JetStream (the change stream, each change PubAck'd before the slot moves):
+    /// changes/s of each and the ratio.
+    Changes(changes::ChangesBench),
     /// Fault isolation between tenants: the default project's INSERT→client latency alone
     /// and beside projects with a slow RLS policy, and another table's latency during a
     /// burst of table enables through the REST API.
@@ -76,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Rls(args) => rls::run(args).await,
         Bench::Outbox(args) => outbox::run(args).await,
         Bench::Isolation(args) => isolation::run(args).await,
+        Bench::Changes(args) => changes::run(args).await,
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
         Bench::Scale(args) => scale::run(args).await,

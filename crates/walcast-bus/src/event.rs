@@ -20,6 +20,10 @@ pub enum ChangeKind {
     Insert,
     Update,
     Delete,
+    /// The table was emptied (`TRUNCATE`): no `record`, no `old_record`, no columns.
+    /// Published on the table subject and the change stream, never to realtime clients
+    /// (README "Change streams").
+    Truncate,
 }
 
 impl ChangeKind {
@@ -28,6 +32,7 @@ impl ChangeKind {
             ChangeKind::Insert => "INSERT",
             ChangeKind::Update => "UPDATE",
             ChangeKind::Delete => "DELETE",
+            ChangeKind::Truncate => "TRUNCATE",
         }
     }
 }

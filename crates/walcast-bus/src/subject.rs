@@ -97,6 +97,24 @@ pub fn change_subject(project: &str, schema: &str, table: &str) -> String {
     )
 }
 
+/// Prefix of the change-stream subjects (README "Change streams"): the same events as
+/// on [`change_subject`], for the tables whose change stream is on, published to
+/// JetStream (stream `WALCAST_CHANGES`) with a `Nats-Msg-Id`. A subject of its own: a
+/// stream over `walcast.realtime.>` would also store the core copies, without an id.
+pub const CHANGES_PREFIX: &str = "walcast.changes";
+/// Every change-stream subject.
+pub const CHANGES_ALL: &str = "walcast.changes.>";
+
+/// `walcast.changes.<project>.<schema>.<table>`, tokens encoded as [`change_subject`]'s.
+pub fn changes_subject(project: &str, schema: &str, table: &str) -> String {
+    format!(
+        "{CHANGES_PREFIX}.{}.{}.{}",
+        encode_token(project),
+        encode_token(schema),
+        encode_token(table)
+    )
+}
+
 /// Prefix of the per-front delivery subjects.
 pub const DELIVER_PREFIX: &str = "walcast.deliver";
 

@@ -11,10 +11,12 @@
 //! - [`Backoff`]: the one retry schedule (doubling from a base up to a cap);
 //! - `source_scope` (feature `source_scope`, with tokio): which source a task works
 //!   for, so the metrics it records carry a `source` label.
+//! - [`ChangeId`]: the identity of a change-stream message (`Nats-Msg-Id`, event id).
 
 #![forbid(unsafe_code)]
 
 mod backoff;
+pub mod change_id;
 mod lsn;
 #[cfg(feature = "source_scope")]
 pub mod source_scope;
@@ -22,6 +24,7 @@ pub mod sql;
 pub mod timestamp;
 
 pub use backoff::Backoff;
+pub use change_id::ChangeId;
 pub use lsn::{Lsn, ParseLsnError};
 
 /// The project of a deployment without a project directory, and of tokens without a

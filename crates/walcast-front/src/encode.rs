@@ -18,6 +18,8 @@ pub(crate) fn encode(ev: &ChangeEvent) -> Option<EncodedChange> {
         ChangeKind::Insert => ChangeType::Insert,
         ChangeKind::Update => ChangeType::Update,
         ChangeKind::Delete => ChangeType::Delete,
+        // Not delivered to clients (README "Change streams"); never on a delivery subject.
+        ChangeKind::Truncate => return None,
     };
     let columns: Vec<Column<'_>> = ev
         .columns

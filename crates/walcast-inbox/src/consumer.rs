@@ -72,6 +72,17 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
+    /// The defaults for the durable consumer `durable` of the change streams
+    /// (`WALCAST_CHANGES`, every project's tables: narrow `filter_subject` to
+    /// `walcast.changes.<project>.>` or one table's subject).
+    pub fn changes(durable: impl Into<String>) -> ConsumerConfig {
+        ConsumerConfig {
+            stream: crate::event::CHANGES_STREAM.into(),
+            filter_subject: crate::event::CHANGES_FILTER_SUBJECT.into(),
+            ..ConsumerConfig::new(durable)
+        }
+    }
+
     /// The defaults, for the durable consumer `durable`.
     pub fn new(durable: impl Into<String>) -> ConsumerConfig {
         ConsumerConfig {
@@ -416,7 +427,9 @@ impl InboxConsumer {
         event: &Event,
     ) -> Result<Outcome, InboxError> {
         let name = self.config.durable.as_str();
-        let (reason, error) = match transact(&mut self.db, &self.claim, name, handler, event).await
+        let claim_as = event.inbox_name(name);
+        let (reason, error) = match transact(&mut self.db, &self.claim, &claim_as, handler, event)
+            .await
         {
             Ok(outcome) => {
                 let metric = match outcome {

@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use walcast_core::Lsn;
+use walcast_core::{ChangeId, Lsn};
 
 /// The stream the relay publishes to unless configured otherwise.
 pub const DEFAULT_STREAM: &str = "WALCAST_OUTBOX";
@@ -16,6 +16,11 @@ pub const DEFAULT_STREAM: &str = "WALCAST_OUTBOX";
 pub const DEFAULT_FILTER_SUBJECT: &str = "walcast.outbox.>";
 /// What every outbox subject starts with, before `<project>.<topic>`.
 pub const SUBJECT_PREFIX: &str = "walcast.outbox.";
+
+/// The change streams' stream (README "Change streams" of walcast).
+pub const CHANGES_STREAM: &str = "WALCAST_CHANGES";
+/// Its subjects: `walcast.changes.<project>.<schema>.<table>`.
+pub const CHANGES_FILTER_SUBJECT: &str = "walcast.changes.>";
 
 /// Header names of the relay's messages.
 pub mod headers {
@@ -162,6 +167,32 @@ pub struct Event {
     pub delivered: i64,
     /// The message's sequence number in the stream.
     pub stream_sequence: u64,
+    /// A change-stream message: its identity (from `Nats-Msg-Id`, which matches the
+    /// event id). Its event id is exact within a project only, so the inbox records it
+    /// under `<consumer>/<project>`.
+    pub change: Option<ChangeId>,
+}
+
+/// A change of a change stream (the payload of its messages), as [`Event::change_event`]
+/// reads it. `record` is the new row (INSERT, UPDATE), `old_record` the old one (UPDATE,
+/// DELETE); a `TRUNCATE` has neither: the table was emptied.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct ChangeRecord {
+    pub project: String,
+    pub schema: String,
+    pub table: String,
+    /// `INSERT`, `UPDATE`, `DELETE` or `TRUNCATE`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub commit_lsn: Lsn,
+    pub seq: u32,
+    #[serde(default)]
+    pub record: Option<serde_json::Value>,
+    #[serde(default)]
+    pub old_record: Option<serde_json::Value>,
+    /// Primary-key column names.
+    #[serde(default)]
+    pub pk: Vec<String>,
 }
 
 impl Event {
@@ -187,6 +218,10 @@ impl Event {
         payload: Bytes,
     ) -> Result<Event, EventError> {
         let id = event_id(&headers)?;
+        let change = headers
+            .get(headers::NATS_MSG_ID)
+            .and_then(|v| ChangeId::parse(v.as_str()))
+            .filter(|c| EventId::from_bytes(c.uuid_bytes()) == id);
         let text = |name: &str| headers.get(name).map(|v| v.as_str().to_string());
         let (subject_project, subject_topic) = subject
             .strip_prefix(SUBJECT_PREFIX)
@@ -205,6 +240,7 @@ impl Event {
             delivered: 1,
             stream_sequence: 0,
             headers,
+            change,
         })
     }
 
@@ -226,6 +262,20 @@ impl Event {
     /// `Walcast-Occurred-At` (outbox-table events), as the relay wrote it.
     pub fn occurred_at(&self) -> Option<&str> {
         self.header(headers::OCCURRED_AT)
+    }
+
+    /// The change of a change-stream message (see [`ChangeRecord`]).
+    pub fn change_event(&self) -> Result<ChangeRecord, serde_json::Error> {
+        self.json()
+    }
+
+    /// The `consumer_name` its inbox row is recorded under for the durable `durable`:
+    /// the durable's name, or for a change-stream message `<durable>/<project>`.
+    pub fn inbox_name(&self, durable: &str) -> String {
+        match &self.change {
+            Some(c) => format!("{durable}/{}", c.project),
+            None => durable.to_string(),
+        }
     }
 
     /// The payload deserialized from JSON.
@@ -328,6 +378,34 @@ mod tests {
         ]);
         let ev = Event::from_parts("walcast.outbox.p.t", h, Bytes::new()).unwrap();
         assert_eq!(ev.id.to_string(), other);
+    }
+
+    #[test]
+    fn a_change_stream_message_is_recorded_per_project() {
+        let id = ChangeId {
+            project: "shop".into(),
+            commit_lsn: Lsn(0x1_0000_0010),
+            seq: 2,
+            part: 0,
+        };
+        let h = headers(&[
+            (headers::NATS_MSG_ID, &id.msg_id()),
+            (headers::EVENT_ID, &id.uuid()),
+        ]);
+        let body = r#"{"project":"shop","schema":"public","table":"t","type":"TRUNCATE","commit_lsn":"1/10","seq":2,"columns":[]}"#;
+        let ev = Event::from_parts("walcast.changes.shop.public.t", h, body.into()).unwrap();
+        assert_eq!(ev.change.as_ref(), Some(&id));
+        assert_eq!(ev.inbox_name("mirror"), "mirror/shop");
+        let c = ev.change_event().unwrap();
+        assert_eq!((c.kind.as_str(), c.seq, c.record), ("TRUNCATE", 2, None));
+        // A message id that does not match the event id is no change identity.
+        let h = headers(&[
+            (headers::NATS_MSG_ID, &id.msg_id()),
+            (headers::EVENT_ID, ID),
+        ]);
+        let ev = Event::from_parts("walcast.changes.shop.public.t", h, Bytes::new()).unwrap();
+        assert_eq!(ev.change, None);
+        assert_eq!(ev.inbox_name("mirror"), "mirror");
     }
 
     #[test]

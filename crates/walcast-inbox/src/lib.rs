@@ -73,8 +73,9 @@ pub use consumer::{
 };
 pub use error::InboxError;
 pub use event::{
-    headers, Event, EventError, EventId, ParseEventIdError, DEFAULT_FILTER_SUBJECT, DEFAULT_STREAM,
-    SUBJECT_PREFIX,
+    headers, ChangeRecord, Event, EventError, EventId, ParseEventIdError, CHANGES_FILTER_SUBJECT,
+    CHANGES_STREAM, DEFAULT_FILTER_SUBJECT, DEFAULT_STREAM, SUBJECT_PREFIX,
 };
 pub use inbox::{Inbox, DEFAULT_TABLE};
+pub use walcast_core::ChangeId;
 pub use walcast_core::Lsn;

@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("../../../sql/0019_project_rate_limits.sql"),
     ),
     (20, "sources", include_str!("../../../sql/0020_sources.sql")),
+    (
+        21,
+        "change_streams",
+        include_str!("../../../sql/0021_change_streams.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

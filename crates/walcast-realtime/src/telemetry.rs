@@ -99,8 +99,22 @@ pub const SUBS_ENDED: &str = "walcast_cdc_subscriptions_ended_total";
 /// event triggers, 0 when every batch re-reads the catalog instead.
 pub const DDL_EVENT_TRIGGER: &str = "walcast_cdc_ddl_event_trigger";
 
+/// Change-stream messages JetStream acknowledged (`duplicate`: a replay it already had).
+pub const CHANGE_STREAM_PUBLISHED: &str = "walcast_change_stream_published_total";
+/// Change-stream publishes that failed (`kind`: `transient`, resent; `too_large`, skipped).
+pub const CHANGE_STREAM_FAILURES: &str = "walcast_change_stream_failures_total";
+/// Change-stream messages stored after a later one (a resend after a lost publish).
+pub const CHANGE_STREAM_REORDERED: &str = "walcast_change_stream_reordered_total";
+/// Time from sending a change-stream message to its PubAck.
+pub const CHANGE_STREAM_ACK_SECONDS: &str = "walcast_change_stream_ack_seconds";
+/// Change-stream messages handed to the sender and not yet acknowledged.
+pub const CHANGE_STREAM_QUEUED: &str = "walcast_change_stream_queued";
+/// Changes of streaming tables read (row changes and TRUNCATEs, `kind` label).
+pub const CHANGE_STREAM_CHANGES: &str = "walcast_change_stream_changes_total";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
+    describe_change_stream();
     describe_catalog();
     describe_rls();
     describe_publishing();
@@ -259,4 +273,31 @@ fn describe_pipeline() {
         "Subscriptions handled together in one registration batch"
     );
     metrics::describe_counter!(FILTER_ERRORS, "Subscription filters that could not be evaluated against a change (the change is not delivered to them)");
+}
+
+fn describe_change_stream() {
+    metrics::describe_counter!(
+        CHANGE_STREAM_PUBLISHED,
+        "Change-stream messages JetStream acknowledged (duplicate=true: a replay the stream already had)"
+    );
+    metrics::describe_counter!(
+        CHANGE_STREAM_FAILURES,
+        "Change-stream publishes that failed (kind=transient: resent after a backoff; too_large: skipped and reported)"
+    );
+    metrics::describe_counter!(
+        CHANGE_STREAM_REORDERED,
+        "Change-stream messages stored after a later change (their first publish was lost, a resend landed after what followed)"
+    );
+    metrics::describe_histogram!(
+        CHANGE_STREAM_ACK_SECONDS,
+        "Seconds from sending a change-stream message to JetStream's acknowledgement"
+    );
+    metrics::describe_gauge!(
+        CHANGE_STREAM_QUEUED,
+        "Change-stream messages handed to the sender and not yet acknowledged"
+    );
+    metrics::describe_counter!(
+        CHANGE_STREAM_CHANGES,
+        "Changes of change-stream tables read from the WAL (kind: INSERT, UPDATE, DELETE, TRUNCATE)"
+    );
 }

@@ -83,6 +83,7 @@ pub fn describe(
         "lease_kube_api_url": cdc.lease.lease_kube_api_url,
         "listen": format!("{}:{}", http.host, http.port),
         "outbox": cdc.outbox.describe(),
+        "changes": cdc.changes.describe(),
     })
 }
 

@@ -201,6 +201,8 @@ pub struct CdcArgs {
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub outbox: OutboxArgs,
+    #[command(flatten)]
+    pub changes: crate::changes_args::ChangeStreamArgs,
 }
 
 /// The transactional outbox relay (docs/outbox.md).

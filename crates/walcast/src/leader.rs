@@ -123,6 +123,7 @@ impl Leader {
         let matcher = p.registrar.matcher().clone();
         let mut consumers = walcast_realtime::factories(realtime, matcher, links.clone());
         consumers.extend(outbox);
+        consumers.extend(change_stream(p.cdc, &cfg, p.bus, &p.projects));
         let maintenance = outbox_maintenance(p.cdc, &cfg);
         let leader = Leader {
             source: spec.name.clone(),
@@ -356,6 +357,24 @@ fn outbox_consumer(
     let outbox_health = Arc::new(walcast_outbox::OutboxHealth::new());
     let factory = walcast_outbox::consumer_factory(config, outbox_health.clone());
     (Some(factory), Some(outbox_health))
+}
+
+/// The change-stream consumer, when enabled and the bus is NATS (README "Change streams").
+fn change_stream(
+    cdc: &CdcArgs,
+    cfg: &walcast_pipeline::PipelineConfig,
+    bus: &Bus,
+    projects: &Arc<SourceProjects>,
+) -> Option<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>> {
+    let mut config = cdc
+        .changes
+        .to_config(&cfg.database_url, cdc.max_record_bytes)?;
+    let Bus::Nats(_) = bus else {
+        tracing::info!("change streams need NATS with JetStream (NATS_URL): off in this process");
+        return None;
+    };
+    config.projects = Some(projects.clone());
+    Some(walcast_realtime::delivery::changes::factory(config))
 }
 
 /// Partition maintenance of the outbox tables and of `realtime.messages` (always:

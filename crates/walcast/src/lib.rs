@@ -2,6 +2,8 @@
 
 pub mod beacon;
 pub mod cdc_worker;
+pub mod changes;
+pub mod changes_args;
 pub mod commands;
 pub mod config;
 mod database;

@@ -25,6 +25,8 @@ enum Command {
     },
     /// Manage which tables are streamed.
     Realtime(RealtimeArgs),
+    /// Manage which tables store their changes in the JetStream change stream.
+    Changes(walcast::changes::ChangesArgs),
     /// Create and list projects (tenants with their own schema and keys).
     Project(walcast::project::ProjectArgs),
     /// Add, list and remove sources: other databases this deployment reads (projects on
@@ -99,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
         Command::Realtime(args) => walcast::commands::realtime(args).await,
+        Command::Changes(args) => walcast::changes::changes(args).await,
         Command::Project(args) => walcast::project::project(args).await,
         Command::Source(args) => walcast::source::source(args).await,
         Command::Tail(args) => walcast::commands::tail(args).await,

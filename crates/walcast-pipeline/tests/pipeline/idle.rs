@@ -99,7 +99,7 @@ async fn start(
     let recorder = Recorder::factory(tables, Recording::default());
     let bus = Bus::nats(&nats.url(), slot).await.expect("bus");
     let cancel = CancellationToken::new();
-    let health = Arc::new(PipelineHealth::without_gauges(slot));
+    let health = Arc::new(PipelineHealth::new(slot));
     let run = tokio::spawn(walcast_pipeline::run(
         cfg,
         bus,
@@ -474,7 +474,7 @@ async fn forged_heartbeat(source: SourceKind) {
     let watch = walcast_pipeline::factory(move |_| Box::new(Watch(s.clone())));
     let mut cfg = PipelineConfig::for_test(&pg.url(), "forged", source);
     cfg.heartbeat = Duration::from_millis(200);
-    let health = Arc::new(PipelineHealth::without_gauges("forged"));
+    let health = Arc::new(PipelineHealth::new("forged"));
     let cancel = CancellationToken::new();
     let bus = Bus::nats(&nats.url(), "worker").await.expect("bus");
     let run = tokio::spawn(walcast_pipeline::run(

@@ -4,6 +4,7 @@
 //! their WAL position ([`change`]).
 
 pub mod change;
+pub mod change_streams;
 pub mod facts;
 pub mod read;
 pub mod tables;

@@ -166,6 +166,7 @@ impl RealtimeConsumer {
                 Change::Insert(row) => self.row(ChangeKind::Insert, row).await,
                 Change::Update(row) => self.row(ChangeKind::Update, row).await,
                 Change::Delete(row) => self.row(ChangeKind::Delete, row).await,
+                Change::Truncate(t) => self.truncate(&t.schema, &t.table).await,
                 Change::Message(m) if m.transactional && m.prefix == NOTICE_PREFIX => {
                     self.catalog_notice(&m.content).await?;
                     Ok(Handled::Continue)
@@ -267,6 +268,35 @@ impl RealtimeConsumer {
             event,
             matched,
             row: row_text,
+        })
+        .await?;
+        Ok(Handled::Continue)
+    }
+
+    /// A `TRUNCATE` of a realtime table: published, audience-free, on the table subject
+    /// (services mirroring the table see it emptied), in order with the table's other
+    /// changes; no client gets it (the matcher matches none, as Supabase delivers none).
+    async fn truncate(&mut self, schema: &str, table: &str) -> Result<Handled, RealtimeError> {
+        let Some(txn) = self.txn.as_ref() else {
+            let table = format!("{schema}.{table}");
+            return Err(RealtimeError::OutsideTransaction(table));
+        };
+        let key = (schema.to_string(), table.to_string());
+        let Some(project) = self.routes.get(&key) else {
+            return Ok(Handled::Continue);
+        };
+        if let Some(p) = &self.projects {
+            if !p.admits(project, "change").await? {
+                return Ok(Handled::Continue);
+            }
+        }
+        metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
+        let event = crate::delivery::event::truncate_event(project, schema, table, txn, self.seq);
+        self.seq += 1;
+        self.hold(PendingChange {
+            event,
+            matched: Vec::new(),
+            row: Vec::new(),
         })
         .await?;
         Ok(Handled::Continue)

@@ -166,6 +166,36 @@ pub fn build_event(
     })
 }
 
+/// The event of a `TRUNCATE` of `schema.table`: no rows, no columns (README "Change
+/// streams").
+pub fn truncate_event(
+    project: &str,
+    schema: &str,
+    table: &str,
+    txn: &TxnContext,
+    seq: u32,
+) -> ChangeEvent {
+    ChangeEvent {
+        project: project.to_string(),
+        schema: schema.to_string(),
+        table: table.to_string(),
+        kind: ChangeKind::Truncate,
+        commit_timestamp: txn.commit_timestamp.clone(),
+        commit_lsn: txn.commit_lsn,
+        seq,
+        xid: txn.xid,
+        columns: Vec::new(),
+        record: None,
+        old_record: None,
+        pk: Vec::new(),
+        unchanged_toast: Vec::new(),
+        subs: Vec::new(),
+        restricted: Vec::new(),
+        errors: Vec::new(),
+        part: 0,
+    }
+}
+
 /// The new row's columns as Postgres text, with unchanged TOASTed values taken from the
 /// old row (what RLS checks compare a row's current state with).
 pub(crate) fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
@@ -242,6 +272,18 @@ mod tests {
         );
         let names: Vec<_> = ev.columns.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["id", "big", "v"]);
+    }
+
+    #[test]
+    fn a_truncate_has_no_rows() {
+        let ev = truncate_event("p", "public", "t", &txn(), 2);
+        let json = serde_json::to_value(&ev).unwrap();
+        assert_eq!(json["type"], "TRUNCATE");
+        assert_eq!(
+            (json["seq"].as_u64(), json["table"].as_str()),
+            (Some(2), Some("t"))
+        );
+        assert!(json.get("record").is_none() && json.get("old_record").is_none());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! through the [`outlet`].
 
 pub mod broadcast;
+pub mod changes;
 pub mod consumer;
 pub mod event;
 pub mod lanes;

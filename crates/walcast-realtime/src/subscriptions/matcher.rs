@@ -135,6 +135,8 @@ impl Class {
             ChangeKind::Insert => self.kinds[0],
             ChangeKind::Update => self.kinds[1],
             ChangeKind::Delete => self.kinds[2],
+            // Supabase does not deliver TRUNCATE to clients (README "Change streams").
+            ChangeKind::Truncate => false,
         }
     }
 }

@@ -1,0 +1,157 @@
+//! Change-stream throughput: the same backlog of single-row transactions drained by the
+//! pipeline twice from one position, each on its own slot: once by realtime delivery
+//! alone (core NATS, the table subjects, counted on a subscriber), once by the change
+//! stream alone (JetStream, each change acknowledged by a PubAck before the slot moves,
+//! counted in the stream). Changes/s of each and the ratio, in the same run.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::Bus;
+use walcast_lease::Fence;
+use walcast_pipeline::{ConsumerFactory, PipelineConfig, PipelineHealth};
+use walcast_realtime::config::ChangeStreamConfig;
+use walcast_realtime::{Matcher, RealtimeConfig};
+
+#[derive(Args)]
+pub struct ChangesBench {
+    /// Number of single-row transactions to load.
+    #[arg(long, default_value_t = 100_000)]
+    rows: usize,
+    /// Fail when a drain has not delivered every change within this many seconds.
+    #[arg(long, default_value_t = 600)]
+    max_wait: u64,
+}
+
+pub async fn run(args: ChangesBench) -> anyhow::Result<()> {
+    anyhow::ensure!(args.rows > 0, "--rows must be at least 1");
+    let crate::env::BenchEnv { pg, nats, admin } = crate::env::start(
+        "CREATE TABLE bench (id int8 PRIMARY KEY, title text, done bool, at timestamptz);
+         CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$
+         BEGIN
+           FOR i IN 1..n LOOP
+             INSERT INTO bench VALUES (i, 'row ' || i, i % 2 = 0, now());
+             COMMIT;
+           END LOOP;
+         END $$;",
+        "bench",
+    )
+    .await?;
+    walcast_realtime::catalog::change_streams::enable(&admin, "default", "public", "bench").await?;
+    for s in ["core", "jetstream"] {
+        admin
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'wal2json')",
+                &[&s],
+            )
+            .await?;
+    }
+    let t = Instant::now();
+    admin
+        .execute("CALL load($1)", &[&i32::try_from(args.rows)?])
+        .await?;
+    println!(
+        "loaded {} single-row transactions in {:.2}s",
+        args.rows,
+        t.elapsed().as_secs_f64()
+    );
+    let db = pg.url();
+    let core = core_drain(&db, &nats.url(), &args).await?;
+    let js = stream_drain(&db, &nats.url(), &args).await?;
+    let (core_rate, js_rate) = (args.rows as f64 / core, args.rows as f64 / js);
+    println!("core NATS (realtime, table subjects): {core_rate:>10.0} changes/s ({core:.2}s)");
+    println!("JetStream (change stream, PubAcks)  : {js_rate:>10.0} changes/s ({js:.2}s)");
+    println!(
+        "ratio JetStream / core NATS         : {:.2}",
+        js_rate / core_rate
+    );
+    Ok(())
+}
+
+/// Run a pipeline on `slot` with `consumers` until `done` fires (bounded); seconds.
+async fn drain(
+    db: &str,
+    nats: &str,
+    slot: &str,
+    consumers: Vec<Arc<dyn ConsumerFactory>>,
+    done: impl std::future::Future<Output = anyhow::Result<()>>,
+    max_wait: u64,
+) -> anyhow::Result<f64> {
+    let bus = Bus::nats(nats, "bench-pub").await?;
+    let cancel = CancellationToken::new();
+    let mut cfg = PipelineConfig::new(db);
+    cfg.origin = "bench".into();
+    cfg.read.slot = slot.to_string();
+    let started = Instant::now();
+    let task = tokio::spawn(walcast_pipeline::run(
+        cfg,
+        bus,
+        Arc::new(PipelineHealth::new(slot)),
+        Fence::unfenced(cancel.clone()),
+        consumers,
+    ));
+    let finished = tokio::time::timeout(Duration::from_secs(max_wait), done).await;
+    let secs = started.elapsed().as_secs_f64();
+    cancel.cancel();
+    let worker = task.await;
+    match finished {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => anyhow::bail!("{slot}: not done within {max_wait} s (worker: {worker:?})"),
+    }
+    worker??;
+    Ok(secs)
+}
+
+/// Realtime delivery alone: until every change arrived on a core NATS subscriber.
+async fn core_drain(db: &str, nats: &str, args: &ChangesBench) -> anyhow::Result<f64> {
+    let expect = args.rows;
+    let sub_bus = Bus::nats(nats, "bench-sub").await?;
+    let mut sub = sub_bus
+        .subscribe(walcast_bus::subject::REALTIME_ALL)
+        .await?;
+    sub_bus.barrier().await?;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    let done = async move {
+        while sub.next().await.is_some() {
+            if counter.fetch_add(1, Ordering::Relaxed) + 1 >= expect {
+                return Ok(());
+            }
+        }
+        anyhow::bail!("the subscription ended")
+    };
+    let consumers = walcast_realtime::factories(
+        RealtimeConfig::new(db),
+        Matcher::new(),
+        walcast_realtime::FrontLinks::new(Default::default()),
+    );
+    drain(db, nats, "core", consumers, done, args.max_wait).await
+}
+
+/// The change stream alone: until the stream holds every change.
+async fn stream_drain(db: &str, nats: &str, args: &ChangesBench) -> anyhow::Result<f64> {
+    let expect = args.rows as u64;
+    let js = async_nats::jetstream::new(async_nats::connect(nats).await?);
+    let done = async move {
+        loop {
+            if let Ok(mut s) = js
+                .get_stream(walcast_realtime::config::DEFAULT_CHANGES_STREAM)
+                .await
+            {
+                if s.info().await?.state.messages >= expect {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let consumers = vec![walcast_realtime::delivery::changes::factory(
+        ChangeStreamConfig::new(db),
+    )];
+    drain(db, nats, "jetstream", consumers, done, args.max_wait).await
+}
