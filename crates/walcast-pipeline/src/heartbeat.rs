@@ -70,7 +70,7 @@ pub(crate) fn start(
         "heartbeat on: a logical message on the source database at each interval"
     );
     let beats = beat_until_fenced(url.to_string(), every, fence.clone(), health.clone());
-    let task = tokio::spawn(beats);
+    let task = walcast_core::source_scope::spawn(beats);
     Some(Heartbeat(task))
 }
 

@@ -90,7 +90,7 @@ impl SenderHandle {
             last_fresh: None,
         };
         let shared = failure.clone();
-        let task = tokio::spawn(async move {
+        let task = walcast_core::source_scope::spawn(async move {
             if let Err(e) = task.serve(rx).await {
                 tracing::warn!(error = %e, "change-stream sender stopped");
                 *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
