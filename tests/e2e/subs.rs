@@ -101,6 +101,31 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
         .expect("worker answers");
     let by_class: Vec<(bool, bool)> = rls.results.iter().map(|r| (r.ok, r.by_class)).collect();
     assert_eq!(by_class, [(true, false), (true, true)], "{:?}", rls.results);
+    // A table that does not exist: a new join gets Supabase's generic refusal; one already
+    // in effect at its front (registered again: `from` set) was ended by a DROP and is
+    // told so, whether or not the worker's notice of the drop came first.
+    let mut in_effect = spec("front1:11", "gone", "*", None);
+    in_effect.from = Some(walcast_core::Lsn(1));
+    let gone = subs
+        .register(
+            walcast_bus::source::DEFAULT_SOURCE,
+            RegisterRequest {
+                subs: vec![spec("front1:10", "gone", "*", None), in_effect],
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("worker answers");
+    let errors: Vec<&str> = gone
+        .results
+        .iter()
+        .map(|r| r.error.as_deref().unwrap_or(""))
+        .collect();
+    assert!(errors[0].starts_with("Unable to subscribe to changes with given parameters"));
+    assert_eq!(
+        errors[1],
+        "Table public.gone was dropped: this subscription has ended"
+    );
 
     // Right after the reply: every change committed now must be matched.
     stack.sql("INSERT INTO t VALUES (1, 'ann', 5)");

@@ -10,28 +10,9 @@
 // worker's /health names s2's error for the operator.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFile } from 'node:child_process'
-import { promisify } from 'node:util'
-import pg from 'pg'
-import { startEnv, startProcess, client, subscribe, subscribed, uniq, until, bin } from './lib/harness.js'
+import { startEnv, startProcess, client, subscribe, subscribed, uniq, until } from './lib/harness.js'
 import { enableViaRest } from './lib/tenants.js'
-
-const run = promisify(execFile)
-
-/** `walcast <args>` against the control database; its stdout as JSON. */
-async function walcast(env, args) {
-  const { stdout } = await run(bin('walcast'), args, {
-    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url },
-  })
-  return JSON.parse(stdout)
-}
-
-async function connect(url) {
-  const c = new pg.Client({ connectionString: url })
-  c.on('error', () => {})
-  await c.connect()
-  return c
-}
+import { addSources, migrate, WORKER_ENV } from './lib/sources.js'
 
 /** A source's entry in a worker's /health. */
 async function sourceHealth(w, name) {
@@ -47,22 +28,12 @@ describe('a broken source, seen by its clients', () => {
 
   before(async () => {
     env = await startEnv({ extraPostgres: 2 })
-    await run(bin('walcast'), ['migrate'], { env: { PATH: process.env.PATH, DATABASE_URL: env.database_url } })
-    for (const [i, url] of env.extra_database_urls.entries()) {
-      const name = `s${i + 1}`
-      await walcast(env, ['source', 'add', name, '--database-url', url])
-      const p = await walcast(env, ['project', 'create', '--name', `p${i + 1}`, '--source', name])
-      const db = await connect(url)
-      dbs.push(db)
-      await db.query(`CREATE TABLE ${p.schema}.t (id int8 PRIMARY KEY, v text)`)
-      await db.query(`GRANT SELECT ON ${p.schema}.t TO anon, authenticated, service_role`)
-      projects.push({ ...p, source: name, db })
+    await migrate(env)
+    for (const p of await addSources(env)) {
+      dbs.push(p.db)
+      projects.push(p)
     }
-    worker = await startProcess(env, 'cdc-worker', [], {
-      NATS_URL: env.nats_url,
-      LEASE_MODE: 'postgres',
-      LEASE_DURATION_SECS: '3',
-    }, { standby: true })
+    worker = await startProcess(env, 'cdc-worker', [], WORKER_ENV(env), { standby: true })
     front = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
   })
 

@@ -9,29 +9,11 @@
 // taken over, and every client still gets every row once, in order.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFile } from 'node:child_process'
-import { promisify } from 'node:util'
-import pg from 'pg'
-import { startEnv, startProcess, enableTable, client, subscribed, uniq, until, bin } from './lib/harness.js'
+import { startEnv, startProcess, enableTable, client, subscribed, uniq, until } from './lib/harness.js'
 import { enableViaRest } from './lib/tenants.js'
+import { addSources, migrate, WORKER_ENV } from './lib/sources.js'
 
-const run = promisify(execFile)
 const ROWS = 40
-
-/** `walcast <args>` against the control database; its stdout as JSON. */
-async function walcast(env, args) {
-  const { stdout } = await run(bin('walcast'), args, {
-    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url },
-  })
-  return JSON.parse(stdout)
-}
-
-async function connect(url) {
-  const c = new pg.Client({ connectionString: url })
-  c.on('error', () => {})
-  await c.connect()
-  return c
-}
 
 /** One row per transaction into each project's table, ids from `first`, until stopped. */
 function startWriters(projects, first) {
@@ -71,26 +53,16 @@ describe('sources', () => {
 
   before(async () => {
     env = await startEnv({ extraPostgres: 2 })
-    await run(bin('walcast'), ['migrate'], { env: { PATH: process.env.PATH, DATABASE_URL: env.database_url } })
+    await migrate(env)
     await env.db.query('CREATE TABLE t (id int8 PRIMARY KEY, v text)')
     await enableTable(env, 't')
     projects.push({ name: 'default', schema: 'public', anon_key: undefined, db: env.db })
-    for (const [i, url] of env.extra_database_urls.entries()) {
-      const name = `s${i + 1}`
-      await walcast(env, ['source', 'add', name, '--database-url', url])
-      const p = await walcast(env, ['project', 'create', '--name', `p${i + 1}`, '--source', name])
-      const db = await connect(url)
-      dbs.push(db)
-      await db.query(`CREATE TABLE ${p.schema}.t (id int8 PRIMARY KEY, v text)`)
-      await db.query(`GRANT SELECT ON ${p.schema}.t TO anon, authenticated, service_role`)
-      projects.push({ ...p, db })
+    for (const p of await addSources(env)) {
+      dbs.push(p.db)
+      projects.push(p)
     }
     for (let i = 0; i < 2; i += 1) {
-      workers.push(await startProcess(env, 'cdc-worker', [], {
-        NATS_URL: env.nats_url,
-        LEASE_MODE: 'postgres',
-        LEASE_DURATION_SECS: '3',
-      }, { standby: true }))
+      workers.push(await startProcess(env, 'cdc-worker', [], WORKER_ENV(env), { standby: true }))
     }
     front1 = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
     front2 = await startProcess(env, 'ws-front', [], { NATS_URL: env.nats_url })
@@ -141,11 +113,7 @@ describe('sources', () => {
     console.log(`spread: ${held.map((h) => h.join('+')).join(' | ')}`)
 
     // A third worker: one source each. Then a kill -9 and a freeze, under writers.
-    workers.push(await startProcess(env, 'cdc-worker', [], {
-      NATS_URL: env.nats_url,
-      LEASE_MODE: 'postgres',
-      LEASE_DURATION_SECS: '3',
-    }, { standby: true }))
+    workers.push(await startProcess(env, 'cdc-worker', [], WORKER_ENV(env), { standby: true }))
     await until('one source per worker', async () => {
       held = await Promise.all(workers.map(leading))
       return held.every((h) => h.length === 1) && held.flat().length === 3

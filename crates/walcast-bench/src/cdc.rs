@@ -7,15 +7,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
 use futures_util::StreamExt;
-use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
-use walcast_lease::Fence;
-use walcast_pipeline::{PipelineConfig, PipelineHealth, SourceKind};
+use walcast_pipeline::{PipelineConfig, SourceKind};
 use walcast_realtime::{Matcher, RealtimeConfig};
 
 #[derive(Args)]
@@ -62,28 +60,11 @@ const VARIANTS: &[(&str, SourceKind, usize, usize)] = &[
 ];
 
 pub async fn run(args: CdcBench) -> anyhow::Result<()> {
-    let crate::env::BenchEnv { pg, nats, admin } = crate::env::start(
-        "CREATE TABLE bench (id int8 PRIMARY KEY, title text, done bool, at timestamptz);
-             CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$
-             BEGIN
-               FOR i IN 1..n LOOP
-                 INSERT INTO bench VALUES (i, 'row ' || i, i % 2 = 0, now());
-                 COMMIT;
-               END LOOP;
-             END $$;",
-        "bench",
-    )
-    .await?;
+    let crate::env::BenchEnv { pg, nats, admin } =
+        crate::env::start(crate::env::LOAD_TABLE_SQL, "bench").await?;
     anyhow::ensure!(args.rows > 0, "--rows must be at least 1");
     let slots = ["raw", "walcast_a", "walcast_b", "walcast_c"];
-    for s in slots {
-        admin
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'wal2json')",
-                &[&s],
-            )
-            .await?;
-    }
+    crate::env::create_slots(&admin, &slots).await?;
     let idle = if args.idle_txn {
         let c = pg.connect().await?;
         c.batch_execute("BEGIN; INSERT INTO bench VALUES (-1, 'idle', false, now())")
@@ -92,14 +73,10 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
     } else {
         None
     };
-    let t = Instant::now();
-    admin
-        .execute("CALL load($1)", &[&i32::try_from(args.rows)?])
-        .await?;
+    let secs = crate::env::load(&admin, args.rows).await?;
     println!(
-        "loaded {} single-row transactions in {:.2}s{}",
+        "loaded {} single-row transactions in {secs:.2}s{}",
         args.rows,
-        t.elapsed().as_secs_f64(),
         if idle.is_some() {
             " (one session idle in a transaction that wrote)"
         } else {
@@ -173,49 +150,32 @@ async fn drain(
         .await?;
     sub_bus.barrier().await?;
     let seen = Arc::new(AtomicUsize::new(0));
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let counter = seen.clone();
-    tokio::spawn(async move {
-        let mut done_tx = Some(done_tx);
+    let done = async move {
         while sub.next().await.is_some() {
-            if counter.fetch_add(1, Ordering::Relaxed) + 1 == expect {
-                if let Some(tx) = done_tx.take() {
-                    let _ = tx.send(Instant::now());
-                }
+            if counter.fetch_add(1, Ordering::Relaxed) + 1 >= expect {
+                return Ok(());
             }
         }
-    });
-    let bus = Bus::nats(nats, "bench-pub").await?;
-    let cancel = CancellationToken::new();
+        anyhow::bail!("the subscription ended")
+    };
     let mut cfg = PipelineConfig::new(db);
     cfg.source = source;
     cfg.origin = "bench".into();
     cfg.read.slot = slot.to_string();
     cfg.read.min_batch = min;
     cfg.read.max_batch = max;
-
-    let started = Instant::now();
-    let task = tokio::spawn(walcast_pipeline::run(
-        cfg,
-        bus,
-        Arc::new(PipelineHealth::new(slot)),
-        Fence::unfenced(cancel.clone()),
-        walcast_realtime::factories(
-            RealtimeConfig::new(db),
-            Matcher::new(),
-            walcast_realtime::FrontLinks::new(Default::default()),
-        ),
-    ));
-    let finished = tokio::time::timeout(Duration::from_secs(args.max_wait), done_rx).await;
-    cancel.cancel();
-    let worker = task.await;
-    let Ok(Ok(finished)) = finished else {
-        anyhow::bail!(
-            "expected {expect} changes on NATS, got {} within {} s (worker: {worker:?})",
-            seen.load(Ordering::Relaxed),
-            args.max_wait
-        );
-    };
-    worker??;
-    Ok((finished - started).as_secs_f64())
+    let consumers = walcast_realtime::factories(
+        RealtimeConfig::new(db),
+        Matcher::new(),
+        walcast_realtime::FrontLinks::new(Default::default()),
+    );
+    crate::env::run_pipeline_until(cfg, nats, consumers, done, args.max_wait)
+        .await
+        .with_context(|| {
+            format!(
+                "expected {expect} changes on NATS, got {}",
+                seen.load(Ordering::Relaxed)
+            )
+        })
 }

@@ -6,14 +6,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use futures_util::StreamExt;
-use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
-use walcast_lease::Fence;
-use walcast_pipeline::{ConsumerFactory, PipelineConfig, PipelineHealth};
+use walcast_pipeline::{ConsumerFactory, PipelineConfig};
 use walcast_realtime::config::ChangeStreamConfig;
 use walcast_realtime::{Matcher, RealtimeConfig};
 
@@ -29,36 +27,12 @@ pub struct ChangesBench {
 
 pub async fn run(args: ChangesBench) -> anyhow::Result<()> {
     anyhow::ensure!(args.rows > 0, "--rows must be at least 1");
-    let crate::env::BenchEnv { pg, nats, admin } = crate::env::start(
-        "CREATE TABLE bench (id int8 PRIMARY KEY, title text, done bool, at timestamptz);
-         CREATE PROCEDURE load(n int) LANGUAGE plpgsql AS $$
-         BEGIN
-           FOR i IN 1..n LOOP
-             INSERT INTO bench VALUES (i, 'row ' || i, i % 2 = 0, now());
-             COMMIT;
-           END LOOP;
-         END $$;",
-        "bench",
-    )
-    .await?;
+    let crate::env::BenchEnv { pg, nats, admin } =
+        crate::env::start(crate::env::LOAD_TABLE_SQL, "bench").await?;
     walcast_realtime::catalog::change_streams::enable(&admin, "default", "public", "bench").await?;
-    for s in ["core", "jetstream"] {
-        admin
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'wal2json')",
-                &[&s],
-            )
-            .await?;
-    }
-    let t = Instant::now();
-    admin
-        .execute("CALL load($1)", &[&i32::try_from(args.rows)?])
-        .await?;
-    println!(
-        "loaded {} single-row transactions in {:.2}s",
-        args.rows,
-        t.elapsed().as_secs_f64()
-    );
+    crate::env::create_slots(&admin, &["core", "jetstream"]).await?;
+    let secs = crate::env::load(&admin, args.rows).await?;
+    println!("loaded {} single-row transactions in {secs:.2}s", args.rows);
     let db = pg.url();
     let core = core_drain(&db, &nats.url(), &args).await?;
     let js = stream_drain(&db, &nats.url(), &args).await?;
@@ -81,30 +55,10 @@ async fn drain(
     done: impl std::future::Future<Output = anyhow::Result<()>>,
     max_wait: u64,
 ) -> anyhow::Result<f64> {
-    let bus = Bus::nats(nats, "bench-pub").await?;
-    let cancel = CancellationToken::new();
     let mut cfg = PipelineConfig::new(db);
     cfg.origin = "bench".into();
     cfg.read.slot = slot.to_string();
-    let started = Instant::now();
-    let task = tokio::spawn(walcast_pipeline::run(
-        cfg,
-        bus,
-        Arc::new(PipelineHealth::new(slot)),
-        Fence::unfenced(cancel.clone()),
-        consumers,
-    ));
-    let finished = tokio::time::timeout(Duration::from_secs(max_wait), done).await;
-    let secs = started.elapsed().as_secs_f64();
-    cancel.cancel();
-    let worker = task.await;
-    match finished {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(e),
-        Err(_) => anyhow::bail!("{slot}: not done within {max_wait} s (worker: {worker:?})"),
-    }
-    worker??;
-    Ok(secs)
+    crate::env::run_pipeline_until(cfg, nats, consumers, done, max_wait).await
 }
 
 /// Realtime delivery alone: until every change arrived on a core NATS subscriber.

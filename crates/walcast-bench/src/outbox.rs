@@ -335,12 +335,7 @@ async fn scenario(args: &OutboxBench, relay: Relay, idle: bool) -> anyhow::Resul
     let env =
         crate::env::start_without_table(&format!("{}{SETUP_SQL}", outbox_poll::SETUP_SQL)).await?;
     // walcast's slot, before any idle transaction (creating a slot waits for those).
-    env.admin
-        .execute(
-            "SELECT pg_create_logical_replication_slot($1, 'wal2json')",
-            &[&"walcast_cdc_slot"],
-        )
-        .await?;
+    crate::env::create_slots(&env.admin, &["walcast_cdc_slot"]).await?;
     let js = jetstream::new(async_nats::connect(env.nats.url()).await?);
     let stream = match relay {
         Relay::Walcast => walcast_outbox::config::DEFAULT_STREAM,

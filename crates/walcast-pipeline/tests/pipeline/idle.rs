@@ -71,6 +71,19 @@ struct Worst {
 }
 
 /// The idle table `public.idle` of the database `db` read by a pipeline on slot `slot`.
+/// [`start`] for each `(database, slot, source, heartbeat)`.
+async fn start_each(
+    pg: &Postgres,
+    nats: &Nats,
+    specs: &[(&str, &'static str, SourceKind, bool)],
+) -> Vec<Pipeline> {
+    let mut out = Vec::new();
+    for &(db, slot, source, beat) in specs {
+        out.push(start(pg, nats, db, slot, source, beat).await);
+    }
+    out
+}
+
 async fn start(
     pg: &Postgres,
     nats: &Nats,
@@ -266,35 +279,16 @@ fn server() -> Postgres {
 async fn an_idle_table_holds_no_wal_while_another_table_is_written() {
     let pg = server();
     let nats = Nats::start().expect("nats");
-    let pipelines = vec![
-        start(
-            &pg,
-            &nats,
-            "postgres",
-            "stream_plain",
-            SourceKind::Stream,
-            false,
-        )
-        .await,
-        start(
-            &pg,
-            &nats,
-            "postgres",
-            "poll_plain",
-            SourceKind::Poll,
-            false,
-        )
-        .await,
-        start(
-            &pg,
-            &nats,
-            "postgres",
-            "stream_beat",
-            SourceKind::Stream,
-            true,
-        )
-        .await,
-    ];
+    let pipelines = start_each(
+        &pg,
+        &nats,
+        &[
+            ("postgres", "stream_plain", SourceKind::Stream, false),
+            ("postgres", "poll_plain", SourceKind::Poll, false),
+            ("postgres", "stream_beat", SourceKind::Stream, true),
+        ],
+    )
+    .await;
     let until = Instant::now() + IDLE;
     measure(
         &pg,
@@ -340,36 +334,17 @@ async fn an_idle_database_holds_no_wal_while_another_database_is_written() {
             .await
             .expect("slot");
     }
-    let pipelines = vec![
-        start(
-            &pg,
-            &nats,
-            "stream_plain",
-            "stream_plain",
-            SourceKind::Stream,
-            false,
-        )
-        .await,
-        start(
-            &pg,
-            &nats,
-            "poll_plain",
-            "poll_plain",
-            SourceKind::Poll,
-            false,
-        )
-        .await,
-        start(
-            &pg,
-            &nats,
-            "stream_beat",
-            "stream_beat",
-            SourceKind::Stream,
-            true,
-        )
-        .await,
-        start(&pg, &nats, "poll_beat", "poll_beat", SourceKind::Poll, true).await,
-    ];
+    let pipelines = start_each(
+        &pg,
+        &nats,
+        &[
+            ("stream_plain", "stream_plain", SourceKind::Stream, false),
+            ("poll_plain", "poll_plain", SourceKind::Poll, false),
+            ("stream_beat", "stream_beat", SourceKind::Stream, true),
+            ("poll_beat", "poll_beat", SourceKind::Poll, true),
+        ],
+    )
+    .await;
     let until = Instant::now() + IDLE;
     let writes = async {
         let (written, (), ()) = tokio::join!(

@@ -4,7 +4,7 @@
 use tokio_postgres::GenericClient;
 use walcast_core::sql::qualified;
 
-use crate::catalog::tables::{inspect, TableRef};
+use crate::catalog::tables::{delete_row, inspect, list_rows, TableRef};
 use crate::error::RealtimeTablesError;
 
 /// The change-stream tables' own table, always decoded by the change-stream consumer
@@ -66,13 +66,14 @@ pub async fn disable<C: GenericClient>(
     schema: &str,
     table: &str,
 ) -> Result<bool, RealtimeTablesError> {
-    let n = client
-        .execute(
-            "DELETE FROM walcast.change_stream_tables
-              WHERE project_id = $1 AND schema_name = $2 AND table_name = $3",
-            &[&project, &schema, &table],
-        )
-        .await?;
+    let n = delete_row(
+        client,
+        "walcast.change_stream_tables",
+        project,
+        schema,
+        table,
+    )
+    .await?;
     Ok(n > 0)
 }
 
@@ -81,20 +82,5 @@ pub async fn list<C: GenericClient>(
     client: &C,
     project: Option<&str>,
 ) -> Result<Vec<TableRef>, RealtimeTablesError> {
-    let rows = client
-        .query(
-            "SELECT project_id, schema_name, table_name FROM walcast.change_stream_tables
-              WHERE $1::text IS NULL OR project_id = $1
-              ORDER BY 1, 2, 3",
-            &[&project],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| TableRef {
-            project: r.get(0),
-            schema: r.get(1),
-            table: r.get(2),
-        })
-        .collect())
+    list_rows(client, "walcast.change_stream_tables", project).await
 }

@@ -138,13 +138,7 @@ pub async fn disable<C: GenericClient>(
     schema: &str,
     table: &str,
 ) -> Result<bool, RealtimeTablesError> {
-    let n = client
-        .execute(
-            "DELETE FROM walcast.realtime_tables
-              WHERE project_id = $1 AND schema_name = $2 AND table_name = $3",
-            &[&project, &schema, &table],
-        )
-        .await?;
+    let n = delete_row(client, "walcast.realtime_tables", project, schema, table).await?;
     if project == DEFAULT_PROJECT && in_publication(client, schema, table).await? {
         let name = qualified(schema, table);
         client
@@ -161,14 +155,36 @@ pub async fn list<C: GenericClient>(
     client: &C,
     project: Option<&str>,
 ) -> Result<Vec<TableRef>, RealtimeTablesError> {
-    let rows = client
-        .query(
-            "SELECT project_id, schema_name, table_name FROM walcast.realtime_tables
-              WHERE $1::text IS NULL OR project_id = $1
-              ORDER BY 1, 2, 3",
-            &[&project],
-        )
-        .await?;
+    list_rows(client, "walcast.realtime_tables", project).await
+}
+
+/// Deletes a table's row from one of walcast's per-table catalogs (`catalog`: a constant
+/// of ours, never input). Returns how many rows went.
+pub(crate) async fn delete_row<C: GenericClient>(
+    client: &C,
+    catalog: &'static str,
+    project: &str,
+    schema: &str,
+    table: &str,
+) -> Result<u64, RealtimeTablesError> {
+    let sql = format!(
+        "DELETE FROM {catalog} WHERE project_id = $1 AND schema_name = $2 AND table_name = $3"
+    );
+    Ok(client.execute(&sql, &[&project, &schema, &table]).await?)
+}
+
+/// The rows of one of walcast's per-table catalogs (`catalog`: a constant of ours),
+/// optionally of one project, sorted.
+pub(crate) async fn list_rows<C: GenericClient>(
+    client: &C,
+    catalog: &'static str,
+    project: Option<&str>,
+) -> Result<Vec<TableRef>, RealtimeTablesError> {
+    let sql = format!(
+        "SELECT project_id, schema_name, table_name FROM {catalog}
+          WHERE $1::text IS NULL OR project_id = $1 ORDER BY 1, 2, 3"
+    );
+    let rows = client.query(&sql, &[&project]).await?;
     Ok(rows
         .iter()
         .map(|r| TableRef {

@@ -348,6 +348,33 @@ async fn by_class(
     Ok(unchecked)
 }
 
+/// What a subscription is told when its table was dropped.
+pub(crate) fn dropped_message(schema: &str, table: &str) -> String {
+    format!("Table {schema}.{table} was dropped: this subscription has ended")
+}
+
+/// A subscription already in effect at its front (`from` set: registered again in the
+/// background or for a new leader) whose table no longer exists was ended by a DROP: it
+/// is told so, as the worker's notice of the drop would, whichever arrives first. A new
+/// join of a missing table gets Supabase's generic refusal instead.
+async fn dropped(
+    client: &Client,
+    spec: &SubscriptionSpec,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let (Some(_), Some(table)) = (spec.from, spec.table.as_deref()) else {
+        return Ok(None);
+    };
+    if spec.schema == "*" {
+        return Ok(None);
+    }
+    let name = walcast_core::sql::qualified(&spec.schema, table);
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .await?
+        .get(0);
+    Ok((!exists).then(|| dropped_message(&spec.schema, table)))
+}
+
 /// Check a spec; `Ok(Err(message))` is a refusal to send to the client.
 async fn validate(
     client: &Client,
@@ -369,7 +396,7 @@ async fn validate(
             && spec.table.as_deref().is_none_or(|name| name == t.table)
     });
     if !covered {
-        return Ok(Err(unable()));
+        return Ok(Err(dropped(client, spec).await?.unwrap_or_else(unable)));
     }
     let filter = match spec
         .filter
