@@ -206,7 +206,7 @@ impl Fanout {
              the change stream for a moment and {} message(s) could not be recovered ({})",
             loss.missing, loss.why
         );
-        for sink in sinks {
+        for (sink, _) in sinks {
             sink.missed(&why);
         }
     }

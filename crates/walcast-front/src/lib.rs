@@ -38,6 +38,7 @@
 //! | `private` | `Policies`: the app's policies for private channels, asked of the worker |
 //! | [`projects`], [`auth`], [`keys`], `credentials` | the project directory, token verification, keys, where a request's credentials are |
 //! | [`usage`], `rates` | per-project counters (users, channels, joins, messages and bytes in and out, refusals, rates over the last second) and the per-project limits, summed across fronts from their beacons |
+//! | `source_watch` | subscribed clients told when their project's source stops streaming, and when it streams again |
 //! | `health`, `inspector`, `realtime_api` | the counts of `/health`; the inspector page and its health API; the per-table realtime REST API |
 //! | [`management`] | the management API (operator key): projects created, updated, suspended, rotated, deleted; the notices that refresh every front's directory, and the ending of the sockets a project change no longer allows |
 //! | `http`, `reply`, `listen`, `limits`, [`telemetry`], [`config`] | the routes (one sub-router per part); HTTP error answers; reading a bus subscription; rate limits; metric names; configuration |
@@ -92,6 +93,7 @@ mod registry;
 mod reply;
 mod sequence;
 mod sink;
+mod source_watch;
 mod sse;
 mod subscribe;
 pub mod telemetry;
@@ -357,6 +359,11 @@ impl Parts {
             cancel.clone(),
         ));
         t.spawn(sse::reaper(self.sse.clone(), cancel.clone()));
+        t.spawn(source_watch::run(
+            self.delivery.clone(),
+            self.heard.clone(),
+            cancel.clone(),
+        ));
         self.into_front()
     }
 

@@ -303,6 +303,13 @@ impl Sink for ChanOut {
     fn warn(&self, why: &str) {
         Sink::end(self, why)
     }
+
+    fn resumed(&self, why: &str) {
+        let f = server::system(None, &self.topic, "postgres_changes", SystemStatus::Ok, why);
+        if let Some(out) = Out::frame(&f, self.vsn) {
+            ChanOut::deliver(self, out);
+        }
+    }
 }
 
 #[cfg(test)]

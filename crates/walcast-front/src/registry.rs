@@ -460,14 +460,24 @@ impl Registry {
         self.read().targets.get(&n).map(|t| t.source.clone())
     }
 
-    /// Every sink with a subscription of a project on `source`, once each.
-    pub(crate) fn sinks_of(&self, source: &str) -> Vec<SinkRef> {
+    /// Every sink with a subscription of a project on `source`, once each, with its
+    /// project (a sink serves one project).
+    pub(crate) fn sinks_of(&self, source: &str) -> Vec<(SinkRef, String)> {
         let g = self.read();
         let mut seen = std::collections::HashSet::new();
         g.targets
             .values()
             .filter(|t| t.source == source && seen.insert(t.sink.id()))
-            .map(|t| t.sink.clone())
+            .map(|t| (t.sink.clone(), t.spec.project.clone()))
+            .collect()
+    }
+
+    /// The sources of the projects with a subscription here.
+    pub(crate) fn sources(&self) -> std::collections::BTreeSet<String> {
+        self.read()
+            .targets
+            .values()
+            .map(|t| t.source.clone())
             .collect()
     }
 

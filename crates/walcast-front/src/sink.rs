@@ -58,6 +58,9 @@ pub(crate) trait Sink: Send + Sync {
     /// Changes for this sink may have been lost on their way from the worker (`why`, for
     /// the client); its subscriptions go on.
     fn missed(&self, why: &str);
+    /// A notice that changes flow again after a [`Sink::warn`] (`why`, for the client): a
+    /// `system` message with status `ok`.
+    fn resumed(&self, why: &str);
 }
 
 /// A shared sink, as the registry keeps it.

@@ -50,6 +50,9 @@ pub const DELIVERY_RECOVERED: &str = "walcast_front_delivery_recovered_total";
 /// Counter: delivery-subject messages this front missed for good (the leader no longer
 /// had them, or did not resend them in time); each affected channel got a `system` error.
 pub const DELIVERY_LOST: &str = "walcast_front_delivery_lost_total";
+/// Counter: subscribers told that their project's source stopped streaming (`notice`
+/// `failing`) or streams again (`streaming`), one per sink told.
+pub const SOURCE_NOTICES: &str = "walcast_front_source_notices_total";
 /// Counter: gaps given up (each told every `postgres_changes` channel of the front).
 pub const DELIVERY_GAPS: &str = "walcast_front_delivery_gaps_total";
 /// Counter: times this front's NATS connection was lost.
@@ -139,6 +142,11 @@ fn describe_links() {
         DELIVERY_LOST,
         "Delivery-subject messages this front missed for good (no longer kept by the leader, or \
          not resent within GAP_RECOVERY_MS); its postgres_changes channels got a system error"
+    );
+    metrics::describe_counter!(
+        SOURCE_NOTICES,
+        "Subscribers (channels, SSE streams) told that their project's source stopped \
+         streaming (notice=failing) or streams again (notice=streaming)"
     );
     metrics::describe_counter!(
         DELIVERY_GAPS,

@@ -120,9 +120,14 @@ impl SseChannel {
 
     /// A `system` error event for live readers; `end`: then their stream ends.
     fn system(&self, message: &str, end: bool) {
+        self.system_with("error", message, end)
+    }
+
+    /// A `system` event of `status` (`error` or `ok`); `end`: the stream ends after it.
+    fn system_with(&self, status: &str, message: &str, end: bool) {
         let data = serde_json::json!({
             "extension": "postgres_changes",
-            "status": "error",
+            "status": status,
             "message": message,
         });
         let item = Arc::new(Item {
@@ -162,6 +167,10 @@ impl Sink for SseChannel {
 
     fn warn(&self, why: &str) {
         self.system(why, false)
+    }
+
+    fn resumed(&self, why: &str) {
+        self.system_with("ok", why, false)
     }
 }
 

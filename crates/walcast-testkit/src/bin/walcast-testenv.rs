@@ -10,7 +10,8 @@
 //! `restart-postgres` (immediate shutdown, then start: a crash restart) and
 //! `restart-nats` (SIGKILL, then start on the same port and store), and
 //! `stop-extra-postgres N` (immediate shutdown of the Nth extra instance, from 0: a
-//! source's database goes down).
+//! source's database goes down) and `start-extra-postgres N` (it comes back, same port
+//! and data).
 
 use std::io::{BufRead, Write};
 
@@ -78,7 +79,12 @@ fn main() {
         let result = match buf.trim() {
             "restart-postgres" => pg.restart().map_err(|e| e.to_string()),
             "restart-nats" => nats.restart().map_err(|e| e.to_string()),
-            cmd if cmd.starts_with("stop-extra-postgres ") => stop_extra(&mut extra, cmd),
+            cmd if cmd.starts_with("stop-extra-postgres ") => {
+                extra_nth(&mut extra, cmd).map(Postgres::stop)
+            }
+            cmd if cmd.starts_with("start-extra-postgres ") => {
+                extra_nth(&mut extra, cmd).and_then(|pg| pg.restart().map_err(|e| e.to_string()))
+            }
             "" => Ok(()),
             other => Err(format!("unknown command {other:?}")),
         };
@@ -94,17 +100,16 @@ fn main() {
     drop(pg);
 }
 
-/// `stop-extra-postgres N`: stop the Nth extra Postgres (its data directory kept).
-fn stop_extra(extra: &mut [Postgres], cmd: &str) -> Result<(), String> {
-    let n: usize = cmd["stop-extra-postgres ".len()..]
-        .trim()
-        .parse()
-        .map_err(|_| format!("not an index: {cmd:?}"))?;
-    let pg = extra
+/// The Nth extra Postgres named by `<command> N`.
+fn extra_nth<'a>(extra: &'a mut [Postgres], cmd: &str) -> Result<&'a mut Postgres, String> {
+    let n: usize = cmd
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("not an index: {cmd:?}"))?;
+    extra
         .get_mut(n)
-        .ok_or_else(|| format!("no extra postgres {n}"))?;
-    pg.stop();
-    Ok(())
+        .ok_or_else(|| format!("no extra postgres {n}"))
 }
 
 /// The fake Kubernetes API server on its own runtime, and its URL (one endpoint for
