@@ -33,9 +33,26 @@ pub struct CdcBench {
     max_wait: u64,
 }
 
-const OPTIONS: &str = "'format-version','2','include-transaction','1','include-xids','1',\
-    'include-timestamp','1','include-lsn','1','include-pk','1','include-type-oids','1',\
-    'include-typmod','0'";
+/// wal2json's options as walcast sets them (but `add-tables`, given per call).
+const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
+    ("format-version", "2"),
+    ("include-transaction", "1"),
+    ("include-xids", "1"),
+    ("include-timestamp", "1"),
+    ("include-lsn", "1"),
+    ("include-pk", "1"),
+    ("include-type-oids", "1"),
+    ("include-typmod", "0"),
+];
+
+/// [`WAL2JSON_OPTIONS`] as SQL arguments of `pg_logical_slot_get_changes`.
+fn sql_options() -> String {
+    WAL2JSON_OPTIONS
+        .iter()
+        .map(|(k, v)| format!("'{k}','{v}'"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// (name, source, min batch, max batch) of each walcast drain, in order.
 const VARIANTS: &[(&str, SourceKind, usize, usize)] = &[
@@ -63,7 +80,7 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
     let crate::env::BenchEnv { pg, nats, admin } =
         crate::env::start(crate::env::LOAD_TABLE_SQL, "bench").await?;
     anyhow::ensure!(args.rows > 0, "--rows must be at least 1");
-    let slots = ["raw", "walcast_a", "walcast_b", "walcast_c"];
+    let slots = ["raw", "walcast_a", "walcast_b", "walcast_c", "recv"];
     crate::env::create_slots(&admin, &slots).await?;
     let idle = if args.idle_txn {
         let c = pg.connect().await?;
@@ -85,19 +102,23 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
     );
 
     let raw_rate = raw_drain(&admin, args.rows).await?;
+    let recv_rate = recvlogical_drain(&pg, &admin, args.rows, args.max_wait)
+        .await
+        .context("pg_recvlogical")?;
 
     let n_variants = if args.skip_fixed {
         VARIANTS.len() - 1
     } else {
         VARIANTS.len()
     };
-    for ((name, source, min, max), slot) in VARIANTS[..n_variants].iter().zip(&slots[1..]) {
+    for ((name, source, min, max), slot) in VARIANTS[..n_variants].iter().zip(&slots[1..4]) {
         let secs = drain(&pg.url(), &nats.url(), slot, *source, (*min, *max), &args)
             .await
             .with_context(|| format!("walcast {name}"))?;
         let rate = args.rows as f64 / secs;
         println!(
-            "walcast {name:<31}: {rate:>10.0} changes/s ({secs:.2}s)  ratio to raw = {:.2}",
+            "walcast {name:<31}: {rate:>10.0} changes/s ({secs:.2}s)  ratio to pg_recvlogical = {:.2}, to raw = {:.2}",
+            rate / recv_rate,
             rate / raw_rate
         );
     }
@@ -115,7 +136,8 @@ async fn raw_drain(admin: &tokio_postgres::Client, rows: usize) -> anyhow::Resul
     let row = admin
         .query_one(
             &format!(
-                "SELECT count(*) FILTER (WHERE data LIKE '{{\"action\":\"I\"%') FROM pg_logical_slot_get_changes('raw', NULL, NULL, {OPTIONS}, 'add-tables', $1)"
+                "SELECT count(*) FILTER (WHERE data LIKE '{{\"action\":\"I\"%') FROM pg_logical_slot_get_changes('raw', NULL, NULL, {}, 'add-tables', $1)",
+                sql_options()
             ),
             &[&filter],
         )
@@ -178,4 +200,49 @@ async fn drain(
                 seen.load(Ordering::Relaxed)
             )
         })
+}
+
+/// Drain the `recv` slot with `pg_recvlogical` (the walsender's pace: `START_REPLICATION`,
+/// each message a line on its stdout, nothing published) until it wrote every insert;
+/// returns changes/s (its start included, as walcast's drains include theirs).
+async fn recvlogical_drain(
+    pg: &walcast_testkit::Postgres,
+    admin: &tokio_postgres::Client,
+    rows: usize,
+    max_wait: u64,
+) -> anyhow::Result<f64> {
+    use tokio::io::AsyncBufReadExt;
+    let filter = walcast_realtime::catalog::tables::table_filter(
+        &walcast_realtime::catalog::tables::list(admin, None).await?,
+    );
+    let mut cmd = tokio::process::Command::new(pg.bindir().join("pg_recvlogical"));
+    cmd.args(["-d", &pg.url(), "-S", "recv", "--start", "--no-loop", "-f", "-"]);
+    for (k, v) in WAL2JSON_OPTIONS.iter().chain(&[("add-tables", filter.as_str())]) {
+        cmd.arg("-o").arg(format!("{k}={v}"));
+    }
+    cmd.stdout(std::process::Stdio::piped()).kill_on_drop(true);
+    let t = Instant::now();
+    let mut child = cmd.spawn().context("starting pg_recvlogical")?;
+    let stdout = child.stdout.take().context("its stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut seen = 0usize;
+    let counted = tokio::time::timeout(std::time::Duration::from_secs(max_wait), async {
+        while seen < rows {
+            let Some(line) = lines.next_line().await? else {
+                anyhow::bail!("pg_recvlogical ended");
+            };
+            seen += usize::from(line.starts_with("{\"action\":\"I\""));
+        }
+        Ok(())
+    })
+    .await;
+    let secs = t.elapsed().as_secs_f64();
+    let _ = child.kill().await;
+    match counted {
+        Ok(r) => r?,
+        Err(_) => anyhow::bail!("{seen} of {rows} inserts within {max_wait} s"),
+    }
+    let rate = rows as f64 / secs;
+    println!("pg_recvlogical (START_REPLICATION):   {rate:>10.0} changes/s ({secs:.2}s)");
+    Ok(rate)
 }
