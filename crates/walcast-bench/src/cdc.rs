@@ -216,8 +216,20 @@ async fn recvlogical_drain(
         &walcast_realtime::catalog::tables::list(admin, None).await?,
     );
     let mut cmd = tokio::process::Command::new(pg.bindir().join("pg_recvlogical"));
-    cmd.args(["-d", &pg.url(), "-S", "recv", "--start", "--no-loop", "-f", "-"]);
-    for (k, v) in WAL2JSON_OPTIONS.iter().chain(&[("add-tables", filter.as_str())]) {
+    cmd.args([
+        "-d",
+        &pg.url(),
+        "-S",
+        "recv",
+        "--start",
+        "--no-loop",
+        "-f",
+        "-",
+    ]);
+    for (k, v) in WAL2JSON_OPTIONS
+        .iter()
+        .chain(&[("add-tables", filter.as_str())])
+    {
         cmd.arg("-o").arg(format!("{k}={v}"));
     }
     cmd.stdout(std::process::Stdio::piped()).kill_on_drop(true);

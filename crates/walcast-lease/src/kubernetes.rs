@@ -26,15 +26,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::{self, Decision, Local, Millis, Observed, Timing};
 use crate::fence::Fence;
+use crate::kube_api::{
+    micro_time_now, ApiError, Client, ConfigError, Lease, LeaseSpec, ObjectMeta,
+};
 use crate::status::LeaseStatus;
 use crate::telemetry;
 
@@ -63,29 +62,41 @@ impl KubeLeaseConfig {
     }
 }
 
+/// Why the Kubernetes elector cannot start (retrying does not help: the configuration
+/// must change).
 #[derive(Debug, thiserror::Error)]
 pub enum KubeLeaseError {
-    #[error("invalid Kubernetes API URL {url:?}: {reason}")]
-    Url { url: String, reason: String },
-    #[error("Kubernetes in-cluster configuration: {0}")]
-    InCluster(String),
-    #[error("Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 /// Build the client: explicit URL, else in-cluster.
-pub fn client(cfg: &KubeLeaseConfig) -> Result<kube::Client, KubeLeaseError> {
-    let config = match &cfg.api_url {
-        Some(url) => {
-            let uri = url.parse().map_err(|e| KubeLeaseError::Url {
-                url: url.clone(),
-                reason: format!("{e}"),
-            })?;
-            kube::Config::new(uri)
-        }
-        None => kube::Config::incluster().map_err(|e| KubeLeaseError::InCluster(e.to_string()))?,
-    };
-    Ok(kube::Client::try_from(config)?)
+pub fn client(cfg: &KubeLeaseConfig) -> Result<Client, KubeLeaseError> {
+    Ok(match &cfg.api_url {
+        Some(url) => Client::for_url(url)?,
+        None => Client::in_cluster()?,
+    })
+}
+
+/// The Leases of one namespace.
+#[derive(Clone, Debug)]
+struct Api {
+    client: Client,
+    namespace: String,
+}
+
+impl Api {
+    async fn get_opt(&self, name: &str) -> Result<Option<Lease>, ApiError> {
+        self.client.get(&self.namespace, name).await
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<Lease, ApiError> {
+        self.client.create(&self.namespace, lease).await
+    }
+
+    async fn replace(&self, name: &str, lease: &Lease) -> Result<Lease, ApiError> {
+        self.client.replace(&self.namespace, name, lease).await
+    }
 }
 
 /// Elect until `shutdown`. Each time we become leader, `lead(fence)` runs; it must check
@@ -108,7 +119,7 @@ where
 
 /// [`run`] with a client already built.
 pub async fn run_with_client<F, Fut>(
-    client: kube::Client,
+    client: Client,
     cfg: KubeLeaseConfig,
     status: Arc<LeaseStatus>,
     shutdown: CancellationToken,
@@ -118,7 +129,10 @@ pub async fn run_with_client<F, Fut>(
     Fut: Future<Output = ()>,
 {
     let mut elector = Elector {
-        api: Api::namespaced(client, &cfg.namespace),
+        api: Api {
+            client,
+            namespace: cfg.namespace.clone(),
+        },
         clock: Instant::now(),
         local: Local::default(),
         versions: Versions::default(),
@@ -211,10 +225,6 @@ fn at(clock: Instant, ms: Millis) -> std::time::Instant {
     clock.into_std() + Duration::from_millis(ms)
 }
 
-fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(r) if r.code == 409)
-}
-
 fn holder(lease: &Lease) -> Option<&str> {
     lease
         .spec
@@ -223,7 +233,7 @@ fn holder(lease: &Lease) -> Option<&str> {
 }
 
 struct Elector {
-    api: Api<Lease>,
+    api: Api,
     cfg: KubeLeaseConfig,
     clock: Instant,
     local: Local,
@@ -327,12 +337,11 @@ impl Elector {
     ) -> Option<Lease> {
         let sent = millis(self.clock);
         let (lease, create) = claimed(current, &self.cfg);
-        let pp = PostParams::default();
         let write = async {
             if create {
-                self.api.create(&pp, &lease).await
+                self.api.create(&lease).await
             } else {
-                self.api.replace(&self.cfg.name, &pp, &lease).await
+                self.api.replace(&self.cfg.name, &lease).await
             }
         };
         match tokio::time::timeout(bound, write).await {
@@ -345,7 +354,7 @@ impl Elector {
             }
             Ok(Err(e)) => {
                 decision::lost(&mut self.local);
-                if is_conflict(&e) {
+                if e.is_conflict() {
                     tracing::info!(lease = %self.cfg.name, "lost the race for the Lease");
                 } else {
                     tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot write the Lease");
@@ -400,7 +409,7 @@ impl Elector {
 
 /// The Lease with us as holder, and whether it must be created.
 fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
-    let now = MicroTime(Timestamp::now());
+    let now = micro_time_now();
     let secs = i32::try_from(cfg.duration.as_secs().max(1)).unwrap_or(i32::MAX);
     match current {
         None => (
@@ -418,6 +427,7 @@ fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
                     lease_transitions: Some(0),
                     ..LeaseSpec::default()
                 }),
+                ..Lease::default()
             },
             true,
         ),
@@ -443,7 +453,7 @@ enum Ended {
 
 /// Keeps the lease while a term lasts.
 struct Renewer {
-    api: Api<Lease>,
+    api: Api,
     cfg: KubeLeaseConfig,
     clock: Instant,
     local: Local,
@@ -486,12 +496,11 @@ impl Renewer {
             }
             let mut lease = self.lease.clone();
             if let Some(spec) = lease.spec.as_mut() {
-                spec.renew_time = Some(MicroTime(Timestamp::now()));
+                spec.renew_time = Some(micro_time_now());
             }
-            let pp = PostParams::default();
             let result = tokio::select! {
                 _ = term.cancelled() => return Ended::Shutdown,
-                r = tokio::time::timeout(left, self.api.replace(&self.cfg.name, &pp, &lease)) => r,
+                r = tokio::time::timeout(left, self.api.replace(&self.cfg.name, &lease)) => r,
             };
             match result {
                 Ok(Ok(written)) if holder(&written) == Some(self.cfg.identity.as_str()) => {
@@ -507,7 +516,7 @@ impl Renewer {
                     tracing::error!(lease = %self.cfg.name, "the Lease names another holder: stepping down");
                     return Ended::Lost;
                 }
-                Ok(Err(e)) if is_conflict(&e) => {
+                Ok(Err(e)) if e.is_conflict() => {
                     metrics::counter!(telemetry::RENEWALS, "result" => "lost").increment(1);
                     tracing::error!(lease = %self.cfg.name, "the Lease was written by another worker: stepping down");
                     return Ended::Lost;
@@ -543,8 +552,7 @@ impl Renewer {
             spec.acquire_time = None;
             spec.renew_time = None;
         }
-        let pp = PostParams::default();
-        match tokio::time::timeout(left, self.api.replace(&self.cfg.name, &pp, &lease)).await {
+        match tokio::time::timeout(left, self.api.replace(&self.cfg.name, &lease)).await {
             Ok(Ok(_)) => tracing::info!(lease = %self.cfg.name, "released the Lease"),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, lease = %self.cfg.name, "could not release the Lease")

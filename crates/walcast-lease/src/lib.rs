@@ -22,6 +22,7 @@
 
 pub mod decision;
 pub mod fence;
+pub mod kube_api;
 pub mod kubernetes;
 pub mod postgres;
 pub mod status;
