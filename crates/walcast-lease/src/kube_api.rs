@@ -268,7 +268,7 @@ impl Client {
         let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
+            .header(hyper::header::HOST, host_header(&self.host, self.port))
             .header(hyper::header::ACCEPT, "application/json");
         if body.is_some() {
             req = req.header(hyper::header::CONTENT_TYPE, "application/json");
@@ -351,6 +351,14 @@ fn with_kind(lease: &Lease) -> Lease {
     l
 }
 
+/// The `Host` header: `host:port`, an IPv6 address in brackets.
+fn host_header(host: &str, port: u16) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
 /// `host[:port]` (an IPv6 host in brackets).
 fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = match authority.strip_prefix('[') {
@@ -431,7 +439,9 @@ mod tests {
             (c.host.as_str(), c.port, c.tls.is_none()),
             ("127.0.0.1", 8080, true)
         );
-        assert_eq!(Client::for_url("http://[::1]:81/").unwrap().port, 81);
+        let v6 = Client::for_url("http://[::1]:81/").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 81));
+        assert_eq!(host_header(&v6.host, v6.port), "[::1]:81");
         assert_eq!(Client::for_url("http://api").unwrap().port, 80);
         for bad in [
             "ftp://x",
