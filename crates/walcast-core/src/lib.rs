@@ -20,6 +20,7 @@ pub mod change_id;
 mod lsn;
 #[cfg(feature = "source_scope")]
 pub mod source_scope;
+pub mod pg_snapshot;
 pub mod sql;
 pub mod timestamp;
 
