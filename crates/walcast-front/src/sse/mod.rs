@@ -43,6 +43,7 @@
 //! ```
 
 mod events;
+mod snapshot;
 mod stream;
 
 use std::collections::HashMap;
@@ -136,6 +137,16 @@ pub(crate) struct SseParams {
     filter: Option<String>,
     select: Option<String>,
     last_event_id: Option<String>,
+    snapshot: Option<String>,
+}
+
+/// `snapshot`: `true` or `false` (absent: false).
+fn wants_snapshot(p: &SseParams) -> Result<bool, String> {
+    match p.snapshot.as_deref() {
+        None | Some("false") | Some("") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(format!("snapshot {other:?} is not true or false")),
+    }
 }
 
 fn bad(msg: impl AsRef<str>) -> Response {
@@ -205,9 +216,9 @@ pub(crate) async fn handler(
             "too many new streams for this project (JOINS_PER_SECOND)",
         );
     }
-    let resume = match resume_from(&p, &headers) {
-        Ok(r) => r,
-        Err(e) => return bad(e),
+    let (resume, snapshot) = match (resume_from(&p, &headers), wants_snapshot(&p)) {
+        (Ok(r), Ok(s)) => (r, s),
+        (Err(e), _) | (_, Err(e)) => return bad(e),
     };
     // A stream is one of its project's connected users.
     let user_slot = match hub.usage.admit(&socket.project) {
@@ -228,7 +239,16 @@ pub(crate) async fn handler(
         discard(&hub, &chan).await;
         return error_response(status, &why);
     }
-    let (first, rx, last) = first_events(&chan, &name, resume);
+    // A reader resuming with `Last-Event-ID` already has the rows: no snapshot again.
+    let (first, rx, last, cut) = if snapshot && resume.is_none() {
+        match snapshot::start(&hub, &chan, &name, &claims).await {
+            Ok((first, rx, last, cut)) => (first, rx, last, Some(cut)),
+            Err(refused) => return refused,
+        }
+    } else {
+        let (first, rx, last) = first_events(&chan, &name, resume);
+        (first, rx, last, None)
+    };
     let exp = user.exp().unwrap_or(i64::MAX);
     let until_exp = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
     let state = StreamState {
@@ -239,6 +259,7 @@ pub(crate) async fn handler(
         exp,
         cancel: hub.cancel.clone(),
         done: false,
+        cut,
         _guard: guard,
         slot: (slot, user_slot),
     };
