@@ -692,7 +692,12 @@ fn fit_rows(response: &mut Response, max: usize) {
             .sum::<usize>();
     if size > max {
         let n = rows.rows.len();
-        tracing::warn!(rows = n, size, max_payload = max, "snapshot rows do not fit one NATS message");
+        tracing::warn!(
+            rows = n,
+            size,
+            max_payload = max,
+            "snapshot rows do not fit one NATS message"
+        );
         *response = Response::Error(AdminError::new(
             AdminErrorKind::TooLarge,
             format!("{n} rows of {size} bytes do not fit one NATS message ({max} bytes)"),

@@ -18,9 +18,9 @@
 mod backoff;
 pub mod change_id;
 mod lsn;
+pub mod pg_snapshot;
 #[cfg(feature = "source_scope")]
 pub mod source_scope;
-pub mod pg_snapshot;
 pub mod sql;
 pub mod timestamp;
 

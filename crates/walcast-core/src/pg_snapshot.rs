@@ -143,7 +143,9 @@ mod tests {
         assert_eq!((s.xmin, s.xmax, s.xip.clone()), (10, 20, vec![12, 15]));
         assert_eq!(s.to_string(), "10:20:12,15");
         assert_eq!(PgSnapshot::parse("7:7:").unwrap().xip, Vec::<u64>::new());
-        for bad in ["", "1:2", "a:2:", "3:2:", "1:5:9", "1:5:0", "1:5:x", "-1:2:"] {
+        for bad in [
+            "", "1:2", "a:2:", "3:2:", "1:5:9", "1:5:0", "1:5:x", "-1:2:",
+        ] {
             assert!(PgSnapshot::parse(bad).is_err(), "{bad:?}");
         }
     }
@@ -191,8 +193,14 @@ mod tests {
         };
         assert!(cut.delivers(crate::Lsn(0x501), Some(50)), "after the cut");
         assert!(!cut.delivers(crate::Lsn(0x500), Some(101)), "in the rows");
-        assert!(cut.delivers(crate::Lsn(0x400), Some(103)), "in progress then");
-        assert!(cut.delivers(crate::Lsn(0x400), None), "cannot tell: delivered");
+        assert!(
+            cut.delivers(crate::Lsn(0x400), Some(103)),
+            "in progress then"
+        );
+        assert!(
+            cut.delivers(crate::Lsn(0x400), None),
+            "cannot tell: delivered"
+        );
     }
 
     proptest! {

@@ -63,7 +63,11 @@ fn ready_event(chan: &SseChannel, name: &str) -> Event {
 pub(super) fn snapshot_start(
     chan: &SseChannel,
     name: &str,
-) -> (VecDeque<Event>, broadcast::Receiver<Arc<Item>>, Vec<Arc<Item>>) {
+) -> (
+    VecDeque<Event>,
+    broadcast::Receiver<Arc<Item>>,
+    Vec<Arc<Item>>,
+) {
     let first = VecDeque::from([ready_event(chan, name)]);
     let g = chan.lock();
     let rx = chan.live.subscribe();

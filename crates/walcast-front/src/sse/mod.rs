@@ -17,6 +17,7 @@
 //! | `filter` | a `postgres_changes` filter, e.g. `user_id=eq.42` | — |
 //! | `select` | comma-separated column list | — |
 //! | `last_event_id` | resume point when the `Last-Event-ID` header cannot be set | — |
+//! | `snapshot` | `true`: first the rows of `table` the subscriber may see, then the changes ([`snapshot`]) | `false` |
 //!
 //! The response starts with `event: ready` (data `{"channel":…,"postgres_changes":[{…,"id":N}]}`)
 //! only once the cdc-worker has registered the subscription, so every change committed after
@@ -37,6 +38,21 @@
 //! reader too slow to keep up gets `event: error` and the stream ends. Errors before the
 //! stream starts are HTTP errors with `{"error":"…"}`: 400 (bad parameters, subscription
 //! refused by the worker), 401 (token), 503 (no cdc-worker answered).
+//!
+//! With `snapshot=true` (one `table`), `ready` is followed by the rows the subscriber may
+//! see, read by the worker as the subscriber (RLS applies), each
+//!
+//! ```text
+//! event: snapshot
+//! data: {"ids":[N],"data":{"schema":"public","table":"todos","type":"SNAPSHOT","columns":[…],"record":{…}}}
+//! ```
+//!
+//! then `event: snapshot_done` (`{"rows":N,"lsn":"0/1530AD8"}`), then the changes the rows
+//! lack (see [`snapshot`]), nothing twice. Row events have no `id`: a client that loses
+//! the stream before the first change has no `Last-Event-ID` and gets a fresh snapshot;
+//! a reconnect with `Last-Event-ID` resumes the changes without a snapshot. Too many
+//! rows (`SSE_SNAPSHOT_MAX_ROWS`, `SSE_SNAPSHOT_MAX_BYTES`, NATS' `max_payload`) is a 413
+//! before the stream starts; a role that may not read the table a 403; no `table` a 400.
 //!
 //! ```sh
 //! curl -N "http://localhost:4000/realtime/v1/sse?apikey=$ANON_KEY&table=todos"

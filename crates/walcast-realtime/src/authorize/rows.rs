@@ -66,7 +66,10 @@ fn db(e: tokio_postgres::Error) -> AdminError {
     if refused {
         err(AdminErrorKind::Refused, message)
     } else if e.code() == Some(&SqlState::QUERY_CANCELED) {
-        err(AdminErrorKind::TooLarge, format!("the read took too long: {message}"))
+        err(
+            AdminErrorKind::TooLarge,
+            format!("the read took too long: {message}"),
+        )
     } else {
         err(AdminErrorKind::Internal, format!("database: {message}"))
     }
@@ -80,7 +83,12 @@ struct Col {
 }
 
 /// The columns of the table `role` may read, in table order.
-async fn readable(client: &Client, schema: &str, table: &str, role: &str) -> Result<Vec<Col>, AdminError> {
+async fn readable(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    role: &str,
+) -> Result<Vec<Col>, AdminError> {
     let rows = client
         .query(
             "SELECT a.attname::text, t.typname::text,
@@ -141,53 +149,96 @@ struct Plan {
     shown: Vec<usize>,
 }
 
-async fn plan(client: &Client, roles: &RolePolicy, req: &RowsRequest<'_>) -> Result<Plan, AdminError> {
-    let role = match precheck(client, roles, req.project, req.claims).await.map_err(db)? {
+async fn plan(
+    client: &Client,
+    roles: &RolePolicy,
+    req: &RowsRequest<'_>,
+) -> Result<Plan, AdminError> {
+    let role = match precheck(client, roles, req.project, req.claims)
+        .await
+        .map_err(db)?
+    {
         Ok(role) => role.to_string(),
         Err(refused) => return Err(err(AdminErrorKind::Refused, refused.to_string())),
     };
     if req.schema != req.project_schema {
         return Err(err(
             AdminErrorKind::InvalidRequest,
-            format!("a snapshot reads a table of schema {:?}", req.project_schema),
+            format!(
+                "a snapshot reads a table of schema {:?}",
+                req.project_schema
+            ),
         ));
     }
     let enabled = tables::list(client, Some(req.project))
         .await
         .map_err(|e| err(AdminErrorKind::Internal, e.to_string()))?;
-    if !enabled.iter().any(|t| t.schema == req.schema && t.table == req.table) {
+    if !enabled
+        .iter()
+        .any(|t| t.schema == req.schema && t.table == req.table)
+    {
         return Err(err(
             AdminErrorKind::UnknownTable,
-            format!("realtime is not enabled on {}", qualified(req.schema, req.table)),
+            format!(
+                "realtime is not enabled on {}",
+                qualified(req.schema, req.table)
+            ),
         ));
     }
     let cols = readable(client, req.schema, req.table, &role).await?;
     if cols.is_empty() {
-        return Err(err(AdminErrorKind::Refused, format!("role {role:?} may not read the table")));
+        return Err(err(
+            AdminErrorKind::Refused,
+            format!("role {role:?} may not read the table"),
+        ));
     }
     let filter = match req.filter.map(str::trim).filter(|f| !f.is_empty()) {
         None => None,
         Some(text) => {
             let bad = |e: String| err(AdminErrorKind::InvalidRequest, format!("filter: {e}"));
             let f = Filter::parse(text).map_err(|e| bad(e.to_string()))?;
-            let lookup = |n: &str| cols.iter().find(|c| c.name == n).map(|c| c.typname.as_str());
+            let lookup = |n: &str| {
+                cols.iter()
+                    .find(|c| c.name == n)
+                    .map(|c| c.typname.as_str())
+            };
             f.validate(lookup).map_err(|e| bad(e.to_string()))?;
             Some(CompiledFilter::new(f).map_err(|e| bad(e.to_string()))?)
         }
     };
-    if let Some(unknown) = req.select.unwrap_or_default().iter().find(|s| !cols.iter().any(|c| &c.name == *s)) {
-        return Err(err(AdminErrorKind::InvalidRequest, format!("select: column {unknown:?} does not exist")));
+    if let Some(unknown) = req
+        .select
+        .unwrap_or_default()
+        .iter()
+        .find(|s| !cols.iter().any(|c| &c.name == *s))
+    {
+        return Err(err(
+            AdminErrorKind::InvalidRequest,
+            format!("select: column {unknown:?} does not exist"),
+        ));
     }
     // As on changes: the selected columns and the key.
     let shown = (0..cols.len())
-        .filter(|&i| req.select.is_none_or(|s| cols[i].key || s.contains(&cols[i].name)))
+        .filter(|&i| {
+            req.select
+                .is_none_or(|s| cols[i].key || s.contains(&cols[i].name))
+        })
         .collect();
-    Ok(Plan { role, cols, filter, shown })
+    Ok(Plan {
+        role,
+        cols,
+        filter,
+        shown,
+    })
 }
 
 /// Read the rows (see the module docs). `client` must not be in a transaction; it is
 /// left outside one.
-pub async fn read(client: &Client, roles: &RolePolicy, req: RowsRequest<'_>) -> Result<SnapshotRows, AdminError> {
+pub async fn read(
+    client: &Client,
+    roles: &RolePolicy,
+    req: RowsRequest<'_>,
+) -> Result<SnapshotRows, AdminError> {
     let plan = plan(client, roles, &req).await?;
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -198,14 +249,23 @@ pub async fn read(client: &Client, roles: &RolePolicy, req: RowsRequest<'_>) -> 
     result
 }
 
-async fn read_in(client: &Client, req: &RowsRequest<'_>, plan: &Plan) -> Result<SnapshotRows, AdminError> {
+async fn read_in(
+    client: &Client,
+    req: &RowsRequest<'_>,
+    plan: &Plan,
+) -> Result<SnapshotRows, AdminError> {
     let at = client
-        .query_one("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text", &[])
+        .query_one(
+            "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text",
+            &[],
+        )
         .await
         .map_err(db)?;
     let snapshot: String = at.get(0);
     let lsn: String = at.get(1);
-    let lsn = lsn.parse().map_err(|e| err(AdminErrorKind::Internal, format!("lsn {lsn:?}: {e}")))?;
+    let lsn = lsn
+        .parse()
+        .map_err(|e| err(AdminErrorKind::Internal, format!("lsn {lsn:?}: {e}")))?;
     let claims = req.claims.to_string();
     client
         .execute(
@@ -222,7 +282,10 @@ async fn read_in(client: &Client, req: &RowsRequest<'_>, plan: &Plan) -> Result<
         .await
         .map_err(db)?;
     pin_mut!(stream);
-    let (max_rows, max_bytes) = (req.max_rows.min(MAX_ROWS) as usize, req.max_bytes.min(MAX_BYTES) as usize);
+    let (max_rows, max_bytes) = (
+        req.max_rows.min(MAX_ROWS) as usize,
+        req.max_bytes.min(MAX_BYTES) as usize,
+    );
     let (mut rows, mut bytes) = (Vec::new(), 0usize);
     while let Some(row) = stream.try_next().await.map_err(db)? {
         let texts: Vec<Option<String>> = row.get(0);
@@ -254,7 +317,12 @@ async fn read_in(client: &Client, req: &RowsRequest<'_>, plan: &Plan) -> Result<
             type_name: c.typname.clone(),
         })
         .collect();
-    Ok(SnapshotRows { snapshot, lsn, columns, rows })
+    Ok(SnapshotRows {
+        snapshot,
+        lsn,
+        columns,
+        rows,
+    })
 }
 
 #[cfg(test)]
@@ -264,8 +332,16 @@ mod tests {
     #[test]
     fn hostile_names_stay_quoted() {
         let cols = vec![
-            Col { name: "id".into(), typname: "int4".into(), key: true },
-            Col { name: "x\"; DROP TABLE t; --".into(), typname: "bytea".into(), key: false },
+            Col {
+                name: "id".into(),
+                typname: "int4".into(),
+                key: true,
+            },
+            Col {
+                name: "x\"; DROP TABLE t; --".into(),
+                typname: "bytea".into(),
+                key: false,
+            },
         ];
         let shown: Vec<&Col> = cols.iter().collect();
         let sql = select_sql("public", "we\"ird", &cols, &shown);
