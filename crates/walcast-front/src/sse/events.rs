@@ -138,6 +138,10 @@ pub(super) async fn next_event(
                     st.done = true;
                     return Some((Ok(Event::default().event("system").data(&item.data)), st));
                 }
+                // A warning (`SseChannel::warn`, no position): the stream goes on.
+                Ok(item) if item.id.is_empty() => {
+                    return Some((Ok(Event::default().event("system").data(&item.data)), st));
+                }
                 Ok(item) => {
                     if st.last.is_some_and(|l| item.pos <= l) {
                         continue;

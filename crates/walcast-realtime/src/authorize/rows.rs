@@ -149,6 +149,25 @@ struct Plan {
     shown: Vec<usize>,
 }
 
+/// The binding's filter, checked against the readable columns (a column the role may not
+/// read is unknown), compiled as on changes.
+fn compile(filter: Option<&str>, cols: &[Col]) -> Result<Option<CompiledFilter>, AdminError> {
+    let Some(text) = filter.map(str::trim).filter(|f| !f.is_empty()) else {
+        return Ok(None);
+    };
+    let bad = |e: String| err(AdminErrorKind::InvalidRequest, format!("filter: {e}"));
+    let f = Filter::parse(text).map_err(|e| bad(e.to_string()))?;
+    let lookup = |n: &str| {
+        cols.iter()
+            .find(|c| c.name == n)
+            .map(|c| c.typname.as_str())
+    };
+    f.validate(lookup).map_err(|e| bad(e.to_string()))?;
+    CompiledFilter::new(f)
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
+}
+
 async fn plan(
     client: &Client,
     roles: &RolePolicy,
@@ -192,32 +211,9 @@ async fn plan(
             format!("role {role:?} may not read the table"),
         ));
     }
-    let filter = match req.filter.map(str::trim).filter(|f| !f.is_empty()) {
-        None => None,
-        Some(text) => {
-            let bad = |e: String| err(AdminErrorKind::InvalidRequest, format!("filter: {e}"));
-            let f = Filter::parse(text).map_err(|e| bad(e.to_string()))?;
-            let lookup = |n: &str| {
-                cols.iter()
-                    .find(|c| c.name == n)
-                    .map(|c| c.typname.as_str())
-            };
-            f.validate(lookup).map_err(|e| bad(e.to_string()))?;
-            Some(CompiledFilter::new(f).map_err(|e| bad(e.to_string()))?)
-        }
-    };
-    if let Some(unknown) = req
-        .select
-        .unwrap_or_default()
-        .iter()
-        .find(|s| !cols.iter().any(|c| &c.name == *s))
-    {
-        return Err(err(
-            AdminErrorKind::InvalidRequest,
-            format!("select: column {unknown:?} does not exist"),
-        ));
-    }
-    // As on changes: the selected columns and the key.
+    let filter = compile(req.filter, &cols)?;
+    // As on changes: the selected columns and the key (a selected column the role may
+    // not read is left out, as from changes; the registration refused unknown ones).
     let shown = (0..cols.len())
         .filter(|&i| {
             req.select
