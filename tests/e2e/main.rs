@@ -38,4 +38,5 @@ mod security;
 mod slot;
 mod source_metrics;
 mod sources;
+mod sse_snapshot;
 mod subs;

@@ -58,6 +58,24 @@ pub enum AdminRequest {
         since_ms: i64,
         limit: u32,
     },
+    /// The rows of one table a subscriber may see (SSE `?snapshot=true`), read as the
+    /// subscriber (its `role`, its claims: row-level security applies) in one read-only
+    /// transaction, with the snapshot and the WAL position they were read at. Only a
+    /// realtime-enabled table of the project's schema; `filter` and `select` as a
+    /// `postgres_changes` binding's. More than `max_rows` rows or `max_bytes` bytes of
+    /// them: refused (`TooLarge`), never cut short.
+    SnapshotRows {
+        project: String,
+        claims: serde_json::Value,
+        schema: String,
+        table: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filter: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        select: Option<Vec<String>>,
+        max_rows: u32,
+        max_bytes: u32,
+    },
     /// Management API: create a project (its secret in the reply).
     ProjectCreate {
         name: String,
@@ -227,6 +245,19 @@ pub struct ProjectLimits {
     pub max_payload_size_in_kb: Option<u32>,
 }
 
+/// Rows a subscriber may see, and where they stand in the change stream.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRows {
+    /// `pg_current_snapshot()` of the read (`xmin:xmax:xip,…`).
+    pub snapshot: String,
+    /// `pg_current_wal_insert_lsn()` read after the snapshot was taken.
+    pub lsn: walcast_core::Lsn,
+    /// The columns of every record, in table order.
+    pub columns: Vec<crate::ColumnInfo>,
+    /// Each row as a JSON object (the form of a change's `record`).
+    pub rows: Vec<String>,
+}
+
 /// A table of a project.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TableName {
@@ -259,6 +290,8 @@ pub enum AdminReply {
     Replayed {
         messages: Vec<StoredBroadcast>,
     },
+    /// See [`AdminRequest::SnapshotRows`].
+    SnapshotRows(SnapshotRows),
     /// A project created, read, changed or rotated.
     Project {
         project: ProjectRecord,
@@ -283,6 +316,10 @@ pub enum AdminErrorKind {
     PartitionedTable,
     /// No cdc-worker answered (none leads, or NATS is down), or it answered nonsense.
     Unavailable,
+    /// The subscriber may not read what it asked (its token, its role).
+    Refused,
+    /// More than the request's bound (rows, bytes).
+    TooLarge,
     Internal,
 }
 
@@ -502,6 +539,21 @@ impl AdminClient {
 }
 
 impl AdminClient {
+    /// See [`AdminRequest::SnapshotRows`] (`req`), at the leader of the project's `source`.
+    pub async fn snapshot_rows(
+        &self,
+        source: &str,
+        req: AdminRequest,
+        timeout: Duration,
+    ) -> Result<SnapshotRows, AdminError> {
+        match self.request_to(source, req, timeout).await? {
+            AdminReply::SnapshotRows(rows) => Ok(rows),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+impl AdminClient {
     /// A management request answered with a project (create, get, update, rotate).
     pub async fn project(
         &self,
@@ -608,7 +660,9 @@ async fn answer(
         0 => 1024 * 1024,
         n => n,
     };
-    let left_out = fit_replay(&mut response, max.saturating_sub(REPLY_OVERHEAD));
+    let room = max.saturating_sub(REPLY_OVERHEAD);
+    fit_rows(&mut response, room);
+    let left_out = fit_replay(&mut response, room);
     if left_out > 0 {
         tracing::warn!(
             left_out,
@@ -621,6 +675,35 @@ async fn answer(
 
 /// Room left in a reply for its subject and headers.
 const REPLY_OVERHEAD: usize = 1024;
+
+/// Rows that do not fit one NATS message are refused as too large (never cut short: the
+/// reader would take a part for the whole).
+fn fit_rows(response: &mut Response, max: usize) {
+    let Response::Ok(AdminReply::SnapshotRows(rows)) = response else {
+        return;
+    };
+    let size: usize = 256
+        + rows.snapshot.len()
+        + serde_json::to_vec(&rows.columns).map_or(usize::MAX / 2, |v| v.len())
+        + rows
+            .rows
+            .iter()
+            .map(|r| serde_json::to_vec(r).map_or(usize::MAX / 2, |v| v.len()) + 1)
+            .sum::<usize>();
+    if size > max {
+        let n = rows.rows.len();
+        tracing::warn!(
+            rows = n,
+            size,
+            max_payload = max,
+            "snapshot rows do not fit one NATS message"
+        );
+        *response = Response::Error(AdminError::new(
+            AdminErrorKind::TooLarge,
+            format!("{n} rows of {size} bytes do not fit one NATS message ({max} bytes)"),
+        ));
+    }
+}
 
 /// Bring a replay's reply within `max` bytes of JSON: its oldest messages that fit, in
 /// order, the newer ones left out (a reply NATS refuses would leave the join waiting for

@@ -18,6 +18,7 @@
 mod backoff;
 pub mod change_id;
 mod lsn;
+pub mod pg_snapshot;
 #[cfg(feature = "source_scope")]
 pub mod source_scope;
 pub mod sql;

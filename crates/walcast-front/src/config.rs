@@ -43,6 +43,13 @@ pub struct FrontConfig {
     pub sse_linger: Duration,
     /// Interval of SSE keep-alive comments.
     pub sse_keepalive: Duration,
+    /// Most rows one SSE `?snapshot=true` may send (more: the stream is refused, 413).
+    pub sse_snapshot_max_rows: u32,
+    /// Most bytes of records one SSE snapshot may send (the worker's reply must also fit
+    /// one NATS message).
+    pub sse_snapshot_max_bytes: u32,
+    /// How long an SSE snapshot waits for the worker's rows.
+    pub sse_snapshot_timeout: Duration,
     /// Subscriptions per `register` request when re-registering everything (resync).
     pub resync_batch: usize,
     /// On shutdown, the window over which the sockets are closed (see
@@ -146,6 +153,13 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
 pub const DEFAULT_PROJECT_MAX_USERS: u64 = 10_000;
 /// Default of [`FrontConfig::joins_per_second`] (the burst is twice it).
 pub const DEFAULT_JOINS_PER_SECOND: u32 = 100;
+/// Default of [`FrontConfig::sse_snapshot_max_rows`].
+pub const DEFAULT_SSE_SNAPSHOT_MAX_ROWS: u32 = 10_000;
+/// Default of [`FrontConfig::sse_snapshot_max_bytes`] (512 KiB: with its JSON escaping
+/// the worker's reply stays within NATS' default 1 MiB `max_payload`).
+pub const DEFAULT_SSE_SNAPSHOT_MAX_BYTES: u32 = 512 * 1024;
+/// Default of [`FrontConfig::sse_snapshot_timeout`], in milliseconds.
+pub const DEFAULT_SSE_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 /// Default of [`FrontConfig::history_size`].
 pub const DEFAULT_HISTORY_SIZE: usize = 1000;
 
@@ -169,6 +183,9 @@ impl Default for FrontConfig {
             history_size: DEFAULT_HISTORY_SIZE,
             sse_linger: Duration::from_secs(60),
             sse_keepalive: Duration::from_secs(15),
+            sse_snapshot_max_rows: DEFAULT_SSE_SNAPSHOT_MAX_ROWS,
+            sse_snapshot_max_bytes: DEFAULT_SSE_SNAPSHOT_MAX_BYTES,
+            sse_snapshot_timeout: Duration::from_millis(DEFAULT_SSE_SNAPSHOT_TIMEOUT_MS),
             resync_batch: 500,
             drain_window: Duration::from_secs(DEFAULT_DRAIN_SECS),
             inspector: DEFAULT_INSPECTOR,

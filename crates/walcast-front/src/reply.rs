@@ -75,6 +75,8 @@ impl From<AdminError> for ApiError {
                 (StatusCode::UNPROCESSABLE_ENTITY, "partitioned_table")
             }
             AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            AdminErrorKind::Refused => (StatusCode::FORBIDDEN, "refused"),
+            AdminErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             AdminErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, error, e.message)

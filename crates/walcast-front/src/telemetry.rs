@@ -7,6 +7,13 @@ pub const CONNECTIONS: &str = "walcast_front_connections";
 pub const CHANNELS: &str = "walcast_front_channels";
 /// Gauge: open SSE streams.
 pub const SSE_STREAMS: &str = "walcast_front_sse_streams";
+/// Counter: SSE `?snapshot=true` reads, label `outcome` (`ok`, `too_large`, `refused`,
+/// `unavailable`, `error`).
+pub const SSE_SNAPSHOTS: &str = "walcast_front_sse_snapshots_total";
+/// Counter: rows sent by SSE snapshots.
+pub const SSE_SNAPSHOT_ROWS: &str = "walcast_front_sse_snapshot_rows_total";
+/// Counter: changes not sent to an SSE snapshot stream because its rows already held them.
+pub const SSE_SNAPSHOT_SKIPPED: &str = "walcast_front_sse_snapshot_skipped_changes_total";
 /// Counter: joins, label `result` (`ok`, `error`).
 pub const JOINS: &str = "walcast_front_joins_total";
 /// Counter: frames received from clients.
@@ -88,6 +95,15 @@ fn describe_sockets() {
     );
     metrics::describe_gauge!(CHANNELS, "Joined channels over all WebSocket connections");
     metrics::describe_gauge!(SSE_STREAMS, "Open SSE streams");
+    metrics::describe_counter!(
+        SSE_SNAPSHOTS,
+        "SSE ?snapshot=true reads, by outcome (ok, too_large, refused, unavailable, error)"
+    );
+    metrics::describe_counter!(SSE_SNAPSHOT_ROWS, "Rows sent by SSE snapshots");
+    metrics::describe_counter!(
+        SSE_SNAPSHOT_SKIPPED,
+        "Changes not sent to an SSE snapshot stream because its rows already held them"
+    );
     metrics::describe_counter!(JOINS, "Channel joins, by result (ok, error)");
     metrics::describe_counter!(FRAMES_IN, "Frames received from clients");
     metrics::describe_counter!(FRAMES_OUT, "Frames written to clients");

@@ -85,7 +85,8 @@ impl Admin {
             AdminRequest::SetRealtime { project, .. }
             | AdminRequest::ListTables { project }
             | AdminRequest::AuthorizeChannel { project, .. }
-            | AdminRequest::Replay { project, .. } => project,
+            | AdminRequest::Replay { project, .. }
+            | AdminRequest::SnapshotRows { project, .. } => project,
             _ => {
                 return Err(AdminError::new(
                     AdminErrorKind::InvalidRequest,
@@ -279,7 +280,8 @@ fn project_of(req: &AdminRequest) -> Option<&str> {
         AdminRequest::SetRealtime { project, .. }
         | AdminRequest::ListTables { project }
         | AdminRequest::AuthorizeChannel { project, .. }
-        | AdminRequest::Replay { project, .. } => Some(project),
+        | AdminRequest::Replay { project, .. }
+        | AdminRequest::SnapshotRows { project, .. } => Some(project),
         _ => None,
     }
 }
@@ -311,6 +313,34 @@ async fn run(
         } => set_realtime(client, project, table, enabled, schema).await,
         req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
             private_channel(client, roles, req).await
+        }
+        AdminRequest::SnapshotRows {
+            project,
+            claims,
+            schema: asked,
+            table,
+            filter,
+            select,
+            max_rows,
+            max_bytes,
+        } => {
+            let project_schema = match schema {
+                Some(s) => s,
+                None => schema_of(client, &project).await?,
+            };
+            let req = crate::authorize::rows::RowsRequest {
+                project: &project,
+                project_schema: &project_schema,
+                claims: &claims,
+                schema: &asked,
+                table: &table,
+                filter: filter.as_deref(),
+                select: select.as_deref(),
+                max_rows,
+                max_bytes,
+            };
+            let rows = crate::authorize::rows::read(client, roles, req).await?;
+            Ok(AdminReply::SnapshotRows(rows))
         }
         AdminRequest::ListTables { project } => {
             if schema.is_none() {

@@ -30,6 +30,16 @@ pub struct FrontArgs {
     /// SSE: changes kept per channel for `Last-Event-ID` resumption.
     #[arg(long, env = "HISTORY_SIZE", default_value_t = walcast_front::config::DEFAULT_HISTORY_SIZE)]
     pub history_size: usize,
+    /// SSE `?snapshot=true`: most rows one snapshot may send (more: 413).
+    #[arg(long, env = "SSE_SNAPSHOT_MAX_ROWS", default_value_t = walcast_front::config::DEFAULT_SSE_SNAPSHOT_MAX_ROWS)]
+    pub sse_snapshot_max_rows: u32,
+    /// SSE `?snapshot=true`: most bytes of records one snapshot may send (more: 413;
+    /// the worker's reply must also fit one NATS message, `max_payload`).
+    #[arg(long, env = "SSE_SNAPSHOT_MAX_BYTES", default_value_t = walcast_front::config::DEFAULT_SSE_SNAPSHOT_MAX_BYTES)]
+    pub sse_snapshot_max_bytes: u32,
+    /// SSE `?snapshot=true`: how long to wait for the worker's rows, in ms.
+    #[arg(long, env = "SSE_SNAPSHOT_TIMEOUT_MS", default_value_t = walcast_front::config::DEFAULT_SSE_SNAPSHOT_TIMEOUT_MS)]
+    pub sse_snapshot_timeout_ms: u64,
     /// Frames queued per connection before a slow client is disconnected.
     #[arg(long, env = "OUTBOUND_QUEUE", default_value_t = walcast_front::config::DEFAULT_OUTBOUND_QUEUE)]
     pub outbound_queue: usize,
@@ -146,6 +156,9 @@ impl FrontArgs {
         FrontConfig {
             front_id: Some(front_id.to_string()),
             history_size: self.history_size,
+            sse_snapshot_max_rows: self.sse_snapshot_max_rows,
+            sse_snapshot_max_bytes: self.sse_snapshot_max_bytes,
+            sse_snapshot_timeout: Duration::from_millis(self.sse_snapshot_timeout_ms),
             outbound_queue: self.outbound_queue,
             max_frame_bytes: self.max_frame_bytes,
             max_channels_per_socket: self.max_channels_per_socket,
@@ -255,6 +268,9 @@ impl FrontArgs {
             "jwt_secret_previous": self.jwt_secret_previous.as_ref().map(|_| "***"),
             "jwt_jwks": self.jwt_jwks.as_ref().map(|_| "(set)"),
             "history_size": self.history_size,
+            "sse_snapshot_max_rows": self.sse_snapshot_max_rows,
+            "sse_snapshot_max_bytes": self.sse_snapshot_max_bytes,
+            "sse_snapshot_timeout_ms": self.sse_snapshot_timeout_ms,
             "outbound_queue": self.outbound_queue,
             "max_frame_bytes": self.max_frame_bytes,
             "max_channels_per_socket": self.max_channels_per_socket,

@@ -273,3 +273,31 @@ fn replayed_bytes_cross_as_base64_exactly() {
     let bad = r#"{"id":"i","event":"e","payload":"null","binary":"%%"}"#;
     assert!(serde_json::from_str::<StoredBroadcast>(bad).is_err());
 }
+
+#[test]
+fn snapshot_rows_over_one_message_are_refused_never_cut() {
+    let rows = |n: usize| {
+        Response::Ok(AdminReply::SnapshotRows(SnapshotRows {
+            snapshot: "10:20:15".into(),
+            lsn: walcast_core::Lsn(0x1530AD8),
+            columns: vec![crate::ColumnInfo {
+                name: "id".into(),
+                type_name: "int4".into(),
+            }],
+            rows: (0..n).map(|i| format!("{{\"id\":{i}}}")).collect(),
+        }))
+    };
+    let mut small = rows(10);
+    fit_rows(&mut small, 10_000);
+    assert_eq!(small, rows(10), "fits: unchanged");
+    let text = serde_json::to_string(&small).unwrap();
+    let back: Response = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, rows(10), "round trip: {text}");
+    let mut big = rows(2000);
+    fit_rows(&mut big, 10_000);
+    let Response::Error(e) = &big else {
+        panic!("not refused")
+    };
+    assert_eq!(e.kind, AdminErrorKind::TooLarge);
+    assert!(e.message.contains("2000 rows"), "{}", e.message);
+}

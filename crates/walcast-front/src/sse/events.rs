@@ -13,6 +13,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stream::{Item, Pos, Reader, SseChannel};
+use walcast_core::pg_snapshot::Cut;
+
 use crate::auth::now_secs;
 use crate::connections::SseSlot;
 use crate::telemetry;
@@ -25,13 +27,7 @@ pub(super) fn first_events(
     name: &str,
     resume: Option<Pos>,
 ) -> (VecDeque<Event>, broadcast::Receiver<Arc<Item>>, Option<Pos>) {
-    let mut first = VecDeque::new();
-    let ready_data = format!(
-        "{{\"channel\":{},\"postgres_changes\":[{}]}}",
-        Value::from(name),
-        chan.binding.reply_entry()
-    );
-    first.push_back(Event::default().event("ready").data(ready_data));
+    let mut first = VecDeque::from([ready_event(chan, name)]);
     let g = chan.lock();
     let rx = chan.live.subscribe();
     let mut last = resume;
@@ -51,7 +47,51 @@ pub(super) fn first_events(
     (first, rx, last)
 }
 
-fn item_event(item: &Item) -> Event {
+/// `event: ready`: the channel's name and its binding with its `id`.
+fn ready_event(chan: &SseChannel, name: &str) -> Event {
+    let ready_data = format!(
+        "{{\"channel\":{},\"postgres_changes\":[{}]}}",
+        Value::from(name),
+        chan.binding.reply_entry()
+    );
+    Event::default().event("ready").data(ready_data)
+}
+
+/// A snapshot stream's start: `ready`, the live receiver, and every change the history
+/// holds (taken together under the channel's lock); the rows are read after this, and
+/// these changes are then kept or dropped by the read's cut ([`after_cut`]).
+pub(super) fn snapshot_start(
+    chan: &SseChannel,
+    name: &str,
+) -> (
+    VecDeque<Event>,
+    broadcast::Receiver<Arc<Item>>,
+    Vec<Arc<Item>>,
+) {
+    let first = VecDeque::from([ready_event(chan, name)]);
+    let g = chan.lock();
+    let rx = chan.live.subscribe();
+    let held = g.ring.iter().cloned().collect();
+    (first, rx, held)
+}
+
+/// The changes of `held` a reader of rows read at `cut` lacks, as events, and the
+/// position of the last one.
+pub(super) fn after_cut(held: &[Arc<Item>], cut: &Cut) -> (Vec<Event>, Option<Pos>) {
+    let mut last = None;
+    let mut events = Vec::new();
+    for item in held {
+        if cut.delivers(item.pos.0, item.xid) {
+            events.push(item_event(item));
+            last = Some(item.pos);
+        } else {
+            metrics::counter!(telemetry::SSE_SNAPSHOT_SKIPPED).increment(1);
+        }
+    }
+    (events, last)
+}
+
+pub(super) fn item_event(item: &Item) -> Event {
     Event::default()
         .id(&item.id)
         .event("postgres_changes")
@@ -66,6 +106,9 @@ pub(super) struct StreamState {
     pub exp: i64,
     pub cancel: CancellationToken,
     pub done: bool,
+    /// A snapshot stream: changes its rows already hold are dropped (see
+    /// [`walcast_core::pg_snapshot::Cut`]), until the first change after the cut.
+    pub cut: Option<Cut>,
     pub _guard: Reader,
     /// Its `max_connections` slot and its place among its project's connected users
     /// (whose counters count what it sends).
@@ -95,9 +138,22 @@ pub(super) async fn next_event(
                     st.done = true;
                     return Some((Ok(Event::default().event("system").data(&item.data)), st));
                 }
+                // A warning (`SseChannel::warn`, no position): the stream goes on.
+                Ok(item) if item.id.is_empty() => {
+                    return Some((Ok(Event::default().event("system").data(&item.data)), st));
+                }
                 Ok(item) => {
                     if st.last.is_some_and(|l| item.pos <= l) {
                         continue;
+                    }
+                    if let Some(cut) = &st.cut {
+                        if !cut.delivers(item.pos.0, item.xid) {
+                            metrics::counter!(telemetry::SSE_SNAPSHOT_SKIPPED).increment(1);
+                            continue;
+                        }
+                        if item.pos.0 > cut.lsn {
+                            st.cut = None;
+                        }
                     }
                     st.last = Some(item.pos);
                     let counts = st.slot.1.counts();

@@ -17,6 +17,7 @@
 //! | `filter` | a `postgres_changes` filter, e.g. `user_id=eq.42` | — |
 //! | `select` | comma-separated column list | — |
 //! | `last_event_id` | resume point when the `Last-Event-ID` header cannot be set | — |
+//! | `snapshot` | `true`: first the rows of `table` the subscriber may see, then the changes ([`snapshot`]) | `false` |
 //!
 //! The response starts with `event: ready` (data `{"channel":…,"postgres_changes":[{…,"id":N}]}`)
 //! only once the cdc-worker has registered the subscription, so every change committed after
@@ -38,11 +39,27 @@
 //! stream starts are HTTP errors with `{"error":"…"}`: 400 (bad parameters, subscription
 //! refused by the worker), 401 (token), 503 (no cdc-worker answered).
 //!
+//! With `snapshot=true` (one `table`), `ready` is followed by the rows the subscriber may
+//! see, read by the worker as the subscriber (RLS applies), each
+//!
+//! ```text
+//! event: snapshot
+//! data: {"ids":[N],"data":{"schema":"public","table":"todos","type":"SNAPSHOT","columns":[…],"record":{…}}}
+//! ```
+//!
+//! then `event: snapshot_done` (`{"rows":N,"lsn":"0/1530AD8"}`), then the changes the rows
+//! lack (see [`snapshot`]), nothing twice. Row events have no `id`: a client that loses
+//! the stream before the first change has no `Last-Event-ID` and gets a fresh snapshot;
+//! a reconnect with `Last-Event-ID` resumes the changes without a snapshot. Too many
+//! rows (`SSE_SNAPSHOT_MAX_ROWS`, `SSE_SNAPSHOT_MAX_BYTES`, NATS' `max_payload`) is a 413
+//! before the stream starts; a role that may not read the table a 403; no `table` a 400.
+//!
 //! ```sh
 //! curl -N "http://localhost:4000/realtime/v1/sse?apikey=$ANON_KEY&table=todos"
 //! ```
 
 mod events;
+mod snapshot;
 mod stream;
 
 use std::collections::HashMap;
@@ -136,6 +153,16 @@ pub(crate) struct SseParams {
     filter: Option<String>,
     select: Option<String>,
     last_event_id: Option<String>,
+    snapshot: Option<String>,
+}
+
+/// `snapshot`: `true` or `false` (absent: false).
+fn wants_snapshot(p: &SseParams) -> Result<bool, String> {
+    match p.snapshot.as_deref() {
+        None | Some("false") | Some("") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(format!("snapshot {other:?} is not true or false")),
+    }
 }
 
 fn bad(msg: impl AsRef<str>) -> Response {
@@ -205,9 +232,9 @@ pub(crate) async fn handler(
             "too many new streams for this project (JOINS_PER_SECOND)",
         );
     }
-    let resume = match resume_from(&p, &headers) {
-        Ok(r) => r,
-        Err(e) => return bad(e),
+    let (resume, snapshot) = match (resume_from(&p, &headers), wants_snapshot(&p)) {
+        (Ok(r), Ok(s)) => (r, s),
+        (Err(e), _) | (_, Err(e)) => return bad(e),
     };
     // A stream is one of its project's connected users.
     let user_slot = match hub.usage.admit(&socket.project) {
@@ -228,7 +255,16 @@ pub(crate) async fn handler(
         discard(&hub, &chan).await;
         return error_response(status, &why);
     }
-    let (first, rx, last) = first_events(&chan, &name, resume);
+    // A reader resuming with `Last-Event-ID` already has the rows: no snapshot again.
+    let (first, rx, last, cut) = if snapshot && resume.is_none() {
+        match snapshot::start(&hub, &chan, &name, &claims).await {
+            Ok((first, rx, last, cut)) => (first, rx, last, Some(cut)),
+            Err(refused) => return refused,
+        }
+    } else {
+        let (first, rx, last) = first_events(&chan, &name, resume);
+        (first, rx, last, None)
+    };
     let exp = user.exp().unwrap_or(i64::MAX);
     let until_exp = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
     let state = StreamState {
@@ -239,6 +275,7 @@ pub(crate) async fn handler(
         exp,
         cancel: hub.cancel.clone(),
         done: false,
+        cut,
         _guard: guard,
         slot: (slot, user_slot),
     };

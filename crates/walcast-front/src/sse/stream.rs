@@ -27,6 +27,8 @@ pub(crate) struct Item {
     pub pos: Pos,
     pub id: String,
     pub data: String,
+    /// The change's transaction (`ChangeEvent::xid`), for a snapshot's cut.
+    pub xid: Option<u32>,
     /// The last item: the subscription ended (`data` is the `system` event's).
     pub end: bool,
 }
@@ -101,6 +103,7 @@ impl SseChannel {
             pos,
             id: format!("{}:{}", pos.0, pos.1),
             data: enc.payload_json(ids),
+            xid: ev.xid,
             end: false,
         });
         g.ring.push_back(item.clone());
@@ -134,6 +137,7 @@ impl SseChannel {
             pos: (Lsn(u64::MAX), u32::MAX),
             id: String::new(),
             data: data.to_string(),
+            xid: None,
             end,
         });
         let _ = self.live.send(item);

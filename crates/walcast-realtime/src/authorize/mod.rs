@@ -14,6 +14,7 @@ pub mod channel;
 pub mod check;
 pub mod policy;
 pub mod rls;
+pub mod rows;
 pub mod sql;
 pub mod visibility;
 
