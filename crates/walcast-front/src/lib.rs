@@ -246,7 +246,7 @@ impl Parts {
             projects.clone(),
             registrar.clone(),
             connections.clone(),
-            usage.clone(),
+            (usage.clone(), heard.clone()),
             cancel.clone(),
         ));
         let probe = Arc::new(Probe {

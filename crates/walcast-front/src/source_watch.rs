@@ -86,6 +86,24 @@ impl Watch {
     }
 }
 
+/// Why `project` gets no changes while no leader of its source is heard streaming, for
+/// its clients: its database, by the source's name, and the class of the reason (nothing
+/// of the error itself, nor of other sources); and whether a worker reported an error
+/// (else none is heard streaming it yet). `None` while it streams (or the project is
+/// unknown).
+pub(crate) fn not_streaming(
+    heard: &Heard,
+    projects: &crate::projects::Projects,
+    project: &str,
+) -> Option<(String, bool)> {
+    let source = projects.source_of(project)?;
+    let (reason, reported) = heard.lock().not_streaming(&source, Instant::now())?;
+    let why = format!(
+        "the database of project {project:?} (source {source:?}) is not streaming changes: {reason}"
+    );
+    Some((why, reported))
+}
+
 /// The message a sink of `project` on `source` gets for `notice`.
 pub fn message(project: &str, source: &str, notice: &Notice) -> String {
     match notice {

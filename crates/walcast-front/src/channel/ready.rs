@@ -42,22 +42,10 @@ fn stream_runs(s: &Session, now: Instant) -> bool {
         .pipeline_active(&source, now.into_std())
 }
 
-/// Why the session's project gets no changes while the leader of its source is not heard
-/// streaming, for its clients: its database, by the source's name, and the class of the
-/// reason (nothing of the error itself, nor of other sources); and whether a worker
-/// reported an error (else none is heard streaming it yet). `None` while it streams.
+/// Why the session's project gets no changes while no leader of its source is heard
+/// streaming ([`crate::source_watch::not_streaming`]).
 pub(super) fn not_streaming(s: &Session) -> Option<(String, bool)> {
-    let source = s.services.projects.source_of(&s.project)?;
-    let (reason, reported) = s
-        .services
-        .heard
-        .lock()
-        .not_streaming(&source, std::time::Instant::now())?;
-    let why = format!(
-        "the database of project {:?} (source {source:?}) is not streaming changes: {reason}",
-        s.project
-    );
-    Some((why, reported))
+    crate::source_watch::not_streaming(&s.services.heard, &s.services.projects, &s.project)
 }
 
 /// At a join with `postgres_changes` accepted while a worker reports that its source

@@ -77,6 +77,7 @@ use tokio_util::sync::CancellationToken;
 use walcast_protocol::{PgChangeBinding, RawValue};
 
 use crate::auth::{now_secs, AuthError, Verified};
+use crate::cluster::Heard;
 use crate::config::FrontConfig;
 use crate::connections::{Connections, SseSlot};
 use crate::credentials::Credentials;
@@ -97,6 +98,8 @@ pub(crate) struct SseHub {
     registrar: Arc<Registrar>,
     connections: Arc<Connections>,
     usage: Arc<Usage>,
+    /// What the health beacons say: why a project's source does not stream.
+    heard: Arc<Heard>,
     /// Ends every stream when the front stops.
     cancel: CancellationToken,
     streams: Arc<Streams>,
@@ -110,7 +113,7 @@ impl SseHub {
         projects: Projects,
         registrar: Arc<Registrar>,
         connections: Arc<Connections>,
-        usage: Arc<Usage>,
+        (usage, heard): (Arc<Usage>, Arc<Heard>),
         cancel: CancellationToken,
     ) -> SseHub {
         SseHub {
@@ -120,6 +123,7 @@ impl SseHub {
             registrar,
             connections,
             usage,
+            heard,
             cancel,
             streams: Arc::default(),
         }
@@ -253,6 +257,16 @@ pub(crate) async fn handler(
     if let Err((status, why)) = subscribe(&hub.registrar, &chan, &claims).await {
         drop(guard);
         discard(&hub, &chan).await;
+        // No leader answered: say why its source is not streaming, when that is known.
+        let why = match status {
+            StatusCode::SERVICE_UNAVAILABLE => {
+                crate::source_watch::not_streaming(&hub.heard, &hub.projects, &chan.key.project)
+                    .map_or(why, |(reason, _)| {
+                        format!("Unable to subscribe to changes: {reason}")
+                    })
+            }
+            _ => why,
+        };
         return error_response(status, &why);
     }
     // A reader resuming with `Last-Event-ID` already has the rows: no snapshot again.
