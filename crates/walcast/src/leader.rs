@@ -95,7 +95,10 @@ pub(crate) struct Leader {
     consumers: Vec<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
     /// The snapshotter run by each term, and the board it shares with the change-stream
     /// consumer (when change streams are on).
-    snapshots: Option<(walcast_realtime::snapshot::SnapshotConfig, Arc<walcast_realtime::snapshot::Board>)>,
+    snapshots: Option<(
+        walcast_realtime::snapshot::SnapshotConfig,
+        Arc<walcast_realtime::snapshot::Board>,
+    )>,
     /// The outbox tables' partition maintenance, run by each term.
     maintenance: Option<walcast_outbox::maintain::Maintenance>,
     /// The source's projects (read again while leading).
@@ -406,7 +409,10 @@ fn change_stream(
         (s, Arc::new(walcast_realtime::snapshot::Board::default()))
     });
     config.board = snapshots.as_ref().map(|(_, b)| b.clone());
-    Some((walcast_realtime::delivery::changes::factory(config), snapshots))
+    Some((
+        walcast_realtime::delivery::changes::factory(config),
+        snapshots,
+    ))
 }
 
 /// Partition maintenance of the outbox tables and of `realtime.messages` (always:

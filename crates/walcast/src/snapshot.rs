@@ -78,7 +78,7 @@ pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
 
 /// `12 running public.orders 4000/10000 rows (40%) 4 chunks`.
 fn status_line(s: &Snapshot) -> String {
-    let table = walcast_core::sql::qualified(&s.schema, &s.table);
+    let table = format!("{}.{}", s.schema, s.table);
     let pct = match s.rows_estimate {
         0 => String::new(),
         e => format!(" ({}%)", (s.rows_done * 100 / e).min(100)),

@@ -105,7 +105,11 @@ fn condition(
     let name = format!("t.{}", quote_ident(&col.name));
     let mut bind = |v: &str| {
         params.push(v.to_string());
-        format!("CAST(${}::text AS {})", base + params.len() - 1, col.sql_type)
+        format!(
+            "CAST(${}::text AS {})",
+            base + params.len() - 1,
+            col.sql_type
+        )
     };
     let sql = match &c.op {
         Op::Eq(v) => format!("{name} = {}", bind(v)),
@@ -207,6 +211,9 @@ mod tests {
             Err(QueryError::NoPrimaryKey)
         );
         let f = Filter::parse("k=is.null").unwrap();
-        assert!(chunk_query(&shape(), &f).unwrap().first.contains(r#"(t."k" IS NULL)"#));
+        assert!(chunk_query(&shape(), &f)
+            .unwrap()
+            .first
+            .contains(r#"(t."k" IS NULL)"#));
     }
 }

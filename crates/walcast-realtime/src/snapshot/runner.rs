@@ -23,7 +23,7 @@ use crate::telemetry;
 
 /// How long to wait for transactions running when a low watermark committed to finish
 /// (see [`Snapshotter::settle_horizon`]).
-const HORIZON_WAIT: Duration = Duration::from_secs(2);
+const HORIZON_WAIT: Duration = Duration::from_millis(200);
 /// After an error, before trying again.
 const BACKOFF: Duration = Duration::from_secs(2);
 
@@ -39,7 +39,10 @@ enum Chunk {
     /// No row left: the snapshot is done.
     Empty,
     /// Stored: rows read, rows published, the last key.
-    Stored { read: i64, last_key: String },
+    Stored {
+        read: i64,
+        last_key: String,
+    },
     /// Not stored in time (a restart of the consumer, JetStream slow): read it again.
     Retry,
     Stopped,
@@ -154,8 +157,12 @@ impl Snapshotter {
             });
         }
         let shape = store::shape(client, &snap.schema, &snap.table).await?;
-        let query = chunk_query(&shape, &Filter::parse(&snap.filter)?)
-            .map_err(|source| SnapshotError::Query { table: name, source })?;
+        let query = chunk_query(&shape, &Filter::parse(&snap.filter)?).map_err(|source| {
+            SnapshotError::Query {
+                table: name,
+                source,
+            }
+        })?;
         let columns = shape
             .columns
             .iter()
@@ -195,7 +202,10 @@ impl Snapshotter {
                 Chunk::Retry => {
                     metrics::counter!(telemetry::SNAPSHOT_CHUNKS, "outcome" => "retried")
                         .increment(1);
-                    tracing::info!(id = a.snap.id, "snapshot chunk not stored in time: reading it again");
+                    tracing::info!(
+                        id = a.snap.id,
+                        "snapshot chunk not stored in time: reading it again"
+                    );
                 }
                 Chunk::Stored { read, last_key } => {
                     metrics::counter!(telemetry::SNAPSHOT_CHUNKS, "outcome" => "stored")
@@ -208,6 +218,12 @@ impl Snapshotter {
                     a.snap.chunks_done += 1;
                     a.snap.last_key = Some(last_key);
                     read_now += read as u64;
+                    if read < i64::from(self.cfg.chunk_rows.max(1)) {
+                        // A short chunk read every row after the last key: a row
+                        // written since is on the stream as its change.
+                        self.show(&a.snap);
+                        return self.end(client, a.snap.id, "done", None).await;
+                    }
                 }
             }
             if !self.pace(started, read_now, stop).await {
@@ -353,7 +369,12 @@ impl Snapshotter {
             }
             None => &a.query.first,
         };
-        params.extend(a.query.filter_params.iter().map(|p| p as &(dyn ToSql + Sync)));
+        params.extend(
+            a.query
+                .filter_params
+                .iter()
+                .map(|p| p as &(dyn ToSql + Sync)),
+        );
         let rows = client.query(sql.as_str(), &params).await?;
         let table = format!("{}.{}", a.shape.schema, a.shape.table);
         rows.iter()

@@ -115,8 +115,21 @@ pub async fn start<C: GenericClient>(
         });
     }
     let shape = shape(client, schema, table).await?;
-    chunk_query(&shape, &Filter::parse(filter)?)
-        .map_err(|source| SnapshotError::Query { table: name, source })?;
+    let query =
+        chunk_query(&shape, &Filter::parse(filter)?).map_err(|source| SnapshotError::Query {
+            table: name,
+            source,
+        })?;
+    // The filter's values cast to their columns' types (a value that is not fails here,
+    // not in the leader): its first row.
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&1i64];
+    params.extend(
+        query
+            .filter_params
+            .iter()
+            .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    client.query(query.first.as_str(), &params).await?;
     let active: i64 = client
         .query_one(
             "SELECT count(*) FROM walcast.snapshots WHERE state IN ('queued', 'running')",
@@ -241,7 +254,8 @@ pub async fn shape<C: GenericClient>(
     let rows = client
         .query(
             "SELECT a.attname::text, t.typname::text, format_type(a.atttypid, a.atttypmod),
-                    coalesce(array_position(i.indkey::int2[], a.attnum), 0)
+                    coalesce((SELECT k.n FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(att, n)
+                               WHERE k.att = a.attnum), 0)::int4
                FROM pg_attribute a
                JOIN pg_type t ON t.oid = a.atttypid
                LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary

@@ -70,8 +70,12 @@ impl ChangeStream {
         }
         match event {
             Some(e) => {
-                let records: Vec<&serde_json::value::RawValue> =
-                    e.record.iter().chain(e.old_record.iter()).map(|r| &**r).collect();
+                let records: Vec<&serde_json::value::RawValue> = e
+                    .record
+                    .iter()
+                    .chain(e.old_record.iter())
+                    .map(|r| &**r)
+                    .collect();
                 board.note(schema, table, &records);
             }
             // No event (it could not be built): its key is unknown, trust no row.
