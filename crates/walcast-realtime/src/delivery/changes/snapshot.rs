@@ -33,7 +33,7 @@ impl ChangeStream {
         let Some(board) = self.cfg.board.clone() else {
             return Ok(());
         };
-        if m.prefix != PREFIX {
+        if m.prefix != PREFIX || !m.transactional {
             return Ok(());
         }
         let Ok(w) = serde_json::from_str::<Watermark>(&m.content) else {
