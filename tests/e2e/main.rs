@@ -36,6 +36,7 @@ mod replication_role;
 mod rls;
 mod security;
 mod slot;
+mod snapshots;
 mod source_metrics;
 mod sources;
 mod sse_snapshot;

@@ -11,6 +11,7 @@ mod outbox;
 mod outbox_poll;
 mod rls;
 mod scale;
+mod snapshot;
 mod sources;
 mod ws;
 mod ws_server;
@@ -49,6 +50,10 @@ enum Bench {
     /// and to JetStream (the change stream, each change PubAck'd before the slot moves):
     /// changes/s of each and the ratio.
     Changes(changes::ChangesBench),
+    /// Snapshots: a table's rows published on its change stream while a writer inserts
+    /// at a steady rate: snapshot rows/s, and the writer's p99 insert latency without and
+    /// with the snapshot, and the ratio.
+    Snapshot(snapshot::SnapshotBench),
     /// Fault isolation between tenants: the default project's INSERT→client latency alone
     /// and beside projects with a slow RLS policy, and another table's latency during a
     /// burst of table enables through the REST API.
@@ -82,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::Outbox(args) => outbox::run(args).await,
         Bench::Isolation(args) => isolation::run(args).await,
         Bench::Changes(args) => changes::run(args).await,
+        Bench::Snapshot(args) => snapshot::run(args).await,
         Bench::WsServer(args) => ws_server::serve_walcast(*args).await,
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
         Bench::Scale(args) => scale::run(args).await,

@@ -24,6 +24,13 @@ pub enum ChangeKind {
     /// Published on the table subject and the change stream, never to realtime clients
     /// (README "Change streams").
     Truncate,
+    /// A row as a snapshot read it (`walcast snapshot`, README "Change streams"): its
+    /// state at the event's `(commit_lsn, seq)`, `record` only. Published on the change
+    /// stream only, never on the table subjects nor to realtime clients: a realtime client
+    /// subscribed to changes, not to a table's rows (the SSE `?snapshot=true` reads rows
+    /// as the subscriber, under row-level security; a leader-side snapshot has no
+    /// subscriber to judge the rows for).
+    Read,
 }
 
 impl ChangeKind {
@@ -33,6 +40,7 @@ impl ChangeKind {
             ChangeKind::Update => "UPDATE",
             ChangeKind::Delete => "DELETE",
             ChangeKind::Truncate => "TRUNCATE",
+            ChangeKind::Read => "READ",
         }
     }
 }

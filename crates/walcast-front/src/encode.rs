@@ -19,7 +19,7 @@ pub(crate) fn encode(ev: &ChangeEvent) -> Option<EncodedChange> {
         ChangeKind::Update => ChangeType::Update,
         ChangeKind::Delete => ChangeType::Delete,
         // Not delivered to clients (README "Change streams"); never on a delivery subject.
-        ChangeKind::Truncate => return None,
+        ChangeKind::Truncate | ChangeKind::Read => return None,
     };
     let columns: Vec<Column<'_>> = ev
         .columns

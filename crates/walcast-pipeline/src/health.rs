@@ -48,8 +48,22 @@ pub struct PartLag {
     pub skipped_total: u64,
 }
 
+/// The source's running snapshot (`walcast snapshot`), on `/health`.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotProgress {
+    pub id: i64,
+    pub project: String,
+    /// `schema.table`.
+    pub table: String,
+    pub rows_done: i64,
+    /// `pg_class.reltuples` when it was queued (an estimate; 0 when unknown).
+    pub rows_estimate: i64,
+    pub chunks_done: i64,
+}
+
 #[derive(Default)]
 pub struct PipelineHealth {
+    snapshot: Mutex<Option<SnapshotProgress>>,
     consumers: Mutex<std::collections::BTreeMap<&'static str, ConsumerProgress>>,
     parts: Mutex<std::collections::BTreeMap<String, PartLag>>,
     skipped_total: AtomicU64,
@@ -103,6 +117,9 @@ pub struct PipelineHealthReport {
     pub consumers: std::collections::BTreeMap<&'static str, ConsumerProgress>,
     /// Parts of consumers that lag (e.g. `realtime/<project>`); absent when none waits.
     pub lagging: std::collections::BTreeMap<String, PartLag>,
+    /// The snapshot running on this source, if one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotProgress>,
 }
 
 /// Lagging parts shown on `/health` at most (the metrics have them all).
@@ -242,6 +259,11 @@ impl PipelineHealth {
         *lock(&self.last_skipped) = Some(skip);
     }
 
+    /// The running snapshot's progress (`None`: none runs).
+    pub fn set_snapshot(&self, progress: Option<SnapshotProgress>) {
+        *lock(&self.snapshot) = progress;
+    }
+
     pub fn report(&self) -> PipelineHealthReport {
         let confirmed = self.confirmed_flush.load(Ordering::SeqCst);
         PipelineHealthReport {
@@ -263,6 +285,7 @@ impl PipelineHealth {
             heartbeat_failures_total: self.heartbeat_failures_total.load(Ordering::Relaxed),
             consumers: lock(&self.consumers).clone(),
             lagging: lock(&self.parts).clone(),
+            snapshot: lock(&self.snapshot).clone(),
         }
     }
 }

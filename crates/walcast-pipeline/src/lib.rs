@@ -43,7 +43,7 @@ pub mod txn;
 pub use config::PipelineConfig;
 pub use consumer::{Consumer, Handled, Item, Refresh};
 pub use error::{BoxError, ConsumerError, DecodeError, PipelineError, Retry};
-pub use health::{PipelineHealth, PipelineHealthReport, SkippedChange};
+pub use health::{PipelineHealth, PipelineHealthReport, SkippedChange, SnapshotProgress};
 pub use preflight::PreflightError;
 pub use publisher::{JetStreamPublisher, Position, PublishError, Publisher};
 pub use run::{connect, factory, run, ConsumerFactory, Session};

@@ -176,6 +176,9 @@ pub struct ChangeStreamConfig {
     pub max_record_bytes: usize,
     /// The projects of this source (`None`: all).
     pub projects: Option<std::sync::Arc<crate::source_projects::SourceProjects>>,
+    /// Where this process's snapshotter hands chunks to the consumer (`None`: snapshots
+    /// do not run here, the watermarks are not read).
+    pub board: Option<std::sync::Arc<crate::snapshot::Board>>,
 }
 
 impl ChangeStreamConfig {
@@ -193,6 +196,7 @@ impl ChangeStreamConfig {
             max_queued: DEFAULT_CHANGES_MAX_QUEUED,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             projects: None,
+            board: None,
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod migrate;
 pub mod projects;
 pub mod roles;
 pub mod session;
+pub mod snapshot;
 pub mod source_projects;
 pub mod sources;
 pub mod subscriptions;

@@ -92,6 +92,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "change_streams",
         include_str!("../../../sql/0021_change_streams.sql"),
     ),
+    (
+        22,
+        "snapshots",
+        include_str!("../../../sql/0022_snapshots.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

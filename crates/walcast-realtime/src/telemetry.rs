@@ -112,6 +112,21 @@ pub const CHANGE_STREAM_QUEUED: &str = "walcast_change_stream_queued";
 /// Changes of streaming tables read (row changes and TRUNCATEs, `kind` label).
 pub const CHANGE_STREAM_CHANGES: &str = "walcast_change_stream_changes_total";
 
+// Snapshots (snapshot/).
+
+/// Counter: snapshot rows published as READ events and acknowledged by JetStream.
+pub const SNAPSHOT_ROWS: &str = "walcast_snapshot_rows_total";
+/// Counter: snapshot rows read but not published because their row changed between the
+/// chunk's watermarks (the change is on the stream, and newer).
+pub const SNAPSHOT_ROWS_SUPERSEDED: &str = "walcast_snapshot_rows_superseded_total";
+/// Counter: snapshot chunks (`outcome`: `stored`, or `retried`: read again under new
+/// watermarks after a restart or a timeout).
+pub const SNAPSHOT_CHUNKS: &str = "walcast_snapshot_chunks_total";
+/// Gauge: snapshots running on this process (0 or 1 per source).
+pub const SNAPSHOTS_RUNNING: &str = "walcast_snapshots_running";
+/// Counter: snapshots that ended (`state`: done, cancelled, failed).
+pub const SNAPSHOTS_ENDED: &str = "walcast_snapshots_ended_total";
+
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
     describe_change_stream();
@@ -298,6 +313,23 @@ fn describe_change_stream() {
     );
     metrics::describe_counter!(
         CHANGE_STREAM_CHANGES,
-        "Changes of change-stream tables read from the WAL (kind: INSERT, UPDATE, DELETE, TRUNCATE)"
+        "Changes of change-stream tables read from the WAL (kind: INSERT, UPDATE, DELETE, TRUNCATE), and snapshot rows (READ)"
+    );
+    metrics::describe_counter!(
+        SNAPSHOT_ROWS,
+        "Snapshot rows published on the change stream as READ events (JetStream acknowledged)"
+    );
+    metrics::describe_counter!(
+        SNAPSHOT_ROWS_SUPERSEDED,
+        "Snapshot rows not published because the row changed between the chunk's watermarks"
+    );
+    metrics::describe_counter!(
+        SNAPSHOT_CHUNKS,
+        "Snapshot chunks (outcome=stored, or retried: read again under new watermarks)"
+    );
+    metrics::describe_gauge!(SNAPSHOTS_RUNNING, "Snapshots running on this process");
+    metrics::describe_counter!(
+        SNAPSHOTS_ENDED,
+        "Snapshots that ended (state: done, cancelled, failed)"
     );
 }

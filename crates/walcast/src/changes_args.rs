@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 use walcast_realtime::config::{self as rc, ChangeStreamConfig};
+use walcast_realtime::snapshot::SnapshotConfig;
 
 /// The change streams' JetStream stream and the consumer storing changes in it.
 #[derive(Args, Clone, Debug)]
@@ -39,6 +40,13 @@ pub struct ChangeStreamArgs {
     /// slot retains the WAL from the change stream's position).
     #[arg(long = "changes-stream-max-queued", env = "CHANGES_STREAM_MAX_QUEUED", default_value_t = rc::DEFAULT_CHANGES_MAX_QUEUED)]
     pub changes_max_queued: usize,
+    /// Snapshot rows read per second, at most, per source (`walcast snapshot`); 0: no
+    /// limit. Bounds the load a snapshot puts on the database next to its writers.
+    #[arg(long = "snapshot-rows-per-sec", env = "SNAPSHOT_ROWS_PER_SEC", default_value_t = walcast_realtime::snapshot::DEFAULT_ROWS_PER_SEC)]
+    pub snapshot_rows_per_sec: u32,
+    /// Rows per snapshot chunk (one short statement between two watermarks).
+    #[arg(long = "snapshot-chunk-rows", env = "SNAPSHOT_CHUNK_ROWS", default_value_t = walcast_realtime::snapshot::DEFAULT_CHUNK_ROWS)]
+    pub snapshot_chunk_rows: u32,
 }
 
 impl ChangeStreamArgs {
@@ -64,6 +72,18 @@ impl ChangeStreamArgs {
         Some(c)
     }
 
+    /// The snapshotter's settings (snapshots are published on the change stream: none
+    /// when it is off).
+    pub fn snapshot_config(&self, database_url: &str) -> Option<SnapshotConfig> {
+        if !self.changes_enabled {
+            return None;
+        }
+        let mut c = SnapshotConfig::new(database_url);
+        c.rows_per_sec = self.snapshot_rows_per_sec;
+        c.chunk_rows = self.snapshot_chunk_rows.max(1);
+        Some(c)
+    }
+
     pub fn describe(&self) -> serde_json::Value {
         serde_json::json!({
             "enabled": self.changes_enabled,
@@ -75,6 +95,8 @@ impl ChangeStreamArgs {
             "ack_timeout_ms": self.changes_ack_timeout_ms,
             "max_in_flight": self.changes_max_in_flight,
             "max_queued": self.changes_max_queued,
+            "snapshot_rows_per_sec": self.snapshot_rows_per_sec,
+            "snapshot_chunk_rows": self.snapshot_chunk_rows,
         })
     }
 }

@@ -93,6 +93,12 @@ pub(crate) struct Leader {
     links: Arc<walcast_realtime::FrontLinks>,
     /// The consumers of the WAL: realtime delivery, then the outbox relay when on.
     consumers: Vec<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>>,
+    /// The snapshotter run by each term, and the board it shares with the change-stream
+    /// consumer (when change streams are on).
+    snapshots: Option<(
+        walcast_realtime::snapshot::SnapshotConfig,
+        Arc<walcast_realtime::snapshot::Board>,
+    )>,
     /// The outbox tables' partition maintenance, run by each term.
     maintenance: Option<walcast_outbox::maintain::Maintenance>,
     /// The source's projects (read again while leading).
@@ -123,7 +129,9 @@ impl Leader {
         let matcher = p.registrar.matcher().clone();
         let mut consumers = walcast_realtime::factories(realtime, matcher, links.clone());
         consumers.extend(outbox);
-        consumers.extend(change_stream(p.cdc, &cfg, p.bus, &p.projects));
+        let (changes, snapshots) = change_stream(p.cdc, &cfg, p.bus, &p.projects).unzip();
+        consumers.extend(changes);
+        let snapshots = snapshots.flatten();
         let maintenance = outbox_maintenance(p.cdc, &cfg);
         let leader = Leader {
             source: spec.name.clone(),
@@ -135,6 +143,7 @@ impl Leader {
             known_fronts: p.known_fronts,
             links,
             consumers,
+            snapshots,
             maintenance,
             projects: p.projects,
             failure: Default::default(),
@@ -179,6 +188,7 @@ impl Leader {
         let maintenance = self.spawn_maintenance(&fence);
         let links = self.spawn_links(&fence);
         let responder = self.serve_fronts(&term).await;
+        let snapshots = self.spawn_snapshots(&term);
         let run = walcast_pipeline::run(
             self.cfg.clone(),
             self.bus.clone(),
@@ -205,6 +215,9 @@ impl Leader {
         }
         let _ = links.await;
         let _ = projects.await;
+        if let Some(t) = snapshots {
+            let _ = t.await;
+        }
         self.health.set_leader(false);
     }
 
@@ -254,6 +267,13 @@ impl Leader {
                 tracing::error!(error = %e, "resend requests stopped");
             }
         })
+    }
+
+    /// This term's snapshotter (`walcast snapshot`), until the term ends.
+    fn spawn_snapshots(&self, term: &CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+        let (cfg, board) = self.snapshots.clone()?;
+        let runner = walcast_realtime::snapshot::Snapshotter::new(cfg, board, self.health.clone());
+        Some(walcast_core::source_scope::spawn(runner.run(term.clone())))
     }
 
     /// The outbox partition maintenance of this term: at once, then every interval, while
@@ -359,13 +379,23 @@ fn outbox_consumer(
     (Some(factory), Some(outbox_health))
 }
 
-/// The change-stream consumer, when enabled and the bus is NATS (README "Change streams").
+/// A snapshotter's settings and the board it shares with the change-stream consumer.
+type Snapshots = (
+    walcast_realtime::snapshot::SnapshotConfig,
+    Arc<walcast_realtime::snapshot::Board>,
+);
+
+/// The change-stream consumer, when enabled and the bus is NATS (README "Change streams"),
+/// and the snapshotter publishing through it.
 fn change_stream(
     cdc: &CdcArgs,
     cfg: &walcast_pipeline::PipelineConfig,
     bus: &Bus,
     projects: &Arc<SourceProjects>,
-) -> Option<std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>> {
+) -> Option<(
+    std::sync::Arc<dyn walcast_pipeline::ConsumerFactory>,
+    Option<Snapshots>,
+)> {
     let mut config = cdc
         .changes
         .to_config(&cfg.database_url, cdc.max_record_bytes)?;
@@ -374,7 +404,15 @@ fn change_stream(
         return None;
     };
     config.projects = Some(projects.clone());
-    Some(walcast_realtime::delivery::changes::factory(config))
+    let snapshots = cdc.changes.snapshot_config(&cfg.database_url).map(|mut s| {
+        s.projects = Some(projects.clone());
+        (s, Arc::new(walcast_realtime::snapshot::Board::default()))
+    });
+    config.board = snapshots.as_ref().map(|(_, b)| b.clone());
+    Some((
+        walcast_realtime::delivery::changes::factory(config),
+        snapshots,
+    ))
 }
 
 /// Partition maintenance of the outbox tables and of `realtime.messages` (always:

@@ -17,6 +17,7 @@ pub mod serve;
 mod share;
 pub mod shutdown;
 pub mod slot;
+pub mod snapshot;
 pub mod source;
 mod supervisor;
 pub mod telemetry;

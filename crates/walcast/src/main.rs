@@ -27,6 +27,9 @@ enum Command {
     Realtime(RealtimeArgs),
     /// Manage which tables store their changes in the JetStream change stream.
     Changes(walcast::changes::ChangesArgs),
+    /// Publish a table's current rows on its change stream (READ events, consistent with
+    /// its changes): start, status, cancel.
+    Snapshot(walcast::snapshot::SnapshotArgs),
     /// Create and list projects (tenants with their own schema and keys).
     Project(walcast::project::ProjectArgs),
     /// Add, list and remove sources: other databases this deployment reads (projects on
@@ -102,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
         Command::Realtime(args) => walcast::commands::realtime(args).await,
         Command::Changes(args) => walcast::changes::changes(args).await,
+        Command::Snapshot(args) => walcast::snapshot::snapshot(args).await,
         Command::Project(args) => walcast::project::project(args).await,
         Command::Source(args) => walcast::source::source(args).await,
         Command::Tail(args) => walcast::commands::tail(args).await,

@@ -137,6 +137,8 @@ impl Class {
             ChangeKind::Delete => self.kinds[2],
             // Supabase does not deliver TRUNCATE to clients (README "Change streams").
             ChangeKind::Truncate => false,
+            // Snapshot rows go to the change stream only (README "Change streams").
+            ChangeKind::Read => false,
         }
     }
 }

@@ -17,6 +17,7 @@
 //! driver hands it the rest again later (what it had already is skipped).
 
 pub mod sender;
+mod snapshot;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -79,6 +80,8 @@ struct PendingTxn {
     prev: Lsn,
     /// Messages handed to the sender up to and including this transaction's.
     end: u64,
+    /// Snapshot chunks published in it: told their row count once it is acknowledged.
+    notify: Vec<(tokio::sync::oneshot::Sender<u64>, u64)>,
 }
 
 pub struct ChangeStream {
@@ -103,6 +106,10 @@ pub struct ChangeStream {
     /// The newest position stored, shared by this process's sessions and terms of the
     /// source (to count a change stored after later ones).
     stored: Stored,
+    /// This consumer's number (snapshot chunks, see `snapshot.rs`).
+    session: u64,
+    /// Snapshot chunks published in the transaction being read.
+    notify: Vec<(tokio::sync::oneshot::Sender<u64>, u64)>,
 }
 
 impl ChangeStream {
@@ -128,6 +135,8 @@ impl ChangeStream {
             submitted: 0,
             pending: VecDeque::new(),
             stored: Stored::default(),
+            session: snapshot::next_session(),
+            notify: Vec::new(),
         }
     }
 
@@ -177,8 +186,12 @@ impl ChangeStream {
             self.types.reload(&self.catalog).await?;
         }
         match build_event(&project, kind, row, txn, seq, &self.types) {
-            Ok(event) => self.add(event)?,
+            Ok(event) => {
+                self.note(Some(&event), &row.schema, &row.table);
+                self.add(event)?
+            }
             Err(e) => {
+                self.note(None, &row.schema, &row.table);
                 let table = format!("{}.{}", row.schema, row.table);
                 self.health
                     .report_skip(&table, Some(txn.commit_lsn), "event", &e.to_string());
@@ -196,6 +209,9 @@ impl ChangeStream {
         let Some(project) = self.route(schema, table).await? else {
             return Ok(());
         };
+        if let Some(board) = &self.cfg.board {
+            board.truncate(schema, table);
+        }
         let seq = self.seq;
         self.seq += 1;
         self.add(truncate_event(&project, schema, table, txn, seq))
@@ -228,9 +244,18 @@ impl ChangeStream {
     /// The committed transaction's messages to the sender (never waits).
     fn commit(&mut self, txn: &TxnContext) -> Result<(), PublishError> {
         let messages = std::mem::take(&mut self.txn);
+        let notify = std::mem::take(&mut self.notify);
         let prev = self.seen;
         self.seen = self.seen.max(txn.commit_lsn);
         if messages.is_empty() {
+            // A chunk whose every row changed: stored once what precedes it is.
+            if !notify.is_empty() {
+                self.pending.push_back(PendingTxn {
+                    prev,
+                    end: self.submitted,
+                    notify,
+                });
+            }
             return Ok(());
         }
         if self.sender.is_none() {
@@ -255,6 +280,7 @@ impl ChangeStream {
         self.pending.push_back(PendingTxn {
             prev,
             end: self.submitted,
+            notify,
         });
         Ok(())
     }
@@ -277,6 +303,12 @@ impl ChangeStream {
     /// Forget the transactions whose every message is done.
     fn collect(&mut self) -> Result<(), PublishError> {
         let Some(sender) = &self.sender else {
+            // Nothing was ever sent: every pending transaction is done.
+            for t in self.pending.drain(..) {
+                for (tx, n) in t.notify {
+                    let _ = tx.send(n);
+                }
+            }
             return Ok(());
         };
         if let Some(failure) = sender.take_failure() {
@@ -284,7 +316,11 @@ impl ChangeStream {
         }
         let done = sender.done();
         while self.pending.front().is_some_and(|t| t.end <= done) {
-            self.pending.pop_front();
+            if let Some(t) = self.pending.pop_front() {
+                for (tx, n) in t.notify {
+                    let _ = tx.send(n);
+                }
+            }
         }
         metrics::gauge!(telemetry::CHANGE_STREAM_QUEUED).set(self.outstanding() as f64);
         Ok(())
@@ -294,6 +330,7 @@ impl ChangeStream {
         match item {
             Item::Begin(txn) => {
                 self.txn.clear();
+                self.notify.clear();
                 self.seq = 0;
                 self.skipping = txn.commit_lsn <= self.seen;
             }
@@ -303,6 +340,7 @@ impl ChangeStream {
                 Change::Update(row) => return self.row(txn, ChangeKind::Update, row).await,
                 Change::Delete(row) => return self.row(txn, ChangeKind::Delete, row).await,
                 Change::Truncate(t) => self.truncate(txn, &t.schema, &t.table).await?,
+                Change::Message(m) => self.watermark(txn, m)?,
                 _ => {}
             },
             Item::Commit(_) if self.skipping => self.skipping = false,
@@ -343,6 +381,14 @@ impl Consumer for ChangeStream {
         t.push((STREAMS_SCHEMA.to_string(), STREAMS_TABLE.to_string()));
         t.sort();
         t
+    }
+
+    /// The snapshot watermarks, when snapshots run in this process.
+    fn message_prefixes(&self) -> Vec<String> {
+        match self.cfg.board {
+            Some(_) => vec![crate::snapshot::PREFIX.to_string()],
+            None => Vec::new(),
+        }
     }
 
     /// At start the streaming tables are read; later edits arrive in WAL order.
@@ -394,6 +440,7 @@ impl Consumer for ChangeStream {
 
     fn reset(&mut self) {
         self.txn.clear();
+        self.notify.clear();
         self.seq = 0;
         self.skipping = false;
     }

@@ -1,0 +1,186 @@
+//! Snapshots (`walcast snapshot`): a table of `--rows` rows snapshotted onto its change
+//! stream while a writer inserts single-row transactions at `--writer-rate`. Prints the
+//! snapshot's rows/s and the writer's p99 insert latency without and with the snapshot
+//! running, and their ratio (the issue asks for it under 2).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use walcast_bus::Bus;
+use walcast_lease::Fence;
+use walcast_pipeline::{PipelineConfig, PipelineHealth};
+use walcast_realtime::config::ChangeStreamConfig;
+use walcast_realtime::snapshot::{store, Board, SnapshotConfig, Snapshotter};
+
+#[derive(Args)]
+pub struct SnapshotBench {
+    /// Rows in the table before the snapshot.
+    #[arg(long, default_value_t = 200_000)]
+    rows: i64,
+    /// The writer's single-row inserts per second (during both phases).
+    #[arg(long, default_value_t = 1_000)]
+    writer_rate: u32,
+    /// Seconds the writer runs alone first (its latency without the snapshot).
+    #[arg(long, default_value_t = 10)]
+    baseline_secs: u64,
+    /// `SNAPSHOT_ROWS_PER_SEC` (0: no limit).
+    #[arg(long, default_value_t = walcast_realtime::snapshot::DEFAULT_ROWS_PER_SEC)]
+    rows_per_sec: u32,
+    /// `SNAPSHOT_CHUNK_ROWS`.
+    #[arg(long, default_value_t = walcast_realtime::snapshot::DEFAULT_CHUNK_ROWS)]
+    chunk_rows: u32,
+    /// Fail when the snapshot has not ended within this many seconds.
+    #[arg(long, default_value_t = 1_800)]
+    max_wait: u64,
+}
+
+pub async fn run(args: SnapshotBench) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.rows > 0 && args.writer_rate > 0,
+        "--rows and --writer-rate must be positive"
+    );
+    let crate::env::BenchEnv { pg, nats, admin } = crate::env::start_without_table(&format!(
+        "CREATE TABLE bench (id int8 PRIMARY KEY, title text NOT NULL, v int8 NOT NULL);
+         INSERT INTO bench SELECT g, 'row ' || g, g FROM generate_series(1, {}) g;
+         ANALYZE bench;",
+        args.rows
+    ))
+    .await?;
+    walcast_realtime::catalog::change_streams::enable(&admin, "default", "public", "bench").await?;
+    let db = pg.url();
+    let cancel = CancellationToken::new();
+    let health = Arc::new(PipelineHealth::new("walcast"));
+    let board = Arc::new(Board::default());
+    let pipeline = spawn_pipeline(&db, &nats.url(), &board, &health, &cancel).await?;
+    let mut snap = SnapshotConfig::new(db.clone());
+    snap.rows_per_sec = args.rows_per_sec;
+    snap.chunk_rows = args.chunk_rows.max(1);
+    let runner = Snapshotter::new(snap, board, health);
+    let snapshotter = tokio::spawn(runner.run(cancel.clone()));
+
+    let writer = walcast_pipeline::connect(&db).await?;
+    // New keys below the table's: the snapshot does not chase the writer's inserts (those
+    // are on the stream as INSERTs).
+    let start_id = -1;
+    let alone = write(&writer, start_id, args.writer_rate, async {
+        tokio::time::sleep(Duration::from_secs(args.baseline_secs)).await;
+        Ok(0.0)
+    })
+    .await?;
+    let id = store::start(&admin, "default", "public", "bench", "").await?;
+    let started = Instant::now();
+    let wait = wait_done(&admin, id, args.max_wait);
+    let during = write(&writer, start_id - 10_000_000, args.writer_rate, wait).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let rows_done = during.result;
+    cancel.cancel();
+    let _ = snapshotter.await;
+    let _ = pipeline.await;
+    let (p_alone, p_during) = (p99(alone.latencies), p99(during.latencies));
+    println!("snapshot: {rows_done:.0} rows in {secs:.2}s = {:.0} rows/s (SNAPSHOT_ROWS_PER_SEC {}, SNAPSHOT_CHUNK_ROWS {})", rows_done / secs, args.rows_per_sec, args.chunk_rows);
+    println!(
+        "writer p99 insert latency, alone        : {:.2} ms",
+        p_alone * 1e3
+    );
+    println!(
+        "writer p99 insert latency, with snapshot: {:.2} ms",
+        p_during * 1e3
+    );
+    println!(
+        "ratio with / alone                      : {:.2}",
+        p_during / p_alone
+    );
+    Ok(())
+}
+
+/// The pipeline with the change-stream consumer sharing `board`, unfenced.
+async fn spawn_pipeline(
+    db: &str,
+    nats: &str,
+    board: &Arc<Board>,
+    health: &Arc<PipelineHealth>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<Result<(), walcast_pipeline::PipelineError>>> {
+    let bus = Bus::nats(nats, "bench-pub").await?;
+    let mut cfg = PipelineConfig::new(db);
+    cfg.origin = "bench".into();
+    let mut changes = ChangeStreamConfig::new(db);
+    changes.board = Some(board.clone());
+    let consumers = vec![walcast_realtime::delivery::changes::factory(changes)];
+    Ok(tokio::spawn(walcast_pipeline::run(
+        cfg,
+        bus,
+        health.clone(),
+        Fence::unfenced(cancel.clone()),
+        consumers,
+    )))
+}
+
+/// Rows done once snapshot `id` is `done` (bounded).
+async fn wait_done(db: &tokio_postgres::Client, id: i64, max_wait: u64) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(max_wait);
+    loop {
+        let r = db
+            .query_one(
+                "SELECT state, rows_done, error FROM walcast.snapshots WHERE id = $1",
+                &[&id],
+            )
+            .await?;
+        let (state, rows): (String, i64) = (r.get(0), r.get(1));
+        match state.as_str() {
+            "done" => return Ok(rows as f64),
+            "queued" | "running" => {}
+            _ => anyhow::bail!("snapshot {state}: {:?}", r.get::<_, Option<String>>(2)),
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "snapshot not done within {max_wait} s ({rows} rows)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Written {
+    latencies: Vec<f64>,
+    result: f64,
+}
+
+/// Single-row inserts at `rate` per second (keys from `first_id` down) until `until`
+/// ends; each insert's latency.
+async fn write(
+    db: &tokio_postgres::Client,
+    first_id: i64,
+    rate: u32,
+    until: impl std::future::Future<Output = anyhow::Result<f64>>,
+) -> anyhow::Result<Written> {
+    let insert = db
+        .prepare("INSERT INTO bench (id, title, v) VALUES ($1, 'new', 0)")
+        .await?;
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut latencies = Vec::new();
+    tokio::pin!(until);
+    let mut id = first_id;
+    loop {
+        tokio::select! {
+            r = &mut until => return Ok(Written { latencies, result: r? }),
+            _ = tick.tick() => {
+                let t = Instant::now();
+                db.execute(&insert, &[&id]).await?;
+                latencies.push(t.elapsed().as_secs_f64());
+                id -= 1;
+            }
+        }
+    }
+}
+
+fn p99(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)]
+}

@@ -1,0 +1,292 @@
+//! `walcast.snapshots` (`sql/0022_snapshots.sql`): the queue of snapshots and their
+//! progress, in the source database, read and written by walcast's own role only.
+
+use tokio_postgres::GenericClient;
+use walcast_core::sql::qualified;
+use walcast_pgtls::db_message;
+use walcast_protocol::filter::{Filter, FilterError};
+
+use super::query::{chunk_query, Column, QueryError, Shape};
+
+/// Snapshots queued or running per database, at most (`walcast snapshot start` refuses
+/// more).
+pub const MAX_ACTIVE: i64 = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("database: {}", db_message(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("table {0} does not exist")]
+    UnknownTable(String),
+    #[error("table {table} has no change stream for project {project:?}: a snapshot is published on the change stream (walcast changes enable {table} --project {project})")]
+    NotStreaming { table: String, project: String },
+    #[error("filter: {0}")]
+    Filter(#[from] FilterError),
+    #[error("table {table}: {source}")]
+    Query {
+        table: String,
+        #[source]
+        source: QueryError,
+    },
+    #[error("{MAX_ACTIVE} snapshots are queued or running already: wait, or cancel some")]
+    QueueFull,
+    #[error("a row of {table} is not a JSON object: {source}")]
+    Row {
+        table: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("connecting to the database: {0}")]
+    Connect(String),
+}
+
+impl SnapshotError {
+    /// Whether reading again cannot help (the snapshot fails): its table, filter or
+    /// rows are wrong, or the chunk query fails on its data (a filter value not of its
+    /// column's type: class 22) or its definition (class 42).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            SnapshotError::Db(e) => e
+                .code()
+                .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("42")),
+            SnapshotError::Connect(_) => false,
+            _ => true,
+        }
+    }
+}
+
+/// A row of `walcast.snapshots`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Snapshot {
+    pub id: i64,
+    pub project: String,
+    pub schema: String,
+    pub table: String,
+    pub filter: String,
+    pub state: String,
+    /// The key of the last row stored, a JSON array's text.
+    pub last_key: Option<String>,
+    pub rows_done: i64,
+    pub chunks_done: i64,
+    pub rows_estimate: i64,
+    pub error: Option<String>,
+}
+
+const COLUMNS: &str = "id, project_id, schema_name, table_name, filter, state, last_key::text,
+    rows_done, chunks_done, rows_estimate, error";
+
+fn snapshot(r: &tokio_postgres::Row) -> Snapshot {
+    Snapshot {
+        id: r.get(0),
+        project: r.get(1),
+        schema: r.get(2),
+        table: r.get(3),
+        filter: r.get(4),
+        state: r.get(5),
+        last_key: r.get(6),
+        rows_done: r.get(7),
+        chunks_done: r.get(8),
+        rows_estimate: r.get(9),
+        error: r.get(10),
+    }
+}
+
+/// Queue a snapshot of `schema.table` for `project` (whose change stream must be on),
+/// under `filter` (checked against the table now). Returns its id.
+pub async fn start<C: GenericClient>(
+    client: &C,
+    project: &str,
+    schema: &str,
+    table: &str,
+    filter: &str,
+) -> Result<i64, SnapshotError> {
+    let name = qualified(schema, table);
+    let streaming = client
+        .query_opt(
+            "SELECT 1 FROM walcast.change_stream_tables
+              WHERE project_id = $1 AND schema_name = $2 AND table_name = $3",
+            &[&project, &schema, &table],
+        )
+        .await?;
+    if streaming.is_none() {
+        return Err(SnapshotError::NotStreaming {
+            table: name,
+            project: project.to_string(),
+        });
+    }
+    let shape = shape(client, schema, table).await?;
+    let query =
+        chunk_query(&shape, &Filter::parse(filter)?).map_err(|source| SnapshotError::Query {
+            table: name,
+            source,
+        })?;
+    // The filter's values cast to their columns' types (a value that is not fails here,
+    // not in the leader): its first row.
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&1i64];
+    params.extend(
+        query
+            .filter_params
+            .iter()
+            .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    client.query(query.first.as_str(), &params).await?;
+    let active: i64 = client
+        .query_one(
+            "SELECT count(*) FROM walcast.snapshots WHERE state IN ('queued', 'running')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if active >= MAX_ACTIVE {
+        return Err(SnapshotError::QueueFull);
+    }
+    let row = client
+        .query_one(
+            "INSERT INTO walcast.snapshots (project_id, schema_name, table_name, filter, rows_estimate)
+             SELECT $1, $2, $3, $4, greatest(coalesce((
+                 SELECT c.reltuples::bigint FROM pg_class c
+                  WHERE c.oid = to_regclass(format('%I.%I', $2::text, $3::text))), 0), 0)
+             RETURNING id",
+            &[&project, &schema, &table, &filter],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Every snapshot (of one project), newest first, at most `limit`.
+pub async fn list<C: GenericClient>(
+    client: &C,
+    project: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Snapshot>, SnapshotError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM walcast.snapshots
+          WHERE $1::text IS NULL OR project_id = $1 ORDER BY id DESC LIMIT $2"
+    );
+    let rows = client.query(&sql, &[&project, &limit]).await?;
+    Ok(rows.iter().map(snapshot).collect())
+}
+
+/// Cancel a queued or running snapshot; whether it was.
+pub async fn cancel<C: GenericClient>(client: &C, id: i64) -> Result<bool, SnapshotError> {
+    let n = client
+        .execute(
+            "UPDATE walcast.snapshots SET state = 'cancelled', finished_at = now(), updated_at = now()
+              WHERE id = $1 AND state IN ('queued', 'running')",
+            &[&id],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
+/// The snapshot to work on: the running one (resumed), else the oldest queued, now
+/// running.
+pub async fn next<C: GenericClient>(client: &C) -> Result<Option<Snapshot>, SnapshotError> {
+    let sql = format!(
+        "UPDATE walcast.snapshots SET state = 'running', updated_at = now(),
+                started_at = coalesce(started_at, now())
+          WHERE id = (SELECT id FROM walcast.snapshots WHERE state IN ('queued', 'running')
+                       ORDER BY state = 'running' DESC, id LIMIT 1)
+          RETURNING {COLUMNS}"
+    );
+    Ok(client.query_opt(&sql, &[]).await?.as_ref().map(snapshot))
+}
+
+/// A chunk is stored: its last key and rows. `false`: the snapshot is no longer running
+/// (cancelled).
+pub async fn progress<C: GenericClient>(
+    client: &C,
+    id: i64,
+    last_key: &str,
+    rows: i64,
+) -> Result<bool, SnapshotError> {
+    let n = client
+        .execute(
+            "UPDATE walcast.snapshots SET last_key = $2::text::jsonb, rows_done = rows_done + $3,
+                    chunks_done = chunks_done + 1, updated_at = now()
+              WHERE id = $1 AND state = 'running'",
+            &[&id, &last_key, &rows],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
+/// A running snapshot ends (`done` or `failed`).
+pub async fn finish<C: GenericClient>(
+    client: &C,
+    id: i64,
+    state: &str,
+    error: Option<&str>,
+) -> Result<(), SnapshotError> {
+    client
+        .execute(
+            "UPDATE walcast.snapshots SET state = $2, error = $3, finished_at = now(), updated_at = now()
+              WHERE id = $1 AND state = 'running'",
+            &[&id, &state, &error],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Whether `schema.table` still streams for `project`.
+pub async fn streaming<C: GenericClient>(
+    client: &C,
+    project: &str,
+    schema: &str,
+    table: &str,
+) -> Result<bool, SnapshotError> {
+    let row = client
+        .query_opt(
+            "SELECT 1 FROM walcast.change_stream_tables
+              WHERE project_id = $1 AND schema_name = $2 AND table_name = $3",
+            &[&project, &schema, &table],
+        )
+        .await?;
+    Ok(row.is_some())
+}
+
+/// The table's columns and primary key, from the catalog.
+pub async fn shape<C: GenericClient>(
+    client: &C,
+    schema: &str,
+    table: &str,
+) -> Result<Shape, SnapshotError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, t.typname::text, format_type(a.atttypid, a.atttypmod),
+                    coalesce((SELECT k.n FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(att, n)
+                               WHERE k.att = a.attnum), 0)::int4
+               FROM pg_attribute a
+               JOIN pg_type t ON t.oid = a.atttypid
+               LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+              WHERE a.attrelid = to_regclass(format('%I.%I', $1::text, $2::text))
+                AND a.attnum > 0 AND NOT a.attisdropped
+              ORDER BY a.attnum",
+            &[&schema, &table],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err(SnapshotError::UnknownTable(qualified(schema, table)));
+    }
+    let mut pk: Vec<(i32, String)> = Vec::new();
+    let mut columns = Vec::new();
+    for r in &rows {
+        let name: String = r.get(0);
+        let position: i32 = r.get(3);
+        if position > 0 {
+            pk.push((position, name.clone()));
+        }
+        columns.push(Column {
+            name,
+            typname: r.get(1),
+            sql_type: r.get(2),
+        });
+    }
+    pk.sort();
+    Ok(Shape {
+        schema: schema.to_string(),
+        table: table.to_string(),
+        columns,
+        pk: pk.into_iter().map(|(_, n)| n).collect(),
+    })
+}
