@@ -111,6 +111,12 @@ describe('a broken source, seen by its clients', () => {
     }
     await broken.removeAllChannels().catch(() => {})
 
+    // An SSE stream of p2 (another class again) is refused the same way.
+    const sse = await fetch(`${front.url}/realtime/v1/sse?apikey=${p2.anon_key}&schema=${p2.schema}&table=t&event=UPDATE`)
+    const sseBody = await sse.text()
+    assert.equal(sse.status, 503, sseBody)
+    assert.equal(JSON.parse(sseBody).error, `Unable to subscribe to changes: the database of project "${p2.id}" (source "s2") is not streaming changes: its database cannot be reached`)
+
     // The client subscribed before is told too, once, and stays subscribed.
     const down = `the database of project "${p2.id}" (source "s2") is not streaming changes: its database cannot be reached`
     await until("the subscribed p2 client told its database stopped", () => earlySystem.some((m) => m.status === 'error'), 30000)

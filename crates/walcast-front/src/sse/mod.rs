@@ -257,16 +257,7 @@ pub(crate) async fn handler(
     if let Err((status, why)) = subscribe(&hub.registrar, &chan, &claims).await {
         drop(guard);
         discard(&hub, &chan).await;
-        // No leader answered: say why its source is not streaming, when that is known.
-        let why = match status {
-            StatusCode::SERVICE_UNAVAILABLE => {
-                crate::source_watch::not_streaming(&hub.heard, &hub.projects, &chan.key.project)
-                    .map_or(why, |(reason, _)| {
-                        format!("Unable to subscribe to changes: {reason}")
-                    })
-            }
-            _ => why,
-        };
+        let why = refusal(&hub, &chan.key.project, status, why);
         return error_response(status, &why);
     }
     // A reader resuming with `Last-Event-ID` already has the rows: no snapshot again.
@@ -356,6 +347,18 @@ fn open_channel(hub: &SseHub, key: SseKey, binding: &PgChangeBinding) -> (Arc<Ss
         .clone();
     let guard = Reader::new(chan.clone());
     (chan, guard)
+}
+
+/// A failed subscription's message: when no leader answered (503), why the project's
+/// source is not streaming, when that is known.
+fn refusal(hub: &SseHub, project: &str, status: StatusCode, why: String) -> String {
+    if status != StatusCode::SERVICE_UNAVAILABLE {
+        return why;
+    }
+    crate::source_watch::not_streaming(&hub.heard, &hub.projects, project)
+        .map_or(why, |(reason, _)| {
+            format!("Unable to subscribe to changes: {reason}")
+        })
 }
 
 /// Subscribe the channel once (its first reader does, with its claims; the others wait

@@ -26,7 +26,7 @@ pub use store::SnapshotError;
 pub const PREFIX: &str = "walcast.snapshot";
 
 /// Default of `SNAPSHOT_ROWS_PER_SEC`.
-pub const DEFAULT_ROWS_PER_SEC: u32 = 5_000;
+pub const DEFAULT_ROWS_PER_SEC: u32 = 1_000;
 /// Default of `SNAPSHOT_CHUNK_ROWS`.
 pub const DEFAULT_CHUNK_ROWS: u32 = 1_000;
 
