@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::Args;
 use futures_util::StreamExt;
 use walcast_bus::Bus;
+use walcast_pipeline::source::WAL2JSON_OPTIONS;
 use walcast_pipeline::{PipelineConfig, SourceKind};
 use walcast_realtime::{Matcher, RealtimeConfig};
 
@@ -32,18 +33,6 @@ pub struct CdcBench {
     #[arg(long, default_value_t = 600)]
     max_wait: u64,
 }
-
-/// wal2json's options as walcast sets them (but `add-tables`, given per call).
-const WAL2JSON_OPTIONS: &[(&str, &str)] = &[
-    ("format-version", "2"),
-    ("include-transaction", "1"),
-    ("include-xids", "1"),
-    ("include-timestamp", "1"),
-    ("include-lsn", "1"),
-    ("include-pk", "1"),
-    ("include-type-oids", "1"),
-    ("include-typmod", "0"),
-];
 
 /// [`WAL2JSON_OPTIONS`] as SQL arguments of `pg_logical_slot_get_changes`.
 fn sql_options() -> String {
