@@ -33,7 +33,7 @@ fn enable(stack: &Stack, table: &str) {
 }
 
 /// The change stream, once a leader created it (bounded).
-async fn changes_stream(nats_url: &str) -> stream::Stream {
+pub(crate) async fn changes_stream(nats_url: &str) -> stream::Stream {
     let js = jetstream::new(async_nats::connect(nats_url).await.expect("nats"));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -11,13 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, stream};
-
+use crate::changes::changes_stream;
 use crate::support::outbox::{client, read_all, Stored};
 use crate::support::{Stack, Worker};
 
 const ROWS: i64 = 20_000;
-const STREAM: &str = "WALCAST_CHANGES";
 const SUBJECT: &str = "walcast.changes.default.public.items";
 const FORGED: &str = r#"walcast_cdc_messages_forged_total{prefix="walcast.snapshot"}"#;
 const ENV: &[(&str, &str)] = &[
@@ -34,18 +32,6 @@ fn walcast(stack: &Stack, args: &[&str]) -> std::process::Output {
         .env("DATABASE_URL", stack.pg.url())
         .output()
         .expect("run walcast")
-}
-
-async fn changes_stream(nats_url: &str) -> stream::Stream {
-    let js = jetstream::new(async_nats::connect(nats_url).await.expect("nats"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match js.get_stream(STREAM).await {
-            Ok(s) => return s,
-            Err(e) => assert!(Instant::now() < deadline, "no {STREAM} within 60 s: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// One writer: every few milliseconds a transaction updating, deleting, inserting and
