@@ -97,6 +97,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "snapshots",
         include_str!("../../../sql/0022_snapshots.sql"),
     ),
+    (
+        23,
+        "auth_claim_settings",
+        include_str!("../../../sql/0023_auth_claim_settings.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

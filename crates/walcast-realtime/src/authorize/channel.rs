@@ -132,8 +132,11 @@ async fn check(
     };
     client
         .execute(
-            "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true),
-                    set_config('realtime.topic', $3, true)",
+            concat!(
+                "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true), \
+                 set_config('realtime.topic', $3, true)",
+                claim_settings!()
+            ),
             &[&role, &claims, &topic],
         )
         .await?;

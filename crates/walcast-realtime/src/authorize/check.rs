@@ -10,7 +10,8 @@
 //! per table with versions judged by the current row:
 //!             SAVEPOINT; <which rows still hold those versions' values>; ROLLBACK TO + RELEASE
 //! per (table, role, claims):
-//!             SAVEPOINT; set_config('role', $1, true), set_config('request.jwt.claims', $2, true);
+//!             SAVEPOINT; set_config('role', $1, true), set_config('request.jwt.claims', $2, true)
+//!                        (and `request.jwt.claim.sub` etc.: `claim_settings!` in `authorize`);
 //!             <which versions the policies allow, on their own values>;
 //!             <which of the current-row versions' rows exist for that role>;
 //!             ROLLBACK TO + RELEASE
@@ -110,8 +111,11 @@ type Reply<'a> = Pin<Box<dyn Future<Output = Result<Vec<i64>, tokio_postgres::Er
 
 const SAVEPOINT: &str = "SAVEPOINT walcast_check";
 const RESTORE: &str = "ROLLBACK TO SAVEPOINT walcast_check; RELEASE SAVEPOINT walcast_check";
-const SET_CLAIMS: &str =
-    "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true)";
+/// Sets one group's role (`$1`) and claims (`$2`, JSON text) for the statements after it.
+pub const SET_CLAIMS: &str = concat!(
+    "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true)",
+    claim_settings!()
+);
 const SET_TIMEOUT: &str = "SELECT set_config('statement_timeout', $1, true)";
 
 async fn prepared(

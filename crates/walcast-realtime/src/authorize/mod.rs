@@ -10,6 +10,21 @@
 //! values (see [`crate::authorize::check`]). Naive mode (for benchmarks) checks each
 //! subscriber separately.
 
+/// The `set_config` calls (after a first, so they start with a comma) that put the claims
+/// Supabase's `auth.uid()`, `auth.role()` and `auth.email()` read first
+/// (`request.jwt.claim.sub`, `.role`, `.email`) beside `request.jwt.claims`, taken from the
+/// same bound claims (`$2`, JSON text), each `''` when absent. A policy calling
+/// `auth.uid()` then reads one setting per row instead of parsing the claims JSON for
+/// every row it is evaluated on. Always all three, so one group's values never reach the
+/// next group of the same transaction.
+macro_rules! claim_settings {
+    () => {
+        ", set_config('request.jwt.claim.sub', coalesce($2::text::jsonb ->> 'sub', ''), true), \
+         set_config('request.jwt.claim.role', coalesce($2::text::jsonb ->> 'role', ''), true), \
+         set_config('request.jwt.claim.email', coalesce($2::text::jsonb ->> 'email', ''), true)"
+    };
+}
+
 pub mod channel;
 pub mod check;
 pub mod policy;

@@ -265,8 +265,11 @@ async fn read_in(
     let claims = req.claims.to_string();
     client
         .execute(
-            "SELECT set_config('walcast.project', $1, true), set_config('request.jwt.claims', $2, true),
-                    set_config('role', $3, true)",
+            concat!(
+                "SELECT set_config('walcast.project', $1, true), \
+                 set_config('request.jwt.claims', $2, true), set_config('role', $3, true)",
+                claim_settings!()
+            ),
             &[&req.project, &claims, &plan.role],
         )
         .await
