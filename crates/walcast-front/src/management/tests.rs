@@ -183,7 +183,7 @@ async fn the_openapi_file_matches_the_router() {
     let paths = doc["paths"].as_object().unwrap();
     let mut in_file: Vec<&str> = paths.keys().map(String::as_str).collect();
     in_file.sort_unstable();
-    let mut served = vec![PROJECTS, PROJECT, ROTATE];
+    let mut served = vec![PROJECTS, PROJECT, ROTATE, SNAPSHOTS, SNAPSHOT];
     served.sort_unstable();
     assert_eq!(in_file, served);
 
@@ -200,7 +200,7 @@ async fn the_openapi_file_matches_the_router() {
     });
     let mut ops = Vec::new();
     for (path, item) in paths {
-        let url = path.replace("{id}", "p1");
+        let url = path.replace("{id}", "p1").replace("{snapshot}", "1");
         for method in ["GET", "POST", "PATCH", "DELETE", "PUT"] {
             let op = item.get(method.to_lowercase());
             let got = status(addr, method, &url).await;
@@ -251,6 +251,33 @@ fn check_schemas(doc: &Value) {
     };
     assert_eq!(props("CreateProject"), sorted(create_fields()));
     assert_eq!(props("UpdateProject"), sorted(update_fields()));
+    assert_eq!(
+        props("StartSnapshot"),
+        sorted(super::snapshots::START_FIELDS.to_vec())
+    );
+    let record = walcast_bus::admin::SnapshotRecord {
+        id: 1,
+        project: "p".into(),
+        schema: "public".into(),
+        table: "t".into(),
+        filter: String::new(),
+        state: "queued".into(),
+        last_key: None,
+        rows_done: 0,
+        chunks_done: 0,
+        rows_estimate: 0,
+        error: None,
+    };
+    let snapshot = super::snapshots::snapshot_view(&record);
+    let snapshot_keys = sorted(
+        snapshot
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect(),
+    );
+    assert_eq!(props("Snapshot"), snapshot_keys);
     let p = ProjectRecord::default();
     let view = with_effective_limits(project_view(&p), &p, &defaults_of(1, 1));
     let view_keys: Vec<&str> = view
