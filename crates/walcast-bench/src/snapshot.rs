@@ -41,7 +41,11 @@ pub async fn run(args: SnapshotBench) -> anyhow::Result<()> {
         args.rows > 0 && args.writer_rate > 0,
         "--rows and --writer-rate must be positive"
     );
-    let crate::env::BenchEnv { pg, nats, admin } = crate::env::start_without_table(&format!(
+    let crate::env::BenchEnv {
+        pg,
+        nats,
+        mut admin,
+    } = crate::env::start_without_table(&format!(
         "CREATE TABLE bench (id int8 PRIMARY KEY, title text NOT NULL, v int8 NOT NULL);
          INSERT INTO bench SELECT g, 'row ' || g, g FROM generate_series(1, {}) g;
          ANALYZE bench;",
@@ -69,7 +73,7 @@ pub async fn run(args: SnapshotBench) -> anyhow::Result<()> {
         Ok(0.0)
     })
     .await?;
-    let id = store::start(&admin, "default", "public", "bench", "").await?;
+    let id = store::start(&mut admin, "default", "public", "bench", "").await?;
     let started = Instant::now();
     let wait = wait_done(&admin, id, args.max_wait);
     let during = write(&writer, start_id - 10_000_000, args.writer_rate, wait).await?;

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use walcast_bus::admin::{AdminClient, AdminRequest, SnapshotRecord, MAX_SNAPSHOT_LIST};
 
-use super::{answer, authorize, body_object, fields, opt_str, St, WORKER_TIMEOUT};
+use super::{answer, authorize, body_object, fields, opt_str, Management, St, WORKER_TIMEOUT};
 use crate::reply::ApiError;
 
 /// The largest body of a snapshot start, in bytes (its table name and filter are bounded
@@ -162,25 +162,37 @@ pub(super) async fn list(
     answer("snapshot_list", StatusCode::OK, r)
 }
 
+/// Snapshot `id` (the path's text) of `project`, cancelled first with `cancel`: the
+/// snapshot and whether this cancelled it; 404 when the project has no such snapshot.
+async fn one(
+    m: &Management,
+    headers: &HeaderMap,
+    (project, id): (&str, &str),
+    cancel: bool,
+) -> Result<(SnapshotRecord, bool), ApiError> {
+    let admin = authorize(m, headers)?;
+    check_project(project)?;
+    let id = snapshot_id(id)?;
+    let source = source_of(&admin, project).await?;
+    let (s, cancelled) = admin
+        .snapshot_get(&source, project, (id, cancel), WORKER_TIMEOUT)
+        .await?;
+    let s = s.ok_or_else(|| unknown_snapshot(project, id))?;
+    Ok((s, cancelled))
+}
+
 /// `GET /management/v1/projects/{id}/snapshots/{snapshot}`.
 pub(super) async fn get_one(
     State(m): St,
     Path((project, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let r = async {
-        let admin = authorize(&m, &headers)?;
-        check_project(&project)?;
-        let id = snapshot_id(&id)?;
-        let source = source_of(&admin, &project).await?;
-        let (s, _) = admin
-            .snapshot_get(&source, &project, (id, false), WORKER_TIMEOUT)
-            .await?;
-        s.map(|s| snapshot_view(&s))
-            .ok_or_else(|| unknown_snapshot(&project, id))
-    }
-    .await;
-    answer("snapshot_get", StatusCode::OK, r)
+    let r = one(&m, &headers, (&project, &id), false).await;
+    answer(
+        "snapshot_get",
+        StatusCode::OK,
+        r.map(|(s, _)| snapshot_view(&s)),
+    )
 }
 
 /// `DELETE /management/v1/projects/{id}/snapshots/{snapshot}`: cancel a queued or
@@ -190,29 +202,21 @@ pub(super) async fn cancel(
     Path((project, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let r = async {
-        let admin = authorize(&m, &headers)?;
-        check_project(&project)?;
-        let id = snapshot_id(&id)?;
-        let source = source_of(&admin, &project).await?;
-        let (s, cancelled) = admin
-            .snapshot_get(&source, &project, (id, true), WORKER_TIMEOUT)
-            .await?;
-        let s = s.ok_or_else(|| unknown_snapshot(&project, id))?;
-        if !cancelled {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "snapshot_over",
-                format!(
-                    "snapshot {id} is {}: only a queued or running snapshot can be cancelled",
-                    s.state
-                ),
-            ));
+    let r = match one(&m, &headers, (&project, &id), true).await {
+        Ok((s, true)) => {
+            tracing::info!(%project, id = s.id, "snapshot cancelled through the management API");
+            Ok(snapshot_view(&s))
         }
-        tracing::info!(%project, id, "snapshot cancelled through the management API");
-        Ok(snapshot_view(&s))
-    }
-    .await;
+        Ok((s, false)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "snapshot_over",
+            format!(
+                "snapshot {} is {}: only a queued or running snapshot can be cancelled",
+                s.id, s.state
+            ),
+        )),
+        Err(e) => Err(e),
+    };
     answer("snapshot_cancel", StatusCode::OK, r)
 }
 
