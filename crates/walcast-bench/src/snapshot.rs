@@ -118,7 +118,24 @@ pub async fn run(args: SnapshotBench) -> anyhow::Result<()> {
     cancel.cancel();
     let _ = snapshotter.await;
     let _ = pipeline.await;
-    let (p_alone, p_during) = (p99(alone.latencies), p99(during.latencies));
+    report(
+        &args,
+        (rows_done, secs),
+        (alone.latencies, during.latencies),
+    );
+    if checked == Some(false) {
+        anyhow::bail!("the mirror of the change stream differs from the table");
+    }
+    Ok(())
+}
+
+/// Print the snapshot's rows/s and the writer's p99 latencies.
+fn report(
+    args: &SnapshotBench,
+    (rows_done, secs): (f64, f64),
+    (alone, during): (Vec<f64>, Vec<f64>),
+) {
+    let (p_alone, p_during) = (p99(alone), p99(during));
     println!("snapshot: {rows_done:.0} rows in {secs:.2}s = {:.0} rows/s (SNAPSHOT_ROWS_PER_SEC {}, SNAPSHOT_CHUNK_ROWS {}, writer {}/s, {}% updates and deletes)", rows_done / secs, args.rows_per_sec, args.chunk_rows, args.writer_rate, args.update_share);
     println!("writer p99 latency, alone        : {:.2} ms", p_alone * 1e3);
     println!(
@@ -129,10 +146,6 @@ pub async fn run(args: SnapshotBench) -> anyhow::Result<()> {
         "ratio with / alone               : {:.2}",
         p_during / p_alone
     );
-    if checked == Some(false) {
-        anyhow::bail!("the mirror of the change stream differs from the table");
-    }
-    Ok(())
 }
 
 /// Compare the mirror with the table and print the result: whether they are equal.
