@@ -159,8 +159,9 @@ pub async fn start(
         });
     }
     let tx = client.transaction().await?;
-    // Self-conflicting, and not taken by the leader's row updates.
-    tx.batch_execute("LOCK TABLE walcast.snapshots IN SHARE ROW EXCLUSIVE MODE")
+    // Self-conflicting, and no conflict with the leader's row updates (ROW EXCLUSIVE): a
+    // start waits only for another start.
+    tx.batch_execute("LOCK TABLE walcast.snapshots IN SHARE UPDATE EXCLUSIVE MODE")
         .await?;
     let active: i64 = tx
         .query_one(
