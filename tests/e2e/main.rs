@@ -37,6 +37,7 @@ mod rls;
 mod security;
 mod slot;
 mod snapshots;
+mod snapshots_api;
 mod source_metrics;
 mod sources;
 mod sse_snapshot;

@@ -265,6 +265,18 @@ async fn a_snapshot_under_writes_and_a_leader_kill_mirrors_the_table() {
         !out.status.success(),
         "a filter on an unknown column is refused"
     );
+    // The queue bound (the management API's 429 `queue_full` is the same check).
+    stack.sql(
+        "INSERT INTO walcast.snapshots (project_id, schema_name, table_name)
+         SELECT 'ghost', 'public', 'other' FROM generate_series(1, 100)",
+    );
+    let out = walcast(&stack, &["snapshot", "start", "items"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("100 snapshots are queued or running"),
+        "{err}"
+    );
+    stack.sql("DELETE FROM walcast.snapshots WHERE project_id = 'ghost'");
 
     let mut first = stack.worker(ENV);
     first.wait_active(Duration::from_secs(60));

@@ -12,6 +12,7 @@ mod outbox_poll;
 mod rls;
 mod scale;
 mod snapshot;
+mod snapshot_check;
 mod sources;
 mod ws;
 mod ws_server;

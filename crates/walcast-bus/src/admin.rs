@@ -108,6 +108,21 @@ pub enum AdminRequest {
     ProjectRotate { id: String, window_secs: u64 },
     /// Delete a project: realtime off on its tables, its row (and keys) gone.
     ProjectDelete { id: String },
+    /// Queue a snapshot of a table whose change stream is on for `project` (see
+    /// [`snapshots`]); `table` is `table` or `schema.table`, `filter` a `postgres_changes`
+    /// filter (empty: every row).
+    SnapshotStart {
+        project: String,
+        table: String,
+        #[serde(default)]
+        filter: String,
+    },
+    /// The project's snapshots, newest first, at most `limit`.
+    SnapshotList { project: String, limit: u32 },
+    /// One snapshot of the project.
+    SnapshotGet { project: String, id: i64 },
+    /// Cancel one queued or running snapshot of the project.
+    SnapshotCancel { project: String, id: i64 },
 }
 
 impl AdminRequest {
@@ -122,6 +137,8 @@ impl AdminRequest {
                 | AdminRequest::ProjectUpdate { .. }
                 | AdminRequest::ProjectRotate { .. }
                 | AdminRequest::ProjectDelete { .. }
+                | AdminRequest::SnapshotStart { .. }
+                | AdminRequest::SnapshotCancel { .. }
         )
     }
 }
@@ -132,6 +149,9 @@ pub const MAX_USERS_LIMIT: u64 = MAX_LIMIT;
 
 mod limits;
 pub use limits::{LimitChanges, LIMITS, MAX_LIMIT};
+
+pub mod snapshots;
+pub use snapshots::{SnapshotRecord, MAX_SNAPSHOT_LIST};
 
 /// Read-only admin requests (channel checks, replays, lists) answered at once by a
 /// worker; more wait for one of these to finish, so a flood of checks is bounded.
@@ -301,6 +321,17 @@ pub enum AdminReply {
         id: String,
         tables: Vec<TableName>,
     },
+    /// A project's snapshots.
+    Snapshots {
+        snapshots: Vec<SnapshotRecord>,
+    },
+    /// One snapshot (`None`: the project has no such snapshot); `cancelled`: a
+    /// [`AdminRequest::SnapshotCancel`] cancelled it.
+    Snapshot {
+        snapshot: Option<SnapshotRecord>,
+        #[serde(default)]
+        cancelled: bool,
+    },
 }
 
 /// Why a request failed.
@@ -320,6 +351,12 @@ pub enum AdminErrorKind {
     Refused,
     /// More than the request's bound (rows, bytes).
     TooLarge,
+    /// A snapshot of a table whose change stream is off for the project.
+    NotStreaming,
+    /// A filter that does not parse, or does not fit the table's columns and types.
+    InvalidFilter,
+    /// The source's snapshot queue is full.
+    QueueFull,
     Internal,
 }
 
@@ -580,7 +617,7 @@ impl AdminClient {
     }
 }
 
-fn unexpected(reply: &AdminReply) -> AdminError {
+pub(crate) fn unexpected(reply: &AdminReply) -> AdminError {
     AdminError::unavailable(format!("unexpected admin reply {reply:?}"))
 }
 

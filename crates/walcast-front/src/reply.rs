@@ -77,6 +77,9 @@ impl From<AdminError> for ApiError {
             AdminErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             AdminErrorKind::Refused => (StatusCode::FORBIDDEN, "refused"),
             AdminErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            AdminErrorKind::NotStreaming => (StatusCode::CONFLICT, "not_streaming"),
+            AdminErrorKind::InvalidFilter => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_filter"),
+            AdminErrorKind::QueueFull => (StatusCode::TOO_MANY_REQUESTS, "queue_full"),
             AdminErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, error, e.message)

@@ -194,7 +194,7 @@ fn describe_failures() {
     );
     metrics::describe_counter!(
         MANAGEMENT_REQUESTS,
-        "Management API requests, by op (create, list, get, update, delete, rotate) and status"
+        "Management API requests, by op (create, list, get, update, delete, rotate, snapshot_start, snapshot_list, snapshot_get, snapshot_cancel) and status"
     );
     metrics::describe_counter!(
         PROJECT_SOCKETS_ENDED,

@@ -86,7 +86,11 @@ impl Admin {
             | AdminRequest::ListTables { project }
             | AdminRequest::AuthorizeChannel { project, .. }
             | AdminRequest::Replay { project, .. }
-            | AdminRequest::SnapshotRows { project, .. } => project,
+            | AdminRequest::SnapshotRows { project, .. }
+            | AdminRequest::SnapshotStart { project, .. }
+            | AdminRequest::SnapshotList { project, .. }
+            | AdminRequest::SnapshotGet { project, .. }
+            | AdminRequest::SnapshotCancel { project, .. } => project,
             _ => {
                 return Err(AdminError::new(
                     AdminErrorKind::InvalidRequest,
@@ -281,7 +285,11 @@ fn project_of(req: &AdminRequest) -> Option<&str> {
         | AdminRequest::ListTables { project }
         | AdminRequest::AuthorizeChannel { project, .. }
         | AdminRequest::Replay { project, .. }
-        | AdminRequest::SnapshotRows { project, .. } => Some(project),
+        | AdminRequest::SnapshotRows { project, .. }
+        | AdminRequest::SnapshotStart { project, .. }
+        | AdminRequest::SnapshotList { project, .. }
+        | AdminRequest::SnapshotGet { project, .. }
+        | AdminRequest::SnapshotCancel { project, .. } => Some(project),
         _ => None,
     }
 }
@@ -296,6 +304,9 @@ async fn run(
 ) -> Result<AdminReply, AdminError> {
     if crate::manage::is_management(&req) {
         return crate::manage::run(client, req).await;
+    }
+    if crate::snapshot::manage::is_snapshot(&req) {
+        return crate::snapshot::manage::run(client, req).await;
     }
     match req {
         AdminRequest::Projects => {

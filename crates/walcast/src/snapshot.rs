@@ -4,7 +4,6 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use walcast_core::sql::parse_qualified_name;
 use walcast_realtime::snapshot::store::{self, Snapshot};
 
 use crate::config::redact_url;
@@ -49,14 +48,12 @@ pub enum SnapshotAction {
 /// `walcast snapshot …`.
 pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
     crate::cdc_worker::migrate(&args.database_url).await?;
-    let client = walcast_pipeline::connect(&args.database_url)
+    let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
     match &args.action {
         SnapshotAction::Start { table, filter } => {
-            let (schema, name) =
-                parse_qualified_name(table).with_context(|| format!("table name {table:?}"))?;
-            let id = store::start(&client, &args.project, &schema, &name, filter).await?;
+            let id = store::start_named(&mut client, &args.project, table, filter).await?;
             println!("{id}");
         }
         SnapshotAction::Status { limit, json } => {
@@ -68,9 +65,12 @@ pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        SnapshotAction::Cancel { id } => match store::cancel(&client, *id).await? {
+        SnapshotAction::Cancel { id } => match store::cancel(&client, &args.project, *id).await? {
             true => println!("snapshot {id} cancelled"),
-            false => anyhow::bail!("snapshot {id} is not queued nor running"),
+            false => anyhow::bail!(
+                "snapshot {id} of project {:?} is not queued nor running",
+                args.project
+            ),
         },
     }
     Ok(())

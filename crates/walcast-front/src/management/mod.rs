@@ -7,7 +7,9 @@
 //! [`walcast_realtime::manage`] — the code `walcast project …` runs too). After a change,
 //! the front publishes [`SUBJECT_PROJECTS_CHANGED`]: every front refreshes its project
 //! directory at once, and ends the sockets a deleted, suspended or now private-only
-//! project may no longer keep (see `ending`).
+//! project may no longer keep (see `ending`). A project's snapshots (README "Change
+//! streams") are started, listed and cancelled here too (see `snapshots`), at the leader
+//! of the project's source.
 //!
 //! Authenticated by the operator key (`MANAGEMENT_API_KEY`, `Authorization: Bearer`),
 //! compared in constant time; no project key (anon, service_role, user JWT) is ever
@@ -15,6 +17,7 @@
 //! only by create and rotate. The routes and answers are in `docs/management-api.json`.
 
 mod ending;
+mod snapshots;
 mod view;
 
 use std::sync::Arc;
@@ -93,6 +96,8 @@ pub(crate) fn routes(m: Arc<Management>) -> Router {
         .route(PROJECTS, post(create).get(list))
         .route(PROJECT, get(get_one).patch(update).delete(delete))
         .route(ROTATE, post(rotate))
+        .route(SNAPSHOTS, post(snapshots::start).get(snapshots::list))
+        .route(SNAPSHOT, get(snapshots::get_one).delete(snapshots::cancel))
         .with_state(m)
 }
 
@@ -100,6 +105,8 @@ pub(crate) fn routes(m: Arc<Management>) -> Router {
 pub const PROJECTS: &str = "/management/v1/projects";
 pub const PROJECT: &str = "/management/v1/projects/{id}";
 pub const ROTATE: &str = "/management/v1/projects/{id}/rotate";
+pub const SNAPSHOTS: &str = "/management/v1/projects/{id}/snapshots";
+pub const SNAPSHOT: &str = "/management/v1/projects/{id}/snapshots/{snapshot}";
 
 /// Every operation: its id in the OpenAPI file, and the statuses it answers with
 /// (checked against the file by a test).
@@ -110,6 +117,13 @@ pub const RESPONSES: &[(&str, &[u16])] = &[
     ("update", &[200, 400, 401, 403, 404, 422, 500, 503]),
     ("delete", &[200, 400, 401, 403, 404, 500, 503]),
     ("rotate", &[200, 400, 401, 403, 404, 422, 500, 503]),
+    (
+        "snapshot_start",
+        &[201, 400, 401, 403, 404, 409, 413, 422, 429, 500, 503],
+    ),
+    ("snapshot_list", &[200, 400, 401, 403, 404, 500, 503]),
+    ("snapshot_get", &[200, 400, 401, 403, 404, 500, 503]),
+    ("snapshot_cancel", &[200, 400, 401, 403, 404, 409, 500, 503]),
 ];
 
 /// Count, log and answer a refusal or failure.

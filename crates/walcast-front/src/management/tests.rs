@@ -183,7 +183,7 @@ async fn the_openapi_file_matches_the_router() {
     let paths = doc["paths"].as_object().unwrap();
     let mut in_file: Vec<&str> = paths.keys().map(String::as_str).collect();
     in_file.sort_unstable();
-    let mut served = vec![PROJECTS, PROJECT, ROTATE];
+    let mut served = vec![PROJECTS, PROJECT, ROTATE, SNAPSHOTS, SNAPSHOT];
     served.sort_unstable();
     assert_eq!(in_file, served);
 
@@ -200,7 +200,7 @@ async fn the_openapi_file_matches_the_router() {
     });
     let mut ops = Vec::new();
     for (path, item) in paths {
-        let url = path.replace("{id}", "p1");
+        let url = path.replace("{id}", "p1").replace("{snapshot}", "1");
         for method in ["GET", "POST", "PATCH", "DELETE", "PUT"] {
             let op = item.get(method.to_lowercase());
             let got = status(addr, method, &url).await;
@@ -234,23 +234,10 @@ async fn the_openapi_file_matches_the_router() {
 /// (all required) are those of its view, each limit with its type and range.
 fn check_schemas(doc: &Value) {
     let schemas = &doc["components"]["schemas"];
-    let props = |name: &str| -> Vec<String> {
-        let mut keys: Vec<String> = schemas[name]["properties"]
-            .as_object()
-            .unwrap_or_else(|| panic!("{name}"))
-            .keys()
-            .cloned()
-            .collect();
-        keys.sort();
-        keys
-    };
-    let sorted = |v: Vec<&str>| {
-        let mut v: Vec<String> = v.into_iter().map(String::from).collect();
-        v.sort();
-        v
-    };
+    let props = |name: &str| props_of(schemas, name);
     assert_eq!(props("CreateProject"), sorted(create_fields()));
     assert_eq!(props("UpdateProject"), sorted(update_fields()));
+    check_snapshot_schemas(schemas);
     let p = ProjectRecord::default();
     let view = with_effective_limits(project_view(&p), &p, &defaults_of(1, 1));
     let view_keys: Vec<&str> = view
@@ -285,6 +272,61 @@ fn check_schemas(doc: &Value) {
         let e = &schemas["Project"]["properties"][format!("effective_{k}")];
         assert_eq!(e["type"], "integer", "effective_{k}");
     }
+}
+
+/// The snapshot start's fields are those the handler accepts, and a snapshot's those of
+/// its view.
+fn check_snapshot_schemas(schemas: &Value) {
+    let props = |name: &str| props_of(schemas, name);
+    assert_eq!(
+        props("StartSnapshot"),
+        sorted(super::snapshots::START_FIELDS.to_vec())
+    );
+    let record = walcast_bus::admin::SnapshotRecord {
+        id: 1,
+        project: "p".into(),
+        schema: "public".into(),
+        table: "t".into(),
+        filter: String::new(),
+        state: "queued".into(),
+        last_key: None,
+        rows_done: 0,
+        chunks_done: 0,
+        rows_estimate: 0,
+        error: None,
+    };
+    let snapshot = super::snapshots::snapshot_view(&record);
+    let snapshot_keys = sorted(
+        snapshot
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect(),
+    );
+    assert_eq!(props("Snapshot"), snapshot_keys);
+    let mut required: Vec<String> =
+        serde_json::from_value(schemas["Snapshot"]["required"].clone()).unwrap();
+    required.sort();
+    assert_eq!(required, snapshot_keys);
+}
+
+/// The property names of the schema `name`, sorted.
+fn props_of(schemas: &Value, name: &str) -> Vec<String> {
+    let mut keys: Vec<String> = schemas[name]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{name}"))
+        .keys()
+        .cloned()
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn sorted(v: Vec<&str>) -> Vec<String> {
+    let mut v: Vec<String> = v.into_iter().map(String::from).collect();
+    v.sort();
+    v
 }
 
 /// The status of a bodiless request.

@@ -12,6 +12,7 @@
 //! `walcast.snapshots` ([`store`]).
 
 pub mod board;
+pub mod manage;
 pub mod query;
 pub mod runner;
 pub mod store;

@@ -2,7 +2,7 @@
 //! progress, in the source database, read and written by walcast's own role only.
 
 use tokio_postgres::GenericClient;
-use walcast_core::sql::qualified;
+use walcast_core::sql::{parse_qualified_name, qualified, NameError};
 use walcast_pgtls::db_message;
 use walcast_protocol::filter::{Filter, FilterError};
 
@@ -11,6 +11,13 @@ use super::query::{chunk_query, Column, QueryError, Shape};
 /// Snapshots queued or running per database, at most (`walcast snapshot start` refuses
 /// more).
 pub const MAX_ACTIVE: i64 = 100;
+
+/// The longest table name a snapshot is asked for, in bytes (two quoted identifiers of
+/// Postgres' 63 bytes each, every quote doubled, fit).
+pub const MAX_NAME_BYTES: usize = 300;
+
+/// The longest filter a snapshot is asked for, in bytes.
+pub const MAX_FILTER_BYTES: usize = 4_096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -22,6 +29,14 @@ pub enum SnapshotError {
     NotStreaming { table: String, project: String },
     #[error("filter: {0}")]
     Filter(#[from] FilterError),
+    #[error("filter: {}", db_message(.0))]
+    FilterValue(#[source] tokio_postgres::Error),
+    #[error("table name: {0}")]
+    Name(#[from] NameError),
+    #[error("the {what} is longer than {max} bytes")]
+    TooLong { what: &'static str, max: usize },
+    #[error("the {0} has a control character")]
+    Control(&'static str),
     #[error("table {table}: {source}")]
     Query {
         table: String,
@@ -55,22 +70,8 @@ impl SnapshotError {
     }
 }
 
-/// A row of `walcast.snapshots`.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Snapshot {
-    pub id: i64,
-    pub project: String,
-    pub schema: String,
-    pub table: String,
-    pub filter: String,
-    pub state: String,
-    /// The key of the last row stored, a JSON array's text.
-    pub last_key: Option<String>,
-    pub rows_done: i64,
-    pub chunks_done: i64,
-    pub rows_estimate: i64,
-    pub error: Option<String>,
-}
+/// A row of `walcast.snapshots` (the wire form the management API's answers carry too).
+pub use walcast_bus::admin::SnapshotRecord as Snapshot;
 
 const COLUMNS: &str = "id, project_id, schema_name, table_name, filter, state, last_key::text,
     rows_done, chunks_done, rows_estimate, error";
@@ -91,30 +92,52 @@ fn snapshot(r: &tokio_postgres::Row) -> Snapshot {
     }
 }
 
+/// Refuse a name or filter longer than its bound, or with a control character (NUL
+/// cannot be stored; the others are no part of a real name or filter).
+fn bounded(what: &'static str, text: &str, max: usize) -> Result<(), SnapshotError> {
+    if text.len() > max {
+        return Err(SnapshotError::TooLong { what, max });
+    }
+    if text.chars().any(char::is_control) {
+        return Err(SnapshotError::Control(what));
+    }
+    Ok(())
+}
+
+/// Queue a snapshot of the table named `name` (`table` or `schema.table`, SQL quoting
+/// allowed, `public` by default) for `project`: the one entry of `walcast snapshot start`
+/// and the management API. Returns its id.
+pub async fn start_named(
+    client: &mut tokio_postgres::Client,
+    project: &str,
+    name: &str,
+    filter: &str,
+) -> Result<i64, SnapshotError> {
+    bounded("table name", name, MAX_NAME_BYTES)?;
+    bounded("filter", filter, MAX_FILTER_BYTES)?;
+    let (schema, table) = parse_qualified_name(name)?;
+    start(client, project, &schema, &table, filter).await
+}
+
 /// Queue a snapshot of `schema.table` for `project` (whose change stream must be on),
-/// under `filter` (checked against the table now). Returns its id.
-pub async fn start<C: GenericClient>(
-    client: &C,
+/// under `filter` (checked against the table now). Returns its id. At most
+/// [`MAX_ACTIVE`] are queued or running: counted and inserted under a lock on the
+/// table, so callers side by side cannot pass the bound together.
+pub async fn start(
+    client: &mut tokio_postgres::Client,
     project: &str,
     schema: &str,
     table: &str,
     filter: &str,
 ) -> Result<i64, SnapshotError> {
     let name = qualified(schema, table);
-    let streaming = client
-        .query_opt(
-            "SELECT 1 FROM walcast.change_stream_tables
-              WHERE project_id = $1 AND schema_name = $2 AND table_name = $3",
-            &[&project, &schema, &table],
-        )
-        .await?;
-    if streaming.is_none() {
+    if !streaming(&*client, project, schema, table).await? {
         return Err(SnapshotError::NotStreaming {
             table: name,
             project: project.to_string(),
         });
     }
-    let shape = shape(client, schema, table).await?;
+    let shape = shape(&*client, schema, table).await?;
     let query =
         chunk_query(&shape, &Filter::parse(filter)?).map_err(|source| SnapshotError::Query {
             table: name,
@@ -129,8 +152,18 @@ pub async fn start<C: GenericClient>(
             .iter()
             .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)),
     );
-    client.query(query.first.as_str(), &params).await?;
-    let active: i64 = client
+    if let Err(e) = client.query(query.first.as_str(), &params).await {
+        return Err(match e.code().is_some_and(|c| c.code().starts_with("22")) {
+            true => SnapshotError::FilterValue(e),
+            false => SnapshotError::Db(e),
+        });
+    }
+    let tx = client.transaction().await?;
+    // Self-conflicting, and no conflict with the leader's row updates (ROW EXCLUSIVE): a
+    // start waits only for another start.
+    tx.batch_execute("LOCK TABLE walcast.snapshots IN SHARE UPDATE EXCLUSIVE MODE")
+        .await?;
+    let active: i64 = tx
         .query_one(
             "SELECT count(*) FROM walcast.snapshots WHERE state IN ('queued', 'running')",
             &[],
@@ -140,7 +173,7 @@ pub async fn start<C: GenericClient>(
     if active >= MAX_ACTIVE {
         return Err(SnapshotError::QueueFull);
     }
-    let row = client
+    let row = tx
         .query_one(
             "INSERT INTO walcast.snapshots (project_id, schema_name, table_name, filter, rows_estimate)
              SELECT $1, $2, $3, $4, greatest(coalesce((
@@ -150,6 +183,7 @@ pub async fn start<C: GenericClient>(
             &[&project, &schema, &table, &filter],
         )
         .await?;
+    tx.commit().await?;
     Ok(row.get(0))
 }
 
@@ -167,13 +201,32 @@ pub async fn list<C: GenericClient>(
     Ok(rows.iter().map(snapshot).collect())
 }
 
-/// Cancel a queued or running snapshot; whether it was.
-pub async fn cancel<C: GenericClient>(client: &C, id: i64) -> Result<bool, SnapshotError> {
+/// Snapshot `id` of `project` (`None`: none of this project, whether or not another
+/// project has one).
+pub async fn get<C: GenericClient>(
+    client: &C,
+    project: &str,
+    id: i64,
+) -> Result<Option<Snapshot>, SnapshotError> {
+    let sql = format!("SELECT {COLUMNS} FROM walcast.snapshots WHERE id = $1 AND project_id = $2");
+    Ok(client
+        .query_opt(&sql, &[&id, &project])
+        .await?
+        .as_ref()
+        .map(snapshot))
+}
+
+/// Cancel a queued or running snapshot of `project`; whether it was.
+pub async fn cancel<C: GenericClient>(
+    client: &C,
+    project: &str,
+    id: i64,
+) -> Result<bool, SnapshotError> {
     let n = client
         .execute(
             "UPDATE walcast.snapshots SET state = 'cancelled', finished_at = now(), updated_at = now()
-              WHERE id = $1 AND state IN ('queued', 'running')",
-            &[&id],
+              WHERE id = $1 AND project_id = $2 AND state IN ('queued', 'running')",
+            &[&id, &project],
         )
         .await?;
     Ok(n > 0)
