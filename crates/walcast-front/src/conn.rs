@@ -96,6 +96,10 @@ struct Conn {
     last_seen: Instant,
 }
 
+/// The read loop. It lives as long as the connection, so its future (a task's allocation
+/// per connection) is kept small: the commands, the timer checks and the teardown await
+/// boxed futures, allocated only while they run (unboxed, the join's alone made the task
+/// about 6 KB).
 async fn run(
     sockets: Arc<Sockets>,
     socket: WebSocket,
@@ -125,7 +129,7 @@ async fn run(
                 break;
             }
             _ = tokio::time::sleep_until(deadline) => {
-                if !conn.on_timer().await {
+                if !Box::pin(conn.on_timer()).await {
                     break;
                 }
             }
@@ -144,7 +148,7 @@ async fn run(
                 }
                 Some(Ok(m)) => {
                     conn.last_seen = Instant::now();
-                    if !conn.on_message(m).await {
+                    if !Box::pin(conn.on_message(m)).await {
                         break;
                     }
                 }
@@ -153,7 +157,7 @@ async fn run(
     }
     // Stop the writer (it sends the close frame), then drop every channel.
     handle.kill.cancel();
-    conn.session.teardown().await;
+    Box::pin(conn.session.teardown()).await;
     services.connections.closed(&handle);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     drop(slot);

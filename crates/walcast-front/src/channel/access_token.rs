@@ -41,9 +41,9 @@ pub(super) async fn apply(s: &mut Session, topic: &str, token: Option<String>) {
     ch.token = token;
     ch.exp = exp;
     ch.check_at = check_at;
-    ch.claims = claims.clone();
+    ch.claims = ch.key.private.then(|| claims.clone());
     ch.may_write = None;
-    if ch.bindings.is_empty() {
+    if !ch.has_bindings {
         return;
     }
     let subs = ch.subs.clone();

@@ -172,9 +172,10 @@ async fn open_channel(
     let channel = Channel {
         id,
         join_ref,
+        claims: key.private.then_some(claims),
         key,
         out,
-        bindings,
+        has_bindings: !bindings.is_empty(),
         subs,
         token,
         exp,
@@ -182,11 +183,10 @@ async fn open_channel(
         presence_key,
         tracked: false,
         ack: req.config.broadcast.ack,
-        claims,
         may_write: None,
         ready_wait,
     };
-    s.channels.insert(topic.to_string(), channel);
+    s.channels.insert(topic.to_string(), Box::new(channel));
 }
 
 /// What a joined channel says first: the join reply, the `system` message of its

@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::time::{Duration, Instant};
 use walcast_protocol::message::events;
 use walcast_protocol::server::{self, SystemStatus};
-use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, PgChangeBinding, Vsn};
+use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, Vsn};
 
 use crate::auth::now_secs;
 use crate::broadcast::Broadcasts;
@@ -64,7 +64,9 @@ pub(crate) struct Channel {
     pub join_ref: Option<String>,
     pub key: TopicKey,
     pub out: Arc<ChanOut>,
-    pub bindings: Vec<PgChangeBinding>,
+    /// The join asked for `postgres_changes` (the bindings themselves are not kept: the
+    /// registry holds the accepted ones, in `subs`).
+    pub has_bindings: bool,
     /// Registry numbers of the accepted subscriptions.
     pub subs: Vec<u64>,
     pub token: String,
@@ -73,8 +75,9 @@ pub(crate) struct Channel {
     pub presence_key: String,
     pub tracked: bool,
     pub ack: bool,
-    /// The subscriber's claims (a private channel's write check needs them).
-    pub claims: Value,
+    /// The subscriber's claims, kept for a private channel's write check only (`None`
+    /// on a public channel, which may always write: no copy per idle subscriber).
+    pub claims: Option<Value>,
     /// Private channel: whether it may send (asked at its first send).
     pub may_write: Option<bool>,
     /// `replication_ready` asked and not answered yet.
@@ -89,7 +92,8 @@ pub(crate) struct Session {
     pub project: String,
     /// The upgrade request's credentials (a join without its own token acts with them).
     pub creds: Credentials,
-    pub channels: HashMap<String, Channel>,
+    /// Boxed: a session usually has one channel, and the map allocates room for a few.
+    pub channels: HashMap<String, Box<Channel>>,
     pub joins: TokenBucket,
     /// Presence track/untrack events of this socket (see [`crate::presence`]).
     pub presence_events: TokenBucket,
@@ -209,7 +213,7 @@ impl Session {
     }
 
     /// Close a channel: queue `last`, stop delivery, unregister, untrack.
-    async fn close_channel(&mut self, ch: Channel, last: Vec<Out>) {
+    async fn close_channel(&mut self, ch: Box<Channel>, last: Vec<Out>) {
         ch.out.close(last);
         let sv = self.services.clone();
         sv.delivery.topics.remove(&ch.key, ch.id);
@@ -268,8 +272,10 @@ impl Session {
         if let Some(known) = ch.may_write {
             return known;
         }
+        let Some(claims) = ch.claims.clone() else {
+            return false;
+        };
         let name = channel_name(topic).to_string();
-        let claims = ch.claims.clone();
         let policies = &self.services.policies;
         let allowed = policies
             .may(&self.project, &name, &claims, true)
