@@ -58,7 +58,11 @@ async fn auth_helpers_read_the_claim_settings_and_answer_as_before() {
             "{claims}"
         );
         let email: Option<String> = now.get(3);
-        let want_email = claims.contains("a@b.c").then_some("a@b.c").unwrap_or("");
+        let want_email = if claims.contains("a@b.c") {
+            "a@b.c"
+        } else {
+            ""
+        };
         assert_eq!(
             email.as_deref(),
             Some(want_email),
