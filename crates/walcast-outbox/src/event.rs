@@ -227,8 +227,35 @@ impl OutboxEvent {
             let p = self.project.chars().take(MAX_PROJECT).collect();
             return Err(EventError::Project(p));
         }
-        for (name, value) in self.message_headers() {
-            check_header_text(name, &value)?;
+        // Every header but the commit LSN (`X/X` in hex digits, never a problem), checked
+        // where it is, without copying it.
+        self.visit_headers(None, check_header_text)
+    }
+
+    /// Calls `f` on every header of the JetStream message (ours, then the user's; see
+    /// [`OutboxEvent::message_headers`]) in order, stopping at the first error.
+    pub fn for_each_header<E>(&self, f: impl FnMut(&str, &str) -> Result<(), E>) -> Result<(), E> {
+        self.visit_headers(Some(&self.commit_lsn.to_string()), f)
+    }
+
+    /// The headers in order, the commit LSN's only when given.
+    fn visit_headers<E>(
+        &self,
+        lsn: Option<&str>,
+        mut f: impl FnMut(&str, &str) -> Result<(), E>,
+    ) -> Result<(), E> {
+        f(HEADER_MSG_ID, &self.id)?;
+        f(HEADER_EVENT_ID, &self.id)?;
+        if let Some(lsn) = lsn {
+            f(HEADER_COMMIT_LSN, lsn)?;
+        }
+        f(HEADER_PROJECT, &self.project)?;
+        f(HEADER_TOPIC, &self.topic)?;
+        if let Some(k) = &self.key {
+            f(HEADER_KEY, k)?;
+        }
+        for (n, v) in &self.headers {
+            f(n, v)?;
         }
         Ok(())
     }
@@ -236,6 +263,11 @@ impl OutboxEvent {
     /// `walcast.outbox.<project>.<topic>`.
     pub fn subject(&self) -> String {
         format!("{SUBJECT_PREFIX}.{}.{}", self.project, self.topic)
+    }
+
+    /// The length of [`OutboxEvent::subject`], without building it.
+    pub fn subject_len(&self) -> usize {
+        SUBJECT_PREFIX.len() + 2 + self.project.len() + self.topic.len()
     }
 
     /// Every header of its JetStream message: ours (the id twice: `Nats-Msg-Id` for

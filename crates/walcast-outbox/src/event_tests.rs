@@ -47,6 +47,29 @@ fn an_emit_message_becomes_an_event() {
 }
 
 #[test]
+fn headers_visited_are_the_message_headers_and_the_subject_length_its_length() {
+    for (key, headers) in [("\"o-1\"", r#"{"trace":"abc","n":1}"#), ("null", "null")] {
+        let content = format!(
+            r#"{{"id":"6b1c","project":"default","topic":"orders.created","key":{key},"payload":1,"headers":{headers}}}"#
+        );
+        let ev = OutboxEvent::from_message(&content, Lsn(0x10), AT).unwrap();
+        let mut visited = Vec::new();
+        ev.for_each_header(|n, v| {
+            visited.push((n.to_string(), v.to_string()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        let listed: Vec<(String, String)> = ev
+            .message_headers()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        assert_eq!(visited, listed);
+        assert_eq!(ev.subject_len(), ev.subject().len());
+    }
+}
+
+#[test]
 fn bad_messages_are_refused_with_their_reason() {
     let msg = |topic: &str, headers: &str| {
         format!(

@@ -192,7 +192,8 @@ impl Publisher {
     }
 }
 
-/// The event's headers as NATS headers, each converted fallibly.
+/// The event's headers as NATS headers, each converted fallibly (the names are checked
+/// by [`OutboxEvent::validate`]; converting them again is cheap next to the map).
 fn message_headers(ev: &OutboxEvent) -> Result<HeaderMap, Failure> {
     let invalid = |error: String| Failure::Permanent {
         kind: "invalid",
@@ -200,11 +201,12 @@ fn message_headers(ev: &OutboxEvent) -> Result<HeaderMap, Failure> {
     };
     ev.validate().map_err(|e| invalid(e.to_string()))?;
     let mut headers = HeaderMap::new();
-    for (name, value) in ev.message_headers() {
+    ev.for_each_header(|name, value| {
         let n = HeaderName::from_str(name).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
         let v =
-            HeaderValue::from_str(&value).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
+            HeaderValue::from_str(value).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
         headers.insert(n, v);
-    }
+        Ok(())
+    })?;
     Ok(headers)
 }

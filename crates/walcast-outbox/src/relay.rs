@@ -68,6 +68,8 @@ pub struct Relay {
     submitted: u64,
     /// Transactions with events not all done yet, in commit order.
     pending: VecDeque<PendingTxn>,
+    /// The queue gauges, registered once (set at every collect).
+    queued_gauges: (metrics::Gauge, metrics::Gauge),
 }
 
 pub use crate::error::RelayError;
@@ -92,6 +94,10 @@ impl Relay {
             seen: Lsn::ZERO,
             submitted: 0,
             pending: VecDeque::new(),
+            queued_gauges: (
+                metrics::gauge!(telemetry::QUEUED_EVENTS),
+                metrics::gauge!(telemetry::QUEUED_BYTES),
+            ),
         }
     }
 
@@ -260,8 +266,8 @@ impl Relay {
             advanced = true;
         }
         let (events, bytes) = self.outstanding();
-        metrics::gauge!(telemetry::QUEUED_EVENTS).set(events as f64);
-        metrics::gauge!(telemetry::QUEUED_BYTES).set(bytes as f64);
+        self.queued_gauges.0.set(events as f64);
+        self.queued_gauges.1.set(bytes as f64);
         self.health.set_queued(events, bytes);
         Ok(advanced)
     }

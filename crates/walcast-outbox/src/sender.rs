@@ -36,7 +36,28 @@ type Answer = BoxFuture<'static, Result<PublishAck, PublishError>>;
 /// The bytes an event counts for in the relay's bound (its payload, subject, headers).
 pub(crate) fn event_bytes(ev: &OutboxEvent) -> u64 {
     let headers: usize = ev.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    (ev.payload.len() + ev.subject().len() + headers + ev.id.len()) as u64
+    (ev.payload.len() + ev.subject_len() + headers + ev.id.len()) as u64
+}
+
+/// The task's metrics, registered once (not looked up by name for every event).
+struct Metrics {
+    published: metrics::Counter,
+    duplicates: metrics::Counter,
+    ack_seconds: metrics::Histogram,
+    commit_to_ack_seconds: metrics::Histogram,
+    oldest_unpublished_seconds: metrics::Gauge,
+}
+
+impl Metrics {
+    fn register() -> Metrics {
+        Metrics {
+            published: metrics::counter!(telemetry::PUBLISHED, "duplicate" => "false"),
+            duplicates: metrics::counter!(telemetry::PUBLISHED, "duplicate" => "true"),
+            ack_seconds: metrics::histogram!(telemetry::ACK_SECONDS),
+            commit_to_ack_seconds: metrics::histogram!(telemetry::COMMIT_TO_ACK_SECONDS),
+            oldest_unpublished_seconds: metrics::gauge!(telemetry::OLDEST_UNPUBLISHED_SECONDS),
+        }
+    }
 }
 
 /// What the relay and the task share.
@@ -90,6 +111,7 @@ impl SenderHandle {
             in_flight: VecDeque::new(),
             attempt: 0,
             db: None,
+            metrics: Metrics::register(),
         };
         let task = walcast_core::source_scope::spawn(task.run(rx));
         SenderHandle {
@@ -124,6 +146,10 @@ struct InFlight {
     event: OutboxEvent,
     answer: Result<Answer, Failure>,
     sent: Instant,
+    /// Its transaction's commit time (ms since the epoch), read once.
+    committed_ms: Option<i64>,
+    /// What it counts for in the relay's byte bound ([`event_bytes`]), computed once.
+    bytes: u64,
     /// JetStream said no stream listens on its subject after the stream was re-checked.
     stream_checked: bool,
 }
@@ -139,6 +165,7 @@ struct Sender {
     attempt: u32,
     /// For the quarantine, connected when first needed.
     db: Option<Client>,
+    metrics: Metrics,
 }
 
 /// What the task does next.
@@ -215,13 +242,18 @@ impl Sender {
 
     async fn push(&mut self, event: OutboxEvent) {
         let answer = self.send(&event).await;
+        let first = self.in_flight.is_empty();
         self.in_flight.push_back(InFlight {
+            committed_ms: time::epoch_ms(&event.committed_at),
+            bytes: event_bytes(&event),
             event,
             answer,
             sent: Instant::now(),
             stream_checked: false,
         });
-        self.update_oldest();
+        if first {
+            self.update_oldest();
+        }
     }
 
     async fn send(&mut self, event: &OutboxEvent) -> Result<Answer, Failure> {
@@ -233,7 +265,7 @@ impl Sender {
     /// The first outstanding event is done: count it.
     fn done_one(&mut self) -> Option<InFlight> {
         let f = self.in_flight.pop_front()?;
-        let bytes = event_bytes(&f.event);
+        let bytes = f.bytes;
         let _ = self
             .shared
             .bytes
@@ -250,12 +282,17 @@ impl Sender {
         let Some(f) = self.done_one() else {
             return;
         };
-        let dup = if duplicate { "true" } else { "false" };
-        metrics::counter!(telemetry::PUBLISHED, "duplicate" => dup).increment(1);
-        metrics::histogram!(telemetry::ACK_SECONDS).record(f.sent.elapsed().as_secs_f64());
-        if let Some(ms) = time::epoch_ms(&f.event.committed_at) {
+        let m = &self.metrics;
+        if duplicate {
+            &m.duplicates
+        } else {
+            &m.published
+        }
+        .increment(1);
+        m.ack_seconds.record(f.sent.elapsed().as_secs_f64());
+        if let Some(ms) = f.committed_ms {
             let secs = (time::now_ms() - ms).max(0) as f64 / 1000.0;
-            metrics::histogram!(telemetry::COMMIT_TO_ACK_SECONDS).record(secs);
+            m.commit_to_ack_seconds.record(secs);
         }
         self.health.published(1);
         self.health.set_error(None);
@@ -310,12 +347,9 @@ impl Sender {
     }
 
     fn update_oldest(&self) {
-        let oldest = self
-            .in_flight
-            .front()
-            .and_then(|f| time::epoch_ms(&f.event.committed_at));
+        let oldest = self.in_flight.front().and_then(|f| f.committed_ms);
         self.health.set_oldest_pending(oldest);
         let age = oldest.map_or(0.0, |ms| (time::now_ms() - ms).max(0) as f64 / 1000.0);
-        metrics::gauge!(telemetry::OLDEST_UNPUBLISHED_SECONDS).set(age);
+        self.metrics.oldest_unpublished_seconds.set(age);
     }
 }

@@ -21,9 +21,18 @@ pub fn epoch_ms(ts: &str) -> Option<i64> {
     let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
     let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
     let (h, mi, s) = (t.next()??, t.next()??, t.next()??);
-    let ms: i64 = format!("{frac:0<3}").get(..3)?.parse().ok()?;
+    let ms = millis(frac)?;
     let days = days_from_civil(y, mo, da);
     Some(((days * 24 + h) * 60 + mi) * 60_000 + s * 1000 + ms)
+}
+
+/// The milliseconds of a fraction of a second (`"5"` → 500, `"123456"` → 123): its
+/// first three characters, padded with zeros; `None` unless those are digits.
+fn millis(frac: &str) -> Option<i64> {
+    let mut digits = frac.bytes().chain(std::iter::repeat(b'0')).take(3);
+    digits.try_fold(0, |ms, b| {
+        b.is_ascii_digit().then(|| ms * 10 + i64::from(b - b'0'))
+    })
 }
 
 pub fn now_ms() -> i64 {
@@ -46,5 +55,9 @@ mod tests {
         assert_eq!(epoch_ms("2000-02-29T23:59:59Z"), Some(951_868_799_000));
         assert_eq!(epoch_ms("2026-12-01 10:00:00Z"), None);
         assert_eq!(epoch_ms("garbage"), None);
+        assert_eq!(epoch_ms("1970-01-01T00:00:01.5Z"), Some(1500));
+        assert_eq!(epoch_ms("1970-01-01T00:00:01.123456Z"), Some(1123));
+        assert_eq!(epoch_ms("1970-01-01T00:00:01.Z"), Some(1000));
+        assert_eq!(epoch_ms("1970-01-01T00:00:01.1x3Z"), None);
     }
 }
