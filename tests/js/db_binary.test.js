@@ -83,7 +83,7 @@ describe('realtime.send_binary', () => {
   // From the database's clock, a step past the last message (`since` has ms resolution).
   async function replayStart() {
     await new Promise((r) => setTimeout(r, 5))
-    const { rows } = await db.query('SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms')
+    const { rows } = await db.query('SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms')
     return Number(rows[0].ms)
   }
 

@@ -98,10 +98,11 @@ for (const source of ['stream', 'poll']) {
 
     // From the database's clock, after every earlier message of the topic: `since` has
     // millisecond resolution, so step past the millisecond of the last one (no event to
-    // await here, only the clock).
+    // await here, only the clock), and round down: a plain cast to int8 rounds to the
+    // nearest ms, which can be after a message stored right after this reading.
     async function replayStart() {
       await new Promise((r) => setTimeout(r, 5))
-      const { rows } = await db.query('SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms')
+      const { rows } = await db.query('SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8 AS ms')
       return Number(rows[0].ms)
     }
     const store = (n) =>
