@@ -16,12 +16,14 @@
 /// same bound claims (`$2`, JSON text), each `''` when absent. A policy calling
 /// `auth.uid()` then reads one setting per row instead of parsing the claims JSON for
 /// every row it is evaluated on. Always all three, so one group's values never reach the
-/// next group of the same transaction.
+/// next group of the same transaction. It ends the statement (its `FROM` parses the
+/// claims once for the three).
 macro_rules! claim_settings {
     () => {
-        ", set_config('request.jwt.claim.sub', coalesce($2::text::jsonb ->> 'sub', ''), true), \
-         set_config('request.jwt.claim.role', coalesce($2::text::jsonb ->> 'role', ''), true), \
-         set_config('request.jwt.claim.email', coalesce($2::text::jsonb ->> 'email', ''), true)"
+        ", set_config('request.jwt.claim.sub', coalesce(c ->> 'sub', ''), true), \
+         set_config('request.jwt.claim.role', coalesce(c ->> 'role', ''), true), \
+         set_config('request.jwt.claim.email', coalesce(c ->> 'email', ''), true) \
+         FROM (SELECT $2::text::jsonb AS c) AS walcast_claims"
     };
 }
 
