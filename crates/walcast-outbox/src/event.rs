@@ -234,15 +234,18 @@ impl OutboxEvent {
 
     /// Calls `f` on every header of the JetStream message (ours, then the user's; see
     /// [`OutboxEvent::message_headers`]) in order, stopping at the first error.
-    pub fn for_each_header<E>(&self, f: impl FnMut(&str, &str) -> Result<(), E>) -> Result<(), E> {
+    pub fn for_each_header<'a, E>(
+        &'a self,
+        f: impl FnMut(&'a str, &str) -> Result<(), E>,
+    ) -> Result<(), E> {
         self.visit_headers(Some(&self.commit_lsn.to_string()), f)
     }
 
     /// The headers in order, the commit LSN's only when given.
-    fn visit_headers<E>(
-        &self,
+    fn visit_headers<'a, E>(
+        &'a self,
         lsn: Option<&str>,
-        mut f: impl FnMut(&str, &str) -> Result<(), E>,
+        mut f: impl FnMut(&'a str, &str) -> Result<(), E>,
     ) -> Result<(), E> {
         f(HEADER_MSG_ID, &self.id)?;
         f(HEADER_EVENT_ID, &self.id)?;
@@ -273,17 +276,12 @@ impl OutboxEvent {
     /// Every header of its JetStream message: ours (the id twice: `Nats-Msg-Id` for
     /// JetStream's duplicate window, `Walcast-Event-Id` for consumers), then the user's.
     pub fn message_headers(&self) -> Vec<(&str, String)> {
-        let mut h = vec![
-            (HEADER_MSG_ID, self.id.clone()),
-            (HEADER_EVENT_ID, self.id.clone()),
-            (HEADER_COMMIT_LSN, self.commit_lsn.to_string()),
-            (HEADER_PROJECT, self.project.clone()),
-            (HEADER_TOPIC, self.topic.clone()),
-        ];
-        if let Some(k) = &self.key {
-            h.push((HEADER_KEY, k.clone()));
-        }
-        h.extend(self.headers.iter().map(|(n, v)| (n.as_str(), v.clone())));
+        let mut h = Vec::new();
+        let listed = self.for_each_header(|name, value| {
+            h.push((name, value.to_string()));
+            Ok::<(), std::convert::Infallible>(())
+        });
+        let Ok(()) = listed;
         h
     }
 }
