@@ -66,10 +66,10 @@ fn snapshot_id(text: &str) -> Result<i64, ApiError> {
         })
 }
 
-/// The source (database) of the project: the default one for the default project, else
-/// the one the control database names (404 for an unknown project).
+/// The source (database) of the project (its id already checked): the default one for
+/// the default project, else the one the control database names (404 for an unknown
+/// project).
 async fn source_of(admin: &AdminClient, project: &str) -> Result<String, ApiError> {
-    check_project(project)?;
     if project == crate::auth::DEFAULT_PROJECT {
         return Ok(walcast_bus::source::DEFAULT_SOURCE.to_string());
     }
