@@ -217,3 +217,34 @@ fn pending(chan: &SseChannel, rows: SnapshotRows) -> Pending {
         _budget: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_holds_four_largest_snapshots_and_is_given_back() {
+        let cfg = FrontConfig {
+            sse_snapshot_max_rows: 10,
+            sse_snapshot_max_bytes: 1000,
+            ..FrontConfig::default()
+        };
+        let budget = SnapshotBudget::new(&cfg);
+        let largest = |held: &Mutex<Option<OwnedSemaphorePermit>>| {
+            // In two parts, as over NATS.
+            budget.admit(held, 5, 500)?;
+            budget.admit(held, 5, 500)
+        };
+        let held: Vec<Mutex<Option<OwnedSemaphorePermit>>> =
+            (0..SSE_SNAPSHOTS_HELD).map(|_| Mutex::new(None)).collect();
+        for h in &held {
+            largest(h).expect("room for four");
+        }
+        let fifth = Mutex::new(None);
+        let e = budget.admit(&fifth, 1, 1).unwrap_err();
+        assert_eq!(e.kind, AdminErrorKind::QueueFull);
+        // One stream sent its rows: room again.
+        drop(held.into_iter().next());
+        largest(&fifth).expect("room once one was sent");
+    }
+}
