@@ -4,6 +4,10 @@
 //! changes applied) ends equal to the rows visible to it, no change twice (every update
 //! adds exactly one to `v`), none missed. An anon client gets no row its policies hide;
 //! a hostile filter is a value; a snapshot over `SSE_SNAPSHOT_MAX_ROWS` is refused (413).
+//! On a nats-server whose `max_payload` is 64 KiB, a snapshot of megabytes comes whole in
+//! parts, then the changes, as above; over `SSE_SNAPSHOT_MAX_BYTES` is a 413; a part
+//! forged or repeated on the bus makes the front refuse the snapshot (503), never send
+//! it cut short or mixed.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -104,15 +108,24 @@ fn user(sub: &str) -> String {
 }
 
 fn setup(stack: &Stack) {
-    stack.sql("CREATE TABLE items (id bigint PRIMARY KEY, owner text NOT NULL, v int NOT NULL)");
-    stack.enable("items");
+    setup_rows(stack, 400, 0);
+}
+
+/// `items`: `n` rows, half u1's, half u2's, each with `pad` bytes of padding.
+fn setup_rows(stack: &Stack, n: usize, pad: usize) {
     stack.sql(
+        "CREATE TABLE items (id bigint PRIMARY KEY, owner text NOT NULL, v int NOT NULL,
+                             pad text NOT NULL DEFAULT '')",
+    );
+    stack.enable("items");
+    stack.sql(&format!(
         "ALTER TABLE items ENABLE ROW LEVEL SECURITY;
          CREATE POLICY own ON items FOR SELECT TO authenticated
            USING (owner = auth.jwt() ->> 'sub');
-         INSERT INTO items SELECT g, CASE WHEN g % 2 = 0 THEN 'u1' ELSE 'u2' END, 0
-           FROM generate_series(1, 400) g;",
-    );
+         INSERT INTO items SELECT g, CASE WHEN g % 2 = 0 THEN 'u1' ELSE 'u2' END, 0,
+                                  repeat('x', {pad})
+           FROM generate_series(1, {n}) g;"
+    ));
 }
 
 /// Until stopped: new rows, `v + 1` on existing ones, deletions, for both owners.
@@ -124,7 +137,7 @@ fn writer(stack: &Stack, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> 
             .expect("writer connects");
         tokio::spawn(conn);
         let mut n = 0u64;
-        let mut next_id = 1000i64;
+        let mut next_id = 1_000_000i64;
         while !stop.load(Ordering::Relaxed) {
             let sql = match n % 4 {
                 0 => {
@@ -200,9 +213,14 @@ async fn snapshot_then_changes_equals_the_visible_rows() {
     worker.wait_active(Duration::from_secs(60));
     let mut front = Worker::front(&stack.nats.url(), &[]);
     front.wait_http(Duration::from_secs(60));
+    snapshot_then_changes(&stack, &front).await;
+}
 
+/// Open u1's snapshot stream on `front` with a writer busy all along; check that its
+/// copy (the rows, then the changes applied) ends as the rows u1 may see. The copy.
+async fn snapshot_then_changes(stack: &Stack, front: &Worker) -> BTreeMap<i64, Value> {
     let stop = Arc::new(AtomicBool::new(false));
-    let writes = writer(&stack, stop.clone());
+    let writes = writer(stack, stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await; // the writer is busy
     let query = format!(
         "apikey={}&access_token={}&table=items&snapshot=true",
@@ -236,11 +254,163 @@ async fn snapshot_then_changes_equals_the_visible_rows() {
     })
     .await
     .unwrap();
-    assert_eq!(copy, visible(&stack, "u1"), "the copy is what u1 may see");
+    assert_eq!(copy, visible(stack, "u1"), "the copy is what u1 may see");
     let skipped = front
         .metric("walcast_front_sse_snapshot_skipped_changes_total")
         .unwrap_or(0.0);
     eprintln!("{written} writes; {skipped} changes the rows already held");
+    copy
+}
+
+/// A nats-server whose messages are at most 64 KiB.
+fn small_messages_stack() -> Stack {
+    Stack {
+        pg: walcast_testkit::Postgres::builder()
+            .start()
+            .expect("start postgres"),
+        nats: walcast_testkit::Nats::start_with_max_payload(Some(64 * 1024))
+            .expect("start nats-server"),
+        source: "stream",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_larger_than_one_nats_message_comes_whole_in_parts() {
+    let _machine = crate::support::shared().await;
+    let stack = small_messages_stack();
+    // u1's 2000 rows of 1 KiB: some 2 MiB, over thirty 64 KiB messages.
+    setup_rows(&stack, 4000, 1024);
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let mut front = Worker::front(&stack.nats.url(), &[]);
+    front.wait_http(Duration::from_secs(60));
+    let copy = snapshot_then_changes(&stack, &front).await;
+    assert!(copy.len() > 1900, "{} rows", copy.len());
+    assert_eq!(
+        front.metric("walcast_front_sse_snapshots_total{outcome=\"ok\"}"),
+        Some(1.0)
+    );
+
+    // Over SSE_SNAPSHOT_MAX_BYTES: refused before the stream starts, with the reason.
+    let mut small = Worker::front(&stack.nats.url(), &[("SSE_SNAPSHOT_MAX_BYTES", "500000")]);
+    small.wait_http(Duration::from_secs(60));
+    let query = format!(
+        "apikey={}&access_token={}&table=items&snapshot=true",
+        anon(),
+        user("u1")
+    );
+    let port = small.port;
+    let (status, _, body) = tokio::task::spawn_blocking(move || open(port, &query))
+        .await
+        .unwrap();
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("SSE_SNAPSHOT_MAX_BYTES"), "{body}");
+}
+
+/// Until `stop`: on every snapshot request seen on the bus, `meddle` with its reply inbox
+/// (`client`, the request's reply subject, its nonce). How many requests were seen.
+fn on_snapshot_requests(
+    client: async_nats::Client,
+    meddle: fn(
+        async_nats::Client,
+        async_nats::Subject,
+        String,
+    ) -> futures_util::future::BoxFuture<'static, ()>,
+) -> tokio::task::JoinHandle<()> {
+    use futures_util::StreamExt;
+    tokio::spawn(async move {
+        let mut reqs = client.subscribe("walcast.>").await.unwrap();
+        while let Some(m) = reqs.next().await {
+            let Ok(v) = serde_json::from_slice::<Value>(&m.payload) else {
+                continue;
+            };
+            if let (Some("snapshot_rows"), Some(reply)) = (v["op"].as_str(), m.reply) {
+                let nonce = v["nonce"].as_str().unwrap_or_default().to_string();
+                tokio::spawn(meddle(client.clone(), reply, nonce));
+            }
+        }
+    })
+}
+
+/// Open u1's snapshot stream: its status and body (events are not read).
+async fn u1_snapshot(port: u16) -> (u16, String) {
+    let query = format!(
+        "apikey={}&access_token={}&table=items&snapshot=true",
+        anon(),
+        user("u1")
+    );
+    let (status, _, body) = tokio::task::spawn_blocking(move || open(port, &query))
+        .await
+        .unwrap();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_or_repeated_part_is_refused_never_sent() {
+    use futures_util::{FutureExt, StreamExt};
+    let _machine = crate::support::shared().await;
+    let stack = small_messages_stack();
+    setup_rows(&stack, 4000, 1024);
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let mut front = Worker::front(&stack.nats.url(), &[]);
+    front.wait_http(Duration::from_secs(60));
+    let client = async_nats::connect(stack.nats.url()).await.unwrap();
+
+    // A part forged with the request's nonce, published at once: it takes number 0, the
+    // worker's part 0 then repeats it.
+    let forge = on_snapshot_requests(client.clone(), |c, reply, nonce| {
+        async move {
+            let part = json!({"nonce": nonce, "seq": 0, "body": {"rows": [
+                {"id": -5, "owner": "u1", "v": 0, "pad": "forged"}
+            ]}});
+            c.publish(reply, part.to_string().into()).await.unwrap();
+            c.flush().await.unwrap();
+        }
+        .boxed()
+    });
+    let (status, body) = u1_snapshot(front.port).await;
+    assert_eq!(status, 503, "a forged part: {body}");
+    assert!(body.contains("part"), "{body}");
+    eprintln!("forged: {body}");
+    forge.abort();
+
+    // The worker's own first part, sent again (as a replay would).
+    let repeat = on_snapshot_requests(client.clone(), |c, reply, _| {
+        async move {
+            let mut parts = c.subscribe(reply.clone()).await.unwrap();
+            c.flush().await.unwrap();
+            if let Some(first) = parts.next().await {
+                c.publish(reply, first.payload).await.unwrap();
+                c.flush().await.unwrap();
+            }
+        }
+        .boxed()
+    });
+    // The meddler must subscribe to the inbox before the first part: the worker takes
+    // a while (planning, reading 2000 rows); a try where it was late is retried.
+    let mut refused = false;
+    for _ in 0..5 {
+        let (status, body) = u1_snapshot(front.port).await;
+        assert!(status == 503 || status == 200, "{status} {body}");
+        if status == 503 {
+            assert!(body.contains("part"), "{body}");
+            eprintln!("repeated: {body}");
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "a repeated part was never refused");
+    repeat.abort();
+    // Nobody meddling: the snapshot comes.
+    let (status, body) = u1_snapshot(front.port).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        front
+            .metric("walcast_front_sse_snapshots_total{outcome=\"unavailable\"}")
+            .unwrap_or(0.0)
+            >= 2.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,7 +63,8 @@ pub enum AdminRequest {
     /// transaction, with the snapshot and the WAL position they were read at. Only a
     /// realtime-enabled table of the project's schema; `filter` and `select` as a
     /// `postgres_changes` binding's. More than `max_rows` rows or `max_bytes` bytes of
-    /// them: refused (`TooLarge`), never cut short.
+    /// them: refused (`TooLarge`), never cut short. With a `nonce` (over NATS), answered
+    /// in parts on the reply inbox ([`parts`]), else in one reply.
     SnapshotRows {
         project: String,
         claims: serde_json::Value,
@@ -75,6 +76,8 @@ pub enum AdminRequest {
         select: Option<Vec<String>>,
         max_rows: u32,
         max_bytes: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
     },
     /// Management API: create a project (its secret in the reply).
     ProjectCreate {
@@ -150,6 +153,7 @@ pub const MAX_USERS_LIMIT: u64 = MAX_LIMIT;
 mod limits;
 pub use limits::{LimitChanges, LIMITS, MAX_LIMIT};
 
+pub mod parts;
 pub mod snapshots;
 pub use snapshots::{SnapshotRecord, MAX_SNAPSHOT_LIST};
 
@@ -576,16 +580,89 @@ impl AdminClient {
 }
 
 impl AdminClient {
-    /// See [`AdminRequest::SnapshotRows`] (`req`), at the leader of the project's `source`.
+    /// See [`AdminRequest::SnapshotRows`] (`req`), at the leader of the project's `source`:
+    /// over NATS in parts ([`parts`]), each admitted by `admit` before it is kept; all of
+    /// them within `timeout`.
     pub async fn snapshot_rows(
         &self,
         source: &str,
         req: AdminRequest,
         timeout: Duration,
+        admit: &mut parts::Admit<'_>,
     ) -> Result<SnapshotRows, AdminError> {
-        match self.request_to(source, req, timeout).await? {
-            AdminReply::SnapshotRows(rows) => Ok(rows),
-            other => Err(unexpected(&other)),
+        let in_process = crate::source::is_default(source) && self.local.is_some();
+        match (&self.nats, in_process) {
+            (Some(c), false) => {
+                let c = c.clone();
+                let source = source.to_string();
+                tokio::time::timeout(timeout, snapshot_parts(&c, &source, req, admit))
+                    .await
+                    .map_err(|_| {
+                        AdminError::unavailable(format!(
+                            "the snapshot's rows did not all come in time from source {source:?}"
+                        ))
+                    })?
+            }
+            _ => match self.request_to(source, req, timeout).await? {
+                AdminReply::SnapshotRows(rows) => {
+                    let bytes = rows.rows.iter().map(String::len).sum();
+                    admit(rows.rows.len(), bytes)?;
+                    Ok(rows)
+                }
+                other => Err(unexpected(&other)),
+            },
+        }
+    }
+}
+
+/// Ask for `req` in parts on an inbox of its own, and take them (see [`parts`]).
+async fn snapshot_parts(
+    c: &async_nats::Client,
+    source: &str,
+    mut req: AdminRequest,
+    admit: &mut parts::Admit<'_>,
+) -> Result<SnapshotRows, AdminError> {
+    use futures_util::StreamExt;
+    let nonce = parts::nonce();
+    let AdminRequest::SnapshotRows {
+        max_rows,
+        max_bytes,
+        nonce: asked,
+        ..
+    } = &mut req
+    else {
+        return Err(AdminError::new(
+            AdminErrorKind::Internal,
+            "not a snapshot request",
+        ));
+    };
+    *asked = Some(nonce.clone());
+    let mut reassembly = parts::Reassembly::new(&nonce, *max_rows, *max_bytes);
+    let no_worker = |e: &dyn std::fmt::Display| {
+        AdminError::unavailable(format!(
+            "no cdc-worker leading source {source:?} answered the snapshot request: {e}"
+        ))
+    };
+    let body = serde_json::to_vec(&req)
+        .map_err(|e| AdminError::new(AdminErrorKind::Internal, e.to_string()))?;
+    let inbox = c.new_inbox();
+    let mut sub = c
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| no_worker(&e))?;
+    let subject = crate::source::subject(source, SUBJECT_ADMIN);
+    c.publish_with_reply(subject, inbox, Bytes::from(body))
+        .await
+        .map_err(|e| no_worker(&e))?;
+    loop {
+        let Some(msg) = sub.next().await else {
+            return Err(no_worker(&"the inbox closed"));
+        };
+        if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            return Err(no_worker(&"no responders"));
+        }
+        if let parts::Step::Done(rows) = reassembly.take(&msg.payload, admit)? {
+            return Ok(rows);
         }
     }
 }
@@ -674,8 +751,20 @@ pub async fn serve_nats(
         };
         let (client, handler) = (client.clone(), handler.clone());
         walcast_core::source_scope::spawn(async move {
-            let response = respond(handler.as_ref(), req).await;
-            answer(&client, reply_to, response).await;
+            match parts_nonce(&req) {
+                Some(nonce) => {
+                    let rows = match handler.handle(req).await {
+                        Ok(AdminReply::SnapshotRows(rows)) => Ok(rows),
+                        Ok(other) => Err(unexpected(&other)),
+                        Err(e) => Err(e),
+                    };
+                    send_parts(&client, reply_to, &nonce, rows).await;
+                }
+                None => {
+                    let response = respond(handler.as_ref(), req).await;
+                    answer(&client, reply_to, response).await;
+                }
+            }
             drop(permit);
         });
     }
@@ -688,15 +777,48 @@ async fn respond(handler: &dyn AdminHandler, req: AdminRequest) -> Response {
     }
 }
 
+/// The nonce of a snapshot request answered in parts (one that may be echoed; another is
+/// answered in one reply, as from a front that predates parts).
+fn parts_nonce(req: &AdminRequest) -> Option<String> {
+    match req {
+        AdminRequest::SnapshotRows { nonce: Some(n), .. } if parts::nonce_ok(n) => Some(n.clone()),
+        _ => None,
+    }
+}
+
+fn max_payload(client: &async_nats::Client) -> usize {
+    match client.server_info().max_payload {
+        0 => 1024 * 1024,
+        n => n,
+    }
+}
+
+/// Publish the parts of a snapshot answer (see [`parts`]) to the requester's inbox. A
+/// part NATS refuses ends them: the front, missing the rest, refuses the snapshot.
+async fn send_parts(
+    client: &async_nats::Client,
+    reply_to: async_nats::Subject,
+    nonce: &str,
+    rows: Result<SnapshotRows, AdminError>,
+) {
+    let max = max_payload(client);
+    for part in parts::Parts::new(nonce, rows, max) {
+        if let Err(e) = client.publish(reply_to.clone(), part).await {
+            tracing::warn!(error = %e, "cannot send a snapshot part");
+            return;
+        }
+    }
+    if let Err(e) = client.flush().await {
+        tracing::warn!(error = %e, "cannot flush snapshot parts");
+    }
+}
+
 async fn answer(
     client: &async_nats::Client,
     reply_to: async_nats::Subject,
     mut response: Response,
 ) {
-    let max = match client.server_info().max_payload {
-        0 => 1024 * 1024,
-        n => n,
-    };
+    let max = max_payload(client);
     let room = max.saturating_sub(REPLY_OVERHEAD);
     fit_rows(&mut response, room);
     let left_out = fit_replay(&mut response, room);
@@ -713,8 +835,9 @@ async fn answer(
 /// Room left in a reply for its subject and headers.
 const REPLY_OVERHEAD: usize = 1024;
 
-/// Rows that do not fit one NATS message are refused as too large (never cut short: the
-/// reader would take a part for the whole).
+/// Rows asked for in one reply (by a front that predates parts) that do not fit one NATS
+/// message are refused as too large (never cut short: the reader would take a part for
+/// the whole).
 fn fit_rows(response: &mut Response, max: usize) {
     let Response::Ok(AdminReply::SnapshotRows(rows)) = response else {
         return;

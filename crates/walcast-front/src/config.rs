@@ -45,10 +45,11 @@ pub struct FrontConfig {
     pub sse_keepalive: Duration,
     /// Most rows one SSE `?snapshot=true` may send (more: the stream is refused, 413).
     pub sse_snapshot_max_rows: u32,
-    /// Most bytes of records one SSE snapshot may send (the worker's reply must also fit
-    /// one NATS message).
+    /// Most bytes of records one SSE snapshot may send (more: 413). The front holds a
+    /// snapshot's rows until it has sent them, and at most [`SSE_SNAPSHOTS_HELD`] such
+    /// snapshots' worth at once.
     pub sse_snapshot_max_bytes: u32,
-    /// How long an SSE snapshot waits for the worker's rows.
+    /// How long an SSE snapshot waits for all of the worker's rows (every part).
     pub sse_snapshot_timeout: Duration,
     /// Subscriptions per `register` request when re-registering everything (resync).
     pub resync_batch: usize,
@@ -153,11 +154,19 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 100_000;
 pub const DEFAULT_PROJECT_MAX_USERS: u64 = 10_000;
 /// Default of [`FrontConfig::joins_per_second`] (the burst is twice it).
 pub const DEFAULT_JOINS_PER_SECOND: u32 = 100;
-/// Default of [`FrontConfig::sse_snapshot_max_rows`].
-pub const DEFAULT_SSE_SNAPSHOT_MAX_ROWS: u32 = 10_000;
-/// Default of [`FrontConfig::sse_snapshot_max_bytes`] (512 KiB: with its JSON escaping
-/// the worker's reply stays within NATS' default 1 MiB `max_payload`).
-pub const DEFAULT_SSE_SNAPSHOT_MAX_BYTES: u32 = 512 * 1024;
+/// Default of [`FrontConfig::sse_snapshot_max_rows`]: the most the worker reads for any
+/// request.
+pub const DEFAULT_SSE_SNAPSHOT_MAX_ROWS: u32 = 100_000;
+/// Default of [`FrontConfig::sse_snapshot_max_bytes`] (16 MiB: a front holds up to
+/// [`SSE_SNAPSHOTS_HELD`] of them, about 90 MiB with the rows' overhead, at the default
+/// limits; the worker's own cap is 64 MiB).
+pub const DEFAULT_SSE_SNAPSHOT_MAX_BYTES: u32 = 16 << 20;
+/// How many snapshots of the largest size (`SSE_SNAPSHOT_MAX_ROWS` rows of
+/// `SSE_SNAPSHOT_MAX_BYTES` bytes) a front holds at once, received and not yet sent; a
+/// snapshot beyond that is refused (503) until others are sent.
+pub const SSE_SNAPSHOTS_HELD: usize = 4;
+/// What a front counts per held row besides its bytes (its allocation).
+pub const SSE_SNAPSHOT_ROW_OVERHEAD: usize = 64;
 /// Default of [`FrontConfig::sse_snapshot_timeout`], in milliseconds.
 pub const DEFAULT_SSE_SNAPSHOT_TIMEOUT_MS: u64 = 10_000;
 /// Default of [`FrontConfig::history_size`].

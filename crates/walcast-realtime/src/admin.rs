@@ -334,6 +334,7 @@ async fn run(
             select,
             max_rows,
             max_bytes,
+            nonce: _,
         } => {
             let project_schema = match schema {
                 Some(s) => s,

@@ -34,10 +34,11 @@ pub struct FrontArgs {
     #[arg(long, env = "SSE_SNAPSHOT_MAX_ROWS", default_value_t = walcast_front::config::DEFAULT_SSE_SNAPSHOT_MAX_ROWS)]
     pub sse_snapshot_max_rows: u32,
     /// SSE `?snapshot=true`: most bytes of records one snapshot may send (more: 413;
-    /// the worker's reply must also fit one NATS message, `max_payload`).
+    /// the front holds up to four such snapshots at once, received and not yet sent).
     #[arg(long, env = "SSE_SNAPSHOT_MAX_BYTES", default_value_t = walcast_front::config::DEFAULT_SSE_SNAPSHOT_MAX_BYTES)]
     pub sse_snapshot_max_bytes: u32,
-    /// SSE `?snapshot=true`: how long to wait for the worker's rows, in ms.
+    /// SSE `?snapshot=true`: how long to wait for all of the worker's rows (every part),
+    /// in ms.
     #[arg(long, env = "SSE_SNAPSHOT_TIMEOUT_MS", default_value_t = walcast_front::config::DEFAULT_SSE_SNAPSHOT_TIMEOUT_MS)]
     pub sse_snapshot_timeout_ms: u64,
     /// Frames queued per connection before a slow client is disconnected.

@@ -100,6 +100,8 @@ pub(super) fn item_event(item: &Item) -> Event {
 
 pub(super) struct StreamState {
     pub first: VecDeque<Event>,
+    /// A snapshot's rows and what follows them, sent after `first`.
+    pub rows: Option<super::snapshot::Pending>,
     pub rx: broadcast::Receiver<Arc<Item>>,
     pub last: Option<Pos>,
     pub expires: Instant,
@@ -121,6 +123,10 @@ pub(super) async fn next_event(
     if let Some(ev) = st.first.pop_front() {
         return Some((Ok(ev), st));
     }
+    if let Some(ev) = st.rows.as_mut().and_then(|r| r.next_event()) {
+        return Some((Ok(ev), st));
+    }
+    st.rows = None; // all sent: their budget is given back
     if st.done {
         return None;
     }

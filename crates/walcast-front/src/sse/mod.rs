@@ -51,8 +51,9 @@
 //! lack (see [`snapshot`]), nothing twice. Row events have no `id`: a client that loses
 //! the stream before the first change has no `Last-Event-ID` and gets a fresh snapshot;
 //! a reconnect with `Last-Event-ID` resumes the changes without a snapshot. Too many
-//! rows (`SSE_SNAPSHOT_MAX_ROWS`, `SSE_SNAPSHOT_MAX_BYTES`, NATS' `max_payload`) is a 413
-//! before the stream starts; a role that may not read the table a 403; no `table` a 400.
+//! rows (`SSE_SNAPSHOT_MAX_ROWS`, `SSE_SNAPSHOT_MAX_BYTES`) is a 413 before the stream
+//! starts; a role that may not read the table a 403; no `table` a 400; rows that did not
+//! all come (in time, in order) or a front holding too many snapshots a 503.
 //!
 //! ```sh
 //! curl -N "http://localhost:4000/realtime/v1/sse?apikey=$ANON_KEY&table=todos"
@@ -105,6 +106,8 @@ pub(crate) struct SseHub {
     streams: Arc<Streams>,
     /// New streams per project per second (see [`OpenRate`]): the joins' limits.
     opens: OpenRate,
+    /// Snapshot rows held, received and not yet sent.
+    snapshot_budget: snapshot::SnapshotBudget,
 }
 
 impl SseHub {
@@ -118,6 +121,7 @@ impl SseHub {
     ) -> SseHub {
         SseHub {
             opens: OpenRate::new(cfg.join_burst, cfg.joins_per_second),
+            snapshot_budget: snapshot::SnapshotBudget::new(&cfg),
             cfg,
             projects,
             registrar,
@@ -261,19 +265,20 @@ pub(crate) async fn handler(
         return error_response(status, &why);
     }
     // A reader resuming with `Last-Event-ID` already has the rows: no snapshot again.
-    let (first, rx, last, cut) = if snapshot && resume.is_none() {
+    let (first, rows, rx, last, cut) = if snapshot && resume.is_none() {
         match snapshot::start(&hub, &chan, &name, &claims).await {
-            Ok((first, rx, last, cut)) => (first, rx, last, Some(cut)),
+            Ok((first, rows, rx, last, cut)) => (first, Some(rows), rx, last, Some(cut)),
             Err(refused) => return refused,
         }
     } else {
         let (first, rx, last) = first_events(&chan, &name, resume);
-        (first, rx, last, None)
+        (first, None, rx, last, None)
     };
     let exp = user.exp().unwrap_or(i64::MAX);
     let until_exp = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
     let state = StreamState {
         first,
+        rows,
         rx,
         last,
         expires: Instant::now() + until_exp.min(Duration::from_secs(10 * 365 * 86400)),
