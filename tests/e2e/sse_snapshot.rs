@@ -274,16 +274,22 @@ fn small_messages_stack() -> Stack {
     }
 }
 
+/// A cdc-worker (active) and a front on `stack`.
+fn worker_and_front(stack: &Stack) -> (Worker, Worker) {
+    let mut worker = stack.worker(&[]);
+    worker.wait_active(Duration::from_secs(60));
+    let mut front = Worker::front(&stack.nats.url(), &[]);
+    front.wait_http(Duration::from_secs(60));
+    (worker, front)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_larger_than_one_nats_message_comes_whole_in_parts() {
     let _machine = crate::support::shared().await;
     let stack = small_messages_stack();
     // u1's 2000 rows of 1 KiB: some 2 MiB, over thirty 64 KiB messages.
     setup_rows(&stack, 4000, 1024);
-    let mut worker = stack.worker(&[]);
-    worker.wait_active(Duration::from_secs(60));
-    let mut front = Worker::front(&stack.nats.url(), &[]);
-    front.wait_http(Duration::from_secs(60));
+    let (_worker, mut front) = worker_and_front(&stack);
     let copy = snapshot_then_changes(&stack, &front).await;
     assert!(copy.len() > 1900, "{} rows", copy.len());
     assert_eq!(
@@ -351,10 +357,7 @@ async fn a_forged_or_repeated_part_is_refused_never_sent() {
     let _machine = crate::support::shared().await;
     let stack = small_messages_stack();
     setup_rows(&stack, 4000, 1024);
-    let mut worker = stack.worker(&[]);
-    worker.wait_active(Duration::from_secs(60));
-    let mut front = Worker::front(&stack.nats.url(), &[]);
-    front.wait_http(Duration::from_secs(60));
+    let (_worker, mut front) = worker_and_front(&stack);
     let client = async_nats::connect(stack.nats.url()).await.unwrap();
 
     // A part forged with the request's nonce, published at once: it takes number 0, the
