@@ -289,7 +289,7 @@ async fn a_snapshot_larger_than_one_nats_message_comes_whole_in_parts() {
     let stack = small_messages_stack();
     // u1's 2000 rows of 1 KiB: some 2 MiB, over thirty 64 KiB messages.
     setup_rows(&stack, 4000, 1024);
-    let (_worker, mut front) = worker_and_front(&stack);
+    let (_worker, front) = worker_and_front(&stack);
     let copy = snapshot_then_changes(&stack, &front).await;
     assert!(copy.len() > 1900, "{} rows", copy.len());
     assert_eq!(
@@ -357,7 +357,7 @@ async fn a_forged_or_repeated_part_is_refused_never_sent() {
     let _machine = crate::support::shared().await;
     let stack = small_messages_stack();
     setup_rows(&stack, 4000, 1024);
-    let (_worker, mut front) = worker_and_front(&stack);
+    let (_worker, front) = worker_and_front(&stack);
     let client = async_nats::connect(stack.nats.url()).await.unwrap();
 
     // A part forged with the request's nonce, published at once: it takes number 0, the
