@@ -16,6 +16,11 @@
 //! slot between them, so however many tenants have slow policies, they occupy at most one
 //! database connection at a time and leave the database's cores to those that keep up.
 //!
+//! A lane that fell behind merges the batches waiting in its queue into the one it takes
+//! (in order, up to `max_batch` changes, at one catalog view): a check costs a statement
+//! per group of subscribers whatever its number of changes, so a backlog is checked in a
+//! few large batches rather than in the many small ones it was handed.
+//!
 //! The lanes report how far they got ([`Lanes::position`]): the slot is acknowledged at
 //! the lowest position of all, so a crash replays what a slow lane had not published.
 //! There are at most `max` lanes (`CDC_NUM_SHARDS`): beyond, projects share lanes by
@@ -90,6 +95,8 @@ struct Batch {
     bytes: usize,
     /// Skipped at once: the lane had too many bytes waiting.
     overflow: bool,
+    /// Batches handed to the lane that this one stands for (more than one once merged).
+    handed: usize,
 }
 
 /// What a lane and the consumer share.
@@ -195,6 +202,10 @@ impl Lanes {
             progress: progress.clone(),
             limits: self.limits,
             mode: self.rls.mode,
+            max_batch: match self.rls.mode {
+                RlsMode::Naive => 1,
+                RlsMode::Batched => self.rls.max_batch.max(1),
+            },
             timeout_ms: self.rls.timeout_ms,
             told: HashMap::new(),
             lagging: self.lagging.clone(),
@@ -247,6 +258,7 @@ impl Lanes {
             sent,
             bytes,
             overflow,
+            handed: 1,
         };
         send(lane, Work::Batch(batch));
     }
@@ -341,6 +353,17 @@ fn send(lane: &mut Lane, work: Work) {
     }
 }
 
+/// `next` may be checked together with a batch at `view` handed before it that has
+/// `room` changes left: not skipped at once, the same catalog view (or, without event
+/// triggers, both reading the catalog afresh anyway), and room for its changes.
+fn mergeable(view: View, room: usize, next: &Batch) -> bool {
+    let same_view = match (view, next.view) {
+        (View::Batch(_), View::Batch(_)) => true,
+        (a, b) => a == b,
+    };
+    same_view && !next.overflow && next.changes.len() <= room
+}
+
 /// About what a change holds in memory while it waits.
 fn change_bytes(c: &PendingChange) -> usize {
     let row: usize = c
@@ -359,6 +382,8 @@ struct LaneTask {
     progress: Arc<Progress>,
     limits: LaneLimits,
     mode: RlsMode,
+    /// Changes checked together at most (batches waiting are merged up to it).
+    max_batch: usize,
     timeout_ms: u64,
     /// Subscription → when it was last told of skipped changes.
     told: HashMap<String, Instant>,
@@ -369,14 +394,73 @@ struct LaneTask {
 
 impl LaneTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>) {
-        while let Some(work) = rx.recv().await {
+        let mut held: Option<Work> = None;
+        loop {
+            let work = match held.take() {
+                Some(work) => work,
+                None => match rx.recv().await {
+                    Some(work) => work,
+                    None => return,
+                },
+            };
+            let (work, items) = match work {
+                Work::Batch(batch) => {
+                    let (batch, items, next) = self.gather(batch, &mut rx);
+                    held = next;
+                    (Work::Batch(batch), items)
+                }
+                other => (other, 1),
+            };
             if let Err(e) = self.work(work).await {
                 tracing::error!(lane = %self.name, error = %e, "delivery lane failed");
                 *lock(&self.progress.failed) = Some(e);
                 return;
             }
-            self.progress.outstanding.fetch_sub(1, Ordering::AcqRel);
+            self.progress.outstanding.fetch_sub(items, Ordering::AcqRel);
         }
+    }
+
+    /// Merge into `batch` the batches already waiting behind it, while they fit in one
+    /// check (`max_batch` changes) and judge by the same catalog view: a lane that fell
+    /// behind checks its backlog in a few large batches rather than in the many small
+    /// ones it was handed (each check costs a statement per group of subscribers,
+    /// whatever its number of changes). The transactions decoded in between are noted
+    /// (their visibility is waited for before the check, as it would have been for the
+    /// later batches). Returns the batch, the work items it stands for, and the first
+    /// item it could not take (the caller handles it next, in order).
+    fn gather(
+        &mut self,
+        mut batch: Batch,
+        rx: &mut mpsc::UnboundedReceiver<Work>,
+    ) -> (Batch, usize, Option<Work>) {
+        let mut items = 1;
+        if batch.overflow || batch.sent.elapsed() > self.limits.max_lag {
+            return (batch, items, None);
+        }
+        while batch.changes.len() < self.max_batch {
+            let next = match rx.try_recv() {
+                Ok(work) => work,
+                Err(_) => return (batch, items, None),
+            };
+            match next {
+                Work::Decoded(xids) if self.rls.unconfirmed() < MAX_UNCONFIRMED => {
+                    xids.into_iter().for_each(|x| self.rls.decoded(x));
+                    items += 1;
+                }
+                Work::Batch(b)
+                    if mergeable(batch.view, self.max_batch - batch.changes.len(), &b) =>
+                {
+                    batch.changes.extend(b.changes);
+                    batch.view = b.view;
+                    batch.through = batch.through.max(b.through);
+                    batch.bytes += b.bytes;
+                    batch.handed += b.handed;
+                    items += 1;
+                }
+                other => return (batch, items, Some(other)),
+            }
+        }
+        (batch, items, None)
     }
 
     async fn work(&mut self, work: Work) -> Result<(), RealtimeError> {
@@ -442,7 +526,10 @@ impl LaneTask {
         let p = &self.progress;
         p.done.fetch_max(batch.through.0, Ordering::AcqRel);
         p.bytes.fetch_sub(batch.bytes, Ordering::Relaxed);
-        lock(&p.waiting).pop_front();
+        let mut waiting = lock(&p.waiting);
+        for _ in 0..batch.handed {
+            waiting.pop_front();
+        }
         Ok(())
     }
 
@@ -521,5 +608,39 @@ impl LaneTask {
                 .await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(view: View, overflow: bool) -> Batch {
+        Batch {
+            changes: Vec::new(),
+            view,
+            through: Lsn::ZERO,
+            sent: Instant::now(),
+            bytes: 0,
+            overflow,
+            handed: 1,
+        }
+    }
+
+    #[test]
+    fn batches_merge_only_at_one_catalog_view_and_never_an_overflowing_one() {
+        let at = |n| View::Epoch(Some(n));
+        assert!(mergeable(at(3), 10, &batch(at(3), false)));
+        assert!(
+            !mergeable(at(3), 10, &batch(at(4), false)),
+            "a DDL in between"
+        );
+        assert!(!mergeable(View::Epoch(None), 10, &batch(at(4), false)));
+        assert!(
+            !mergeable(at(3), 10, &batch(at(3), true)),
+            "skipped at once"
+        );
+        assert!(mergeable(View::Batch(1), 10, &batch(View::Batch(2), false)));
+        assert!(!mergeable(View::Batch(1), 10, &batch(at(2), false)));
     }
 }
