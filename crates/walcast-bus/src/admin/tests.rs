@@ -1,3 +1,4 @@
+use super::server::{fit_replay, fit_rows};
 use super::*;
 
 #[test]
