@@ -27,7 +27,7 @@ use crate::config::OutboxConfig;
 use crate::event::{partition_outbox, OutboxEvent, MESSAGE_PREFIX};
 use crate::health::OutboxHealth;
 use crate::publish::Publisher;
-use crate::sender::SenderHandle;
+use crate::sender::{event_bytes, SenderHandle};
 use crate::{quarantine, telemetry, PARTS_SCHEMA};
 
 /// Tests inject a crash between JetStream's acknowledgement and the slot's with
@@ -39,6 +39,9 @@ fn failpoint_after_ack() -> bool {
 
 /// The outbox-table list, decoded so a new outbox is known from its creation on.
 const TABLES: (&str, &str) = ("walcast", "outbox_tables");
+
+/// Committed events held before they go to the sender as one run, at most.
+const HANDOFF_MAX: usize = 256;
 
 /// A transaction with events, handed to the sender.
 struct PendingTxn {
@@ -68,6 +71,11 @@ pub struct Relay {
     submitted: u64,
     /// Transactions with events not all done yet, in commit order.
     pending: VecDeque<PendingTxn>,
+    /// Committed events not handed to the sender yet (counted in `submitted`), and their
+    /// bytes: handed over as one run when the driver has nothing more waiting, at
+    /// [`HANDOFF_MAX`] events, and before settling or a barrier.
+    outbound: Vec<OutboxEvent>,
+    outbound_bytes: u64,
     /// The queue gauges, registered once (set at every collect).
     queued_gauges: (metrics::Gauge, metrics::Gauge),
 }
@@ -94,6 +102,8 @@ impl Relay {
             seen: Lsn::ZERO,
             submitted: 0,
             pending: VecDeque::new(),
+            outbound: Vec::new(),
+            outbound_bytes: 0,
             queued_gauges: (
                 metrics::gauge!(telemetry::QUEUED_EVENTS),
                 metrics::gauge!(telemetry::QUEUED_BYTES),
@@ -205,7 +215,7 @@ impl Relay {
         Ok(())
     }
 
-    /// The committed transaction's events to the sender (never waits); its commit is
+    /// The committed transaction's events, for the sender (never waits); its commit is
     /// the relay's newest handed position.
     fn commit(&mut self, txn: &TxnContext) -> Result<(), RelayError> {
         let events = std::mem::take(&mut self.txn);
@@ -214,22 +224,34 @@ impl Relay {
         if events.is_empty() {
             return Ok(());
         }
+        self.submitted += events.len() as u64;
+        self.outbound_bytes += events.iter().map(event_bytes).sum::<u64>();
+        self.outbound.extend(events);
+        self.pending.push_back(PendingTxn {
+            prev,
+            end: self.submitted,
+        });
+        if self.outbound.len() >= HANDOFF_MAX {
+            self.hand_off()?;
+        }
+        Ok(())
+    }
+
+    /// The events held to the sender (started at the first), in order; never waits.
+    fn hand_off(&mut self) -> Result<(), RelayError> {
+        if self.outbound.is_empty() {
+            return Ok(());
+        }
         if self.sender.is_none() {
             let publisher = self.publisher.take().ok_or(RelayError::SenderStopped)?;
             let sender = SenderHandle::spawn(self.cfg.clone(), publisher, self.health.clone());
             self.sender = Some(sender);
         }
         let sender = self.sender.as_ref().ok_or(RelayError::SenderStopped)?;
-        for event in events {
-            if !sender.send(event) {
-                return Err(self.sender_failure());
-            }
-            self.submitted += 1;
+        self.outbound_bytes = 0;
+        if !sender.send(std::mem::take(&mut self.outbound)) {
+            return Err(self.sender_failure());
         }
-        self.pending.push_back(PendingTxn {
-            prev,
-            end: self.submitted,
-        });
         Ok(())
     }
 
@@ -241,13 +263,16 @@ impl Relay {
             .unwrap_or(RelayError::SenderStopped)
     }
 
-    /// Events handed to the sender and not yet done, and their bytes.
+    /// Events committed and not yet done (held or at the sender), and their bytes.
     fn outstanding(&self) -> (u64, u64) {
         let Some(s) = &self.sender else {
-            return (0, 0);
+            return (self.submitted, self.outbound_bytes);
         };
         let bytes = s.shared.bytes.load(std::sync::atomic::Ordering::Relaxed);
-        (self.submitted.saturating_sub(s.done()), bytes)
+        (
+            self.submitted.saturating_sub(s.done()),
+            bytes + self.outbound_bytes,
+        )
     }
 
     /// Forget the transactions whose every event is done; `true` if one had events. An
@@ -338,8 +363,17 @@ impl Consumer for Relay {
         })
     }
 
+    fn has_pending(&self) -> bool {
+        !self.outbound.is_empty()
+    }
+
+    fn flush(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>> {
+        Box::pin(async move { Ok(self.hand_off()?) })
+    }
+
     fn settle(&mut self, handed: Lsn) -> BoxFuture<'_, Result<Lsn, ConsumerError>> {
         Box::pin(async move {
+            self.hand_off()?;
             let advanced = self.collect()?;
             self.failpoint(advanced);
             self.seen = self.seen.max(handed);
@@ -355,6 +389,7 @@ impl Consumer for Relay {
     /// Waits until every event handed over is done (the driver bounds it).
     fn barrier(&mut self) -> BoxFuture<'_, Result<(), ConsumerError>> {
         Box::pin(async move {
+            self.hand_off()?;
             let n = self.submitted;
             if let Some(sender) = &mut self.sender {
                 if !sender.wait_done(n).await {

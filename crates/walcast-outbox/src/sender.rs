@@ -1,8 +1,9 @@
 //! The relay's sender: a task of its own that owns the JetStream side, so that nothing
 //! the relay's consumer methods do waits on JetStream.
 //!
-//! The relay hands it each committed event, in commit order, through an unbounded
-//! channel (the relay bounds what is outstanding: [`crate::Relay`]'s `accepting`). The
+//! The relay hands it the committed events, in commit order and a run of them at a time
+//! (one wake-up for many events while a backlog drains), through an unbounded channel
+//! (the relay bounds what is outstanding: [`crate::Relay`]'s `accepting`). The
 //! task sends each event without waiting for its answer (at most `max_in_flight`
 //! outstanding; later events stay queued, unsent, in order) and takes the answers in
 //! order: acknowledged, quarantined (refused for good), or — a transient failure —
@@ -80,7 +81,7 @@ impl Shared {
 
 /// The relay's handle on its sender task (aborted on drop).
 pub(crate) struct SenderHandle {
-    tx: mpsc::UnboundedSender<OutboxEvent>,
+    tx: mpsc::UnboundedSender<Vec<OutboxEvent>>,
     done: watch::Receiver<u64>,
     pub(crate) shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
@@ -109,6 +110,7 @@ impl SenderHandle {
             shared: shared.clone(),
             done: done_tx,
             in_flight: VecDeque::new(),
+            queued: VecDeque::new(),
             attempt: 0,
             db: None,
             metrics: Metrics::register(),
@@ -122,12 +124,11 @@ impl SenderHandle {
         }
     }
 
-    /// Queue an event (never waits). `false`: the task has ended.
-    pub(crate) fn send(&self, ev: OutboxEvent) -> bool {
-        self.shared
-            .bytes
-            .fetch_add(event_bytes(&ev), Ordering::Relaxed);
-        self.tx.send(ev).is_ok()
+    /// Queue events, in order (never waits). `false`: the task has ended.
+    pub(crate) fn send(&self, events: Vec<OutboxEvent>) -> bool {
+        let bytes: u64 = events.iter().map(event_bytes).sum();
+        self.shared.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.tx.send(events).is_ok()
     }
 
     /// Events done so far (acknowledged or quarantined), without waiting.
@@ -161,6 +162,8 @@ struct Sender {
     shared: Arc<Shared>,
     done: watch::Sender<u64>,
     in_flight: VecDeque<InFlight>,
+    /// Events received and not sent yet (past `max_in_flight`), in order.
+    queued: VecDeque<OutboxEvent>,
     /// Transient failures in a row of the first outstanding event.
     attempt: u32,
     /// For the quarantine, connected when first needed.
@@ -170,12 +173,15 @@ struct Sender {
 
 /// What the task does next.
 enum Next {
-    Event(Option<OutboxEvent>),
+    /// The next event to send.
+    Event(OutboxEvent),
+    /// Events from the relay (`None`: it is gone).
+    Received(Option<Vec<OutboxEvent>>),
     Answer(Result<PublishAck, Failure>),
 }
 
 impl Sender {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<OutboxEvent>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Vec<OutboxEvent>>) {
         if let Err(e) = self.serve(&mut rx).await {
             tracing::warn!(error = %e, "outbox sender stopped");
             *self
@@ -188,13 +194,14 @@ impl Sender {
 
     async fn serve(
         &mut self,
-        rx: &mut mpsc::UnboundedReceiver<OutboxEvent>,
+        rx: &mut mpsc::UnboundedReceiver<Vec<OutboxEvent>>,
     ) -> Result<(), RelayError> {
         let max = self.cfg.max_in_flight.max(1);
         loop {
             match self.next(rx, self.in_flight.len() < max).await {
-                Next::Event(Some(ev)) => self.push(ev).await,
-                Next::Event(None) => return Ok(()),
+                Next::Event(ev) => self.push(ev).await,
+                Next::Received(Some(events)) => self.queued.extend(events),
+                Next::Received(None) => return Ok(()),
                 Next::Answer(Ok(ack)) => self.acknowledged(ack.duplicate),
                 Next::Answer(Err(Failure::Permanent { kind, error })) => {
                     self.quarantine(kind, &error).await?
@@ -207,9 +214,18 @@ impl Sender {
 
     /// The next event (when there is room for one), or the first outstanding answer,
     /// whichever comes first.
-    async fn next(&mut self, rx: &mut mpsc::UnboundedReceiver<OutboxEvent>, room: bool) -> Next {
+    async fn next(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Vec<OutboxEvent>>,
+        room: bool,
+    ) -> Next {
+        if room {
+            if let Some(ev) = self.queued.pop_front() {
+                return Next::Event(ev);
+            }
+        }
         let Some(first) = self.in_flight.front_mut() else {
-            return Next::Event(rx.recv().await);
+            return Next::Received(rx.recv().await);
         };
         let answer = match &mut first.answer {
             Err(failure) => return Next::Answer(Err(failure.clone())),
@@ -218,7 +234,7 @@ impl Sender {
         // Polling the answer by reference: when an event comes first, nothing is lost.
         let result = tokio::select! {
             biased;
-            ev = rx.recv(), if room => return Next::Event(ev),
+            events = rx.recv(), if room => return Next::Received(events),
             result = answer => result,
         };
         let failure = result.map_err(|e| {
@@ -317,7 +333,8 @@ impl Sender {
     }
 
     /// Wait, then resend every outstanding event in order (the ones after the failed one
-    /// may have landed: the duplicate window drops them). Events still queued wait.
+    /// may have landed: the duplicate window drops them). Events still queued wait (in
+    /// `queued` and the channel, after them).
     async fn retry(&mut self, error: &str) {
         metrics::counter!(telemetry::PUBLISH_FAILURES, "kind" => "transient").increment(1);
         let wait = self.cfg.retry.delay(self.attempt);
