@@ -46,8 +46,9 @@ const STOP_BARRIER: Duration = Duration::from_secs(10);
 /// How a read of the source ended.
 enum Stop {
     Cancelled,
-    /// A consumer's tables changed: restart the source with the new filter.
-    Restart,
+    /// Restart the source: a consumer's tables changed (the new filter) or a detached
+    /// consumer accepts again. The reason is the metric's label.
+    Restart(&'static str),
 }
 
 /// What the driver is built with.
@@ -161,7 +162,11 @@ impl<'a> Driver<'a> {
             self.reset();
             match self.read(source, cancel).await? {
                 Stop::Cancelled => return Ok(()),
-                Stop::Restart => source.stop().await,
+                Stop::Restart(reason) => {
+                    metrics::counter!(telemetry::SOURCE_RESTARTS, "reason" => reason).increment(1);
+                    tracing::info!(reason, "restarting the source");
+                    source.stop().await
+                }
             }
         }
     }
@@ -231,13 +236,13 @@ impl<'a> Driver<'a> {
                 Input::Line(data) => {
                     if self.line(&data).await? {
                         self.settle(source, false).await?;
-                        return Ok(Stop::Restart);
+                        return Ok(Stop::Restart("filter"));
                     }
                 }
                 Input::CaughtUp(lsn) => self.caught_up(lsn),
                 Input::Checkpoint { busy, reply } => {
-                    if self.checkpoint(source, busy, reply).await? {
-                        return Ok(Stop::Restart);
+                    if let Some(reason) = self.checkpoint(source, busy, reply).await? {
+                        return Ok(Stop::Restart(reason));
                     }
                 }
             }
@@ -309,14 +314,14 @@ impl<'a> Driver<'a> {
     }
 
     /// Acknowledge what was settled, check the fence, refresh statistics and health, and
-    /// re-check the consumers' state when due. `true`: restart (a new filter, or a
-    /// detached consumer accepts again).
+    /// re-check the consumers' state when due. `Some(reason)`: restart (a new filter, or
+    /// a detached consumer accepts again).
     async fn checkpoint<S: Source>(
         &mut self,
         source: &mut S,
         busy: bool,
         reply: bool,
-    ) -> Result<bool, PipelineError> {
+    ) -> Result<Option<&'static str>, PipelineError> {
         self.opts.fence.check(Action::Read)?;
         self.settle(source, reply).await?;
         let due = busy || self.stats_at.is_none_or(|t| t.elapsed() >= STATS_INTERVAL);
@@ -327,16 +332,16 @@ impl<'a> Driver<'a> {
         self.opts.health.set_active(true);
         self.opts.health.set_error(None);
         if self.txns.in_transaction() {
-            return Ok(false);
+            return Ok(None);
         }
         if self.reattach() {
-            return Ok(true);
+            return Ok(Some("reattach"));
         }
         if self.refreshed_at.elapsed() < self.opts.refresh {
-            return Ok(false);
+            return Ok(None);
         }
         self.refreshed_at = Instant::now();
-        let mut changed = false;
+        let mut changed = None;
         for p in &mut self.parts {
             let when = Refresh::Check {
                 confirmed: self.confirmed,
@@ -344,7 +349,7 @@ impl<'a> Driver<'a> {
             let name = p.name();
             if p.consumer.refresh(when).await.map_err(failed(name))? {
                 tracing::info!(consumer = name, "tables changed on re-check");
-                changed = true;
+                changed = Some("filter");
             }
         }
         Ok(changed)

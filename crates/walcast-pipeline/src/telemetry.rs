@@ -37,6 +37,8 @@ pub const CONSUMER_LAG: &str = "walcast_cdc_consumer_lag_bytes";
 pub const CONSUMER_DETACHED_NOW: &str = "walcast_cdc_consumer_detached";
 /// Counter: times a consumer was detached (label `consumer`).
 pub const CONSUMER_DETACHED: &str = "walcast_cdc_consumer_detached_total";
+/// Counter: restarts of the source while running (label `reason`: `filter`, `reattach`).
+pub const SOURCE_RESTARTS: &str = "walcast_cdc_source_restarts_total";
 
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
@@ -71,6 +73,10 @@ pub fn describe() {
     metrics::describe_counter!(
         HEARTBEATS,
         "Heartbeats (a logical message on the source database, CDC_HEARTBEAT_INTERVAL_MS) written by the leader, by result (ok, error)"
+    );
+    metrics::describe_counter!(
+        SOURCE_RESTARTS,
+        "Restarts of the source while running, by reason: filter (a consumer decodes another table or schema), reattach (a detached consumer accepts again); each re-decodes the WAL from the slot's restart_lsn"
     );
     metrics::describe_counter!(SLOT_LOST, "Replication slots found invalidated (WAL removed past max_slot_wal_keep_size), dropped and recreated");
     metrics::describe_counter!(SOURCE_ERRORS, "cdc session failures that were retried (Postgres or NATS unreachable, slot busy), in either source");

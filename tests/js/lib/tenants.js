@@ -23,13 +23,13 @@ export async function connect(env) {
   return c
 }
 
-/** `PUT …/realtime {"enabled": true}` on a front: `{ status, body, ms }`. */
-export async function enableViaRest(server, project, table, serviceKey) {
+/** `PUT …/realtime {"enabled": true}` (or `enabled`) on a front: `{ status, body, ms }`. */
+export async function enableViaRest(server, project, table, serviceKey, enabled = true) {
   const started = Date.now()
   const r = await fetch(`${server.url}/v1/db/${project}/schema/tables/${table}/realtime`, {
     method: 'PUT',
     headers: { apikey: serviceKey, 'content-type': 'application/json' },
-    body: JSON.stringify({ enabled: true }),
+    body: JSON.stringify({ enabled }),
   })
   return { status: r.status, body: await r.text(), ms: Date.now() - started }
 }

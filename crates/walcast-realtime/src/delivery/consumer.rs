@@ -3,7 +3,7 @@
 //! events, matched against subscriptions, authorized (RLS) and published on the bus; DDL
 //! notices (logical messages) handled at their position.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,6 +86,8 @@ pub struct RealtimeConsumer {
     /// Routes removed in the current transaction (a dropped table's notice may come
     /// after its realtime-tables row is deleted).
     removed_routes: HashMap<(String, String), String>,
+    /// The schemas decoded whole (see [`RealtimeConsumer::decode_schemas`]).
+    decoded: BTreeSet<String>,
     txn: Option<TxnContext>,
     seq: u32,
     slot: String,
@@ -126,6 +128,7 @@ impl RealtimeConsumer {
             types,
             routes: HashMap::new(),
             removed_routes: HashMap::new(),
+            decoded: BTreeSet::new(),
             txn: None,
             seq: 0,
             slot: opts.slot,
@@ -181,15 +184,14 @@ impl RealtimeConsumer {
         }
     }
 
-    /// A realtime-tables edit. Whole schemas are decoded: enabling a table of a schema
-    /// already decoded changes nothing in the filter (no restart; the edit applies right
-    /// here).
+    /// A realtime-tables edit. Whole schemas are decoded: enabling or disabling a table
+    /// of a schema already decoded changes nothing in the filter (no restart; the edit
+    /// applies right here).
     fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) -> Handled {
-        let before = self.schemas();
         self.tables_edit(kind, row);
-        match self.schemas() == before {
-            true => Handled::Continue,
-            false => Handled::TablesChanged,
+        match self.decode_schemas() {
+            false => Handled::Continue,
+            true => Handled::TablesChanged,
         }
     }
 
@@ -366,15 +368,21 @@ impl RealtimeConsumer {
         Ok(self.publisher.barrier().await?)
     }
 
-    /// The schemas of the enabled tables.
-    fn schemas(&self) -> std::collections::BTreeSet<String> {
-        self.routes
-            .keys()
-            .map(|(schema, _)| schema.clone())
-            .collect()
+    /// Decode the schemas of the enabled tables too: `true` if one is new (the source
+    /// restarts with it in the filter, once). A schema stays decoded while this pipeline
+    /// runs, even when its last table is disabled: every change of the filter restarts
+    /// the stream for every project (the slot re-decodes from its `restart_lsn`), so a
+    /// tenant disabling and enabling its only table again and again must not be able to
+    /// do that. The price: such a schema's writes are decoded and skipped until the next
+    /// start of the pipeline, which drops it.
+    fn decode_schemas(&mut self) -> bool {
+        let before = self.decoded.len();
+        let enabled = self.routes.keys().map(|(schema, _)| schema.clone());
+        self.decoded.extend(enabled);
+        self.decoded.len() > before
     }
 
-    /// See [`Consumer::refresh`]: `true` if the decoded schemas changed.
+    /// See [`Consumer::refresh`]: `true` if a schema is decoded that was not.
     async fn refresh_tables(&mut self, when: Refresh) -> Result<bool, RealtimeError> {
         let tables = match when {
             Refresh::Start => Some(tables::list(&self.catalog, None).await?),
@@ -383,12 +391,14 @@ impl RealtimeConsumer {
                 tables_drift(&self.catalog, &current, confirmed).await?
             }
         };
-        let before = self.schemas();
         let Some(tables) = tables else {
             return Ok(false);
         };
+        if when == Refresh::Start {
+            self.decoded.clear();
+        }
         self.set_tables(&tables);
-        Ok(when == Refresh::Start || self.schemas() != before)
+        Ok(self.decode_schemas() || when == Refresh::Start)
     }
 }
 
@@ -403,11 +413,12 @@ impl Consumer for RealtimeConsumer {
         vec![(TABLES_SCHEMA.to_string(), TABLES_TABLE.to_string())]
     }
 
-    /// Every schema with an enabled table, whole: enabling another table of one of them
-    /// needs no restart of the source (a burst of enables costs the other tables
-    /// nothing), at the price of decoding the schemas' other tables too (skipped here).
+    /// Every schema that had an enabled table since the pipeline started, whole:
+    /// enabling or disabling another table of one of them needs no restart of the source
+    /// (a burst of enables costs the other tables nothing), at the price of decoding the
+    /// schemas' other tables too (skipped here).
     fn schemas(&self) -> Vec<String> {
-        RealtimeConsumer::schemas(self).into_iter().collect()
+        self.decoded.iter().cloned().collect()
     }
 
     /// The DDL notices (see [`crate::catalog::change`]).
