@@ -248,8 +248,8 @@ impl Relay {
             self.sender = Some(sender);
         }
         let sender = self.sender.as_ref().ok_or(RelayError::SenderStopped)?;
-        self.outbound_bytes = 0;
-        if !sender.send(std::mem::take(&mut self.outbound)) {
+        let bytes = std::mem::take(&mut self.outbound_bytes);
+        if !sender.send(std::mem::take(&mut self.outbound), bytes) {
             return Err(self.sender_failure());
         }
         Ok(())

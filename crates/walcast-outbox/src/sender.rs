@@ -124,9 +124,10 @@ impl SenderHandle {
         }
     }
 
-    /// Queue events, in order (never waits). `false`: the task has ended.
-    pub(crate) fn send(&self, events: Vec<OutboxEvent>) -> bool {
-        let bytes: u64 = events.iter().map(event_bytes).sum();
+    /// Queue events, in order (never waits); `bytes`: their [`event_bytes`], summed by
+    /// the caller as it collected them. `false`: the task has ended.
+    pub(crate) fn send(&self, events: Vec<OutboxEvent>, bytes: u64) -> bool {
+        debug_assert_eq!(bytes, events.iter().map(event_bytes).sum::<u64>());
         self.shared.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.tx.send(events).is_ok()
     }
