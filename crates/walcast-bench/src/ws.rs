@@ -77,10 +77,21 @@ pub struct WsBench {
     /// Only walcast, no baseline.
     #[arg(long)]
     skip_baseline: bool,
+    /// `KEY=VALUE` set in both servers' environment alike (repeatable): e.g. an
+    /// allocator setting (`MALLOC_ARENA_MAX=2`) tried on walcast and the baseline.
+    #[arg(long = "server-env", value_parser = parse_env)]
+    server_env: Vec<(String, String)>,
     /// Seconds to wait, after each phase's last event, for every client to receive every
     /// event; a shortfall fails the run.
     #[arg(long, default_value_t = 60)]
     max_wait: u64,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 pub fn now_micros() -> i64 {
@@ -158,6 +169,14 @@ pub async fn run(args: WsBench) -> anyhow::Result<()> {
          no Postgres, no CDC, no registry — the cost of pushing frames to N sockets and \
          reading them with this load generator on this machine"
     );
+    if !args.server_env.is_empty() {
+        let env: Vec<String> = args
+            .server_env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("both servers' environment adds: {}", env.join(" "));
+    }
     for &topics in &args.topics {
         let topics = topics.clamp(1, args.clients.max(1));
         println!();
@@ -347,7 +366,8 @@ impl Server {
                     .env("HOST", "127.0.0.1")
                     .env("PORT", "0")
                     .env("LOG_FORMAT", "text")
-                    .env("LOG_LEVEL", "warn");
+                    .env("LOG_LEVEL", "warn")
+                    .envs(args.server_env.iter().cloned());
                 let (mut child, port) = Server::spawn(cmd, "walcast")?;
                 drop(child.stdin.take());
                 let s = Server {
@@ -381,7 +401,8 @@ impl Server {
                     &args.outbound_queue.to_string(),
                     "--pad",
                     &args.pad.to_string(),
-                ]);
+                ])
+                .envs(args.server_env.iter().cloned());
                 let (mut child, port) = Server::spawn(cmd, "baseline")?;
                 let stdin = child.stdin.take();
                 Ok(Server {

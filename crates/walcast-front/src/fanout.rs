@@ -297,11 +297,13 @@ fn deliver_event(delivery: &Delivery, ev: &ChangeEvent) {
         return;
     };
     let mut change = Change::new(ev, &encoded);
+    let mut delivered = 0u64;
     for (sink, ids) in groups {
-        if sink.deliver(&mut change, ids) {
-            metrics::counter!(telemetry::DELIVERIES).increment(1);
-        }
+        delivered += u64::from(sink.deliver(&mut change, ids));
     }
+    // Once per change: a lookup by name for each of 10,000 deliveries was a hundredth of
+    // the fan-out's CPU.
+    metrics::counter!(telemetry::DELIVERIES).increment(delivered);
 }
 
 #[cfg(test)]

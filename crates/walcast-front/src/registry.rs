@@ -25,7 +25,7 @@ use walcast_bus::subs::{is_class_key, ClassFields, SubscriptionSpec, SYNC_INTERV
 use walcast_core::Lsn;
 use walcast_protocol::PgChangeBinding;
 
-use crate::sink::SinkRef;
+use crate::sink::{FastHash, SinkRef};
 use crate::telemetry;
 
 /// How long the worker's word that a class is delivered by class is trusted without
@@ -71,7 +71,8 @@ type KeyFn = fn(&ClassFields) -> String;
 /// how many registrations of each class are still on their way to the worker.
 struct Map {
     key: KeyFn,
-    targets: HashMap<u64, Target>,
+    /// By our own ids (never a client's), hashed fast: looked up once per delivery.
+    targets: HashMap<u64, Target, FastHash>,
     classes: HashMap<String, Members>,
     ready: HashMap<String, Ready>,
     /// Subscriptions the worker has registered as delivered by class.
@@ -108,7 +109,7 @@ impl Map {
     fn new(key: KeyFn) -> Map {
         Map {
             key,
-            targets: HashMap::new(),
+            targets: HashMap::default(),
             classes: HashMap::new(),
             ready: HashMap::new(),
             registered: Default::default(),
@@ -379,7 +380,7 @@ impl Registry {
     pub(crate) fn groups(&self, ev: &walcast_bus::ChangeEvent) -> Vec<(SinkRef, Vec<u32>)> {
         let (project, ids, at) = (ev.project.as_str(), &ev.subs, ev.commit_lsn);
         let g = self.read();
-        let mut index: HashMap<u64, usize> = HashMap::new();
+        let mut index: HashMap<u64, usize, FastHash> = HashMap::default();
         let mut out: Vec<(SinkRef, Vec<u32>)> = Vec::new();
         let targets = ids
             .iter()
