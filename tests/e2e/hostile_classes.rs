@@ -135,7 +135,7 @@ async fn classes_are_capped_per_project() {
         event: "*".into(),
         filter: Some(filter.into()),
         select: None,
-        claims: json!({"role": "anon"}),
+        claims: json!({"role": "anon"}).into(),
         from: None,
     };
     let filters = [

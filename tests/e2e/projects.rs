@@ -518,7 +518,7 @@ async fn projects_are_isolated_across_cdc_worker_and_ws_front() {
         event: "*".into(),
         filter: None,
         select: None,
-        claims: json!({"role": "anon"}),
+        claims: json!({"role": "anon"}).into(),
         from: None,
     };
     let reply = subs

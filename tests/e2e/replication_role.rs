@@ -45,7 +45,8 @@ async fn a_replication_only_role_reads_the_slot_and_rls_checks_use_database_url(
         event: "*".into(),
         filter: None,
         select: None,
-        claims: serde_json::json!({"role": "authenticated", "sub": sub, "exp": 4102444800u64}),
+        claims: serde_json::json!({"role": "authenticated", "sub": sub, "exp": 4102444800u64})
+            .into(),
         from: None,
     };
     let reply = subs

@@ -22,7 +22,7 @@ fn spec(id: &str, table: &str, claims: serde_json::Value) -> SubscriptionSpec {
         event: "*".into(),
         filter: None,
         select: None,
-        claims,
+        claims: claims.into(),
         from: None,
     }
 }

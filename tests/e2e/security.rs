@@ -20,7 +20,7 @@ fn spec(id: &str, schema: &str, table: &str, filter: Option<&str>) -> Subscripti
         event: "*".into(),
         filter: filter.map(String::from),
         select: None,
-        claims: serde_json::json!({"role": "anon"}),
+        claims: serde_json::json!({"role": "anon"}).into(),
         from: None,
     }
 }

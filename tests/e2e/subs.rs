@@ -21,7 +21,7 @@ fn spec(id: &str, table: &str, event: &str, filter: Option<&str>) -> Subscriptio
         event: event.into(),
         filter: filter.map(String::from),
         select: None,
-        claims: serde_json::json!({"role": "anon"}),
+        claims: serde_json::json!({"role": "anon"}).into(),
         from: None,
     }
 }

@@ -422,7 +422,7 @@ mod tests {
             event: "*".into(),
             filter: Some("id=eq.1".into()),
             select: None,
-            claims: serde_json::json!({"role": "authenticated", "sub": "u1"}),
+            claims: serde_json::json!({"role": "authenticated", "sub": "u1"}).into(),
             from: None,
         }
     }
@@ -476,14 +476,14 @@ mod tests {
         let same = SubscriptionSpec {
             id: "f2:9".into(),
             front: "f2".into(),
-            claims: serde_json::json!({"role": "authenticated", "sub": "u2"}),
+            claims: serde_json::json!({"role": "authenticated", "sub": "u2"}).into(),
             filter: Some(" id=eq.1 ".into()),
             ..spec.clone()
         };
         assert_eq!(class_key(&same), k);
         for other in [
             SubscriptionSpec {
-                claims: serde_json::json!({"role": "anon"}),
+                claims: serde_json::json!({"role": "anon"}).into(),
                 ..spec.clone()
             },
             SubscriptionSpec {

@@ -12,7 +12,7 @@ fn spec(id: &str, project: &str) -> SubscriptionSpec {
         event: "*".into(),
         filter: None,
         select: None,
-        claims: serde_json::json!({"role": "anon"}),
+        claims: serde_json::json!({"role": "anon"}).into(),
         from: None,
     }
 }

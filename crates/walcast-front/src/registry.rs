@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -356,6 +356,7 @@ impl Registry {
         ns: &[u64],
         claims: &Value,
     ) -> (Vec<SubscriptionSpec>, Vec<String>) {
+        let claims = Arc::new(claims.clone());
         let mut g = self.write();
         let (mut specs, mut refused) = (Vec::new(), Vec::new());
         for n in ns {
@@ -508,7 +509,7 @@ pub(crate) fn spec_for(
     front: &str,
     project: &str,
     b: &PgChangeBinding,
-    claims: &Value,
+    claims: &Arc<Value>,
 ) -> SubscriptionSpec {
     SubscriptionSpec {
         id,

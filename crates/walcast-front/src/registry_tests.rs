@@ -14,7 +14,7 @@ fn todos_insert(id: &str) -> SubscriptionSpec {
         event: "INSERT".into(),
         filter: None,
         select: None,
-        claims: serde_json::json!({"role": "anon"}),
+        claims: serde_json::json!({"role": "anon"}).into(),
         from: None,
     }
 }
@@ -123,7 +123,7 @@ fn a_forced_key_never_merges_subscriptions_of_other_fields() {
         sink: out.clone(),
         binding: 1,
         spec: SubscriptionSpec {
-            claims: serde_json::json!({ "role": role }),
+            claims: serde_json::json!({ "role": role }).into(),
             from: Some(Lsn(1)),
             ..todos_insert(id)
         },

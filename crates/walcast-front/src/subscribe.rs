@@ -67,9 +67,11 @@ pub(crate) async fn subscribe(
             "Unable to subscribe to changes: unknown project {project:?}"
         ));
     };
+    // One copy of the claims for every binding (and the worker's matcher, in one process).
+    let claims = Arc::new(claims.clone());
     for b in bindings {
         let (n, sid) = registry.alloc();
-        let spec = registry::spec_for(sid, registrar.front_id(), project, b, claims);
+        let spec = registry::spec_for(sid, registrar.front_id(), project, b, &claims);
         let target = Target {
             sink: sink.clone(),
             binding: b.id,

@@ -22,7 +22,7 @@ fn sub(id: &str, front: &str, role: &str) -> Arc<Sub> {
         event: "*".into(),
         filter: None,
         select: None,
-        claims: serde_json::json!({ "role": role }),
+        claims: serde_json::json!({ "role": role }).into(),
         from: None,
     };
     Arc::new(Sub::new(spec, None, Lsn(0)))

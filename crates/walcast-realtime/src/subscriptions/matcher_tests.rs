@@ -19,7 +19,7 @@ fn spec(id: &str, table: Option<&str>, event: &str, filter: Option<&str>) -> Sub
         event: event.into(),
         filter: filter.map(String::from),
         select: None,
-        claims: serde_json::json!({"role": "anon"}),
+        claims: serde_json::json!({"role": "anon"}).into(),
         from: None,
     }
 }
@@ -99,7 +99,7 @@ fn a_filter_error_denies_only_that_subscription() {
 fn a_forced_key_never_merges_classes_with_other_fields() {
     let m = Matcher::default();
     let service = SubscriptionSpec {
-        claims: serde_json::json!({"role": "service_role"}),
+        claims: serde_json::json!({"role": "service_role"}).into(),
         ..spec("svc", Some("t"), "*", None)
     };
     assert!(m.insert(Sub::new(service, None, Lsn(0))));
@@ -136,7 +136,7 @@ fn a_forced_key_never_merges_classes_with_other_fields() {
     assert_eq!(got, ["svc"]);
     // The same fields do join the class.
     let twin = SubscriptionSpec {
-        claims: serde_json::json!({"role": "service_role", "sub": "other"}),
+        claims: serde_json::json!({"role": "service_role", "sub": "other"}).into(),
         ..spec("svc2", Some("t"), "*", None)
     };
     assert!(m.insert(Sub::new(twin, None, Lsn(0))));
