@@ -44,8 +44,8 @@ impl<'a> Change<'a> {
 }
 
 /// The hasher of the maps the fan-out looks up once per delivery (SipHash was a few
-/// percent of its CPU). Seeded per map; their keys are our own ids, or here a change's channels,
-/// which live only as long as that change's delivery.
+/// percent of its CPU). Seeded per map; their keys are our own ids, or here a change's
+/// channels, which live only as long as that change's delivery.
 pub(crate) type FastHash = foldhash::fast::RandomState;
 
 /// A destination of changes.
