@@ -248,6 +248,20 @@ pub async fn connect(conn: &str) -> Result<tokio_postgres::Client, ConnectError>
     Ok(client)
 }
 
+/// Ask the server to cancel what `token`'s session is running (a new connection to the
+/// same server, TLS as `conn`'s `sslmode` says).
+pub async fn cancel(conn: &str, token: &tokio_postgres::CancelToken) -> Result<(), ConnectError> {
+    let (_, settings) = parse(conn)?;
+    match client_config(&settings)? {
+        None => token.cancel_query(tokio_postgres::NoTls).await?,
+        Some(tls) => {
+            let make = tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone());
+            token.cancel_query(make).await?
+        }
+    }
+    Ok(())
+}
+
 async fn log_end<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(c: F) {
     if let Err(e) = c.await {
         tracing::warn!(error = %e, "postgres connection ended");

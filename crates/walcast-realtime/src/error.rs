@@ -27,6 +27,10 @@ pub enum RealtimeError {
     /// The RLS checker has no connection to check with (a bug, not a configuration).
     #[error("no RLS connection: {0}")]
     RlsUnavailable(&'static str),
+    /// A batch's row-level security checks ran past its deadline (the project's lag
+    /// bound): they were cancelled, and the batch is skipped as lagging.
+    #[error("row-level security checks ran past the lag bound and were cancelled")]
+    CheckDeadline,
     /// The catalog snapshot does not show the state at the position being judged (see
     /// `catalog/change.rs`): what depends on it is withheld.
     #[error("catalog state does not match the WAL position (position {view}, snapshot epoch {snapshot:?}, {})", if *.ahead { "snapshot ahead" } else { "snapshot behind" })]

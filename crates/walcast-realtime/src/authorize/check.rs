@@ -81,6 +81,9 @@ pub struct CheckOptions {
     pub timeout_ms: u64,
     /// Each statement in its own savepoint, so one failure fails only itself.
     pub isolate: bool,
+    /// When the whole check must be done by: past it, it is cancelled (the
+    /// statements on the server too) and fails with [`RealtimeError::CheckDeadline`].
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// What one group may see.

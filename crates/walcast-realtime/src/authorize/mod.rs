@@ -114,12 +114,14 @@ struct Pass {
 }
 
 /// Decide per subscriber for every change of the batch. Errors of one check deny only the
-/// subscribers of that check; an error of the connection itself is returned.
+/// subscribers of that check; an error of the connection itself is returned, and so is
+/// [`RealtimeError::CheckDeadline`] when the row checks are not done by `deadline`.
 pub async fn authorize_batch(
     rls: &mut RlsChecker,
     batch: &[PendingChange],
     mode: RlsMode,
     timeout_ms: u64,
+    deadline: Option<std::time::Instant>,
 ) -> Result<Vec<Audience>, RealtimeError> {
     let mut pass = Pass {
         allowed: vec![Vec::new(); batch.len()],
@@ -135,7 +137,13 @@ pub async fn authorize_batch(
     if !pass.tables.is_empty() {
         // The stream can deliver a commit before it is visible to new snapshots.
         rls.wait_visible(&pass.xids).await?;
-        judge_rows(rls, batch, &mut pass, mode, timeout_ms).await?;
+        let opts = CheckOptions {
+            pipelined: mode == RlsMode::Batched,
+            timeout_ms,
+            isolate: true,
+            deadline,
+        };
+        judge_rows(rls, batch, &mut pass, mode, &opts).await?;
     }
     Ok(batch
         .iter()
@@ -277,7 +285,7 @@ async fn judge_rows(
     batch: &[PendingChange],
     pass: &mut Pass,
     mode: RlsMode,
-    timeout_ms: u64,
+    opts: &CheckOptions,
 ) -> Result<(), RealtimeError> {
     let pairs: Vec<(String, String, String)> = pass
         .tables
@@ -335,14 +343,9 @@ async fn judge_rows(
         checks.push(check);
         waiting.push(subs);
     }
-    let opts = CheckOptions {
-        pipelined: mode == RlsMode::Batched,
-        timeout_ms,
-        isolate: true,
-    };
     let statements: usize = checks.iter().map(|t| t.groups.len()).sum();
     metrics::counter!(telemetry::RLS_CHECKS).increment(statements as u64);
-    let outcomes = rls.check(&checks, &opts).await?;
+    let outcomes = rls.check(&checks, opts).await?;
     for ((check, outcome), subs) in checks.iter().zip(outcomes).zip(waiting) {
         apply(check, outcome, subs, &mut pass.allowed);
     }

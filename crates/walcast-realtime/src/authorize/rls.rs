@@ -419,11 +419,47 @@ impl RlsChecker {
         }
     }
 
-    /// Run a batch of checks (see [`crate::authorize::check`]): one round trip on one
-    /// connection, or, for many groups, the groups dealt over the checker's connections
-    /// and run side by side (each connection in its own snapshot, each group judged
-    /// entirely on one).
+    /// Run a batch of checks (see [`crate::authorize::check`]) by `opts.deadline`: past
+    /// it, the statements running are cancelled on the server, their connections
+    /// dropped (each may be mid-transaction) and [`RealtimeError::CheckDeadline`] returned.
     pub async fn check(
+        &mut self,
+        tables: &[TableCheck],
+        opts: &CheckOptions,
+    ) -> Result<Vec<TableOutcome>, RealtimeError> {
+        let Some(deadline) = opts.deadline else {
+            return self.check_now(tables, opts).await;
+        };
+        let run = self.check_now(tables, opts);
+        match tokio::time::timeout_at(deadline.into(), run).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.abandon_checks();
+                Err(RealtimeError::CheckDeadline)
+            }
+        }
+    }
+
+    /// Drop every check connection, cancelling what it runs (in the background).
+    fn abandon_checks(&mut self) {
+        for lane in &mut self.lanes {
+            lane.statements.clear();
+            let Some(client) = lane.client.take() else {
+                continue;
+            };
+            let (url, token) = (self.database_url.clone(), client.cancel_token());
+            tokio::spawn(async move {
+                if let Err(e) = walcast_pgtls::cancel(&url, &token).await {
+                    tracing::warn!(error = %e, "cancelling an overdue RLS check failed");
+                }
+            });
+        }
+    }
+
+    /// [`RlsChecker::check`] without a deadline: one round trip on one connection, or,
+    /// for many groups, the groups dealt over the checker's connections and run side by
+    /// side (each connection in its own snapshot, each group judged entirely on one).
+    async fn check_now(
         &mut self,
         tables: &[TableCheck],
         opts: &CheckOptions,

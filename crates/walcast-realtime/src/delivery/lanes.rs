@@ -5,21 +5,25 @@
 //! only itself: its lane falls behind while the others keep up.
 //!
 //! A lane's lag is bounded, in time ([`LaneLimits::max_lag`]: a batch older than that
-//! when its turn comes is not checked) and in bytes ([`LaneLimits::max_bytes`]: past it a
-//! new batch is not even queued). A change skipped so is still published audience-free
-//! on its table's subject; its subscribers are told (a `subs-lagged` notice on their
-//! front's subject, which the front turns into a `system` error on each channel, at most
-//! once per subscription every [`NOTICE_EVERY`]), and it is logged and counted.
+//! when its turn comes is not checked, and a check still running when its batch reaches
+//! that age is cancelled, on the server too) and in bytes ([`LaneLimits::max_bytes`]:
+//! past it a new batch is not even queued). A change skipped so is still published
+//! audience-free on its table's subject; its subscribers are told (a `subs-lagged`
+//! notice on their front's subject, which the front turns into a `system` error on each
+//! channel, at most once per subscription every [`task::NOTICE_EVERY`]), and it is
+//! logged and counted.
 //!
-//! Projects that cannot keep up (a batch waited over [`LAGGING_AFTER`] or a check took
-//! over [`SLOW_CHECK`], in the last [`LAGGING_FOR`]) share one check
+//! Projects that cannot keep up (a batch waited over [`task::LAGGING_AFTER`] or a check
+//! took over [`task::SLOW_CHECK`], in the last [`task::LAGGING_FOR`]) share one check
 //! slot between them, so however many tenants have slow policies, they occupy at most one
 //! database connection at a time and leave the database's cores to those that keep up.
 //!
 //! A lane that fell behind merges the batches waiting in its queue into the one it takes
 //! (in order, up to `max_batch` changes, at one catalog view): a check costs a statement
 //! per group of subscribers whatever its number of changes, so a backlog is checked in a
-//! few large batches rather than in the many small ones it was handed.
+//! few large batches rather than in the many small ones it was handed. It merges no more
+//! than its last check's time per change says fit in a share of the lag bound
+//! ([`task::CHECK_SHARE`]), so that a slow project's merged check finishes in time.
 //!
 //! The lanes report how far they got ([`Lanes::position`]): the slot is acknowledged at
 //! the lowest position of all, so a crash replays what a slow lane had not published.
@@ -34,40 +38,25 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_LAGGED};
 use walcast_pipeline::health::PartLag;
 use walcast_pipeline::Position;
 use walcast_wal2json::Lsn;
 
 use crate::authorize::rls::RlsChecker;
-use crate::authorize::{authorize_batch, Audience, PendingChange};
+use crate::authorize::PendingChange;
 use crate::catalog::change::{Notice, View};
-use crate::config::{LaneLimits, RlsMode, RlsOptions};
+use crate::config::{LaneLimits, RlsOptions};
 use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::telemetry;
 
+mod task;
+
+use task::LaneTask;
+
 /// Transactions decoded and not yet passed to a lane, at most: then they are sent on
 /// their own, and the lane confirms their visibility (one query) once it has this many.
 const MAX_UNCONFIRMED: usize = 4096;
-
-/// A subscription is told of skipped changes at most this often.
-pub const NOTICE_EVERY: Duration = Duration::from_secs(5);
-
-/// Subscriptions remembered as told, at most (then forgotten, so told again sooner).
-const MAX_TOLD: usize = 100_000;
-
-/// A batch that waited longer than this for its turn is a lagging project's: its checks
-/// take the lagging projects' one shared slot, so projects that cannot keep up never
-/// occupy more than one database connection at a time between them (the database's
-/// cores stay free for the projects that keep up).
-const LAGGING_AFTER: Duration = Duration::from_secs(1);
-
-/// A check that took longer marks its project as lagging too.
-const SLOW_CHECK: Duration = Duration::from_millis(250);
-
-/// How long a project stays lagging after its last slow check or late batch.
-const LAGGING_FOR: Duration = Duration::from_secs(30);
 
 /// What a lane is handed, in WAL order.
 enum Work {
@@ -152,7 +141,7 @@ pub struct Lanes {
     rls: RlsOptions,
     limits: LaneLimits,
     outlet: Arc<Outlet>,
-    /// The lagging projects' one check slot (see [`LAGGING_AFTER`]).
+    /// The lagging projects' one check slot (see [`task::LAGGING_AFTER`]).
     lagging: Arc<tokio::sync::Semaphore>,
 }
 
@@ -195,22 +184,17 @@ impl Lanes {
         seed(&mut rls);
         let (tx, rx) = mpsc::unbounded_channel();
         let progress = Arc::new(Progress::default());
-        let task = LaneTask {
-            name: name.clone(),
+        let lagging = self.lagging.clone();
+        let outlet = self.outlet.clone();
+        let task = LaneTask::new(
+            name.clone(),
             rls,
-            outlet: self.outlet.clone(),
-            progress: progress.clone(),
-            limits: self.limits,
-            mode: self.rls.mode,
-            max_batch: match self.rls.mode {
-                RlsMode::Naive => 1,
-                RlsMode::Batched => self.rls.max_batch.max(1),
-            },
-            timeout_ms: self.rls.timeout_ms,
-            told: HashMap::new(),
-            lagging: self.lagging.clone(),
-            lagging_until: None,
-        };
+            outlet,
+            progress.clone(),
+            self.limits,
+            &self.rls,
+            lagging,
+        );
         tracing::info!(lane = %name, "delivery lane started");
         self.lanes.push(Lane {
             name,
@@ -353,17 +337,6 @@ fn send(lane: &mut Lane, work: Work) {
     }
 }
 
-/// `next` may be checked together with a batch at `view` handed before it that has
-/// `room` changes left: not skipped at once, the same catalog view (or, without event
-/// triggers, both reading the catalog afresh anyway), and room for its changes.
-fn mergeable(view: View, room: usize, next: &Batch) -> bool {
-    let same_view = match (view, next.view) {
-        (View::Batch(_), View::Batch(_)) => true,
-        (a, b) => a == b,
-    };
-    same_view && !next.overflow && next.changes.len() <= room
-}
-
 /// About what a change holds in memory while it waits.
 fn change_bytes(c: &PendingChange) -> usize {
     let row: usize = c
@@ -372,275 +345,4 @@ fn change_bytes(c: &PendingChange) -> usize {
         .map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len))
         .sum();
     c.event.record_bytes() + row + 256
-}
-
-/// A lane's task (see the module docs).
-struct LaneTask {
-    name: String,
-    rls: RlsChecker,
-    outlet: Arc<Outlet>,
-    progress: Arc<Progress>,
-    limits: LaneLimits,
-    mode: RlsMode,
-    /// Changes checked together at most (batches waiting are merged up to it).
-    max_batch: usize,
-    timeout_ms: u64,
-    /// Subscription → when it was last told of skipped changes.
-    told: HashMap<String, Instant>,
-    lagging: Arc<tokio::sync::Semaphore>,
-    /// Its checks take the lagging projects' slot until then.
-    lagging_until: Option<Instant>,
-}
-
-impl LaneTask {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>) {
-        let mut held: Option<Work> = None;
-        loop {
-            let work = match held.take() {
-                Some(work) => work,
-                None => match rx.recv().await {
-                    Some(work) => work,
-                    None => return,
-                },
-            };
-            let (work, items) = match work {
-                Work::Batch(batch) => {
-                    let (batch, items, next) = self.gather(batch, &mut rx);
-                    held = next;
-                    (Work::Batch(batch), items)
-                }
-                other => (other, 1),
-            };
-            if let Err(e) = self.work(work).await {
-                tracing::error!(lane = %self.name, error = %e, "delivery lane failed");
-                *lock(&self.progress.failed) = Some(e);
-                return;
-            }
-            self.progress.outstanding.fetch_sub(items, Ordering::AcqRel);
-        }
-    }
-
-    /// Merge into `batch` the batches already waiting behind it, while they fit in one
-    /// check (`max_batch` changes) and judge by the same catalog view: a lane that fell
-    /// behind checks its backlog in a few large batches rather than in the many small
-    /// ones it was handed (each check costs a statement per group of subscribers,
-    /// whatever its number of changes). The transactions decoded in between are noted
-    /// (their visibility is waited for before the check, as it would have been for the
-    /// later batches). Returns the batch, the work items it stands for, and the first
-    /// item it could not take (the caller handles it next, in order).
-    fn gather(
-        &mut self,
-        mut batch: Batch,
-        rx: &mut mpsc::UnboundedReceiver<Work>,
-    ) -> (Batch, usize, Option<Work>) {
-        let mut items = 1;
-        if batch.overflow || batch.sent.elapsed() > self.limits.max_lag {
-            return (batch, items, None);
-        }
-        while batch.changes.len() < self.max_batch {
-            let next = match rx.try_recv() {
-                Ok(work) => work,
-                Err(_) => return (batch, items, None),
-            };
-            match next {
-                Work::Decoded(xids) if self.rls.unconfirmed() < MAX_UNCONFIRMED => {
-                    xids.into_iter().for_each(|x| self.rls.decoded(x));
-                    items += 1;
-                }
-                Work::Batch(b)
-                    if mergeable(batch.view, self.max_batch - batch.changes.len(), &b) =>
-                {
-                    batch.changes.extend(b.changes);
-                    batch.view = b.view;
-                    batch.through = batch.through.max(b.through);
-                    batch.bytes += b.bytes;
-                    batch.handed += b.handed;
-                    items += 1;
-                }
-                other => return (batch, items, Some(other)),
-            }
-        }
-        (batch, items, None)
-    }
-
-    async fn work(&mut self, work: Work) -> Result<(), RealtimeError> {
-        match work {
-            Work::Decoded(xids) => {
-                xids.into_iter().for_each(|x| self.rls.decoded(x));
-                if self.rls.unconfirmed() >= MAX_UNCONFIRMED {
-                    self.rls.wait_visible(&[]).await?;
-                }
-            }
-            Work::Notice(notice, to) => self.rls.on_notice(&notice, to),
-            Work::Publish {
-                front,
-                at,
-                notice,
-                payload,
-            } => {
-                let out = &self.outlet;
-                out.links
-                    .send(&out.publisher, &front, at, Some(notice), payload)
-                    .await?;
-            }
-            Work::Batch(batch) => self.batch(batch).await?,
-        }
-        Ok(())
-    }
-
-    /// Authorize and publish a batch, or skip it if it waited too long.
-    async fn batch(&mut self, mut batch: Batch) -> Result<(), RealtimeError> {
-        let checked = batch.changes.iter().any(|c| !c.matched.is_empty());
-        let now = Instant::now();
-        if batch.sent.elapsed() > LAGGING_AFTER {
-            self.lagging_until = Some(now + LAGGING_FOR);
-        }
-        // Held while this batch is checked, when its project lags.
-        let lagging = self.lagging_until.is_some_and(|t| t > now);
-        let _slot = match checked && lagging {
-            true => self.lagging.clone().acquire_owned().await.ok(),
-            false => None,
-        };
-        let late = batch.sent.elapsed() > self.limits.max_lag;
-        if batch.overflow || late {
-            self.skip(&mut batch, if late { "lag" } else { "bytes" })
-                .await?;
-        } else {
-            self.rls.set_view(batch.view);
-            let audiences = if !checked {
-                vec![Audience::new(); batch.changes.len()]
-            } else {
-                let started = Instant::now();
-                let audiences =
-                    authorize_batch(&mut self.rls, &batch.changes, self.mode, self.timeout_ms)
-                        .await?;
-                if started.elapsed() > SLOW_CHECK {
-                    self.lagging_until = Some(Instant::now() + LAGGING_FOR);
-                }
-                audiences
-            };
-            for (change, audience) in batch.changes.iter_mut().zip(&audiences) {
-                self.outlet.publish(&mut change.event, audience).await?;
-            }
-        }
-        let p = &self.progress;
-        p.done.fetch_max(batch.through.0, Ordering::AcqRel);
-        p.bytes.fetch_sub(batch.bytes, Ordering::Relaxed);
-        let mut waiting = lock(&p.waiting);
-        for _ in 0..batch.handed {
-            waiting.pop_front();
-        }
-        Ok(())
-    }
-
-    /// A batch not checked: published audience-free (for services reading the table's
-    /// subject), its subscribers told, logged and counted.
-    async fn skip(&mut self, batch: &mut Batch, why: &'static str) -> Result<(), RealtimeError> {
-        let n = batch.changes.len() as u64;
-        self.progress.skipped.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!(telemetry::CHANGES_LAGGED, "reason" => why).increment(n);
-        tracing::warn!(
-            lane = %self.name,
-            changes = n,
-            waited_ms = batch.sent.elapsed().as_millis() as u64,
-            reason = why,
-            "project lagging past its bound: changes skipped for its subscribers"
-        );
-        let mut by_front: HashMap<String, Vec<String>> = HashMap::new();
-        for change in &batch.changes {
-            for m in &change.matched {
-                for (front, bucket) in &m.fronts {
-                    let ids = bucket
-                        .iter()
-                        .filter(|s| m.at > s.effective_from)
-                        .map(|s| s.spec.id.clone());
-                    by_front.entry(front.clone()).or_default().extend(ids);
-                }
-            }
-        }
-        for change in &mut batch.changes {
-            self.outlet
-                .publish(&mut change.event, &Audience::new())
-                .await?;
-        }
-        self.tell(by_front, batch.through).await
-    }
-
-    /// Tell subscriptions (not told in the last [`NOTICE_EVERY`]) that changes were skipped.
-    async fn tell(
-        &mut self,
-        by_front: HashMap<String, Vec<String>>,
-        at: Lsn,
-    ) -> Result<(), RealtimeError> {
-        if self.told.len() > MAX_TOLD {
-            self.told.clear();
-        }
-        let message = format!(
-            "Changes were not delivered: this project's changes fell more than {} ms behind the database (its row-level security checks are too slow to keep up); some changes in between are missing",
-            self.limits.max_lag.as_millis()
-        );
-        for (front, mut ids) in by_front {
-            ids.sort_unstable();
-            ids.dedup();
-            let now = Instant::now();
-            ids.retain(|id| {
-                self.told
-                    .get(id)
-                    .is_none_or(|t| t.elapsed() >= NOTICE_EVERY)
-            });
-            if ids.is_empty() {
-                continue;
-            }
-            ids.iter().for_each(|id| {
-                self.told.insert(id.clone(), now);
-            });
-            metrics::counter!(telemetry::LAG_NOTICES).increment(ids.len() as u64);
-            let payload = serde_json::to_vec(&SubsEnded {
-                ids,
-                message: message.clone(),
-            })
-            .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
-            let out = &self.outlet;
-            let at = Position::commit(at);
-            let notice = Some(NOTICE_SUBS_LAGGED);
-            out.links
-                .send(&out.publisher, &front, at, notice, payload.into())
-                .await?;
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn batch(view: View, overflow: bool) -> Batch {
-        Batch {
-            changes: Vec::new(),
-            view,
-            through: Lsn::ZERO,
-            sent: Instant::now(),
-            bytes: 0,
-            overflow,
-            handed: 1,
-        }
-    }
-
-    #[test]
-    fn batches_merge_only_at_one_catalog_view_and_never_an_overflowing_one() {
-        let at = |n| View::Epoch(Some(n));
-        assert!(mergeable(at(3), 10, &batch(at(3), false)));
-        assert!(
-            !mergeable(at(3), 10, &batch(at(4), false)),
-            "a DDL in between"
-        );
-        assert!(!mergeable(View::Epoch(None), 10, &batch(at(4), false)));
-        assert!(
-            !mergeable(at(3), 10, &batch(at(3), true)),
-            "skipped at once"
-        );
-        assert!(mergeable(View::Batch(1), 10, &batch(View::Batch(2), false)));
-        assert!(!mergeable(View::Batch(1), 10, &batch(at(2), false)));
-    }
 }

@@ -1,0 +1,420 @@
+//! A lane's task: it takes its work in order, merges waiting batches into one check,
+//! authorizes by its batch's deadline and publishes, or skips a late batch and tells its
+//! subscribers (see the parent module's docs).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_LAGGED};
+use walcast_pipeline::Position;
+use walcast_wal2json::Lsn;
+
+use super::{lock, Batch, Progress, Work, MAX_UNCONFIRMED};
+use crate::authorize::rls::RlsChecker;
+use crate::authorize::{authorize_batch, Audience};
+use crate::catalog::change::View;
+use crate::config::{LaneLimits, RlsMode, RlsOptions};
+use crate::delivery::outlet::Outlet;
+use crate::error::RealtimeError;
+use crate::telemetry;
+
+/// A subscription is told of skipped changes at most this often.
+pub const NOTICE_EVERY: Duration = Duration::from_secs(5);
+
+/// Subscriptions remembered as told, at most (then forgotten, so told again sooner).
+const MAX_TOLD: usize = 100_000;
+
+/// A batch that waited longer than this for its turn is a lagging project's: its checks
+/// take the lagging projects' one shared slot, so projects that cannot keep up never
+/// occupy more than one database connection at a time between them (the database's
+/// cores stay free for the projects that keep up).
+const LAGGING_AFTER: Duration = Duration::from_secs(1);
+
+/// A check that took longer marks its project as lagging too.
+const SLOW_CHECK: Duration = Duration::from_millis(250);
+
+/// How long a project stays lagging after its last slow check or late batch.
+const LAGGING_FOR: Duration = Duration::from_secs(30);
+
+/// A lane merges no more changes into one check than its last check's time per change
+/// says would take this share of the lag bound (`max_lag / CHECK_SHARE`): a project with
+/// slow policies checks its backlog in pieces it can finish in time, rather than one
+/// large check that runs past its deadline and is cancelled whole.
+const CHECK_SHARE: u32 = 4;
+
+/// `next` may be checked together with a batch at `view` handed before it that has
+/// `room` changes left: not skipped at once, the same catalog view (or, without event
+/// triggers, both reading the catalog afresh anyway), and room for its changes.
+fn mergeable(view: View, room: usize, next: &Batch) -> bool {
+    let same_view = match (view, next.view) {
+        (View::Batch(_), View::Batch(_)) => true,
+        (a, b) => a == b,
+    };
+    same_view && !next.overflow && next.changes.len() <= room
+}
+
+/// See [`LaneTask::merge_cap`].
+fn merge_cap(cost: Option<Duration>, max_lag: Duration, max_batch: usize) -> usize {
+    let Some(per) = cost.filter(|c| !c.is_zero()) else {
+        return max_batch;
+    };
+    let fit = (max_lag / CHECK_SHARE).as_nanos() / per.as_nanos();
+    usize::try_from(fit)
+        .unwrap_or(usize::MAX)
+        .clamp(1, max_batch.max(1))
+}
+
+/// A lane's task (see the module docs).
+pub(super) struct LaneTask {
+    name: String,
+    rls: RlsChecker,
+    outlet: Arc<Outlet>,
+    progress: Arc<Progress>,
+    limits: LaneLimits,
+    mode: RlsMode,
+    /// Changes checked together at most (batches waiting are merged up to it).
+    max_batch: usize,
+    timeout_ms: u64,
+    /// Subscription → when it was last told of skipped changes.
+    told: HashMap<String, Instant>,
+    lagging: Arc<tokio::sync::Semaphore>,
+    /// Its checks take the lagging projects' slot until then.
+    lagging_until: Option<Instant>,
+    /// The last check's time per change (see [`CHECK_SHARE`]).
+    check_cost: Option<Duration>,
+}
+
+impl LaneTask {
+    pub(super) fn new(
+        name: String,
+        rls: RlsChecker,
+        outlet: Arc<Outlet>,
+        progress: Arc<Progress>,
+        limits: LaneLimits,
+        opts: &RlsOptions,
+        lagging: Arc<tokio::sync::Semaphore>,
+    ) -> LaneTask {
+        LaneTask {
+            name,
+            rls,
+            outlet,
+            progress,
+            limits,
+            mode: opts.mode,
+            max_batch: match opts.mode {
+                RlsMode::Naive => 1,
+                RlsMode::Batched => opts.max_batch.max(1),
+            },
+            timeout_ms: opts.timeout_ms,
+            told: HashMap::new(),
+            lagging,
+            lagging_until: None,
+            check_cost: None,
+        }
+    }
+
+    pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>) {
+        let mut held: Option<Work> = None;
+        loop {
+            let work = match held.take() {
+                Some(work) => work,
+                None => match rx.recv().await {
+                    Some(work) => work,
+                    None => return,
+                },
+            };
+            let (work, items) = match work {
+                Work::Batch(batch) => {
+                    let (batch, items, next) = self.gather(batch, &mut rx);
+                    held = next;
+                    (Work::Batch(batch), items)
+                }
+                other => (other, 1),
+            };
+            if let Err(e) = self.work(work).await {
+                tracing::error!(lane = %self.name, error = %e, "delivery lane failed");
+                *lock(&self.progress.failed) = Some(e);
+                return;
+            }
+            self.progress.outstanding.fetch_sub(items, Ordering::AcqRel);
+        }
+    }
+
+    /// Merge into `batch` the batches already waiting behind it, while they fit in one
+    /// check (`max_batch` changes) and judge by the same catalog view: a lane that fell
+    /// behind checks its backlog in a few large batches rather than in the many small
+    /// ones it was handed (each check costs a statement per group of subscribers,
+    /// whatever its number of changes). The transactions decoded in between are noted
+    /// (their visibility is waited for before the check, as it would have been for the
+    /// later batches). Returns the batch, the work items it stands for, and the first
+    /// item it could not take (the caller handles it next, in order).
+    fn gather(
+        &mut self,
+        mut batch: Batch,
+        rx: &mut mpsc::UnboundedReceiver<Work>,
+    ) -> (Batch, usize, Option<Work>) {
+        let mut items = 1;
+        if batch.overflow || batch.sent.elapsed() > self.limits.max_lag {
+            return (batch, items, None);
+        }
+        let cap = self.merge_cap();
+        while batch.changes.len() < cap {
+            let next = match rx.try_recv() {
+                Ok(work) => work,
+                Err(_) => return (batch, items, None),
+            };
+            match next {
+                Work::Decoded(xids) if self.rls.unconfirmed() < MAX_UNCONFIRMED => {
+                    xids.into_iter().for_each(|x| self.rls.decoded(x));
+                    items += 1;
+                }
+                Work::Batch(b) if mergeable(batch.view, cap - batch.changes.len(), &b) => {
+                    batch.changes.extend(b.changes);
+                    batch.view = b.view;
+                    batch.through = batch.through.max(b.through);
+                    batch.bytes += b.bytes;
+                    batch.handed += b.handed;
+                    items += 1;
+                }
+                other => return (batch, items, Some(other)),
+            }
+        }
+        (batch, items, None)
+    }
+
+    /// Changes merged into one check at most: `max_batch`, or fewer when the last
+    /// check's time per change says more would not fit in its share of the lag bound.
+    fn merge_cap(&self) -> usize {
+        merge_cap(self.check_cost, self.limits.max_lag, self.max_batch)
+    }
+
+    async fn work(&mut self, work: Work) -> Result<(), RealtimeError> {
+        match work {
+            Work::Decoded(xids) => {
+                xids.into_iter().for_each(|x| self.rls.decoded(x));
+                if self.rls.unconfirmed() >= MAX_UNCONFIRMED {
+                    self.rls.wait_visible(&[]).await?;
+                }
+            }
+            Work::Notice(notice, to) => self.rls.on_notice(&notice, to),
+            Work::Publish {
+                front,
+                at,
+                notice,
+                payload,
+            } => {
+                let out = &self.outlet;
+                out.links
+                    .send(&out.publisher, &front, at, Some(notice), payload)
+                    .await?;
+            }
+            Work::Batch(batch) => self.batch(batch).await?,
+        }
+        Ok(())
+    }
+
+    /// Authorize and publish a batch, or skip it if it waited too long.
+    async fn batch(&mut self, mut batch: Batch) -> Result<(), RealtimeError> {
+        let checked = batch.changes.iter().any(|c| !c.matched.is_empty());
+        let now = Instant::now();
+        if batch.sent.elapsed() > LAGGING_AFTER {
+            self.lagging_until = Some(now + LAGGING_FOR);
+        }
+        // Held while this batch is checked, when its project lags.
+        let lagging = self.lagging_until.is_some_and(|t| t > now);
+        let _slot = match checked && lagging {
+            true => self.lagging.clone().acquire_owned().await.ok(),
+            false => None,
+        };
+        let late = batch.sent.elapsed() > self.limits.max_lag;
+        if batch.overflow || late {
+            self.skip(&mut batch, if late { "lag" } else { "bytes" })
+                .await?;
+        } else if let Some(audiences) = self.authorize(&batch, checked).await? {
+            for (change, audience) in batch.changes.iter_mut().zip(&audiences) {
+                self.outlet.publish(&mut change.event, audience).await?;
+            }
+        } else {
+            self.skip(&mut batch, "lag").await?;
+        }
+        let p = &self.progress;
+        p.done.fetch_max(batch.through.0, Ordering::AcqRel);
+        p.bytes.fetch_sub(batch.bytes, Ordering::Relaxed);
+        let mut waiting = lock(&p.waiting);
+        for _ in 0..batch.handed {
+            waiting.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Who may see each change of `batch`; `None` when its checks ran past its lag
+    /// bound (they were cancelled: the batch is then skipped as late, its subscribers
+    /// told, rather than delivered after the bound in silence).
+    async fn authorize(
+        &mut self,
+        batch: &Batch,
+        checked: bool,
+    ) -> Result<Option<Vec<Audience>>, RealtimeError> {
+        self.rls.set_view(batch.view);
+        if !checked {
+            return Ok(Some(vec![Audience::new(); batch.changes.len()]));
+        }
+        let (started, n) = (Instant::now(), batch.changes.len().max(1) as u32);
+        let deadline = batch.sent + self.limits.max_lag;
+        let rls = &mut self.rls;
+        let result = authorize_batch(
+            rls,
+            &batch.changes,
+            self.mode,
+            self.timeout_ms,
+            Some(deadline),
+        )
+        .await;
+        let took = started.elapsed();
+        if took > SLOW_CHECK {
+            self.lagging_until = Some(Instant::now() + LAGGING_FOR);
+        }
+        match result {
+            Ok(audiences) => {
+                self.check_cost = Some(took / n);
+                Ok(Some(audiences))
+            }
+            Err(RealtimeError::CheckDeadline) => {
+                // It did not finish: a change costs more than this.
+                self.check_cost = Some(took * 2 / n);
+                tracing::warn!(lane = %self.name, changes = n, took_ms = took.as_millis() as u64,
+                    "RLS checks ran past the lag bound: cancelled");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A batch not checked: published audience-free (for services reading the table's
+    /// subject), its subscribers told, logged and counted.
+    async fn skip(&mut self, batch: &mut Batch, why: &'static str) -> Result<(), RealtimeError> {
+        let n = batch.changes.len() as u64;
+        self.progress.skipped.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(telemetry::CHANGES_LAGGED, "reason" => why).increment(n);
+        tracing::warn!(
+            lane = %self.name,
+            changes = n,
+            waited_ms = batch.sent.elapsed().as_millis() as u64,
+            reason = why,
+            "project lagging past its bound: changes skipped for its subscribers"
+        );
+        let mut by_front: HashMap<String, Vec<String>> = HashMap::new();
+        for change in &batch.changes {
+            for m in &change.matched {
+                for (front, bucket) in &m.fronts {
+                    let ids = bucket
+                        .iter()
+                        .filter(|s| m.at > s.effective_from)
+                        .map(|s| s.spec.id.clone());
+                    by_front.entry(front.clone()).or_default().extend(ids);
+                }
+            }
+        }
+        for change in &mut batch.changes {
+            self.outlet
+                .publish(&mut change.event, &Audience::new())
+                .await?;
+        }
+        self.tell(by_front, batch.through).await
+    }
+
+    /// Tell subscriptions (not told in the last [`NOTICE_EVERY`]) that changes were skipped.
+    async fn tell(
+        &mut self,
+        by_front: HashMap<String, Vec<String>>,
+        at: Lsn,
+    ) -> Result<(), RealtimeError> {
+        if self.told.len() > MAX_TOLD {
+            self.told.clear();
+        }
+        let message = format!(
+            "Changes were not delivered: this project's changes fell more than {} ms behind the database (its row-level security checks are too slow to keep up); some changes in between are missing",
+            self.limits.max_lag.as_millis()
+        );
+        for (front, mut ids) in by_front {
+            ids.sort_unstable();
+            ids.dedup();
+            let now = Instant::now();
+            ids.retain(|id| {
+                self.told
+                    .get(id)
+                    .is_none_or(|t| t.elapsed() >= NOTICE_EVERY)
+            });
+            if ids.is_empty() {
+                continue;
+            }
+            ids.iter().for_each(|id| {
+                self.told.insert(id.clone(), now);
+            });
+            metrics::counter!(telemetry::LAG_NOTICES).increment(ids.len() as u64);
+            let payload = serde_json::to_vec(&SubsEnded {
+                ids,
+                message: message.clone(),
+            })
+            .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
+            let out = &self.outlet;
+            let at = Position::commit(at);
+            let notice = Some(NOTICE_SUBS_LAGGED);
+            out.links
+                .send(&out.publisher, &front, at, notice, payload.into())
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(view: View, overflow: bool) -> Batch {
+        Batch {
+            changes: Vec::new(),
+            view,
+            through: Lsn::ZERO,
+            sent: Instant::now(),
+            bytes: 0,
+            overflow,
+            handed: 1,
+        }
+    }
+
+    #[test]
+    fn batches_merge_only_at_one_catalog_view_and_never_an_overflowing_one() {
+        let at = |n| View::Epoch(Some(n));
+        assert!(mergeable(at(3), 10, &batch(at(3), false)));
+        assert!(
+            !mergeable(at(3), 10, &batch(at(4), false)),
+            "a DDL in between"
+        );
+        assert!(!mergeable(View::Epoch(None), 10, &batch(at(4), false)));
+        assert!(
+            !mergeable(at(3), 10, &batch(at(3), true)),
+            "skipped at once"
+        );
+        assert!(mergeable(View::Batch(1), 10, &batch(View::Batch(2), false)));
+        assert!(!mergeable(View::Batch(1), 10, &batch(at(2), false)));
+    }
+
+    #[test]
+    fn a_slow_check_shrinks_the_next_merge_to_a_share_of_the_lag_bound() {
+        let lag = Duration::from_secs(10);
+        assert_eq!(merge_cap(None, lag, 1000), 1000, "nothing measured yet");
+        assert_eq!(merge_cap(Some(Duration::ZERO), lag, 1000), 1000);
+        let fast = Some(Duration::from_micros(50));
+        assert_eq!(merge_cap(fast, lag, 1000), 1000, "fast checks: no cap");
+        let slow = Some(Duration::from_millis(50));
+        assert_eq!(merge_cap(slow, lag, 1000), 50, "2.5 s of 50 ms changes");
+        let hopeless = Some(Duration::from_secs(30));
+        assert_eq!(merge_cap(hopeless, lag, 1000), 1, "never below one");
+        assert_eq!(merge_cap(slow, lag, 0), 1);
+    }
+}
