@@ -299,7 +299,7 @@ fn deliver_event(delivery: &Delivery, ev: &ChangeEvent) {
     let mut change = Change::new(ev, &encoded);
     let mut delivered = 0u64;
     for (sink, ids) in groups {
-        delivered += u64::from(sink.deliver(&mut change, ids));
+        delivered += u64::from(sink.deliver(&mut change, &ids));
     }
     // Once per change: a lookup by name for each of 10,000 deliveries was a hundredth of
     // the fan-out's CPU.

@@ -280,7 +280,7 @@ impl Sink for ChanOut {
         self.id
     }
 
-    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool {
+    fn deliver(&self, change: &mut Change<'_>, ids: &[u32]) -> bool {
         let text = change.phoenix_frame(self.vsn, &self.topic, ids);
         ChanOut::deliver(self, Out::Text(text))
     }

@@ -377,52 +377,33 @@ impl Registry {
     /// An id is a subscription id of ours or a class key (every subscription of ours in
     /// that class that was in effect at the change: registered, and from a position
     /// before it). Targets of another project, table or event are skipped (tenant
-    /// isolation does not rest on the worker alone).
-    pub(crate) fn groups(&self, ev: &walcast_bus::ChangeEvent) -> Vec<(SinkRef, Vec<u32>)> {
-        let (project, ids, at) = (ev.project.as_str(), &ev.subs, ev.commit_lsn);
+    /// isolation does not rest on the worker alone); a class's members all have its
+    /// fields (see `Map::insert`), so a class is checked once, not per member.
+    pub(crate) fn groups(&self, ev: &walcast_bus::ChangeEvent) -> Vec<(SinkRef, Bindings)> {
+        let (ids, at) = (&ev.subs, ev.commit_lsn);
         let g = self.read();
-        let mut index: HashMap<u64, usize, FastHash> = HashMap::default();
-        let mut out: Vec<(SinkRef, Vec<u32>)> = Vec::new();
-        let targets = ids
-            .iter()
-            .flat_map(|id| -> Box<dyn Iterator<Item = &Target>> {
-                if is_class_key(id) {
-                    let members = g
-                        .classes
-                        .get(id)
-                        .map(|m| m.ns.as_slice())
-                        .unwrap_or_default();
-                    Box::new(
-                        members
-                            .iter()
-                            .filter_map(|n| g.targets.get(n))
-                            .filter(move |t| t.spec.from.is_some_and(|from| at > from)),
-                    )
-                } else {
-                    Box::new(self.own(id).and_then(|n| g.targets.get(&n)).into_iter())
+        let mut grouping = Grouping::default();
+        for id in ids {
+            if !is_class_key(id) {
+                let t = self.own(id).and_then(|n| g.targets.get(&n));
+                if let Some(t) = t.filter(|t| may_carry(&ClassView::of(&t.spec), ev)) {
+                    grouping.add(t);
                 }
-            });
-        for t in targets {
-            if t.spec.project != project {
-                telemetry::error("cross_project_event");
                 continue;
             }
-            if !covers(&t.spec, ev) {
-                // Only a forged or colliding class key could name it (refused at insert):
-                // never deliver a change of another table or event.
-                telemetry::error("class_mismatch");
+            let Some(m) = g.classes.get(id) else {
+                continue;
+            };
+            if !may_carry(&ClassView::of_fields(&m.fields), ev) {
                 continue;
             }
-            let slot = *index.entry(t.sink.id()).or_insert_with(|| {
-                out.push((t.sink.clone(), Vec::new()));
-                out.len() - 1
-            });
-            let ids = &mut out[slot].1;
-            if !ids.contains(&t.binding) {
-                ids.push(t.binding);
+            grouping.reserve(m.ns.len());
+            let members = m.ns.iter().filter_map(|n| g.targets.get(n));
+            for t in members.filter(|t| t.spec.from.is_some_and(|from| at > from)) {
+                grouping.add(t);
             }
         }
-        out
+        grouping.out
     }
 
     /// Note where these subscriptions became effective, unless they already were.
@@ -497,10 +478,81 @@ impl Registry {
 }
 
 /// Whether a subscription asks for this change's table and event.
-fn covers(spec: &SubscriptionSpec, ev: &walcast_bus::ChangeEvent) -> bool {
-    (spec.schema == "*" || spec.schema == ev.schema)
-        && spec.table.as_deref().is_none_or(|t| t == ev.table)
-        && (spec.event == "*" || spec.event.eq_ignore_ascii_case(ev.kind.as_str()))
+/// The binding ids of one sink a change is delivered to (nearly always one).
+pub(crate) type Bindings = smallvec::SmallVec<[u32; 2]>;
+
+/// A change's targets grouped by sink, in the order first seen.
+#[derive(Default)]
+struct Grouping {
+    index: HashMap<u64, usize, FastHash>,
+    out: Vec<(SinkRef, Bindings)>,
+}
+
+impl Grouping {
+    fn reserve(&mut self, n: usize) {
+        self.index.reserve(n);
+        self.out.reserve(n);
+    }
+
+    fn add(&mut self, t: &Target) {
+        let out = &mut self.out;
+        let slot = *self.index.entry(t.sink.id()).or_insert_with(|| {
+            out.push((t.sink.clone(), Bindings::new()));
+            out.len() - 1
+        });
+        let ids = &mut out[slot].1;
+        if !ids.contains(&t.binding) {
+            ids.push(t.binding);
+        }
+    }
+}
+
+/// What decides whether a subscription (or its whole class) may receive a change.
+struct ClassView<'a> {
+    project: &'a str,
+    schema: &'a str,
+    table: Option<&'a str>,
+    event: &'a str,
+}
+
+impl<'a> ClassView<'a> {
+    fn of(spec: &'a SubscriptionSpec) -> Self {
+        let (project, schema) = (spec.project.as_str(), spec.schema.as_str());
+        let (table, event) = (spec.table.as_deref(), spec.event.as_str());
+        ClassView {
+            project,
+            schema,
+            table,
+            event,
+        }
+    }
+
+    fn of_fields(f: &'a ClassFields) -> Self {
+        let (project, schema) = (f.project.as_str(), f.schema.as_str());
+        let (table, event) = (f.table.as_deref(), f.event.as_str());
+        ClassView {
+            project,
+            schema,
+            table,
+            event,
+        }
+    }
+}
+
+/// Whether `c` may receive `ev`: its project, and a table and event it covers; else
+/// counted (only a worker's bug, a forged or a colliding class key could name it).
+fn may_carry(c: &ClassView<'_>, ev: &walcast_bus::ChangeEvent) -> bool {
+    if c.project != ev.project {
+        telemetry::error("cross_project_event");
+        return false;
+    }
+    let covers = (c.schema == "*" || c.schema == ev.schema)
+        && c.table.is_none_or(|t| t == ev.table)
+        && (c.event == "*" || c.event.eq_ignore_ascii_case(ev.kind.as_str()));
+    if !covers {
+        telemetry::error("class_mismatch");
+    }
+    covers
 }
 
 /// The spec registered for one binding.

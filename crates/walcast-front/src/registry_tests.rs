@@ -154,7 +154,7 @@ fn a_forced_key_never_merges_subscriptions_of_other_fields() {
     .unwrap();
     let groups = r.groups(&ev);
     assert_eq!(groups.len(), 1);
-    assert_eq!(groups[0].1, vec![1]);
+    assert_eq!(groups[0].1.as_slice(), [1]);
     // A token refresh to another role cannot move a subscription into that class.
     r.insert(4, target("f:4", "service_role")).unwrap();
     let (specs, refused) = r.set_claims(&[4], &serde_json::json!({"role": "anon"}));
@@ -178,9 +178,26 @@ fn a_subscription_covers_only_its_table_and_event() {
         }))
         .unwrap()
     };
+    let covers = |spec: &SubscriptionSpec, ev: &walcast_bus::ChangeEvent| {
+        may_carry(&ClassView::of(spec), ev)
+    };
     assert!(covers(&spec, &ev("todos", "INSERT")));
     assert!(!covers(&spec, &ev("todos", "DELETE")));
     assert!(!covers(&spec, &ev("secrets", "INSERT")));
+    let other = SubscriptionSpec {
+        project: "other".into(),
+        ..spec.clone()
+    };
+    assert!(!covers(&other, &ev("todos", "INSERT")), "another project's");
+    let fields = ClassFields::of(&spec);
+    assert!(may_carry(
+        &ClassView::of_fields(&fields),
+        &ev("todos", "INSERT")
+    ));
+    assert!(!may_carry(
+        &ClassView::of_fields(&fields),
+        &ev("todos", "UPDATE")
+    ));
     let all = SubscriptionSpec {
         schema: "*".into(),
         table: None,

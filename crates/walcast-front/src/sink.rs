@@ -14,12 +14,14 @@ use walcast_bus::ChangeEvent;
 use walcast_protocol::{EncodedChange, Vsn};
 
 /// One change on its way to its sinks: the event, its `data` encoded once, and the
-/// Phoenix frames made of it so far (shared by channels of the same version, topic and
+/// Phoenix frames made of it so far (shared by channels of the same topic, version and
 /// bindings).
 pub(crate) struct Change<'a> {
     pub event: &'a ChangeEvent,
     pub encoded: &'a EncodedChange,
-    frames: HashMap<(Vsn, Arc<str>, Vec<u32>), Utf8Bytes, FastHash>,
+    /// By topic (looked up by its text, so a delivery clones and allocates nothing):
+    /// each version and binding ids with its frame.
+    frames: HashMap<Arc<str>, Vec<(Vsn, Vec<u32>, Utf8Bytes)>, FastHash>,
 }
 
 impl<'a> Change<'a> {
@@ -32,13 +34,17 @@ impl<'a> Change<'a> {
     }
 
     /// The `postgres_changes` frame text for a channel, made once per distinct channel.
-    pub(crate) fn phoenix_frame(&mut self, vsn: Vsn, topic: &Arc<str>, ids: Vec<u32>) -> Utf8Bytes {
-        let key = (vsn, topic.clone(), ids);
-        if let Some(t) = self.frames.get(&key) {
-            return t.clone();
+    pub(crate) fn phoenix_frame(&mut self, vsn: Vsn, topic: &Arc<str>, ids: &[u32]) -> Utf8Bytes {
+        let made = self.frames.get(&**topic).and_then(|variants| {
+            let same = |(v, i, _): &&(Vsn, Vec<u32>, Utf8Bytes)| *v == vsn && i == ids;
+            variants.iter().find(same).map(|(_, _, text)| text.clone())
+        });
+        if let Some(text) = made {
+            return text;
         }
-        let text: Utf8Bytes = self.encoded.frame_text(vsn, topic, &key.2).into();
-        self.frames.insert(key, text.clone());
+        let text: Utf8Bytes = self.encoded.frame_text(vsn, topic, ids).into();
+        let variants = self.frames.entry(topic.clone()).or_default();
+        variants.push((vsn, ids.to_vec(), text.clone()));
         text
     }
 }
@@ -54,7 +60,7 @@ pub(crate) trait Sink: Send + Sync {
     fn id(&self) -> u64;
     /// Queue `change` for the client's bindings `ids` without waiting; `true` when it
     /// was queued (it counts as a delivery).
-    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool;
+    fn deliver(&self, change: &mut Change<'_>, ids: &[u32]) -> bool;
     /// The worker ended a subscription of this sink (`why` is its reason, for the client).
     fn end(&self, why: &str);
     /// Changes were lost for a subscription of this sink, which goes on: the client gets

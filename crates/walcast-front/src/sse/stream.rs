@@ -149,8 +149,8 @@ impl Sink for SseChannel {
         self.id
     }
 
-    fn deliver(&self, change: &mut Change<'_>, ids: Vec<u32>) -> bool {
-        self.push(change.event, change.encoded, &ids);
+    fn deliver(&self, change: &mut Change<'_>, ids: &[u32]) -> bool {
+        self.push(change.event, change.encoded, ids);
         true
     }
 
