@@ -21,8 +21,11 @@ pub(crate) struct Change<'a> {
     pub encoded: &'a EncodedChange,
     /// By topic (looked up by its text, so a delivery clones and allocates nothing):
     /// each version and binding ids with its frame.
-    frames: HashMap<Arc<str>, Vec<(Vsn, Vec<u32>, Utf8Bytes)>, FastHash>,
+    frames: HashMap<Arc<str>, Vec<Frame>, FastHash>,
 }
+
+/// A change's frame for one version and set of binding ids.
+type Frame = (Vsn, Vec<u32>, Utf8Bytes);
 
 impl<'a> Change<'a> {
     pub(crate) fn new(event: &'a ChangeEvent, encoded: &'a EncodedChange) -> Self {
@@ -36,7 +39,7 @@ impl<'a> Change<'a> {
     /// The `postgres_changes` frame text for a channel, made once per distinct channel.
     pub(crate) fn phoenix_frame(&mut self, vsn: Vsn, topic: &Arc<str>, ids: &[u32]) -> Utf8Bytes {
         let made = self.frames.get(&**topic).and_then(|variants| {
-            let same = |(v, i, _): &&(Vsn, Vec<u32>, Utf8Bytes)| *v == vsn && i == ids;
+            let same = |(v, i, _): &&Frame| *v == vsn && i == ids;
             variants.iter().find(same).map(|(_, _, text)| text.clone())
         });
         if let Some(text) = made {
