@@ -170,8 +170,8 @@ async fn health(State(s): State<Arc<Baseline>>) -> Json<Value> {
 
 async fn upgrade(State(s): State<Arc<Baseline>>, ws: WebSocketUpgrade) -> Response {
     // The same buffer sizes as the front.
-    ws.read_buffer_size(4 * 1024)
-        .write_buffer_size(8 * 1024)
+    ws.read_buffer_size(walcast_front::SOCKET_READ_BUFFER)
+        .write_buffer_size(walcast_front::SOCKET_WRITE_BUFFER)
         .on_upgrade(move |socket| conn(s, socket))
 }
 

@@ -81,8 +81,8 @@ pub(crate) async fn upgrade(
         .max(64 * 1024);
     ws.max_message_size(limit)
         .max_frame_size(limit)
-        .read_buffer_size(READ_BUFFER)
-        .write_buffer_size(8 * 1024)
+        .read_buffer_size(SOCKET_READ_BUFFER)
+        .write_buffer_size(SOCKET_WRITE_BUFFER)
         .on_upgrade(move |socket| {
             let tracker = sockets.tracker.clone();
             tracker.track_future(run(sockets, socket, vsn, socket_auth, creds, slot))
@@ -92,7 +92,10 @@ pub(crate) async fn upgrade(
 /// A socket's read buffer, to start with (it grows to the largest frame read). Clients
 /// send little (heartbeats, joins, an occasional broadcast), and every idle socket holds
 /// it: at 4 KB it was a quarter of an idle joined connection's memory.
-const READ_BUFFER: usize = 1024;
+pub const SOCKET_READ_BUFFER: usize = 1024;
+
+/// A socket's write buffer: frames are gathered up to this many bytes before a write.
+pub const SOCKET_WRITE_BUFFER: usize = 8 * 1024;
 
 struct Conn {
     session: Session,

@@ -113,6 +113,7 @@ pub use auth::{AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 pub use broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 pub use channel::SUBSCRIBED;
 pub use config::FrontConfig;
+pub use conn::{SOCKET_READ_BUFFER, SOCKET_WRITE_BUFFER};
 pub use health::Health;
 pub use kv_presence::{KvPresence, DEFAULT_PRESENCE_TTL, PRESENCE_BUCKET};
 pub use outbound::{CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG, REASON_SLOW_CONSUMER};
