@@ -21,9 +21,10 @@
 //! A lane that fell behind merges the batches waiting in its queue into the one it takes
 //! (in order, up to `max_batch` changes, at one catalog view): a check costs a statement
 //! per group of subscribers whatever its number of changes, so a backlog is checked in a
-//! few large batches rather than in the many small ones it was handed. It merges no more
-//! than its last check's time per change says fit in a share of the lag bound
-//! ([`task::CHECK_SHARE`]), so that a slow project's merged check finishes in time.
+//! few large batches rather than in the many small ones it was handed. A check cancelled
+//! at its deadline halves what the lane merges next, and quick checks double it back
+//! (`task::MergeCap`), so that a slow project's backlog is checked in pieces that finish
+//! in time.
 //!
 //! The lanes report how far they got ([`Lanes::position`]): the slot is acknowledged at
 //! the lowest position of all, so a crash replays what a slow lane had not published.

@@ -39,10 +39,8 @@ const SLOW_CHECK: Duration = Duration::from_millis(250);
 /// How long a project stays lagging after its last slow check or late batch.
 const LAGGING_FOR: Duration = Duration::from_secs(30);
 
-/// A lane merges no more changes into one check than its last check's time per change
-/// says would take this share of the lag bound (`max_lag / CHECK_SHARE`): a project with
-/// slow policies checks its backlog in pieces it can finish in time, rather than one
-/// large check that runs past its deadline and is cancelled whole.
+/// A check that finished within this share of the lag bound (`max_lag / CHECK_SHARE`)
+/// lets the lane merge twice as many changes into its next (see [`MergeCap`]).
 const CHECK_SHARE: u32 = 4;
 
 /// `next` may be checked together with a batch at `view` handed before it that has
@@ -56,15 +54,35 @@ fn mergeable(view: View, room: usize, next: &Batch) -> bool {
     same_view && !next.overflow && next.changes.len() <= room
 }
 
-/// See [`LaneTask::merge_cap`].
-fn merge_cap(cost: Option<Duration>, max_lag: Duration, max_batch: usize) -> usize {
-    let Some(per) = cost.filter(|c| !c.is_zero()) else {
-        return max_batch;
-    };
-    let fit = (max_lag / CHECK_SHARE).as_nanos() / per.as_nanos();
-    usize::try_from(fit)
-        .unwrap_or(usize::MAX)
-        .clamp(1, max_batch.max(1))
+/// How many changes a lane merges into one check at most. Halved (from the size of the
+/// check, not below one) when a check ran past its deadline and was cancelled, so a slow
+/// project's backlog is then checked in pieces that can finish in time rather than in one
+/// check cancelled whole again and again; doubled back (up to `max`) after each check
+/// that finished within a [`CHECK_SHARE`] of the lag bound. A check that finished, however
+/// slowly, does not shrink it: a check costs mostly a statement per group of
+/// subscribers, whatever its number of changes, so smaller checks of a large audience
+/// would only be slower in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MergeCap {
+    cap: usize,
+    max: usize,
+}
+
+impl MergeCap {
+    fn new(max: usize) -> MergeCap {
+        let max = max.max(1);
+        MergeCap { cap: max, max }
+    }
+
+    fn cancelled(&mut self, changes: usize) {
+        self.cap = (changes.min(self.cap) / 2).max(1);
+    }
+
+    fn finished(&mut self, took: Duration, max_lag: Duration) {
+        if took <= max_lag / CHECK_SHARE {
+            self.cap = self.cap.saturating_mul(2).min(self.max);
+        }
+    }
 }
 
 /// A lane's task (see the module docs).
@@ -75,16 +93,14 @@ pub(super) struct LaneTask {
     progress: Arc<Progress>,
     limits: LaneLimits,
     mode: RlsMode,
-    /// Changes checked together at most (batches waiting are merged up to it).
-    max_batch: usize,
     timeout_ms: u64,
     /// Subscription → when it was last told of skipped changes.
     told: HashMap<String, Instant>,
     lagging: Arc<tokio::sync::Semaphore>,
     /// Its checks take the lagging projects' slot until then.
     lagging_until: Option<Instant>,
-    /// The last check's time per change (see [`CHECK_SHARE`]).
-    check_cost: Option<Duration>,
+    /// Changes merged into one check at most (batches waiting are merged up to it).
+    merge: MergeCap,
 }
 
 impl LaneTask {
@@ -104,15 +120,14 @@ impl LaneTask {
             progress,
             limits,
             mode: opts.mode,
-            max_batch: match opts.mode {
+            merge: MergeCap::new(match opts.mode {
                 RlsMode::Naive => 1,
-                RlsMode::Batched => opts.max_batch.max(1),
-            },
+                RlsMode::Batched => opts.max_batch,
+            }),
             timeout_ms: opts.timeout_ms,
             told: HashMap::new(),
             lagging,
             lagging_until: None,
-            check_cost: None,
         }
     }
 
@@ -144,7 +159,7 @@ impl LaneTask {
     }
 
     /// Merge into `batch` the batches already waiting behind it, while they fit in one
-    /// check (`max_batch` changes) and judge by the same catalog view: a lane that fell
+    /// check (see [`MergeCap`]) and judge by the same catalog view: a lane that fell
     /// behind checks its backlog in a few large batches rather than in the many small
     /// ones it was handed (each check costs a statement per group of subscribers,
     /// whatever its number of changes). The transactions decoded in between are noted
@@ -160,7 +175,7 @@ impl LaneTask {
         if batch.overflow || batch.sent.elapsed() > self.limits.max_lag {
             return (batch, items, None);
         }
-        let cap = self.merge_cap();
+        let cap = self.merge.cap;
         while batch.changes.len() < cap {
             let next = match rx.try_recv() {
                 Ok(work) => work,
@@ -183,12 +198,6 @@ impl LaneTask {
             }
         }
         (batch, items, None)
-    }
-
-    /// Changes merged into one check at most: `max_batch`, or fewer when the last
-    /// check's time per change says more would not fit in its share of the lag bound.
-    fn merge_cap(&self) -> usize {
-        merge_cap(self.check_cost, self.limits.max_lag, self.max_batch)
     }
 
     async fn work(&mut self, work: Work) -> Result<(), RealtimeError> {
@@ -279,12 +288,11 @@ impl LaneTask {
         }
         match result {
             Ok(audiences) => {
-                self.check_cost = Some(took / n);
+                self.merge.finished(took, self.limits.max_lag);
                 Ok(Some(audiences))
             }
             Err(RealtimeError::CheckDeadline) => {
-                // It did not finish: a change costs more than this.
-                self.check_cost = Some(took * 2 / n);
+                self.merge.cancelled(n as usize);
                 tracing::warn!(lane = %self.name, changes = n, took_ms = took.as_millis() as u64,
                     "RLS checks ran past the lag bound: cancelled");
                 Ok(None)
@@ -405,16 +413,27 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_check_shrinks_the_next_merge_to_a_share_of_the_lag_bound() {
+    fn a_cancelled_check_halves_the_next_merge_and_quick_ones_double_it_back() {
         let lag = Duration::from_secs(10);
-        assert_eq!(merge_cap(None, lag, 1000), 1000, "nothing measured yet");
-        assert_eq!(merge_cap(Some(Duration::ZERO), lag, 1000), 1000);
-        let fast = Some(Duration::from_micros(50));
-        assert_eq!(merge_cap(fast, lag, 1000), 1000, "fast checks: no cap");
-        let slow = Some(Duration::from_millis(50));
-        assert_eq!(merge_cap(slow, lag, 1000), 50, "2.5 s of 50 ms changes");
-        let hopeless = Some(Duration::from_secs(30));
-        assert_eq!(merge_cap(hopeless, lag, 1000), 1, "never below one");
-        assert_eq!(merge_cap(slow, lag, 0), 1);
+        let mut m = MergeCap::new(1000);
+        assert_eq!(m.cap, 1000);
+        m.cancelled(300);
+        assert_eq!(m.cap, 150, "half the check that was cancelled");
+        m.cancelled(150);
+        m.cancelled(75);
+        assert_eq!(m.cap, 37);
+        m.finished(Duration::from_secs(9), lag);
+        assert_eq!(m.cap, 37, "a slow check that finished: kept, not shrunk");
+        m.finished(Duration::from_secs(2), lag);
+        assert_eq!(m.cap, 74, "within a quarter of the bound: doubled");
+        for _ in 0..10 {
+            m.finished(Duration::from_millis(10), lag);
+        }
+        assert_eq!(m.cap, 1000, "never above the configured batch");
+        for n in [1, 1, 1] {
+            m.cancelled(n);
+        }
+        assert_eq!(m.cap, 1, "never below one");
+        assert_eq!(MergeCap::new(0).cap, 1);
     }
 }
