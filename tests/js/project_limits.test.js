@@ -59,8 +59,10 @@ test('a project at its connected-users limit is refused on every front; another 
     await subscribed(rt.channel(uniq('lim')))
     users.push(rt)
   }
-  // front2 has heard front1's beacon: it counts all three.
+  // Each front has heard the other's beacon: both count all three (front1 learns of
+  // front2's user only from front2's next beacon after it joined).
   await until('front2 counts the three users of project a', async () => (await seen(front2, a))[a.id]?.users === LIMIT)
+  await until('front1 counts the three users of project a', async () => (await seen(front1, a))[a.id]?.users === LIMIT)
   // A socket already counted opens another channel.
   await subscribed(users[2].channel(uniq('lim-second')))
 
