@@ -517,19 +517,15 @@ struct ClassView<'a> {
 
 impl<'a> ClassView<'a> {
     fn of(spec: &'a SubscriptionSpec) -> Self {
-        let (project, schema) = (spec.project.as_str(), spec.schema.as_str());
-        let (table, event) = (spec.table.as_deref(), spec.event.as_str());
-        ClassView {
-            project,
-            schema,
-            table,
-            event,
-        }
+        let table = spec.table.as_deref();
+        ClassView::new(&spec.project, &spec.schema, table, &spec.event)
     }
 
     fn of_fields(f: &'a ClassFields) -> Self {
-        let (project, schema) = (f.project.as_str(), f.schema.as_str());
-        let (table, event) = (f.table.as_deref(), f.event.as_str());
+        ClassView::new(&f.project, &f.schema, f.table.as_deref(), &f.event)
+    }
+
+    fn new(project: &'a str, schema: &'a str, table: Option<&'a str>, event: &'a str) -> Self {
         ClassView {
             project,
             schema,
