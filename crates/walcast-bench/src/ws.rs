@@ -165,9 +165,10 @@ pub async fn run(args: WsBench) -> anyhow::Result<()> {
     );
     println!(
         "baseline: a minimal axum WebSocket fan-out server (child process) that generates \
-         the same frames itself, one encoding per topic, same queues and buffer sizes: \
-         no Postgres, no CDC, no registry — the cost of pushing frames to N sockets and \
-         reading them with this load generator on this machine"
+         the same frames itself, one encoding per topic, same queues and read buffer, \
+         written through axum/tungstenite (8 KB write buffers): no Postgres, no CDC, no \
+         registry — the cost of pushing frames to N sockets and reading them with this \
+         load generator on this machine"
     );
     if !args.server_env.is_empty() {
         let env: Vec<String> = args

@@ -168,10 +168,14 @@ async fn health(State(s): State<Arc<Baseline>>) -> Json<Value> {
     }))
 }
 
+/// The baseline's tungstenite write buffer: frames are gathered up to this many bytes.
+const BASELINE_WRITE_BUFFER: usize = 8 * 1024;
+
 async fn upgrade(State(s): State<Arc<Baseline>>, ws: WebSocketUpgrade) -> Response {
-    // The same buffer sizes as the front.
+    // The front's read buffer; tungstenite's write buffer at the 8 KB the front used
+    // before it wrote its frames itself.
     ws.read_buffer_size(walcast_front::SOCKET_READ_BUFFER)
-        .write_buffer_size(walcast_front::SOCKET_WRITE_BUFFER)
+        .write_buffer_size(BASELINE_WRITE_BUFFER)
         .on_upgrade(move |socket| conn(s, socket))
 }
 

@@ -290,10 +290,10 @@ fn meta_id(b: &UserBroadcast) -> Option<Arc<str>> {
 
 fn encode_for(frame: &walcast_protocol::Frame, vsn: Vsn) -> Option<Out> {
     match frame.encode_server(vsn) {
-        Ok(WireMessage::Text(t)) => Some(Out::Text(t.into())),
-        Ok(WireMessage::Binary(b)) => Some(Out::Binary(Bytes::from(b))),
+        Ok(WireMessage::Text(t)) => Some(Out::text(&t)),
+        Ok(WireMessage::Binary(b)) => Some(Out::binary(&b)),
         // Kind 4 cannot carry a topic or event over 255 bytes: fall back to text.
-        Err(_) => frame.encode_text(vsn).ok().map(|t| Out::Text(t.into())),
+        Err(_) => frame.encode_text(vsn).ok().map(|t| Out::text(&t)),
     }
 }
 

@@ -11,16 +11,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use futures_util::stream::SplitSink;
+use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
+use hyper::upgrade::Upgraded;
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_protocol::message::PHOENIX_TOPIC;
@@ -30,8 +28,9 @@ use crate::auth::Verified;
 use crate::channel::{Services, Session};
 use crate::connections::ConnSlot;
 use crate::credentials::Credentials;
-use crate::outbound::{ConnHandle, Out, CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG};
+use crate::outbound::{ConnHandle, CLOSE_GOING_AWAY, CLOSE_TOO_BIG};
 use crate::reply::{auth_status, draining_response, error_response};
+use crate::socket::{self, writer, ReadLimits, Upgrade};
 use crate::telemetry;
 
 /// What the WebSocket route needs: the services of its connections' commands, and the
@@ -49,7 +48,7 @@ pub(crate) async fn upgrade(
     State(sockets): State<Arc<Sockets>>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, Response>,
 ) -> Response {
     let services = &sockets.services;
     if services.connections.is_draining() {
@@ -69,7 +68,7 @@ pub(crate) async fn upgrade(
     };
     let ws = match ws {
         Ok(ws) => ws,
-        Err(r) => return r.into_response(),
+        Err(r) => return r,
     };
     let Some(slot) = ConnSlot::acquire(&services.connections) else {
         return error_response(StatusCode::TOO_MANY_REQUESTS, "too many connections");
@@ -79,23 +78,14 @@ pub(crate) async fn upgrade(
         .max_frame_bytes
         .saturating_mul(2)
         .max(64 * 1024);
-    ws.max_message_size(limit)
-        .max_frame_size(limit)
-        .read_buffer_size(SOCKET_READ_BUFFER)
-        .write_buffer_size(SOCKET_WRITE_BUFFER)
-        .on_upgrade(move |socket| {
-            let tracker = sockets.tracker.clone();
-            tracker.track_future(run(sockets, socket, vsn, socket_auth, creds, slot))
-        })
+    let limits = ReadLimits {
+        max_message_bytes: limit,
+    };
+    ws.accept(move |socket| {
+        let tracker = sockets.tracker.clone();
+        tracker.track_future(run(sockets, socket, limits, vsn, socket_auth, creds, slot))
+    })
 }
-
-/// A socket's read buffer, to start with (it grows to the largest frame read). Clients
-/// send little (heartbeats, joins, an occasional broadcast), and every idle socket holds
-/// it: at 4 KB it was a quarter of an idle joined connection's memory.
-pub const SOCKET_READ_BUFFER: usize = 1024;
-
-/// A socket's write buffer: frames are gathered up to this many bytes before a write.
-pub const SOCKET_WRITE_BUFFER: usize = 8 * 1024;
 
 struct Conn {
     session: Session,
@@ -110,17 +100,18 @@ struct Conn {
 /// about 6 KB).
 async fn run(
     sockets: Arc<Sockets>,
-    socket: WebSocket,
+    socket: Upgraded,
+    limits: ReadLimits,
     vsn: Vsn,
     auth: Verified,
     creds: Credentials,
     slot: ConnSlot,
 ) {
     let services = sockets.services.clone();
-    let (sink, mut stream) = socket.split();
     let id = services.connections.next_id();
     let (handle, rx) = ConnHandle::new(id, services.cfg.outbound_queue);
-    let writer = tokio::spawn(write_loop(sink, rx, handle.clone()));
+    let (mut stream, sink) = socket::open(socket, handle.clone(), limits).await;
+    let writer = tokio::spawn(writer::write_loop(sink, rx, handle.clone()));
     services.connections.opened(&handle, &auth.project);
     let mut conn = Conn {
         max_frame_bytes: services.cfg.max_frame_bytes,
@@ -144,14 +135,14 @@ async fn run(
             msg = stream.next() => match msg {
                 None => break,
                 Some(Err(e)) => {
-                    let text = e.to_string();
-                    if text.contains("too long") || text.contains("Space limit") {
-                        telemetry::limit("frame_size");
-                        handle.close_with(CLOSE_TOO_BIG, "frame too large");
-                    } else {
-                        telemetry::error("socket_read");
-                        handle.close_with(1002, "protocol error");
-                    }
+                    read_failed(&handle, &e);
+                    break;
+                }
+                Some(Ok(Message::Close(_))) => {
+                    // tungstenite made the answer (the client's code echoed); flushing
+                    // queues it for the writer, which sends it instead of a Close of its own.
+                    let _ = stream.flush().await;
+                    handle.peer_closed();
                     break;
                 }
                 Some(Ok(m)) => {
@@ -169,6 +160,25 @@ async fn run(
     services.connections.closed(&handle);
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
     drop(slot);
+}
+
+/// The client's frames could not be read: too large (1009), not WebSocket (1002), or the
+/// socket failed (no Close can reach the client then, but the writer tries).
+fn read_failed(handle: &ConnHandle, e: &WsError) {
+    match e {
+        WsError::Capacity(_) => {
+            telemetry::limit("frame_size");
+            handle.close_with(CLOSE_TOO_BIG, "frame too large");
+        }
+        WsError::ConnectionClosed | WsError::AlreadyClosed | WsError::Io(_) => {
+            telemetry::error("socket_read");
+            handle.kill.cancel();
+        }
+        _ => {
+            telemetry::error("socket_read");
+            handle.close_with(1002, "protocol error");
+        }
+    }
 }
 
 impl Conn {
@@ -193,7 +203,8 @@ impl Conn {
                 if t.len() > max {
                     return self.too_big(t.len());
                 }
-                Frame::decode_text(&t, vsn).map_err(|e| (salvage(&t, vsn), e))
+                let t = t.as_str();
+                Frame::decode_text(t, vsn).map_err(|e| (salvage(t, vsn), e))
             }
             Message::Binary(b) => {
                 metrics::counter!(telemetry::FRAMES_IN).increment(1);
@@ -203,13 +214,9 @@ impl Conn {
                 }
                 Frame::decode_client_binary(&b, vsn).map_err(|e| (Salvage::default(), e))
             }
-            Message::Close(_) => {
-                // tungstenite queued the answer (the client's code echoed); the writer
-                // flushes it instead of sending a Close of its own.
-                self.session.handle.peer_closed();
-                return false;
-            }
-            Message::Ping(_) | Message::Pong(_) => return true,
+            // Answered in the read loop.
+            Message::Close(_) => return false,
+            Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return true,
         };
         match frame {
             Ok(f) => self.session.apply(f).await,
@@ -281,82 +288,4 @@ fn salvage(text: &str, vsn: Vsn) -> Salvage {
         },
         _ => Salvage::default(),
     }
-}
-
-/// The socket's writing half.
-type WsWriter = SplitSink<WebSocket, Message>;
-
-fn to_message(o: Out) -> Message {
-    match o {
-        Out::Text(t) => Message::Text(t),
-        Out::Binary(b) => Message::Binary(b),
-    }
-}
-
-/// Write queued frames (batched: feed everything ready, then flush) until killed.
-async fn write_loop(mut sink: WsWriter, mut rx: mpsc::Receiver<Out>, handle: Arc<ConnHandle>) {
-    loop {
-        let first = tokio::select! {
-            biased;
-            _ = handle.kill.cancelled() => break,
-            m = rx.recv() => m,
-        };
-        let Some(first) = first else { break };
-        let write = async {
-            sink.feed(to_message(first)).await?;
-            let mut n = 1u64;
-            while n < 64 {
-                match rx.try_recv() {
-                    Ok(m) => {
-                        sink.feed(to_message(m)).await?;
-                        n += 1;
-                    }
-                    Err(_) => break,
-                }
-            }
-            sink.flush().await?;
-            Ok::<u64, axum::Error>(n)
-        };
-        let r = tokio::select! {
-            _ = handle.kill.cancelled() => break,
-            r = write => r,
-        };
-        match r {
-            Ok(n) => metrics::counter!(telemetry::FRAMES_OUT).increment(n),
-            Err(_) => {
-                handle.kill.cancel();
-                break;
-            }
-        }
-    }
-    let close = async {
-        if !handle.is_peer_closed() {
-            // Fails (`SendAfterClosing`) if the client's Close arrived meanwhile.
-            let _ = close_ours(&mut sink, &mut rx, &handle).await;
-        }
-        // Sends what is still queued in the socket, among it the answer tungstenite
-        // queued to a client's Close (a Close frame cannot be sent after receiving one).
-        sink.close().await
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(2), close).await;
-}
-
-/// Flush what is already queued unless this is a slow consumer, then send our Close
-/// with the recorded code.
-async fn close_ours(
-    sink: &mut WsWriter,
-    rx: &mut mpsc::Receiver<Out>,
-    handle: &ConnHandle,
-) -> Result<(), axum::Error> {
-    let (code, reason) = handle.close_reason().unwrap_or((1000, String::new()));
-    if code != CLOSE_SLOW_CONSUMER {
-        while let Ok(m) = rx.try_recv() {
-            sink.feed(to_message(m)).await?;
-        }
-    }
-    sink.send(Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.into(),
-    })))
-    .await
 }

@@ -31,7 +31,7 @@
 //! | `guards`, `encode` | the term and replay guards of the change stream; a change's `data`, encoded once |
 //! | `sink`, `outbound`, `topics`, `registry` | where changes go; a connection's bounded queue and a channel's gate; channels by topic; subscriptions by number and class |
 //! | `channel` | a connection's `Session` (its channels) and the `Services` its commands use; one module per Phoenix command: `join`, `leave`, `access_token`, `broadcast`, `presence` |
-//! | `conn` | the WebSocket upgrade, read loop and writer |
+//! | `conn`, `socket` | a WebSocket connection's read loop; the upgrade, the socket's two halves (tungstenite reads; our writer writes frames encoded once for every socket, `wire`) |
 //! | `sse` | `SseHub`: the SSE streams (`stream`), their events (`events`), the route |
 //! | `broadcast` | `Broadcasts`: local delivery, the relay between fronts, the REST API |
 //! | [`presence`], [`kv_presence`] | presence stores (per front, or JetStream KV) and their diffs |
@@ -93,6 +93,7 @@ mod registry;
 mod reply;
 mod sequence;
 mod sink;
+mod socket;
 mod source_watch;
 mod sse;
 mod subscribe;
@@ -113,12 +114,12 @@ pub use auth::{AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 pub use broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 pub use channel::SUBSCRIBED;
 pub use config::FrontConfig;
-pub use conn::{SOCKET_READ_BUFFER, SOCKET_WRITE_BUFFER};
 pub use health::Health;
 pub use kv_presence::{KvPresence, DEFAULT_PRESENCE_TTL, PRESENCE_BUCKET};
 pub use outbound::{CLOSE_GOING_AWAY, CLOSE_SLOW_CONSUMER, CLOSE_TOO_BIG, REASON_SLOW_CONSUMER};
 pub use presence::{MemoryPresence, PresenceDiff, PresenceMeta, PresenceStore, RemoteDiffs};
 pub use projects::{DirectoryConfig, Projects};
+pub use socket::SOCKET_READ_BUFFER;
 pub use telemetry::API_ERRORS;
 pub use topics::TopicKey;
 

@@ -15,7 +15,6 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use axum::extract::ws::Utf8Bytes;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +22,7 @@ use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{Frame, Vsn, WireMessage};
 
 use crate::sink::{Change, Sink};
+use crate::socket::wire;
 use crate::telemetry;
 use crate::usage::ProjectCounts;
 
@@ -35,27 +35,53 @@ pub const CLOSE_SLOW_CONSUMER: u16 = 1013;
 /// Close reason for a slow consumer.
 pub const REASON_SLOW_CONSUMER: &str = "slow consumer: outbound queue full";
 
-/// One message for the socket.
+/// One frame for the socket, encoded for the wire (header and payload: see
+/// [`crate::socket::wire`]). Cloning it shares the bytes: a change's frame is encoded
+/// once and the same bytes are queued on every socket it goes to.
 #[derive(Clone, Debug)]
-pub(crate) enum Out {
-    Text(Utf8Bytes),
-    Binary(Bytes),
-}
+pub(crate) struct Out(Bytes);
 
 impl Out {
-    /// Its size in bytes.
+    /// A text frame.
+    pub(crate) fn text(t: &str) -> Out {
+        Out(wire::frame(wire::OP_TEXT, t.as_bytes()))
+    }
+
+    /// A binary frame.
+    pub(crate) fn binary(b: &[u8]) -> Out {
+        Out(wire::frame(wire::OP_BINARY, b))
+    }
+
+    /// Bytes already framed for the wire (tungstenite's replies, our Close).
+    pub(crate) fn raw(wire: Bytes) -> Out {
+        Out(wire)
+    }
+
+    /// Its payload's size in bytes.
     pub(crate) fn len(&self) -> usize {
-        match self {
-            Out::Text(t) => t.len(),
-            Out::Binary(b) => b.len(),
-        }
+        self.0.len() - wire::header_len(&self.0)
+    }
+
+    /// Its payload.
+    #[cfg(test)]
+    pub(crate) fn payload(&self) -> &[u8] {
+        &self.0[wire::header_len(&self.0)..]
+    }
+
+    /// The frame as written.
+    pub(crate) fn wire(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub(crate) fn into_wire(self) -> Bytes {
+        self.0
     }
 
     /// Encode a server frame for a socket of version `vsn`.
     pub(crate) fn frame(f: &Frame, vsn: Vsn) -> Option<Out> {
         match f.encode_server(vsn) {
-            Ok(WireMessage::Text(t)) => Some(Out::Text(t.into())),
-            Ok(WireMessage::Binary(b)) => Some(Out::Binary(Bytes::from(b))),
+            Ok(WireMessage::Text(t)) => Some(Out::text(&t)),
+            Ok(WireMessage::Binary(b)) => Some(Out::binary(&b)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot encode server frame");
                 telemetry::error("encode");
@@ -98,6 +124,11 @@ impl ConnHandle {
             c.messages_out.fetch_add(1, Ordering::Relaxed);
             c.bytes_out.fetch_add(out.len() as u64, Ordering::Relaxed);
         }
+        self.push_reply(out)
+    }
+
+    /// Queue a protocol reply (a Pong, the answer to a Close), not counted as a message.
+    pub(crate) fn push_reply(&self, out: Out) -> bool {
         match self.tx.try_send(out) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -282,7 +313,7 @@ impl Sink for ChanOut {
 
     fn deliver(&self, change: &mut Change<'_>, ids: &[u32]) -> bool {
         let text = change.phoenix_frame(self.vsn, &self.topic, ids);
-        ChanOut::deliver(self, Out::Text(text))
+        ChanOut::deliver(self, text)
     }
 
     /// A `system` error; the channel goes on.
@@ -317,15 +348,12 @@ mod tests {
     use super::*;
 
     fn text(s: &'static str) -> Out {
-        Out::Text(Utf8Bytes::from_static(s))
+        Out::text(s)
     }
 
     fn drain(rx: &mut mpsc::Receiver<Out>) -> Vec<String> {
         std::iter::from_fn(|| rx.try_recv().ok())
-            .map(|o| match o {
-                Out::Text(t) => t.to_string(),
-                Out::Binary(_) => "binary".into(),
-            })
+            .map(|o| String::from_utf8_lossy(o.payload()).into_owned())
             .collect()
     }
 

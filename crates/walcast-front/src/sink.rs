@@ -9,9 +9,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::ws::Utf8Bytes;
 use walcast_bus::ChangeEvent;
 use walcast_protocol::{EncodedChange, Vsn};
+
+use crate::outbound::Out;
 
 /// One change on its way to its sinks: the event, its `data` encoded once, and the
 /// Phoenix frames made of it so far (shared by channels of the same topic, version and
@@ -25,7 +26,7 @@ pub(crate) struct Change<'a> {
 }
 
 /// A change's frame for one version and set of binding ids.
-type Frame = (Vsn, Vec<u32>, Utf8Bytes);
+type Frame = (Vsn, Vec<u32>, Out);
 
 impl<'a> Change<'a> {
     pub(crate) fn new(event: &'a ChangeEvent, encoded: &'a EncodedChange) -> Self {
@@ -36,8 +37,8 @@ impl<'a> Change<'a> {
         }
     }
 
-    /// The `postgres_changes` frame text for a channel, made once per distinct channel.
-    pub(crate) fn phoenix_frame(&mut self, vsn: Vsn, topic: &Arc<str>, ids: &[u32]) -> Utf8Bytes {
+    /// The `postgres_changes` frame for a channel, made once per distinct channel.
+    pub(crate) fn phoenix_frame(&mut self, vsn: Vsn, topic: &Arc<str>, ids: &[u32]) -> Out {
         let made = self.frames.get(&**topic).and_then(|variants| {
             let same = |(v, i, _): &&Frame| *v == vsn && i == ids;
             variants.iter().find(same).map(|(_, _, text)| text.clone())
@@ -45,7 +46,7 @@ impl<'a> Change<'a> {
         if let Some(text) = made {
             return text;
         }
-        let text: Utf8Bytes = self.encoded.frame_text(vsn, topic, ids).into();
+        let text = Out::text(&self.encoded.frame_text(vsn, topic, ids));
         let variants = self.frames.entry(topic.clone()).or_default();
         variants.push((vsn, ids.to_vec(), text.clone()));
         text

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use crate::support::*;
-use serde_json::json;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
 use walcast_front::FrontConfig;
 
 #[tokio::test]
@@ -287,4 +288,110 @@ async fn silent_sockets_are_closed() {
     let mut c = s.client("2.0.0").await;
     c.heartbeat_ok().await;
     assert_eq!(c.recv().await, Msg::Close(1000, "heartbeat timeout".into()));
+}
+
+/// The raw messages of a socket until `pongs` pongs and `texts` text frames came.
+async fn raw_until(c: &mut PhoenixClient, pongs: usize, texts: usize) -> Vec<WsMessage> {
+    use futures_util::StreamExt;
+    let count = |got: &[WsMessage], pong: bool| {
+        let is = |m: &&WsMessage| matches!(m, WsMessage::Pong(_)) == pong;
+        got.iter().filter(is).count()
+    };
+    let mut got = Vec::new();
+    while count(&got, true) < pongs || count(&got, false) < texts {
+        let m = tokio::time::timeout(TIMEOUT, c.ws.next()).await;
+        got.push(m.expect("a message in time").unwrap().unwrap());
+    }
+    got
+}
+
+#[tokio::test]
+async fn pings_are_answered_whole_between_the_frames() {
+    use futures_util::SinkExt;
+    let s = start().await;
+    let mut c = s.client("2.0.0").await;
+    let (_, reply) = c
+        .join(
+            "realtime:r",
+            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
+            None,
+        )
+        .await;
+    assert_eq!(reply[4]["status"], "ok");
+    assert_eq!(c.recv().await.event(), "system");
+    let ids = s.worker.ids_for("t");
+    let pad = "p".repeat(70_000); // a frame with a 64-bit length
+    let ping = |i: u8| WsMessage::Ping(vec![i; 125].into());
+    c.ws.send(ping(1)).await.unwrap();
+    s.change("t", "INSERT", json!({"id": 1, "pad": pad}), &ids)
+        .await;
+    c.ws.send(ping(2)).await.unwrap();
+    s.change("t", "INSERT", json!({"id": 2}), &ids).await;
+    c.ws.send(ping(3)).await.unwrap();
+    let got = raw_until(&mut c, 3, 2).await;
+    let pongs: Vec<u8> = got
+        .iter()
+        .filter_map(|m| match m {
+            WsMessage::Pong(p) => {
+                assert_eq!(p.len(), 125);
+                Some(p[0])
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pongs, [1, 2, 3], "each ping answered once, in order");
+    let ids: Vec<Value> = got
+        .iter()
+        .filter_map(|m| match m {
+            WsMessage::Text(t) => Some(serde_json::from_str::<Value>(t).unwrap()),
+            _ => None,
+        })
+        .map(|v| v[4]["data"]["record"]["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!(1), json!(2)]);
+    c.heartbeat_ok().await;
+}
+
+#[tokio::test]
+async fn a_ping_flood_that_never_reads_its_pongs_is_closed_as_slow() {
+    use futures_util::SinkExt;
+    let s = start_with(FrontConfig {
+        outbound_queue: 64,
+        ..FrontConfig::default()
+    })
+    .await;
+    let mut other = s.client("2.0.0").await;
+    other
+        .join(
+            "realtime:r",
+            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
+            None,
+        )
+        .await;
+    assert_eq!(other.recv().await.event(), "system");
+    let mut flood = s.client("2.0.0").await;
+    flood.heartbeat_ok().await;
+    // Every ping's pong is queued like any frame: a client that does not read them
+    // fills its socket, then its queue, and is closed; it cannot grow our memory.
+    let started = std::time::Instant::now();
+    let mut sent = 0u32;
+    while s.front.health().connections == 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not closed after {sent} pings"
+        );
+        let ping = WsMessage::Ping(vec![7; 125].into());
+        let r = tokio::time::timeout(Duration::from_secs(1), flood.ws.send(ping)).await;
+        match r {
+            Ok(Ok(())) => sent += 1,
+            // The server closed it, or stopped reading it.
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    s.wait_for("the flood closed", |s| s.front.health().connections == 1)
+        .await;
+    s.change("t", "INSERT", json!({"id": 1}), &s.worker.ids_for("t"))
+        .await;
+    assert_eq!(other.recv().await.event(), "postgres_changes");
+    other.heartbeat_ok().await;
 }
