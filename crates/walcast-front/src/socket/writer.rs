@@ -34,6 +34,8 @@ pub(crate) async fn write_loop(
 ) {
     // A batch the kill interrupted: a frame may be half written.
     let mut unfinished = Frames::default();
+    // Looked up once, not at every write.
+    let frames_out = metrics::counter!(telemetry::FRAMES_OUT);
     loop {
         let first = tokio::select! {
             biased;
@@ -54,7 +56,7 @@ pub(crate) async fn write_loop(
             r = w.write_all_buf(&mut batch) => Some(r),
         };
         match r {
-            Some(Ok(())) => metrics::counter!(telemetry::FRAMES_OUT).increment(n),
+            Some(Ok(())) => frames_out.increment(n),
             Some(Err(_)) => {
                 handle.kill.cancel();
                 return;
