@@ -15,14 +15,14 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walcast_protocol::server::{self, SystemStatus};
-use walcast_protocol::{Frame, Vsn, WireMessage};
+use walcast_protocol::{Frame, Vsn};
 
 use crate::sink::{Change, Sink};
-use crate::socket::wire;
+pub(crate) use crate::socket::Out;
+use crate::socket::{Ending, Link};
 use crate::telemetry;
 use crate::usage::ProjectCounts;
 
@@ -34,62 +34,6 @@ pub const CLOSE_TOO_BIG: u16 = 1009;
 pub const CLOSE_SLOW_CONSUMER: u16 = 1013;
 /// Close reason for a slow consumer.
 pub const REASON_SLOW_CONSUMER: &str = "slow consumer: outbound queue full";
-
-/// One frame for the socket, encoded for the wire (header and payload: see
-/// [`crate::socket::wire`]). Cloning it shares the bytes: a change's frame is encoded
-/// once and the same bytes are queued on every socket it goes to.
-#[derive(Clone, Debug)]
-pub(crate) struct Out(Bytes);
-
-impl Out {
-    /// A text frame.
-    pub(crate) fn text(t: &str) -> Out {
-        Out(wire::frame(wire::OP_TEXT, t.as_bytes()))
-    }
-
-    /// A binary frame.
-    pub(crate) fn binary(b: &[u8]) -> Out {
-        Out(wire::frame(wire::OP_BINARY, b))
-    }
-
-    /// Bytes already framed for the wire (tungstenite's replies, our Close).
-    pub(crate) fn raw(wire: Bytes) -> Out {
-        Out(wire)
-    }
-
-    /// Its payload's size in bytes.
-    pub(crate) fn len(&self) -> usize {
-        self.0.len() - wire::header_len(&self.0)
-    }
-
-    /// Its payload.
-    #[cfg(test)]
-    pub(crate) fn payload(&self) -> &[u8] {
-        &self.0[wire::header_len(&self.0)..]
-    }
-
-    /// The frame as written.
-    pub(crate) fn wire(&self) -> &[u8] {
-        &self.0
-    }
-
-    pub(crate) fn into_wire(self) -> Bytes {
-        self.0
-    }
-
-    /// Encode a server frame for a socket of version `vsn`.
-    pub(crate) fn frame(f: &Frame, vsn: Vsn) -> Option<Out> {
-        match f.encode_server(vsn) {
-            Ok(WireMessage::Text(t)) => Some(Out::text(&t)),
-            Ok(WireMessage::Binary(b)) => Some(Out::binary(&b)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot encode server frame");
-                telemetry::error("encode");
-                None
-            }
-        }
-    }
-}
 
 /// The sending side of one connection.
 pub(crate) struct ConnHandle {
@@ -187,6 +131,28 @@ impl ConnHandle {
 
     pub(crate) fn close_reason(&self) -> Option<(u16, String)> {
         self.close.get().cloned()
+    }
+}
+
+impl Link for ConnHandle {
+    fn reply(&self, out: Out) -> bool {
+        self.push_reply(out)
+    }
+
+    fn killed(&self) -> &CancellationToken {
+        &self.kill
+    }
+
+    fn ending(&self) -> Ending {
+        if self.is_peer_closed() {
+            return Ending::Answered;
+        }
+        let (code, reason) = self.close_reason().unwrap_or((1000, String::new()));
+        Ending::Close {
+            flush: code != CLOSE_SLOW_CONSUMER,
+            code,
+            reason,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use walcast_bus::ChangeEvent;
 use walcast_protocol::{EncodedChange, Vsn};
 
-use crate::outbound::Out;
+use crate::socket::Out;
 
 /// One change on its way to its sinks: the event, its `data` encoded once, and the
 /// Phoenix frames made of it so far (shared by channels of the same topic, version and

@@ -28,15 +28,40 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
+use tokio_util::sync::CancellationToken;
 
-use crate::outbound::{ConnHandle, Out};
 use crate::reply::error_response;
+pub(crate) use wire::Out;
 use writer::WriteHalf;
 
 /// A socket's read buffer, to start with (it grows to the largest frame read). Clients
 /// send little (heartbeats, joins, an occasional broadcast), and every idle socket holds
 /// it: at 4 KB it was a quarter of an idle joined connection's memory.
 pub const SOCKET_READ_BUFFER: usize = 1024;
+
+/// What the socket's two halves need of their connection (the connection's queue and
+/// its close state live with it, in `outbound`).
+pub(crate) trait Link: Send + Sync + 'static {
+    /// Queue a protocol reply (a Pong, the answer to a Close) behind the frames queued
+    /// before it; false if the connection is gone or, full, was closed as slow.
+    fn reply(&self, out: Out) -> bool;
+    /// Cancelled when the connection is to close.
+    fn killed(&self) -> &CancellationToken;
+    /// How it ends, once killed.
+    fn ending(&self) -> Ending;
+}
+
+/// How a connection ends, as its writer needs to know it.
+pub(crate) enum Ending {
+    /// The client sent a Close; the answer is queued (after what was queued before it).
+    Answered,
+    /// We close it with `code` and `reason`, after what is queued if `flush`.
+    Close {
+        code: u16,
+        reason: String,
+        flush: bool,
+    },
+}
 
 /// The client's frames, as tungstenite reads them.
 pub(crate) type Reader = WebSocketStream<ReadSide>;
@@ -137,7 +162,7 @@ pub(crate) struct ReadLimits {
 /// and the writing half goes to the writer.
 pub(crate) async fn open(
     upgraded: Upgraded,
-    conn: Arc<ConnHandle>,
+    conn: Arc<dyn Link>,
     limits: ReadLimits,
 ) -> (Reader, WriteHalf) {
     let (read, write, prefix): (ReadHalf, WriteHalf, Bytes) =
@@ -170,7 +195,7 @@ type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 /// protocol replies, whole frames: they are queued on the connection like any frame.
 pub(crate) struct ReadSide {
     read: ReadHalf,
-    conn: Arc<ConnHandle>,
+    conn: Arc<dyn Link>,
 }
 
 impl AsyncRead for ReadSide {
@@ -189,7 +214,7 @@ impl AsyncWrite for ReadSide {
         _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.conn.push_reply(Out::raw(Bytes::copy_from_slice(buf))) {
+        if self.conn.reply(Out::raw(Bytes::copy_from_slice(buf))) {
             Poll::Ready(Ok(buf.len()))
         } else {
             Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()))

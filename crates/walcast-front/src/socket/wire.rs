@@ -3,6 +3,65 @@
 //! frames are never masked, so they do not differ between sockets.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use walcast_protocol::{Frame, Vsn, WireMessage};
+
+use crate::telemetry;
+
+/// One frame for the socket, encoded for the wire (header and payload: see
+/// [`frame`]). Cloning it shares the bytes: a change's frame is encoded
+/// once and the same bytes are queued on every socket it goes to.
+#[derive(Clone, Debug)]
+pub(crate) struct Out(Bytes);
+
+impl Out {
+    /// A text frame.
+    pub(crate) fn text(t: &str) -> Out {
+        Out(frame(OP_TEXT, t.as_bytes()))
+    }
+
+    /// A binary frame.
+    pub(crate) fn binary(b: &[u8]) -> Out {
+        Out(frame(OP_BINARY, b))
+    }
+
+    /// Bytes already framed for the wire (tungstenite's replies, our Close).
+    pub(crate) fn raw(wire: Bytes) -> Out {
+        Out(wire)
+    }
+
+    /// Its payload's size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len() - header_len(&self.0)
+    }
+
+    /// Its payload.
+    #[cfg(test)]
+    pub(crate) fn payload(&self) -> &[u8] {
+        &self.0[header_len(&self.0)..]
+    }
+
+    /// The frame as written.
+    pub(crate) fn wire(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub(crate) fn into_wire(self) -> Bytes {
+        self.0
+    }
+
+    /// Encode a server frame for a socket of version `vsn`.
+    pub(crate) fn frame(f: &Frame, vsn: Vsn) -> Option<Out> {
+        match f.encode_server(vsn) {
+            Ok(WireMessage::Text(t)) => Some(Out::text(&t)),
+            Ok(WireMessage::Binary(b)) => Some(Out::binary(&b)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode server frame");
+                telemetry::error("encode");
+                None
+            }
+        }
+    }
+}
 
 /// The opcode of a text frame.
 pub(crate) const OP_TEXT: u8 = 0x1;

@@ -12,8 +12,7 @@ use bytes::{Buf, Bytes};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::wire;
-use crate::outbound::{ConnHandle, Out, CLOSE_SLOW_CONSUMER};
+use super::{wire, Ending, Link, Out};
 use crate::telemetry;
 
 /// The socket's writing half.
@@ -27,11 +26,7 @@ const MAX_BATCH: usize = 64;
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Write queued frames until the connection is killed, then close it.
-pub(crate) async fn write_loop(
-    mut w: WriteHalf,
-    mut rx: mpsc::Receiver<Out>,
-    handle: Arc<ConnHandle>,
-) {
+pub(crate) async fn write_loop(mut w: WriteHalf, mut rx: mpsc::Receiver<Out>, link: Arc<dyn Link>) {
     // A batch the kill interrupted: a frame may be half written.
     let mut unfinished = Frames::default();
     // Looked up once, not at every write.
@@ -39,7 +34,7 @@ pub(crate) async fn write_loop(
     loop {
         let first = tokio::select! {
             biased;
-            _ = handle.kill.cancelled() => break,
+            _ = link.killed().cancelled() => break,
             m = rx.recv() => m,
         };
         let Some(first) = first else { break };
@@ -52,13 +47,13 @@ pub(crate) async fn write_loop(
         }
         let n = batch.len() as u64;
         let r = tokio::select! {
-            _ = handle.kill.cancelled() => None,
+            _ = link.killed().cancelled() => None,
             r = w.write_all_buf(&mut batch) => Some(r),
         };
         match r {
             Some(Ok(())) => frames_out.increment(n),
             Some(Err(_)) => {
-                handle.kill.cancel();
+                link.killed().cancel();
                 return;
             }
             None => {
@@ -67,7 +62,7 @@ pub(crate) async fn write_loop(
             }
         }
     }
-    let closing = close(&mut w, &mut rx, &handle, unfinished);
+    let closing = close(&mut w, &mut rx, link.ending(), unfinished);
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, closing).await;
 }
 
@@ -79,27 +74,33 @@ pub(crate) async fn write_loop(
 async fn close(
     w: &mut WriteHalf,
     rx: &mut mpsc::Receiver<Out>,
-    handle: &ConnHandle,
+    ending: Ending,
     mut last: Frames,
 ) -> std::io::Result<()> {
-    if handle.is_peer_closed() {
-        while let Ok(o) = rx.try_recv() {
-            let answer = wire::is_close(o.wire());
-            last.push(o);
-            if answer {
-                break;
-            }
-        }
-    } else {
-        let (code, reason) = handle.close_reason().unwrap_or((1000, String::new()));
-        if code == CLOSE_SLOW_CONSUMER {
-            last.keep_started();
-        } else {
+    match ending {
+        Ending::Answered => {
             while let Ok(o) = rx.try_recv() {
+                let answer = wire::is_close(o.wire());
                 last.push(o);
+                if answer {
+                    break;
+                }
             }
         }
-        last.push(Out::raw(wire::close(code, &reason)));
+        Ending::Close {
+            code,
+            reason,
+            flush,
+        } => {
+            if flush {
+                while let Ok(o) = rx.try_recv() {
+                    last.push(o);
+                }
+            } else {
+                last.keep_started();
+            }
+            last.push(Out::raw(wire::close(code, &reason)));
+        }
     }
     w.write_all_buf(&mut last).await?;
     w.shutdown().await

@@ -81,14 +81,7 @@ async fn oversized_frames_close_with_1009_others_unaffected() {
         ..FrontConfig::default()
     })
     .await;
-    let mut other = s.client("2.0.0").await;
-    other
-        .join(
-            "realtime:r",
-            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
-            None,
-        )
-        .await;
+    let mut other = joined_to_t(&s).await;
     let mut c = s.client("2.0.0").await;
     let big = "x".repeat(100 * 1024);
     c.send(None, Some("1"), "phoenix", "heartbeat", json!({"pad": big}))
@@ -118,7 +111,6 @@ async fn oversized_frames_close_with_1009_others_unaffected() {
             assert!(matches!(m, Msg::Close(1009, _)), "{m:?}");
         }
     }
-    assert_eq!(other.recv().await.event(), "system");
     s.change("t", "INSERT", json!({"id": 1}), &s.worker.ids_for("t"))
         .await;
     assert_eq!(other.recv().await.event(), "postgres_changes");
@@ -290,6 +282,17 @@ async fn silent_sockets_are_closed() {
     assert_eq!(c.recv().await, Msg::Close(1000, "heartbeat timeout".into()));
 }
 
+/// A client joined to `realtime:r` for every change of `t` (its join answered and
+/// subscribed).
+async fn joined_to_t(s: &Server) -> PhoenixClient {
+    let mut c = s.client("2.0.0").await;
+    let config = pg_config(json!([{"event":"*","schema":"public","table":"t"}]));
+    let (_, reply) = c.join("realtime:r", config, None).await;
+    assert_eq!(reply[4]["status"], "ok");
+    assert_eq!(c.recv().await.event(), "system");
+    c
+}
+
 /// The raw messages of a socket until `pongs` pongs and `texts` text frames came.
 async fn raw_until(c: &mut PhoenixClient, pongs: usize, texts: usize) -> Vec<WsMessage> {
     use futures_util::StreamExt;
@@ -309,16 +312,7 @@ async fn raw_until(c: &mut PhoenixClient, pongs: usize, texts: usize) -> Vec<WsM
 async fn pings_are_answered_whole_between_the_frames() {
     use futures_util::SinkExt;
     let s = start().await;
-    let mut c = s.client("2.0.0").await;
-    let (_, reply) = c
-        .join(
-            "realtime:r",
-            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
-            None,
-        )
-        .await;
-    assert_eq!(reply[4]["status"], "ok");
-    assert_eq!(c.recv().await.event(), "system");
+    let mut c = joined_to_t(&s).await;
     let ids = s.worker.ids_for("t");
     let pad = "p".repeat(70_000); // a frame with a 64-bit length
     let ping = |i: u8| WsMessage::Ping(vec![i; 125].into());
@@ -360,15 +354,7 @@ async fn a_ping_flood_that_never_reads_its_pongs_is_closed_as_slow() {
         ..FrontConfig::default()
     })
     .await;
-    let mut other = s.client("2.0.0").await;
-    other
-        .join(
-            "realtime:r",
-            pg_config(json!([{"event":"*","schema":"public","table":"t"}])),
-            None,
-        )
-        .await;
-    assert_eq!(other.recv().await.event(), "system");
+    let mut other = joined_to_t(&s).await;
     let mut flood = s.client("2.0.0").await;
     flood.heartbeat_ok().await;
     // Every ping's pong is queued like any frame: a client that does not read them
