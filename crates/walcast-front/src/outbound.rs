@@ -72,7 +72,7 @@ impl ConnHandle {
     }
 
     /// Queue a protocol reply (a Pong, the answer to a Close), not counted as a message.
-    pub(crate) fn push_reply(&self, out: Out) -> bool {
+    fn push_reply(&self, out: Out) -> bool {
         match self.tx.try_send(out) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
