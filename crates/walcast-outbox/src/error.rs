@@ -17,6 +17,9 @@ pub enum RelayError {
     /// The sender task is gone (the session is ending).
     #[error("the outbox sender stopped")]
     SenderStopped,
+    /// The subscription JetStream's answers come on ended (the NATS client is gone).
+    #[error("JetStream's answers stopped coming: the NATS connection closed")]
+    AnswersClosed,
     /// Whether an event's project is on this source could not be told.
     #[error("cannot tell the source's projects: {0}")]
     Gate(String),

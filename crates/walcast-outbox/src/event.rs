@@ -35,6 +35,23 @@ pub enum EventError {
     Header { name: String, why: &'static str },
 }
 
+/// A header's name as [`OutboxEvent::for_each_header`] gives it: one of the relay's
+/// own (a constant, which the NATS client can take without copying) or the user's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Name<'a> {
+    Ours(&'static str),
+    User(&'a str),
+}
+
+impl<'a> Name<'a> {
+    pub fn as_str(self) -> &'a str {
+        match self {
+            Name::Ours(n) => n,
+            Name::User(n) => n,
+        }
+    }
+}
+
 /// One event to relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
@@ -229,14 +246,14 @@ impl OutboxEvent {
         }
         // Every header but the commit LSN (`X/X` in hex digits, never a problem), checked
         // where it is, without copying it.
-        self.visit_headers(None, check_header_text)
+        self.visit_headers(None, |name, value| check_header_text(name.as_str(), value))
     }
 
     /// Calls `f` on every header of the JetStream message (ours, then the user's; see
     /// [`OutboxEvent::message_headers`]) in order, stopping at the first error.
     pub fn for_each_header<'a, E>(
         &'a self,
-        f: impl FnMut(&'a str, &str) -> Result<(), E>,
+        f: impl FnMut(Name<'a>, &str) -> Result<(), E>,
     ) -> Result<(), E> {
         self.visit_headers(Some(&self.commit_lsn.to_string()), f)
     }
@@ -245,20 +262,20 @@ impl OutboxEvent {
     fn visit_headers<'a, E>(
         &'a self,
         lsn: Option<&str>,
-        mut f: impl FnMut(&'a str, &str) -> Result<(), E>,
+        mut f: impl FnMut(Name<'a>, &str) -> Result<(), E>,
     ) -> Result<(), E> {
-        f(HEADER_MSG_ID, &self.id)?;
-        f(HEADER_EVENT_ID, &self.id)?;
+        f(Name::Ours(HEADER_MSG_ID), &self.id)?;
+        f(Name::Ours(HEADER_EVENT_ID), &self.id)?;
         if let Some(lsn) = lsn {
-            f(HEADER_COMMIT_LSN, lsn)?;
+            f(Name::Ours(HEADER_COMMIT_LSN), lsn)?;
         }
-        f(HEADER_PROJECT, &self.project)?;
-        f(HEADER_TOPIC, &self.topic)?;
+        f(Name::Ours(HEADER_PROJECT), &self.project)?;
+        f(Name::Ours(HEADER_TOPIC), &self.topic)?;
         if let Some(k) = &self.key {
-            f(HEADER_KEY, k)?;
+            f(Name::Ours(HEADER_KEY), k)?;
         }
         for (n, v) in &self.headers {
-            f(n, v)?;
+            f(Name::User(n), v)?;
         }
         Ok(())
     }
@@ -278,7 +295,7 @@ impl OutboxEvent {
     pub fn message_headers(&self) -> Vec<(&str, String)> {
         let mut h = Vec::new();
         let listed = self.for_each_header(|name, value| {
-            h.push((name, value.to_string()));
+            h.push((name.as_str(), value.to_string()));
             Ok::<(), std::convert::Infallible>(())
         });
         let Ok(()) = listed;

@@ -55,7 +55,7 @@ fn headers_visited_are_the_message_headers_and_the_subject_length_its_length() {
         let ev = OutboxEvent::from_message(&content, Lsn(0x10), AT).unwrap();
         let mut visited = Vec::new();
         ev.for_each_header(|n, v| {
-            visited.push((n.to_string(), v.to_string()));
+            visited.push((n.as_str().to_string(), v.to_string()));
             Ok::<(), ()>(())
         })
         .unwrap();

@@ -1,7 +1,15 @@
 //! Sending events to JetStream and telling transient failures from permanent ones.
+//!
+//! Events go out as core NATS publishes whose reply subject is one of the publisher's
+//! own (`<inbox>.<token>`, under one wildcard subscription), so JetStream's answers
+//! come back on that subscription, each naming its event by its token: no reply inbox,
+//! future or timer per event. The caller keeps the window (how many are in flight) and
+//! the deadlines.
 
-use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, stream, ErrorCode};
+use async_nats::{PublishErrorKind as SendErrorKind, StatusCode, Subscriber};
+use futures_util::StreamExt;
+use serde::Deserialize;
 use std::str::FromStr;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
@@ -10,13 +18,16 @@ use bytes::Bytes;
 use walcast_pipeline::{JetStreamPublisher, Position, PublishError as FencedError};
 
 use crate::config::OutboxConfig;
-use crate::event::OutboxEvent;
+use crate::event::{Name, OutboxEvent};
 
 /// Why a publish failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     /// Retry it (no answer in time, connection lost, JetStream busy or restarting).
     Transient(String),
+    /// No stream listens on the event's subject (NATS had no responder): the caller
+    /// re-creates the stream, and calls it permanent only if it happens again.
+    NoStream(String),
     /// JetStream will never take it: quarantine it. `kind` labels the metric.
     Permanent { kind: &'static str, error: String },
     /// The relay's leadership term ended (its fence closed): nothing was sent, and the
@@ -27,34 +38,94 @@ pub enum Failure {
 impl Failure {
     pub fn message(&self) -> &str {
         match self {
-            Failure::Transient(e) | Failure::Permanent { error: e, .. } | Failure::Fenced(e) => e,
+            Failure::Transient(e)
+            | Failure::NoStream(e)
+            | Failure::Permanent { error: e, .. }
+            | Failure::Fenced(e) => e,
         }
     }
 }
 
-/// Classify a publish error. `StreamNotFound` (no stream listens on the subject) is
-/// transient here: the caller re-creates the stream and only then calls it permanent.
-pub fn classify(e: &PublishError) -> Failure {
-    let text = e.to_string();
-    match e.kind() {
-        PublishErrorKind::MaxPayloadExceeded => Failure::Permanent {
+/// JetStream stored the event (`duplicate`: it had it already, within the duplicate
+/// window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    pub duplicate: bool,
+}
+
+/// JetStream's answer to one event.
+pub type Answer = Result<Stored, Failure>;
+
+/// Names a sent event: its answer comes with the same token.
+pub type Token = u64;
+
+/// A JetStream error in an answer: a message over the stream's size limit will never be
+/// taken; anything else may pass later.
+fn classify_jetstream(e: &jetstream::Error) -> Failure {
+    match e.error_code() {
+        ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM => Failure::Permanent {
             kind: "too_large",
-            error: text,
+            error: e.to_string(),
         },
-        PublishErrorKind::Other => {
-            let code = std::error::Error::source(e)
-                .and_then(|s| s.downcast_ref::<jetstream::Error>())
-                .map(|j| j.error_code());
-            match code {
-                Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => Failure::Permanent {
-                    kind: "too_large",
-                    error: text,
-                },
-                _ => Failure::Transient(text),
-            }
-        }
-        _ => Failure::Transient(text),
+        _ => Failure::Transient(e.to_string()),
     }
+}
+
+/// A publish the NATS client refused before sending it.
+fn classify_send(e: &async_nats::PublishError) -> Failure {
+    let error = e.to_string();
+    match e.kind() {
+        SendErrorKind::MaxPayloadExceeded => Failure::Permanent {
+            kind: "too_large",
+            error,
+        },
+        SendErrorKind::InvalidSubject => Failure::Permanent {
+            kind: "invalid",
+            error,
+        },
+        SendErrorKind::Send => Failure::Transient(error),
+    }
+}
+
+/// What an answer's payload holds: an error, or the stored message's sequence.
+#[derive(Deserialize)]
+struct Reply {
+    #[serde(default)]
+    error: Option<jetstream::Error>,
+    #[serde(default)]
+    seq: Option<u64>,
+    #[serde(default)]
+    duplicate: bool,
+}
+
+/// The answer an acknowledgement message carries.
+fn read_answer(msg: &async_nats::Message) -> Answer {
+    if msg.status == Some(StatusCode::NO_RESPONDERS) {
+        return Err(Failure::NoStream(format!(
+            "no stream listens on the subject ({})",
+            msg.subject
+        )));
+    }
+    match serde_json::from_slice::<Reply>(&msg.payload) {
+        Ok(Reply { error: Some(e), .. }) => Err(classify_jetstream(&e)),
+        Ok(Reply {
+            seq: Some(_),
+            duplicate,
+            ..
+        }) => Ok(Stored { duplicate }),
+        _ => Err(Failure::Transient(format!(
+            "unreadable JetStream answer (status {:?})",
+            msg.status
+        ))),
+    }
+}
+
+/// The subscription JetStream's answers come back on.
+struct Acks {
+    /// `<inbox>`: an event's reply subject is `<inbox>.<token>`.
+    prefix: String,
+    sub: Subscriber,
+    next: Token,
 }
 
 /// How events reach JetStream: through the pipeline's fence (the relay), or directly
@@ -67,6 +138,9 @@ enum Sender {
 /// The outbox stream and the way events are sent to it.
 pub struct Publisher {
     sender: Sender,
+    /// The connection events go out on (the answers' subscription is on it too).
+    client: async_nats::Client,
+    acks: Option<Acks>,
     cfg: OutboxConfig,
     stream_ready: bool,
 }
@@ -86,9 +160,11 @@ fn configure(
 impl Publisher {
     /// Sending directly on `client` (tools beside the relay).
     pub fn new(client: async_nats::Client, cfg: OutboxConfig) -> Publisher {
-        let js = configure(&cfg, jetstream::ContextBuilder::new()).build(client);
+        let js = configure(&cfg, jetstream::ContextBuilder::new()).build(client.clone());
         Publisher {
             sender: Sender::Direct(js),
+            client,
+            acks: None,
             cfg,
             stream_ready: false,
         }
@@ -102,7 +178,9 @@ impl Publisher {
     ) -> Result<Publisher, FencedError> {
         let js = publisher.jetstream(|b| configure(&cfg, b))?;
         Ok(Publisher {
+            client: js.client().clone(),
             sender: Sender::Fenced(js),
+            acks: None,
             cfg,
             stream_ready: false,
         })
@@ -166,34 +244,98 @@ impl Publisher {
         self.stream_ready
     }
 
-    /// Send one event (waits only when `max_in_flight` acks are outstanding); the future
-    /// resolves to JetStream's answer. An event NATS cannot carry as it is (a header or
-    /// subject [`OutboxEvent::validate`] refuses) is a permanent failure, `invalid`:
-    /// nothing reaches async-nats, whose header conversions panic on a line break.
-    pub async fn send(&self, ev: &OutboxEvent) -> Result<PublishAckFuture, Failure> {
+    /// The answers' subscription, made at the first send.
+    async fn acks(&mut self) -> Result<&mut Acks, Failure> {
+        if self.acks.is_none() {
+            let prefix = self.client.new_inbox();
+            let sub = self
+                .client
+                .subscribe(format!("{prefix}.*"))
+                .await
+                .map_err(|e| Failure::Transient(format!("subscribing to the answers: {e}")))?;
+            self.acks = Some(Acks {
+                prefix,
+                sub,
+                next: 0,
+            });
+        }
+        self.acks
+            .as_mut()
+            .ok_or_else(|| Failure::Transient("no answer subscription".into()))
+    }
+
+    /// Send one event (never waits for its answer; the caller bounds how many are out):
+    /// its answer comes from [`Publisher::next_answer`] with the token returned. An
+    /// event NATS cannot carry as it is (a header or subject [`OutboxEvent::validate`]
+    /// refuses) is a permanent failure, `invalid`: nothing reaches async-nats, whose
+    /// header conversions panic on a line break.
+    pub async fn send(&mut self, ev: &OutboxEvent) -> Result<Token, Failure> {
         let headers = message_headers(ev)?;
         let payload = Bytes::from(ev.payload.clone());
+        let acks = self.acks().await?;
+        let token = acks.next;
+        acks.next += 1;
+        let reply = format!("{}.{token}", acks.prefix);
         match &self.sender {
-            Sender::Direct(js) => js
-                .publish_with_headers(ev.subject(), headers, payload)
+            Sender::Direct(_) => self
+                .client
+                .publish_with_reply_and_headers(ev.subject(), reply, headers, payload)
                 .await
-                .map_err(|e| classify(&e)),
+                .map_err(|e| classify_send(&e))?,
             Sender::Fenced(p) => {
                 let at = Position::commit(ev.commit_lsn);
-                p.publish(ev.subject(), at, headers, payload)
+                p.publish_with_reply(ev.subject(), reply, at, headers, payload)
                     .await
                     .map_err(|e| match e {
-                        FencedError::JetStream(e) => classify(&e),
+                        FencedError::Send(e) => classify_send(&e),
                         FencedError::Fenced(f) => Failure::Fenced(f.to_string()),
                         other => Failure::Transient(other.to_string()),
-                    })
+                    })?
+            }
+        }
+        Ok(token)
+    }
+
+    /// Wait, at most the answer timeout, for the answer to `token`, dropping any other
+    /// (for a sender with one event out at a time).
+    pub async fn answer_to(&mut self, token: Token) -> Answer {
+        let wait = self.cfg.ack_timeout;
+        let answer = tokio::time::timeout(wait, async {
+            loop {
+                match self.next_answer().await {
+                    Some((t, answer)) if t == token => return answer,
+                    Some(_) => continue,
+                    None => return Err(Failure::Transient("the NATS connection closed".into())),
+                }
+            }
+        });
+        answer.await.unwrap_or_else(|_| {
+            let ms = wait.as_millis();
+            Err(Failure::Transient(format!(
+                "no answer from JetStream in {ms} ms"
+            )))
+        })
+    }
+
+    /// The next answer JetStream sent, in the order they come (cancel-safe). Waits
+    /// forever before the first send; `None` if the subscription ended (the connection
+    /// is gone for good).
+    pub async fn next_answer(&mut self) -> Option<(Token, Answer)> {
+        let Some(acks) = self.acks.as_mut() else {
+            return std::future::pending().await;
+        };
+        loop {
+            let msg = acks.sub.next().await?;
+            let token = msg.subject.rsplit('.').next().and_then(|t| t.parse().ok());
+            if let Some(token) = token {
+                return Some((token, read_answer(&msg)));
             }
         }
     }
 }
 
-/// The event's headers as NATS headers, each converted fallibly (the names are checked
-/// by [`OutboxEvent::validate`]; converting them again is cheap next to the map).
+/// The event's headers as NATS headers: ours by their constant names, the user's
+/// converted fallibly (every one is checked by [`OutboxEvent::validate`] first).
 fn message_headers(ev: &OutboxEvent) -> Result<HeaderMap, Failure> {
     let invalid = |error: String| Failure::Permanent {
         kind: "invalid",
@@ -202,9 +344,14 @@ fn message_headers(ev: &OutboxEvent) -> Result<HeaderMap, Failure> {
     ev.validate().map_err(|e| invalid(e.to_string()))?;
     let mut headers = HeaderMap::new();
     ev.for_each_header(|name, value| {
-        let n = HeaderName::from_str(name).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
-        let v =
-            HeaderValue::from_str(value).map_err(|e| invalid(format!("header {name:?}: {e}")))?;
+        let n = match name {
+            Name::Ours(n) => HeaderName::from_static(n),
+            Name::User(n) => {
+                HeaderName::from_str(n).map_err(|e| invalid(format!("header {n:?}: {e}")))?
+            }
+        };
+        let v = HeaderValue::from_str(value)
+            .map_err(|e| invalid(format!("header {:?}: {e}", name.as_str())))?;
         headers.insert(n, v);
         Ok(())
     })?;

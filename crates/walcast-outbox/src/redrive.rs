@@ -3,7 +3,7 @@
 
 use tokio_postgres::Client;
 
-use crate::publish::{classify, Publisher};
+use crate::publish::Publisher;
 use crate::quarantine;
 
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub async fn redrive(
     for q in events {
         let ev = q.event;
         let answer = match publisher.send(&ev).await {
-            Ok(ack) => ack.await.map_err(|e| classify(&e)),
+            Ok(token) => publisher.answer_to(token).await,
             Err(failure) => Err(failure),
         };
         let mut outcome = Outcome {

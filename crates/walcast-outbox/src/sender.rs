@@ -18,21 +18,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
-use async_nats::jetstream::publish::PublishAck;
-use futures_util::future::BoxFuture;
+use std::pin::Pin;
+
 use tokio::sync::{mpsc, watch};
+use tokio::time::Sleep;
 use tokio_postgres::Client;
 
 use crate::config::OutboxConfig;
 use crate::error::RelayError;
 use crate::event::OutboxEvent;
 use crate::health::OutboxHealth;
-use crate::publish::{classify, Failure, Publisher};
+use crate::publish::{Answer, Failure, Publisher, Stored, Token};
 use crate::{quarantine, telemetry, time};
 
-/// JetStream's answer to come.
-type Answer = BoxFuture<'static, Result<PublishAck, PublishError>>;
+/// Events in flight, at most, whatever `max_in_flight` says: the answers' subscription
+/// buffers 65,536 messages (async-nats' default), and a burst of answers past that would
+/// be dropped, timed out and resent, again and again.
+pub const MAX_IN_FLIGHT_CAP: usize = 16_384;
 
 /// The bytes an event counts for in the relay's bound (its payload, subject, headers).
 pub(crate) fn event_bytes(ev: &OutboxEvent) -> u64 {
@@ -114,6 +116,7 @@ impl SenderHandle {
             attempt: 0,
             db: None,
             metrics: Metrics::register(),
+            timer: Box::pin(tokio::time::sleep(std::time::Duration::from_secs(3600))),
         };
         let task = walcast_core::source_scope::spawn(task.run(rx));
         SenderHandle {
@@ -143,10 +146,13 @@ impl SenderHandle {
     }
 }
 
-/// An event sent (or to send again) and its answer to come.
+/// An event sent (or to send again) and its answer.
 struct InFlight {
     event: OutboxEvent,
-    answer: Result<Answer, Failure>,
+    /// What its answer will name (`None`: the send itself failed; `answer` says why).
+    token: Option<Token>,
+    /// `None` until it came.
+    answer: Option<Answer>,
     sent: Instant,
     /// Its transaction's commit time (ms since the epoch), read once.
     committed_ms: Option<i64>,
@@ -170,6 +176,9 @@ struct Sender {
     /// For the quarantine, connected when first needed.
     db: Option<Client>,
     metrics: Metrics,
+    /// Fires at or before the first outstanding event's deadline (moved only when it
+    /// must be, not for every event).
+    timer: Pin<Box<Sleep>>,
 }
 
 /// What the task does next.
@@ -178,7 +187,9 @@ enum Next {
     Event(OutboxEvent),
     /// Events from the relay (`None`: it is gone).
     Received(Option<Vec<OutboxEvent>>),
-    Answer(Result<PublishAck, Failure>),
+    Answer(Answer),
+    /// The answers' subscription ended.
+    Closed,
 }
 
 impl Sender {
@@ -197,24 +208,27 @@ impl Sender {
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Vec<OutboxEvent>>,
     ) -> Result<(), RelayError> {
-        let max = self.cfg.max_in_flight.max(1);
+        let max = self.cfg.max_in_flight.clamp(1, MAX_IN_FLIGHT_CAP);
         loop {
             match self.next(rx, self.in_flight.len() < max).await {
                 Next::Event(ev) => self.push(ev).await,
                 Next::Received(Some(events)) => self.queued.extend(events),
                 Next::Received(None) => return Ok(()),
-                Next::Answer(Ok(ack)) => self.acknowledged(ack.duplicate),
+                Next::Closed => return Err(RelayError::AnswersClosed),
+                Next::Answer(Ok(Stored { duplicate })) => self.acknowledged(duplicate),
                 Next::Answer(Err(Failure::Permanent { kind, error })) => {
                     self.quarantine(kind, &error).await?
                 }
                 Next::Answer(Err(Failure::Fenced(error))) => return Err(RelayError::Fenced(error)),
-                Next::Answer(Err(Failure::Transient(error))) => self.retry(&error).await,
+                Next::Answer(Err(Failure::Transient(error) | Failure::NoStream(error))) => {
+                    self.retry(&error).await
+                }
             }
         }
     }
 
-    /// The next event (when there is room for one), or the first outstanding answer,
-    /// whichever comes first.
+    /// The next event (when there is room for one), or the first outstanding event's
+    /// answer, whichever comes first. Answers to later events are filed meanwhile.
     async fn next(
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Vec<OutboxEvent>>,
@@ -225,45 +239,59 @@ impl Sender {
                 return Next::Event(ev);
             }
         }
-        let Some(first) = self.in_flight.front_mut() else {
-            return Next::Received(rx.recv().await);
-        };
-        let answer = match &mut first.answer {
-            Err(failure) => return Next::Answer(Err(failure.clone())),
-            Ok(answer) => answer,
-        };
-        // Polling the answer by reference: when an event comes first, nothing is lost.
-        let result = tokio::select! {
-            biased;
-            events = rx.recv(), if room => return Next::Received(events),
-            result = answer => result,
-        };
-        let failure = result.map_err(|e| {
-            if e.kind() == PublishErrorKind::StreamNotFound {
-                if first.stream_checked {
-                    return Failure::Permanent {
-                        kind: "no_stream",
-                        error: format!("no stream listens on {}", first.event.subject()),
-                    };
-                }
-                first.stream_checked = true;
+        loop {
+            let Some(first) = self.in_flight.front_mut() else {
+                return Next::Received(rx.recv().await);
+            };
+            if let Some(answer) = first.answer.take() {
+                return Next::Answer(judge(first, answer));
             }
-            classify(&e)
-        });
-        if failure.is_err() {
-            // Answered: a failure now stays until the event is resent.
-            first.answer = Err(Failure::Transient("not sent".into()));
+            let deadline = tokio::time::Instant::from_std(first.sent + self.cfg.ack_timeout);
+            if self.timer.deadline() > deadline {
+                self.timer.as_mut().reset(deadline);
+            }
+            tokio::select! {
+                biased;
+                events = rx.recv(), if room => return Next::Received(events),
+                answer = self.publisher.next_answer() => match answer {
+                    Some((token, answer)) => self.file(token, answer),
+                    None => return Next::Closed,
+                },
+                () = self.timer.as_mut() => {
+                    if tokio::time::Instant::now() >= deadline {
+                        let waited = self.cfg.ack_timeout.as_millis();
+                        return Next::Answer(Err(Failure::Transient(format!(
+                            "no answer from JetStream in {waited} ms"
+                        ))));
+                    }
+                    self.timer.as_mut().reset(deadline);
+                }
+            }
         }
-        Next::Answer(failure)
+    }
+
+    /// Keep an answer with its event (an answer to an event resent since, or a second
+    /// one, is dropped: the resend has its own token).
+    fn file(&mut self, token: Token, answer: Answer) {
+        let entry = self.in_flight.iter_mut().find(|f| f.token == Some(token));
+        if let Some(f) = entry {
+            if f.answer.is_none() {
+                f.answer = Some(answer);
+            }
+        }
     }
 
     async fn push(&mut self, event: OutboxEvent) {
-        let answer = self.send(&event).await;
+        let (token, answer) = match self.send(&event).await {
+            Ok(token) => (Some(token), None),
+            Err(failure) => (None, Some(Err(failure))),
+        };
         let first = self.in_flight.is_empty();
         self.in_flight.push_back(InFlight {
             committed_ms: time::epoch_ms(&event.committed_at),
             bytes: event_bytes(&event),
             event,
+            token,
             answer,
             sent: Instant::now(),
             stream_checked: false,
@@ -273,10 +301,9 @@ impl Sender {
         }
     }
 
-    async fn send(&mut self, event: &OutboxEvent) -> Result<Answer, Failure> {
+    async fn send(&mut self, event: &OutboxEvent) -> Result<Token, Failure> {
         self.publisher.ensure_stream().await?;
-        let ack = self.publisher.send(event).await?;
-        Ok(Box::pin(std::future::IntoFuture::into_future(ack)))
+        self.publisher.send(event).await
     }
 
     /// The first outstanding event is done: count it.
@@ -351,15 +378,12 @@ impl Sender {
         tokio::time::sleep(wait).await;
         self.publisher.stream_lost();
         let mut pending = std::mem::take(&mut self.in_flight);
-        // Drop every old answer first: each holds one of the JetStream context's
-        // `max_ack_inflight` permits, and a resend waiting for a permit while the old
-        // answers keep them all would wait forever.
-        for f in pending.iter_mut() {
-            f.answer = Err(Failure::Transient("resending".into()));
-        }
         for f in pending.iter_mut() {
             f.sent = Instant::now();
-            f.answer = self.send(&f.event).await;
+            (f.token, f.answer) = match self.send(&f.event).await {
+                Ok(token) => (Some(token), None),
+                Err(failure) => (None, Some(Err(failure))),
+            };
         }
         self.in_flight = pending;
     }
@@ -369,5 +393,21 @@ impl Sender {
         self.health.set_oldest_pending(oldest);
         let age = oldest.map_or(0.0, |ms| (time::now_ms() - ms).max(0) as f64 / 1000.0);
         self.metrics.oldest_unpublished_seconds.set(age);
+    }
+}
+
+/// The first outstanding event's answer, with "no stream" permanent the second time in
+/// a row (the stream was re-created in between).
+fn judge(first: &mut InFlight, answer: Answer) -> Answer {
+    match answer {
+        Err(Failure::NoStream(_)) if first.stream_checked => Err(Failure::Permanent {
+            kind: "no_stream",
+            error: format!("no stream listens on {}", first.event.subject()),
+        }),
+        Err(Failure::NoStream(error)) => {
+            first.stream_checked = true;
+            Err(Failure::NoStream(error))
+        }
+        other => other,
     }
 }

@@ -1,7 +1,8 @@
 //! The relay's contract with the driver, against a real nats-server: `settle` answers
 //! at once whatever JetStream does, with the commit of the last transaction whose every
 //! event is acknowledged; `accepting` turns false past `max_queued`; once JetStream is
-//! back every event lands once and `settle` reaches what was handed.
+//! back every event lands once and `settle` reaches what was handed. And the publisher
+//! under it: each of many answers on its one subscription names its event.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -101,4 +102,80 @@ async fn settle_never_waits_on_jetstream_and_every_event_lands_once() {
     let mut stream = js.get_stream("WALCAST_OUTBOX").await.expect("stream");
     let info = stream.info().await.expect("info");
     assert_eq!(info.state.messages, 4, "every event once");
+}
+
+/// An event of project `default`, topic `t`, with `id`'s last digits and `pad` bytes.
+fn event(id: u64, pad: usize) -> walcast_outbox::event::OutboxEvent {
+    let content = format!(
+        r#"{{"id":"00000000-0000-4000-8000-{id:012}","project":"default","topic":"t","key":"k","payload":{{"pad":"{}"}},"headers":null}}"#,
+        "x".repeat(pad)
+    );
+    walcast_outbox::event::OutboxEvent::from_message(&content, Lsn(id), AT).expect("event")
+}
+
+/// The next answer, bounded.
+async fn answer(
+    p: &mut walcast_outbox::publish::Publisher,
+) -> (u64, walcast_outbox::publish::Answer) {
+    tokio::time::timeout(Duration::from_secs(10), p.next_answer())
+        .await
+        .expect("an answer in time")
+        .expect("the subscription is open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_answer_on_the_one_subscription_names_its_event() {
+    use walcast_outbox::publish::{Failure, Stored};
+    let nats = Nats::start_with_max_payload(Some(64 * 1024)).expect("nats-server");
+    let cfg = OutboxConfig::new("postgres://unused");
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let mut p = walcast_outbox::publish::Publisher::new(client.clone(), cfg);
+    p.ensure_stream().await.expect("stream");
+
+    // Three out at once (the third repeats the first's id): answered in turn, by token.
+    let sent = [
+        p.send(&event(1, 10)).await.expect("send"),
+        p.send(&event(2, 10)).await.expect("send"),
+        p.send(&event(1, 10)).await.expect("send"),
+    ];
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(answer(&mut p).await);
+    }
+    got.sort_by_key(|(t, _)| *t);
+    let stored = |duplicate| Ok(Stored { duplicate });
+    assert_eq!(
+        got,
+        [
+            (sent[0], stored(false)),
+            (sent[1], stored(false)),
+            (sent[2], stored(true))
+        ]
+    );
+
+    // Over the server's max_payload: refused for good before anything is sent.
+    match p.send(&event(3, 70 * 1024)).await {
+        Err(Failure::Permanent { kind, .. }) => assert_eq!(kind, "too_large"),
+        other => panic!("70 KB over a 64 KB max_payload: {other:?}"),
+    }
+
+    // Over the stream's message size: JetStream's error, permanent.
+    let js = async_nats::jetstream::new(client);
+    let mut info = js.get_stream("WALCAST_OUTBOX").await.expect("stream");
+    let mut config = info.info().await.expect("info").config.clone();
+    config.max_message_size = 1024;
+    js.update_stream(config).await.expect("update");
+    let token = p.send(&event(4, 4096)).await.expect("send");
+    match answer(&mut p).await {
+        (t, Err(Failure::Permanent { kind, .. })) if t == token => assert_eq!(kind, "too_large"),
+        other => panic!("4 KB into a 1 KB stream: {other:?}"),
+    }
+
+    // No stream listens: NATS answers for it.
+    js.delete_stream("WALCAST_OUTBOX").await.expect("delete");
+    let token = p.send(&event(5, 10)).await.expect("send");
+    match answer(&mut p).await {
+        (t, Err(Failure::NoStream(_))) if t == token => {}
+        other => panic!("no stream: {other:?}"),
+    }
 }

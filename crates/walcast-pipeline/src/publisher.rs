@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::context::{ContextBuilder, PublishAckFuture, Yes};
-use async_nats::{HeaderMap, HeaderValue};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use walcast_bus::source::HEADER_SOURCE;
 use walcast_bus::{Bus, BusError, HEADER_LSN, HEADER_ORIGIN, HEADER_SEQ, HEADER_TERM};
@@ -59,6 +59,10 @@ pub enum PublishError {
     Bus(#[from] BusError),
     #[error("JetStream publish failed: {0}")]
     JetStream(#[source] async_nats::jetstream::context::PublishError),
+    /// A message for JetStream could not be handed to the NATS client (too large, an
+    /// invalid subject, or the client is gone).
+    #[error("publish failed: {0}")]
+    Send(#[source] async_nats::PublishError),
     /// JetStream was asked of an in-process bus.
     #[error("JetStream needs NATS (NATS_URL); the bus is in-process")]
     NoJetStream,
@@ -72,7 +76,9 @@ impl PublishError {
         match self {
             PublishError::Fenced(_) => Retry::Fenced,
             PublishError::NoJetStream => Retry::Never,
-            PublishError::Bus(_) | PublishError::JetStream(_) => Retry::Backoff,
+            PublishError::Bus(_) | PublishError::JetStream(_) | PublishError::Send(_) => {
+                Retry::Backoff
+            }
         }
     }
 }
@@ -210,6 +216,7 @@ impl Publisher {
         let js = configure(ContextBuilder::new()).build(nats.client().clone());
         Ok(JetStreamPublisher {
             js,
+            client: nats.client().clone(),
             publisher: self.clone(),
         })
     }
@@ -218,6 +225,8 @@ impl Publisher {
 /// JetStream through the fence (see [`Publisher::jetstream`]).
 pub struct JetStreamPublisher {
     js: async_nats::jetstream::Context,
+    /// The context's client (for [`JetStreamPublisher::publish_with_reply`]).
+    client: async_nats::Client,
     publisher: Publisher,
 }
 
@@ -226,6 +235,11 @@ impl JetStreamPublisher {
     /// [`JetStreamPublisher::publish`]'s).
     pub fn context(&self) -> &async_nats::jetstream::Context {
         &self.js
+    }
+
+    /// The NATS client under the context, to subscribe with (never to publish).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
     }
 
     /// Send one message with `headers` plus origin, term and `at`; the fence is checked
@@ -237,21 +251,46 @@ impl JetStreamPublisher {
         mut headers: HeaderMap,
         payload: Bytes,
     ) -> Result<PublishAckFuture, PublishError> {
-        let p = &self.publisher;
-        headers.insert(HEADER_ORIGIN, header(&p.term.origin));
-        headers.insert(HEADER_TERM, header(&p.term.term));
-        if let Some(source) = &p.term.source {
-            headers.insert(HEADER_SOURCE, header(source));
-        }
-        headers.insert(HEADER_LSN, header(&at.lsn.to_string()));
-        if let Some(seq) = at.seq {
-            headers.insert(HEADER_SEQ, header(&seq.to_string()));
-        }
-        p.check(Action::Publish)?;
+        self.stamp(&mut headers, at)?;
         self.js
             .publish_with_headers(subject, headers, payload)
             .await
             .map_err(PublishError::JetStream)
+    }
+
+    /// The same as [`JetStreamPublisher::publish`], with JetStream's acknowledgement sent
+    /// to `reply`, a subject of the caller's own subscription: for a sender that keeps
+    /// many messages in flight and takes their answers from one subscription, without a
+    /// future, a timer and a reply inbox per message.
+    pub async fn publish_with_reply(
+        &self,
+        subject: String,
+        reply: String,
+        at: Position,
+        mut headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        self.stamp(&mut headers, at)?;
+        self.client
+            .publish_with_reply_and_headers(subject, reply, headers, payload)
+            .await
+            .map_err(PublishError::Send)
+    }
+
+    /// Origin, term, source and position added to `headers`; then the fence checked.
+    fn stamp(&self, headers: &mut HeaderMap, at: Position) -> Result<(), PublishError> {
+        let p = &self.publisher;
+        let name = HeaderName::from_static;
+        headers.insert(name(HEADER_ORIGIN), header(&p.term.origin));
+        headers.insert(name(HEADER_TERM), header(&p.term.term));
+        if let Some(source) = &p.term.source {
+            headers.insert(name(HEADER_SOURCE), header(source));
+        }
+        headers.insert(name(HEADER_LSN), header(&at.lsn.to_string()));
+        if let Some(seq) = at.seq {
+            headers.insert(name(HEADER_SEQ), header(&seq.to_string()));
+        }
+        Ok(p.check(Action::Publish)?)
     }
 }
 

@@ -219,7 +219,7 @@ pub struct OutboxArgs {
     #[arg(long = "outbox-ack-timeout-ms", env = "OUTBOX_ACK_TIMEOUT_MS", default_value_t = walcast_outbox::config::DEFAULT_ACK_TIMEOUT.as_millis() as u64)]
     pub ack_timeout_ms: u64,
     /// Events sent and not yet acknowledged, at most (beyond, later events wait in the
-    /// relay's queue, unsent, in order).
+    /// relay's queue, unsent, in order); at most 16384 is used.
     #[arg(long = "outbox-max-in-flight", env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = walcast_outbox::config::DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
     /// Events handed to the relay and not yet acknowledged (sent or queued), at most:
