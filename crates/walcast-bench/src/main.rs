@@ -4,6 +4,7 @@
 
 mod cdc;
 mod changes;
+mod cpu;
 mod env;
 mod isolation;
 mod latency;

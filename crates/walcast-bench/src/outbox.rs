@@ -100,6 +100,55 @@ struct Outcome {
     max_ms: f64,
     achieved_rate: f64,
     duplicates: usize,
+    /// CPU seconds over the drain (relay start → every backlog event stored).
+    cpu: DrainCpu,
+}
+
+/// CPU seconds spent over the drain by the relay (walcast: the cdc-worker process, its
+/// start included; the poller: this process, which runs it), nats-server and Postgres
+/// (every backend: the walsender, the poller's queries).
+#[derive(Clone, Copy, Default)]
+struct DrainCpu {
+    relay: f64,
+    nats: f64,
+    postgres: f64,
+}
+
+/// The counters at the drain's start.
+struct CpuMeter {
+    nats: Option<u32>,
+    postmaster: Option<u32>,
+    at_start: DrainCpu,
+}
+
+impl CpuMeter {
+    fn start(env: &crate::env::BenchEnv) -> CpuMeter {
+        let nats = env.nats.pid();
+        let postmaster = crate::cpu::postmaster(&env.pg.data_dir());
+        let tree = |pid: Option<u32>| pid.map_or(0.0, crate::cpu::tree_secs);
+        CpuMeter {
+            nats,
+            postmaster,
+            at_start: DrainCpu {
+                relay: crate::cpu::own_secs(),
+                nats: tree(nats),
+                postgres: tree(postmaster),
+            },
+        }
+    }
+
+    fn stop(&self, running: &Running) -> DrainCpu {
+        let tree = |pid: Option<u32>| pid.map_or(0.0, crate::cpu::tree_secs);
+        let relay = match running {
+            Running::Walcast(p) => crate::cpu::tree_secs(p.child.id()),
+            Running::Poll(..) => crate::cpu::own_secs() - self.at_start.relay,
+        };
+        DrainCpu {
+            relay,
+            nats: tree(self.nats) - self.at_start.nats,
+            postgres: tree(self.postmaster) - self.at_start.postgres,
+        }
+    }
 }
 
 pub async fn run(args: OutboxBench) -> anyhow::Result<()> {
@@ -118,7 +167,7 @@ pub async fn run(args: OutboxBench) -> anyhow::Result<()> {
         args.idle_hold_secs
     );
     println!(
-        "{:<16} {:<9} {:>13} {:>10} {:>11} {:>13} {:>9} {:>9} {:>9} {:>8}",
+        "{:<16} {:<9} {:>13} {:>10} {:>11} {:>13} {:>9} {:>9} {:>9} {:>8}  drain CPU s: relay/nats/pg",
         "relay",
         "idle txn",
         "drained",
@@ -151,8 +200,9 @@ fn name(args: &OutboxBench, relay: Relay) -> String {
 }
 
 fn print_row(args: &OutboxBench, relay: Relay, idle: bool, o: &Outcome) {
+    let c = &o.cpu;
     println!(
-        "{:<16} {:<9} {:>13} {:>10.0} {:>11.2} {:>13} {:>9.2} {:>9.2} {:>9.2} {:>8.0}",
+        "{:<16} {:<9} {:>13} {:>10.0} {:>11.2} {:>13} {:>9.2} {:>9.2} {:>9.2} {:>8.0}  {:.2}/{:.2}/{:.2}",
         name(args, relay),
         if idle { "open" } else { "none" },
         format!("{}/{}", o.drained, args.events),
@@ -162,7 +212,10 @@ fn print_row(args: &OutboxBench, relay: Relay, idle: bool, o: &Outcome) {
         o.p50_ms,
         o.p99_ms,
         o.max_ms,
-        o.achieved_rate
+        o.achieved_rate,
+        c.relay,
+        c.nats,
+        c.postgres
     );
 }
 
@@ -355,6 +408,7 @@ async fn scenario(args: &OutboxBench, relay: Relay, idle: bool) -> anyhow::Resul
         .context("writing the backlog")?;
 
     let started = SystemTime::now();
+    let meter = CpuMeter::start(&env);
     let mut running = Running::start(args, relay, &env).await?;
     let release = idle_session.map(|c| {
         tokio::spawn(async move {
@@ -364,6 +418,7 @@ async fn scenario(args: &OutboxBench, relay: Relay, idle: bool) -> anyhow::Resul
     });
     let deadline = Instant::now() + hold + max_wait;
     wait_count(&js, stream, args.events as u64, deadline, &mut running).await?;
+    let cpu = meter.stop(&running);
     if let Some(r) = release {
         r.await??;
     }
@@ -381,7 +436,10 @@ async fn scenario(args: &OutboxBench, relay: Relay, idle: bool) -> anyhow::Resul
     wait_count(&js, stream, want, Instant::now() + max_wait, &mut running).await?;
     let msgs = read_stored(&js, stream).await?;
     running.stop().await;
-    Ok(summarize(args.events, started, &msgs, sent, achieved))
+    Ok(Outcome {
+        cpu,
+        ..summarize(args.events, started, &msgs, sent, achieved)
+    })
 }
 
 /// One stored event: its `seq` and `at` (µs) from the payload, when JetStream stored it.
@@ -467,5 +525,6 @@ fn summarize(
         max_ms: lat.last().copied().unwrap_or(f64::NAN),
         achieved_rate,
         duplicates: msgs.len() - distinct.len(),
+        cpu: DrainCpu::default(),
     }
 }

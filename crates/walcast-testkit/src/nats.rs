@@ -109,6 +109,12 @@ impl Nats {
     }
 
     /// Kill the server (SIGKILL), keeping its store directory.
+    /// The process the server runs under (a watchdog shell; nats-server is its child),
+    /// for measuring the server's CPU time as that process tree's.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(Supervised::pid)
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut p) = self.process.take() {
             p.stop();

@@ -100,6 +100,11 @@ pub(crate) struct Supervised {
 }
 
 impl Supervised {
+    /// The watchdog's process id (the program runs under it).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Spawn `program args…` under the watchdog, stdout+stderr appended to `log`.
     pub(crate) fn spawn(
         program: &Path,
