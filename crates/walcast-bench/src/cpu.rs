@@ -11,7 +11,7 @@ struct Stat {
     reaped: f64,
 }
 
-fn stat(pid: u32) -> Option<Stat> {
+fn stat(pid: &str) -> Option<Stat> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = s.rsplit_once(')')?;
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -32,7 +32,7 @@ pub(crate) fn tree_secs(root: u32) -> f64 {
     };
     let all: HashMap<u32, Stat> = dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((pid, stat(pid)?)))
+        .filter_map(|pid| Some((pid, stat(&pid.to_string())?)))
         .collect();
     let mut total = 0.0;
     let mut todo = vec![root];
@@ -44,9 +44,10 @@ pub(crate) fn tree_secs(root: u32) -> f64 {
     total
 }
 
-/// User + system CPU seconds of this process alone (its threads, not its children).
-pub(crate) fn own_secs() -> f64 {
-    stat(std::process::id()).map_or(0.0, |s| s.own)
+/// User + system CPU seconds of process `pid` (or `self`) alone: its threads, not its
+/// children.
+pub(crate) fn secs(pid: &str) -> f64 {
+    stat(pid).map_or(0.0, |s| s.own)
 }
 
 /// The postmaster of the cluster in `data_dir` (the first line of `postmaster.pid`).

@@ -130,7 +130,7 @@ impl CpuMeter {
             nats,
             postmaster,
             at_start: DrainCpu {
-                relay: crate::cpu::own_secs(),
+                relay: crate::cpu::secs("self"),
                 nats: tree(nats),
                 postgres: tree(postmaster),
             },
@@ -141,7 +141,7 @@ impl CpuMeter {
         let tree = |pid: Option<u32>| pid.map_or(0.0, crate::cpu::tree_secs);
         let relay = match running {
             Running::Walcast(p) => crate::cpu::tree_secs(p.child.id()),
-            Running::Poll(..) => crate::cpu::own_secs() - self.at_start.relay,
+            Running::Poll(..) => crate::cpu::secs("self") - self.at_start.relay,
         };
         DrainCpu {
             relay,

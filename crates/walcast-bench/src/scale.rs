@@ -30,7 +30,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::ws::{cpu_secs, fd_limit, http_get, jwt, UNLIMITED_PROJECT};
+use crate::ws::{fd_limit, http_get, jwt, UNLIMITED_PROJECT};
 
 #[derive(Args)]
 pub struct ScaleBench {
@@ -149,7 +149,7 @@ impl Proc {
     }
 
     fn cpu(&self) -> f64 {
-        cpu_secs(&self.child.id().to_string())
+        crate::cpu::secs(&self.child.id().to_string())
     }
 
     /// A counter from `/metrics`, summed over its label sets (a worker's carry `source`).

@@ -467,24 +467,6 @@ pub(crate) fn proc_kb(pid: &str, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// User + system CPU seconds of a process.
-pub(crate) fn cpu_secs(pid: &str) -> f64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some((_, rest)) = s.rsplit_once(')') else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the comm field: state is field 3, utime 14, stime 15 (1-based in proc(5)).
-    let t = |i: usize| {
-        f.get(i - 3)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (t(14) + t(15)) / 100.0
-}
-
 pub(crate) fn fd_limit() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/limits").ok()?;
     let l = s.lines().find(|l| l.starts_with("Max open files"))?;
@@ -973,14 +955,14 @@ async fn deliver(args: &WsBench, run: &mut Running, o: &mut Outcome) -> anyhow::
     })?;
 
     let pid = run.pid.clone();
-    let (cpu_server0, cpu_self0) = (cpu_secs(&pid), cpu_secs("self"));
+    let (cpu_server0, cpu_self0) = (crate::cpu::secs(&pid), crate::cpu::secs("self"));
     let wall0 = Instant::now();
     let rate = f64::from(args.events_per_sec.max(1));
     let tput = (THROUGHPUT, "throughput deliveries");
     let (sent, start_us) = phase(args, run, &mut next_id, tput, (rate, args.secs)).await?;
     let wall = wall0.elapsed().as_secs_f64();
-    o.tput_server_cpu = (cpu_secs(&pid) - cpu_server0) / wall;
-    o.tput_loadgen_cpu = (cpu_secs("self") - cpu_self0) / wall;
+    o.tput_server_cpu = (crate::cpu::secs(&pid) - cpu_server0) / wall;
+    o.tput_loadgen_cpu = (crate::cpu::secs("self") - cpu_self0) / wall;
     (o.tput_sent, o.tput_offered) = (sent, rate);
     o.tput_received = stats.received[THROUGHPUT].load(Ordering::Relaxed);
     let last = stats.last_recv[THROUGHPUT].load(Ordering::Relaxed);

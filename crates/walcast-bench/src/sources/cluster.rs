@@ -10,7 +10,7 @@ use anyhow::bail;
 use futures_util::future::join_all;
 
 use crate::scale::Proc;
-use crate::ws::{cpu_secs, http_get, proc_kb};
+use crate::ws::{http_get, proc_kb};
 
 /// The workers, their shared settings and log.
 pub(super) struct Cluster {
@@ -145,7 +145,7 @@ impl Cluster {
             .iter()
             .map(|p| p.child.id().to_string())
             .collect();
-        let cpu = || pids.iter().map(|p| cpu_secs(p)).sum::<f64>();
+        let cpu = || pids.iter().map(|p| crate::cpu::secs(p)).sum::<f64>();
         let (cpu0, t0) = (cpu(), Instant::now());
         tokio::time::sleep(Duration::from_secs(secs.max(1))).await;
         let used = cpu() - cpu0;
