@@ -134,6 +134,9 @@ struct Outcome {
     lat_rate: f64,
     lat_sent: u64,
     lat_received: u64,
+    lat_server_us: f64,
+    lat_loadgen_us: f64,
+    lat_min: f64,
     lat_p50: f64,
     lat_p99: f64,
     lat_max: f64,
@@ -208,7 +211,7 @@ pub async fn run(args: WsBench) -> anyhow::Result<()> {
 type Row = (&'static str, fn(&Outcome) -> f64, usize);
 
 /// The report's table, top to bottom as docs/benchmarks.md shows it.
-const ROWS: [Row; 20] = [
+const ROWS: [Row; 23] = [
     (
         "server RSS before clients (MB)",
         |o| o.rss_base_kb as f64 / 1024.0,
@@ -247,6 +250,17 @@ const ROWS: [Row; 20] = [
         |o| o.lat_received as f64,
         0,
     ),
+    (
+        "latency run: server CPU per delivery (us)",
+        |o| o.lat_server_us,
+        2,
+    ),
+    (
+        "latency run: load gen. CPU per delivery (us)",
+        |o| o.lat_loadgen_us,
+        2,
+    ),
+    ("latency run: min (ms)", |o| o.lat_min, 2),
     ("latency run: p50 (ms)", |o| o.lat_p50, 2),
     ("latency run: p99 (ms)", |o| o.lat_p99, 2),
     ("latency run: max (ms)", |o| o.lat_max, 2),
@@ -514,22 +528,26 @@ impl Stats {
         self.received[ph].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (p50, p99, max) in ms.
-    fn percentiles(&self, ph: usize) -> (f64, f64, f64) {
+    /// (min, p50, p99, max) in ms (min: the fastest delivery's bucket, lower edge).
+    fn percentiles(&self, ph: usize) -> (f64, f64, f64, f64) {
         let counts: Vec<u64> = self.hist[ph]
             .iter()
             .map(|c| u64::from(c.load(Ordering::Relaxed)))
             .collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
-            return (f64::NAN, f64::NAN, f64::NAN);
+            return (f64::NAN, f64::NAN, f64::NAN, f64::NAN);
         }
         let at = |p: f64| percentile_ms(&counts, BUCKET_US, p);
         let max = counts
             .iter()
             .rposition(|c| *c > 0)
             .map_or(f64::NAN, |i| (i as f64 + 1.0) * BUCKET_US as f64 / 1000.0);
-        (at(0.5), at(0.99), max)
+        let min = counts
+            .iter()
+            .position(|c| *c > 0)
+            .map_or(f64::NAN, |i| i as f64 * BUCKET_US as f64 / 1000.0);
+        (min, at(0.5), at(0.99), max)
     }
 }
 
@@ -967,15 +985,19 @@ async fn deliver(args: &WsBench, run: &mut Running, o: &mut Outcome) -> anyhow::
     o.tput_received = stats.received[THROUGHPUT].load(Ordering::Relaxed);
     let last = stats.last_recv[THROUGHPUT].load(Ordering::Relaxed);
     o.tput_deliveries_per_s = o.tput_received as f64 / ((last - start_us).max(1) as f64 / 1e6);
-    (o.tput_p50, o.tput_p99, _) = stats.percentiles(THROUGHPUT);
+    (_, o.tput_p50, o.tput_p99, _) = stats.percentiles(THROUGHPUT);
 
     // Latency at a tenth of the target rate.
     let lrate = (args.latency_deliveries as f64 / n as f64).max(0.1);
     let lat = (LATENCY, "latency deliveries");
+    let (cpu_server0, cpu_self0) = (crate::cpu::secs(&pid), crate::cpu::secs("self"));
     let (lsent, _) = phase(args, run, &mut next_id, lat, (lrate, args.secs)).await?;
     (o.lat_rate, o.lat_sent) = (lrate, lsent);
     o.lat_received = stats.received[LATENCY].load(Ordering::Relaxed);
-    (o.lat_p50, o.lat_p99, o.lat_max) = stats.percentiles(LATENCY);
+    let per = |secs: f64| secs * 1e6 / o.lat_received.max(1) as f64;
+    o.lat_server_us = per(crate::cpu::secs(&pid) - cpu_server0);
+    o.lat_loadgen_us = per(crate::cpu::secs("self") - cpu_self0);
+    (o.lat_min, o.lat_p50, o.lat_p99, o.lat_max) = stats.percentiles(LATENCY);
     o.incomplete_clients = stats
         .per_client
         .iter()

@@ -16,13 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{Frame, Vsn};
 
 use crate::sink::{Change, Sink};
 pub(crate) use crate::socket::Out;
-use crate::socket::{Ending, Link};
+use crate::socket::{Ending, Kill, Link};
 use crate::telemetry;
 use crate::usage::ProjectCounts;
 
@@ -39,8 +38,8 @@ pub const REASON_SLOW_CONSUMER: &str = "slow consumer: outbound queue full";
 pub(crate) struct ConnHandle {
     pub id: u64,
     tx: mpsc::Sender<Out>,
-    /// Cancelled to close the connection (reason in `close`).
-    pub kill: CancellationToken,
+    /// Set to close the connection (reason in `close`).
+    pub kill: Kill,
     close: OnceLock<(u16, String)>,
     /// Its project's counters, once it counts as a connected user (its first join).
     usage: OnceLock<Arc<ProjectCounts>>,
@@ -54,7 +53,7 @@ impl ConnHandle {
         let h = ConnHandle {
             id,
             tx,
-            kill: CancellationToken::new(),
+            kill: Kill::default(),
             close: OnceLock::new(),
             usage: OnceLock::new(),
             peer_closed: AtomicBool::new(false),
@@ -139,7 +138,7 @@ impl Link for ConnHandle {
         self.push_reply(out)
     }
 
-    fn killed(&self) -> &CancellationToken {
+    fn killed(&self) -> &Kill {
         &self.kill
     }
 

@@ -455,13 +455,13 @@ impl Registry {
             .collect()
     }
 
-    /// The sources of the projects with a subscription here.
+    /// The sources of the projects with a subscription here (each name copied once, not
+    /// once per subscription: this runs every second over all of them).
     pub(crate) fn sources(&self) -> std::collections::BTreeSet<String> {
-        self.read()
-            .targets
-            .values()
-            .map(|t| t.source.clone())
-            .collect()
+        let g = self.read();
+        let names: std::collections::BTreeSet<&str> =
+            g.targets.values().map(|t| t.source.as_str()).collect();
+        names.into_iter().map(str::to_owned).collect()
     }
 
     pub(crate) fn len(&self) -> usize {

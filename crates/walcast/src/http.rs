@@ -1,7 +1,6 @@
 //! The operational HTTP surface: `/health` (JSON), `/livez` and `/readyz` (probes) and
 //! `/metrics`.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -11,11 +10,12 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
-use tokio::net::TcpListener;
 use walcast_bus::Bus;
 use walcast_front::Front;
 use walcast_lease::LeaseStatus;
 use walcast_pipeline::{PipelineHealth, PipelineHealthReport};
+
+pub use crate::server::serve;
 
 #[derive(Clone)]
 pub struct OpsState {
@@ -167,17 +167,6 @@ pub fn ops_router(state: OpsState) -> Router {
         .route("/metrics", get(metrics))
         .route("/metrics/projects", get(project_metrics))
         .with_state(state)
-}
-
-/// Serve `router` on `listener` until `shutdown` completes.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }
 
 #[cfg(test)]
