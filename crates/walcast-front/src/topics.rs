@@ -1,6 +1,6 @@
 //! Which channels of this front joined which topic (for broadcast and presence).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use crate::outbound::ChanOut;
@@ -16,21 +16,26 @@ pub struct TopicKey {
     pub topic: String,
 }
 
+/// A topic's channels by channel id (join order). Keyed, so that a leave does not scan
+/// the topic: 10,000 sockets of one topic going away would otherwise read 50 million
+/// channels under the write lock.
+type Members = BTreeMap<u64, Arc<ChanOut>>;
+
 #[derive(Default)]
 pub(crate) struct Topics {
-    map: RwLock<HashMap<TopicKey, Vec<Arc<ChanOut>>>>,
+    map: RwLock<HashMap<TopicKey, Members>>,
 }
 
 impl Topics {
     pub(crate) fn add(&self, key: &TopicKey, chan: Arc<ChanOut>) {
         let mut g = self.map.write().unwrap_or_else(|p| p.into_inner());
-        g.entry(key.clone()).or_default().push(chan);
+        g.entry(key.clone()).or_default().insert(chan.id, chan);
     }
 
     pub(crate) fn remove(&self, key: &TopicKey, chan_id: u64) {
         let mut g = self.map.write().unwrap_or_else(|p| p.into_inner());
         if let Some(v) = g.get_mut(key) {
-            v.retain(|c| c.id != chan_id);
+            v.remove(&chan_id);
             if v.is_empty() {
                 g.remove(key);
             }
@@ -39,7 +44,9 @@ impl Topics {
 
     pub(crate) fn members(&self, key: &TopicKey) -> Vec<Arc<ChanOut>> {
         let g = self.map.read().unwrap_or_else(|p| p.into_inner());
-        g.get(key).cloned().unwrap_or_default()
+        g.get(key)
+            .map(|v| v.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The joined channels of a project (only its public ones if `public_only`).
@@ -47,7 +54,7 @@ impl Topics {
         let g = self.map.read().unwrap_or_else(|p| p.into_inner());
         g.iter()
             .filter(|(k, _)| k.project == project && !(public_only && k.private))
-            .flat_map(|(_, v)| v.iter().cloned())
+            .flat_map(|(_, v)| v.values().cloned())
             .collect()
     }
 
@@ -56,7 +63,7 @@ impl Topics {
         let g = self.map.read().unwrap_or_else(|p| p.into_inner());
         let mut seen = std::collections::HashSet::new();
         g.values()
-            .flatten()
+            .flat_map(BTreeMap::values)
             .filter(|c| seen.insert(c.id))
             .cloned()
             .collect()

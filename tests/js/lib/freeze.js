@@ -128,6 +128,7 @@ export function freezeSuite(mode) {
 
         old.child.kill('SIGSTOP')
         const frozen = performance.now()
+        const frozenAt = nextId
         const fromOthers = () => tap.messages.find((m) => m.at > frozen && isChange(m) && m.headers['walcast-origin'] !== oldOrigin)
         await until('a change published by another worker while the leader is frozen', () => fromOthers() !== undefined, takeoverBoundMs(mode) + 10000)
         const takeoverMs = fromOthers().at - frozen
@@ -139,6 +140,7 @@ export function freezeSuite(mode) {
         await new Promise((r) => setTimeout(r, FREEZE_MS - (performance.now() - frozen)))
         old.child.kill('SIGCONT')
         const resumed = performance.now()
+        const resumedAt = nextId
         await until('the old leader to step down after SIGCONT', async () => (await healthOf(old)).leader === false, 10000)
         const steppedDownMs = performance.now() - resumed
         const h = await old.health()
@@ -151,7 +153,13 @@ export function freezeSuite(mode) {
         const { rows } = await env.db.query('SELECT id FROM fz ORDER BY id')
         const expected = rows.map((r) => Number(r.id))
         for (const s of subscribers) {
-          await until(`${s.name} to receive all ${expected.length} rows (has ${s.got.length})`, () => s.got.length >= expected.length, 60000)
+          await until(`${s.name} to receive all ${expected.length} rows (has ${s.got.length})`, () => s.got.length >= expected.length, 60000).catch((e) => {
+            // Which rows, and how the others fared, say where to look.
+            const have = new Set(s.got.map((g) => g.id))
+            const missing = expected.filter((id) => !have.has(id))
+            const others = subscribers.map((o) => `${o.name}: ${o.got.length}`).join(', ')
+            throw new Error(`${e.message}; missing ids ${JSON.stringify(missing.slice(0, 20))}; frozen at row ~${frozenAt}, resumed at row ~${resumedAt}; ${others}`)
+          })
         }
         await tap.flush()
 
