@@ -58,6 +58,10 @@
 //! front.closed().await; // every socket closed with 1001
 //! # Ok(()) }
 //! ```
+//!
+//! Any server works; the sockets write fastest when the upgrade yields the `TcpStream`
+//! itself, as the `walcast` binaries' own accept loop (`walcast::http::serve`) does and
+//! `axum::serve` does not.
 
 #![forbid(unsafe_code)]
 

@@ -160,6 +160,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn garbage_and_oversized_heads_are_refused_and_serving_goes_on() {
+        let router = Router::new().route("/ok", get(|| async { "fine" }));
+        let (port, _stop, _server) = start(router).await;
+        let garbage = exchange(port, "\x16\x03\x01 not http at all\r\n\r\n").await;
+        assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+        let huge = format!(
+            "GET /ok HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(1 << 20)
+        );
+        let big = exchange(port, &huge).await;
+        assert!(
+            big.is_empty() || big.starts_with("HTTP/1.1 431"),
+            "a megabyte of headers was answered: {big}"
+        );
+        let ok = exchange(
+            port,
+            "GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(
+            ok.starts_with("HTTP/1.1 200") && ok.ends_with("fine"),
+            "{ok}"
+        );
+    }
+
+    #[tokio::test]
     async fn shutdown_lets_the_request_in_flight_finish_then_stops() {
         let router = Router::new().route(
             "/slow",

@@ -198,7 +198,10 @@ pub(crate) async fn open(
                 let (r, w) = parts.io.into_inner().into_split();
                 (Box::new(r), Box::new(w), parts.read_buf)
             }
-            // Served over something else (TLS in front of the router, a test's duplex).
+            // Served over something else: `axum::serve` (hyper-util wraps the socket in
+            // its own type), TLS in front of the router, a test's duplex. It works the
+            // same, each write through a lock shared with the reader; walcast's binaries
+            // serve HTTP so that the upgrade yields the `TcpStream` (`walcast::http::serve`).
             Err(u) => {
                 let (r, w) = tokio::io::split(TokioIo::new(u));
                 (Box::new(r), Box::new(w), Bytes::new())
