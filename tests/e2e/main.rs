@@ -42,3 +42,4 @@ mod source_metrics;
 mod sources;
 mod sse_snapshot;
 mod subs;
+mod tenant_code;

@@ -56,6 +56,7 @@ pub fn describe(
     json!({
         "database_url": redact_url(&db.database_url),
         "replication_url": db.replication_url.as_deref().map(redact_url),
+        "check_database_url": db.check_database_url.as_deref().map(redact_url),
         "nats_url": nats_url.map(redact_url),
         "cdc_source": cdc.source.to_string(),
         "ack_interval_ms": cdc.ack_interval_ms,
@@ -115,6 +116,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     preflight(db, cdc).await?;
     migrate(&db.database_url).await?;
+    crate::database::check_login(&db.database_url, db.check_database_url.as_deref(), &roles)
+        .await?;
     let tag = session_tag(&origin);
     let known_fronts = KnownFronts::default();
     let parts = Parts {
@@ -293,6 +296,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     );
     let admin = Arc::new(walcast_realtime::admin::Admin::new(
         cfg.db.database_url.clone(),
+        cfg.db.check_database_url.as_deref().unwrap_or_default(),
         roles,
     ));
     let roles = cfg.roles.policy();

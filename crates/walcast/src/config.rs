@@ -87,6 +87,9 @@ pub struct SourceSpec {
     pub database_url: String,
     pub replication_url: String,
     pub slot_name: String,
+    /// The check login's URL on the source's database (`None`: not set, the source is
+    /// refused until it is).
+    pub check_url: Option<String>,
 }
 
 /// The logical replication slot's default name.
@@ -100,6 +103,13 @@ pub struct DbArgs {
     /// Connection URL for the replication slot; defaults to DATABASE_URL.
     #[arg(long, env = "POSTGRES_REPLICATION_URL")]
     pub replication_url: Option<String>,
+    /// Connection URL of the check login: the login, with no privileges of its own,
+    /// that runs the SQL tenants write (row-level security and private-channel
+    /// policies, SSE snapshots). Required by the processes that check (cdc-worker,
+    /// `walcast serve`); refused at start if it is DATABASE_URL's login or may do more
+    /// than act as the roles tokens act as (see docs/security.md).
+    #[arg(long, env = "CHECK_DATABASE_URL", hide_env_values = true)]
+    pub check_database_url: Option<String>,
 }
 
 impl DbArgs {
@@ -361,6 +371,7 @@ impl CdcArgs {
             database_url: db.database_url.clone(),
             replication_url: db.replication_url().to_string(),
             slot_name: self.slot_name.clone(),
+            check_url: db.check_database_url.clone(),
         }
     }
 
@@ -393,14 +404,17 @@ impl CdcArgs {
 
     /// Realtime delivery's settings (row-level security, record size).
     pub fn realtime_config(&self, db: &DbArgs) -> RealtimeConfig {
-        self.realtime_config_for(&db.database_url)
+        let check = db.check_database_url.as_deref().unwrap_or_default();
+        self.realtime_config_for(&db.database_url, check)
     }
 
-    /// Realtime delivery's settings, its checks on `database_url`.
-    pub fn realtime_config_for(&self, database_url: &str) -> RealtimeConfig {
+    /// Realtime delivery's settings: its catalog on `database_url`, its checks on
+    /// `check_url` (the check login).
+    pub fn realtime_config_for(&self, database_url: &str, check_url: &str) -> RealtimeConfig {
         RealtimeConfig {
             projects: None,
             database_url: database_url.to_string(),
+            check_url: check_url.to_string(),
             max_record_bytes: self.max_record_bytes,
             lanes: walcast_realtime::LaneLimits {
                 max_lag: Duration::from_millis(self.max_lag_ms),
