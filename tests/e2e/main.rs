@@ -6,6 +6,7 @@
 mod support;
 
 mod changes;
+mod client_subjects;
 mod crash;
 mod db_binary;
 mod drain;
