@@ -34,6 +34,7 @@ mod project_rates;
 mod projects;
 mod registry;
 mod replication_role;
+mod revoked_sessions;
 mod rls;
 mod security;
 mod slot;

@@ -11,8 +11,8 @@
 //! encoding, `~~`, and the SHA-256 of the name in hex. No plain encoding contains `~~`
 //! (an escape's `~` is always followed by two hex digits), so the encoding stays
 //! injective (but for a SHA-256 collision) and bounded; a digest token cannot be decoded,
-//! and a message whose receivers need the name back carries it in its payload (see
-//! [`crate::broadcast`]).
+//! and a message whose receivers need the name back carries it in its payload (as a
+//! broadcast's head line does).
 
 use sha2::{Digest, Sha256};
 

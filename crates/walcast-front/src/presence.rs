@@ -201,8 +201,7 @@ pub(crate) const EVENTS_BURST: u32 = 20;
 /// `max_payload_size_in_kb` holds too).
 pub(crate) const MAX_PAYLOAD_BYTES: usize = 8 * 1024;
 /// The largest tracked entry: its payload, topic and presence key, as JSON text (a KV
-/// entry holds the three, and the bucket's entries are bounded: see
-/// [`crate::kv_presence`]).
+/// entry of the presence bucket holds the three, and the bucket's entries are bounded).
 pub(crate) const MAX_TRACKED_BYTES: usize = MAX_PAYLOAD_BYTES + 12 * 1024;
 
 /// The length of `s` as a JSON string (quotes and escapes included), without writing it.
