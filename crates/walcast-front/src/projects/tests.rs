@@ -370,14 +370,20 @@ async fn a_rotation_and_its_windows_end_are_keys_changes_that_sessions_fail() {
         let e = events.try_recv();
         e.ok()
     };
-    assert_eq!(next(&mut events), Some(ProjectEvent::KeysChanged("p".into())));
+    assert_eq!(
+        next(&mut events),
+        Some(ProjectEvent::KeysChanged("p".into()))
+    );
     assert_eq!(next(&mut events), None, "q's keys did not change");
     assert_eq!(p.check_session("p", &old), Ok(()));
     let new = anon_of("p", "new-secret");
     assert_eq!(p.check_session("p", &new), Ok(()));
     // The window's end is one more, told without a refresh; the old key then fails.
     let e = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
-    assert_eq!(e.expect("told").unwrap(), ProjectEvent::KeysChanged("p".into()));
+    assert_eq!(
+        e.expect("told").unwrap(),
+        ProjectEvent::KeysChanged("p".into())
+    );
     assert!(status::now_ms() >= window_end);
     assert_eq!(p.check_session("p", &old), Err(AuthError::Signature));
     assert_eq!(p.check_session("p", &new), Ok(()));
@@ -387,10 +393,16 @@ async fn a_rotation_and_its_windows_end_are_keys_changes_that_sessions_fail() {
     // Suspended, then gone: sessions fail too.
     worker.projects.lock().unwrap()[0].suspended = true;
     p.refresh_now().await;
-    assert!(matches!(p.check_session("p", &new), Err(AuthError::Suspended(_))));
+    assert!(matches!(
+        p.check_session("p", &new),
+        Err(AuthError::Suspended(_))
+    ));
     worker.projects.lock().unwrap().remove(0);
     p.refresh_now().await;
-    assert!(matches!(p.check_session("p", &new), Err(AuthError::UnknownProject(_))));
+    assert!(matches!(
+        p.check_session("p", &new),
+        Err(AuthError::UnknownProject(_))
+    ));
     assert_eq!(p.check_session("q", &anon_of("q", "q-secret")), Ok(()));
     cancel.cancel();
 }

@@ -304,6 +304,17 @@ pub(crate) async fn handler(
         _guard: guard,
         slot: (slot, user_slot),
     };
+    serve(&hub, state)
+}
+
+/// The response streaming `state`'s events — unless its token fails now: a keys change
+/// that came while the stream opened was told before it listened, so the token is judged
+/// once more now that it does.
+fn serve(hub: &SseHub, state: StreamState) -> Response {
+    let (projects, project, token) = &state.session;
+    if let Err(e) = projects.check_session(project, token) {
+        return error_response(auth_status(&e), &e.to_string());
+    }
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(hub.cfg.sse_keepalive))
