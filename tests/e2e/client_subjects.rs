@@ -118,6 +118,16 @@ impl Setup {
     }
 }
 
+/// Every byte of `name` but letters and digits percent-encoded, for a URL path.
+fn percent(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// A frame for a failure message, cut short (the names are kilobytes long).
 fn short(f: &Value) -> String {
     f.to_string().chars().take(400).collect()
@@ -340,6 +350,21 @@ async fn topics_of_any_length_or_bytes_reach_their_own_listeners_on_every_front(
             "{}",
             short(&f)
         );
+    }
+    // The single-message route: the topic in the path.
+    for (i, name) in names.iter().enumerate() {
+        let path = format!("/realtime/v1/api/broadcast/{}/events/one", percent(name));
+        let body = json!({ "i": i }).to_string();
+        let (status, text) =
+            s.a.request("POST", &path, &[("apikey", key.as_str())], Some(&body));
+        assert_eq!(status, 202, "topic {i}: {text}");
+    }
+    for (i, l) in listeners.iter_mut().enumerate() {
+        let f = next_broadcast(l, WITHIN)
+            .await
+            .unwrap_or_else(|| panic!("REST path {i}: nothing"));
+        let got = (f[4]["event"].clone(), f[4]["payload"]["i"].clone());
+        assert_eq!(got, (json!("one"), json!(i)), "{}", short(&f));
     }
     s.victim_unharmed(2).await;
 

@@ -240,7 +240,7 @@ async fn rotation_with_a_window_serves_old_sessions_until_it_ends() {
     let stream = sse(&s.other, &a, &a.anon);
     let mut sb = subscribed(&s.api, &b, "realtime:b").await;
 
-    let window = Duration::from_secs(6);
+    let window = Duration::from_secs(8);
     let asked = Instant::now();
     let (new_secret, _) = rotate(&s, &a, window.as_secs());
     // Within the window: one channel moves to a token of the new secret, another to a
