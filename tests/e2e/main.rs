@@ -6,6 +6,7 @@
 mod support;
 
 mod changes;
+mod client_subjects;
 mod crash;
 mod db_binary;
 mod drain;
@@ -33,6 +34,7 @@ mod project_rates;
 mod projects;
 mod registry;
 mod replication_role;
+mod revoked_sessions;
 mod rls;
 mod security;
 mod slot;

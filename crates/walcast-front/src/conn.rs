@@ -132,6 +132,7 @@ async fn run(
                     break;
                 }
             }
+            _ = handle.recheck.notified() => Box::pin(conn.session.recheck_tokens()).await,
             msg = stream.next() => match msg {
                 None => break,
                 Some(Err(e)) => {

@@ -173,8 +173,8 @@ impl Session {
             .fold(limit, Instant::min)
     }
 
-    /// Token expiry: close the channels whose token expired by `now`; then answer the
-    /// `replication_ready` waits that are due.
+    /// Token expiry: close the channels whose token expired by `now` (or no longer
+    /// verifies); then answer the `replication_ready` waits that are due.
     pub(crate) async fn check_tokens(&mut self, now: Instant) {
         access_token::check_expiry(self, now).await;
         ready::check(self, now).await;
@@ -204,6 +204,11 @@ impl Session {
             &f.topic,
             None,
         ));
+    }
+
+    /// Its project's keys changed: close the channels whose token no key accepts now.
+    pub(crate) async fn recheck_tokens(&mut self) {
+        access_token::check_all(self).await;
     }
 
     /// When to check a token expiring at `exp` next.
