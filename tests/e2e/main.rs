@@ -13,6 +13,7 @@ mod drain;
 mod fenced_consumers;
 mod front_gaps;
 mod front_hostile;
+mod front_pending_joins;
 mod front_slow;
 mod hostile_classes;
 mod hostile_limits;
