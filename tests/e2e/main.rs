@@ -34,6 +34,7 @@ mod projects;
 mod registry;
 mod replication_role;
 mod rls;
+mod secrets;
 mod security;
 mod slot;
 mod snapshots;

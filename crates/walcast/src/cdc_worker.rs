@@ -36,7 +36,7 @@ pub struct CdcWorkerConfig {
     #[command(flatten)]
     pub roles: crate::config::RolesArgs,
     /// NATS server to publish changes to.
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: crate::config::NatsAuthArgs,
@@ -80,7 +80,7 @@ pub fn describe(
         "lease_mode": cdc.lease.lease_mode.to_string(),
         "lease_name": cdc.lease.lease_name,
         "lease_duration_secs": cdc.lease.lease_duration_secs,
-        "lease_kube_api_url": cdc.lease.lease_kube_api_url,
+        "lease_kube_api_url": cdc.lease.lease_kube_api_url.as_deref().map(redact_url),
         "listen": format!("{}:{}", http.host, http.port),
         "outbox": cdc.outbox.describe(),
         "changes": cdc.changes.describe(),

@@ -95,10 +95,10 @@ pub const DEFAULT_SLOT_NAME: &str = pipeline::DEFAULT_SLOT_NAME;
 #[derive(Args, Clone, Debug)]
 pub struct DbArgs {
     /// Postgres connection URL (tables, registry, RLS checks).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// Connection URL for the replication slot; defaults to DATABASE_URL.
-    #[arg(long, env = "POSTGRES_REPLICATION_URL")]
+    #[arg(long, env = "POSTGRES_REPLICATION_URL", hide_env_values = true)]
     pub replication_url: Option<String>,
 }
 
@@ -335,7 +335,7 @@ pub struct LeaseArgs {
     pub lease_duration_secs: u64,
     /// Kubernetes mode: the API server's URL (e.g. `http://127.0.0.1:8001` through
     /// `kubectl proxy`); unset, the in-cluster configuration (service account).
-    #[arg(long, env = "LEASE_KUBE_API_URL")]
+    #[arg(long, env = "LEASE_KUBE_API_URL", hide_env_values = true)]
     pub lease_kube_api_url: Option<String>,
 }
 
@@ -453,32 +453,71 @@ pub struct LogArgs {
     pub log_level: String,
 }
 
-/// Hide the password of a connection URL for logging.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_string();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
+/// Connection strings (URLs and `key=value`) with their secrets hidden, for logs and the
+/// effective configuration.
+pub use walcast_core::redact::redact_url;
+
+/// Whether an option read from the environment variable `env` may carry a secret (a
+/// password in a URL, a key, a token): `--help` must not show its value. One that names
+/// a file (`…_FILE`) or a duration (`…_SECS`, `…_MS`) holds none.
+pub fn is_secret_env(env: &str) -> bool {
+    let words: Vec<&str> = env.split('_').collect();
+    let secret = ["URL", "SECRET", "PASSWORD", "KEY", "TOKEN", "JWKS", "CREDS"];
+    !matches!(words.last(), Some(&("FILE" | "SECS" | "MS")))
+        && words.iter().any(|w| secret.contains(w))
+}
+
+/// The options of `cmd` and its subcommands whose secret-bearing environment value
+/// `--help` would show (see [`is_secret_env`]): `command env` pairs; empty when none.
+pub fn secret_envs_shown(cmd: &clap::Command) -> Vec<String> {
+    let mut shown: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_env_values_set())
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .filter(|e| is_secret_env(e))
+        .map(|e| format!("{} {e}", cmd.get_name()))
+        .collect();
+    for sub in cmd.get_subcommands() {
+        shown.extend(secret_envs_shown(sub));
     }
+    shown
 }
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use clap::CommandFactory;
+
+    use super::*;
 
     #[test]
-    fn passwords_are_hidden() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("nats://a:b:c@h"), "nats://a:***@h");
-        assert_eq!(redact_url("host=x password=y"), "host=x password=y");
+    fn secret_names_are_recognised() {
+        for e in [
+            "DATABASE_URL",
+            "NATS_PASSWORD",
+            "MANAGEMENT_API_KEY",
+            "JWT_JWKS",
+        ] {
+            assert!(is_secret_env(e), "{e}");
+        }
+        for e in [
+            "NATS_CREDS_FILE",
+            "NATS_NKEY_FILE",
+            "SECRET_ROTATION_WINDOW_SECS",
+            "PORT",
+            "NATS_USER",
+        ] {
+            assert!(!is_secret_env(e), "{e}");
+        }
+    }
+
+    #[test]
+    fn help_shows_no_secret_environment_value() {
+        for cmd in [
+            crate::cdc_worker::CdcWorkerConfig::command(),
+            crate::ws_front::WsFrontConfig::command(),
+        ] {
+            assert_eq!(secret_envs_shown(&cmd), Vec::<String>::new());
+        }
     }
 }

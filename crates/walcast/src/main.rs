@@ -20,7 +20,7 @@ enum Command {
     Serve(Box<ServeConfig>),
     /// Apply walcast's SQL migrations and exit.
     Migrate {
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Manage which tables are streamed.
@@ -53,7 +53,7 @@ struct ServeConfig {
     #[command(flatten)]
     cdc: CdcArgs,
     /// NATS server; unset = in-process bus (single process, no scale-out).
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     #[command(flatten)]
     nats_auth: walcast::config::NatsAuthArgs,
@@ -112,5 +112,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Key(args) => walcast::commands::key(args),
         Command::Slot(args) => walcast::slot::slot(args).await,
         Command::Outbox(cmd) => walcast::outbox::outbox(cmd).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_shows_no_secret_environment_value() {
+        let shown = walcast::config::secret_envs_shown(&super::Cli::command());
+        assert_eq!(shown, Vec::<String>::new());
     }
 }

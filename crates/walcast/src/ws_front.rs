@@ -18,7 +18,7 @@ use crate::http::{ops_router, serve, OpsState};
 #[command(name = "ws-front", version, about)]
 pub struct WsFrontConfig {
     /// NATS server the cdc-worker publishes to.
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: crate::config::NatsAuthArgs,
