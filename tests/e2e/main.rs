@@ -21,6 +21,7 @@ mod management;
 mod many_sources;
 mod nats_outage;
 mod nats_permissions;
+mod operator_figures;
 mod outbox;
 mod outbox_failover;
 mod outbox_naive;
