@@ -10,6 +10,7 @@ mod crash;
 mod db_binary;
 mod drain;
 mod fenced_consumers;
+mod front_exhaust;
 mod front_gaps;
 mod front_hostile;
 mod front_slow;

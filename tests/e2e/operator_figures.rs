@@ -36,19 +36,31 @@ async fn per_project_figures_need_the_operator_key() {
     let bearer = |k: &str| format!("Bearer {k}");
     let refusals: Vec<(&str, Vec<(&str, String)>)> = vec![
         ("no key", vec![]),
-        ("a wrong key", vec![("Authorization", bearer("not-the-key"))]),
+        (
+            "a wrong key",
+            vec![("Authorization", bearer("not-the-key"))],
+        ),
         (
             "a prefix of the key",
             vec![("Authorization", bearer(&OPERATOR[..OPERATOR.len() - 1]))],
         ),
         ("the key as apikey", vec![("apikey", OPERATOR.to_string())]),
-        ("the tenant's anon key", vec![("Authorization", bearer(&tenant.anon))]),
+        (
+            "the tenant's anon key",
+            vec![("Authorization", bearer(&tenant.anon))],
+        ),
         (
             "the tenant's service_role key",
             vec![("Authorization", bearer(&tenant.service))],
         ),
-        ("the tenant's key as apikey", vec![("apikey", tenant.service.clone())]),
-        ("the default anon key", vec![("Authorization", bearer(&default_anon))]),
+        (
+            "the tenant's key as apikey",
+            vec![("apikey", tenant.service.clone())],
+        ),
+        (
+            "the default anon key",
+            vec![("Authorization", bearer(&default_anon))],
+        ),
         (
             "the default service_role key",
             vec![("Authorization", bearer(&default_service))],
@@ -61,13 +73,20 @@ async fn per_project_figures_need_the_operator_key() {
             status == 401 || status == 403,
             "{what}: /metrics/projects answered {status}: {body}"
         );
-        assert!(!body.contains(&tenant.id), "{what} learnt of the tenant: {body}");
+        assert!(
+            !body.contains(&tenant.id),
+            "{what} learnt of the tenant: {body}"
+        );
     }
     // The operator's key: every project's series, the tenant's join counted.
     let series = format!("walcast_project_joins_total{{project=\"{}\"}} 1", tenant.id);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (status, body) = get(&w, "/metrics/projects", &[("Authorization", &bearer(OPERATOR))]);
+        let (status, body) = get(
+            &w,
+            "/metrics/projects",
+            &[("Authorization", &bearer(OPERATOR))],
+        );
         assert_eq!(status, 200, "{body}");
         if body.contains(&series) {
             break;

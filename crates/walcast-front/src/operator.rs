@@ -3,8 +3,7 @@
 //! The operator key (`MANAGEMENT_API_KEY`) is taken from `Authorization: Bearer` only and
 //! compared in constant time (SHA-256 digests, no early exit). No project key (anon,
 //! `service_role`, a user's JWT, the default project's keys) is ever accepted in its place:
-//! one would let a tenant read the others' figures. It guards the management API
-//! ([`crate::management`]) and `GET /metrics/projects`, every project's counters on this
+//! one would let a tenant read the others' figures. It guards the management API and `GET /metrics/projects`, every project's counters on this
 //! front (who the other tenants are, how busy, what they were refused).
 //!
 //! A key rather than a second listener on loopback: the figures are scraped by Prometheus

@@ -1,6 +1,5 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
 use walcast::commands::{RealtimeArgs, TailArgs};
 use walcast::config::{CdcArgs, DbArgs, HttpArgs, LogArgs};
 use walcast_bus::Bus;
@@ -88,9 +87,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to NATS at {}", walcast::config::redact_url(url)))?,
         None => Bus::local(cfg.bus_capacity),
     };
-    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
-        .await
-        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let listener = cfg.http.bind().await?;
     let cancel = walcast::shutdown::on_signal();
     walcast::serve::run(
         &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
