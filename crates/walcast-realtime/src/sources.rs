@@ -204,48 +204,7 @@ impl Source {
     }
 }
 
-/// A connection URL with its password hidden: the user-info password of a URL
-/// (`postgres://u:***@h/db`), and a `password` parameter of its query string or of a
-/// `key=value` connection string.
-pub fn redact_url(url: &str) -> String {
-    let url = match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, tail) = match rest.find(['/', '?']) {
-                Some(i) => rest.split_at(i),
-                None => (rest, ""),
-            };
-            match authority.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-                    None => url.to_string(),
-                },
-                None => url.to_string(),
-            }
-        }
-        None => url.to_string(),
-    };
-    redact_password_params(&url)
-}
-
-/// `password=…` (in a query string or a `key=value` string) as `password=***`.
-fn redact_password_params(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find("password=") {
-        let starts_word = i == 0 || matches!(rest.as_bytes()[i - 1], b'?' | b'&' | b' ');
-        let (before, after) = rest.split_at(i + "password=".len());
-        out.push_str(before);
-        if !starts_word {
-            rest = after;
-            continue;
-        }
-        let end = after.find(['&', ' ']).unwrap_or(after.len());
-        out.push_str("***");
-        rest = &after[end..];
-    }
-    out.push_str(rest);
-    out
-}
+pub use walcast_core::redact::redact_url;
 
 const COLUMNS: &str = "name, database_url, replication_url, slot_name,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), check_url";

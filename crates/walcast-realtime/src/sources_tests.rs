@@ -170,7 +170,7 @@ fn passwords_are_hidden() {
             "postgres://h/db?application_name=a@b",
         ),
         ("host=x password=y user=z", "host=x password=*** user=z"),
-        ("host=x nopassword=y", "host=x nopassword=y"),
+        ("host=x sslpassword=y", "host=x sslpassword=***"),
     ] {
         assert_eq!(redact_url(url), want, "{url}");
     }

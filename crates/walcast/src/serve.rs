@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
@@ -26,7 +25,7 @@ pub async fn run(
     cdc: &CdcArgs,
     front_args: &FrontArgs,
     bus: Bus,
-    listener: TcpListener,
+    listener: crate::server::Listening,
     metrics: PrometheusHandle,
     signal: CancellationToken,
 ) -> anyhow::Result<()> {

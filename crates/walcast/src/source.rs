@@ -14,7 +14,11 @@ use crate::config::DEFAULT_SLOT_NAME;
 pub struct SourceArgs {
     /// The control database (the deployment's own DATABASE_URL): its `walcast.sources`
     /// lists the sources.
-    #[arg(long = "control-database-url", env = "DATABASE_URL")]
+    #[arg(
+        long = "control-database-url",
+        env = "DATABASE_URL",
+        hide_env_values = true
+    )]
     pub control_url: String,
     #[command(subcommand)]
     pub action: SourceAction,
