@@ -12,10 +12,9 @@
 //! - `like`/`ilike`/`match`/`imatch` apply to the value's text whatever the column type.
 //! - A column missing from the record (e.g. not in a DELETE's replica identity) does not match.
 
-use regex::{Regex, RegexBuilder};
-
 use super::cast::{cast, compare, equal, TypeClass, Typed};
 use super::like;
+use super::pattern::{self, Pattern};
 use super::{Condition, Filter, IsValue, Op};
 
 /// One column of a record: type name and Postgres text value (`None` = SQL NULL).
@@ -112,19 +111,12 @@ fn unsupported(c: &Condition, typname: &str) -> EvalError {
 
 /// The automaton of a condition's `like`/`ilike`/`match`/`imatch` pattern (`None` for
 /// other operators). The regex crate's automata match in time linear in the text.
-fn compile_pattern(c: &Condition) -> Result<Option<Regex>, EvalError> {
-    let regex = |p: &str, fold: bool| {
-        RegexBuilder::new(p)
-            .case_insensitive(fold)
-            .size_limit(like::REGEX_SIZE_LIMIT)
-            .build()
-            .map_err(|e| e.to_string())
-    };
+fn compile_pattern(c: &Condition) -> Result<Option<Pattern>, EvalError> {
     let compiled = match &c.op {
         Op::Like(p) => like::compile(p, false),
         Op::Ilike(p) => like::compile(p, true),
-        Op::Match(p) => regex(p, false),
-        Op::Imatch(p) => regex(p, true),
+        Op::Match(p) => pattern::compile(p, false),
+        Op::Imatch(p) => pattern::compile(p, true),
         _ => return Ok(None),
     };
     compiled
@@ -165,7 +157,7 @@ fn validate_condition(c: &Condition, typname: &str) -> Result<(), EvalError> {
 /// pattern ([`compile_pattern`]).
 fn eval_condition(
     c: &Condition,
-    pattern: Option<&Regex>,
+    pattern: Option<&Pattern>,
     col: ColumnText<'_>,
 ) -> Result<Option<bool>, EvalError> {
     let typname = col.typname;
@@ -261,7 +253,7 @@ impl Filter {
 pub struct CompiledFilter {
     filter: Filter,
     /// One per condition: its compiled pattern, if it has one.
-    patterns: Vec<Option<Regex>>,
+    patterns: Vec<Option<Pattern>>,
 }
 
 impl CompiledFilter {
@@ -278,6 +270,11 @@ impl CompiledFilter {
     /// The filter it was compiled from.
     pub fn filter(&self) -> &Filter {
         &self.filter
+    }
+
+    /// What its compiled patterns hold in memory (see [`Pattern::heap_bytes`]).
+    pub fn heap_bytes(&self) -> usize {
+        self.patterns.iter().flatten().map(Pattern::heap_bytes).sum()
     }
 
     /// Evaluate on a record, as [`Filter::matches`].

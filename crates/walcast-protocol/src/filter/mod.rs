@@ -14,11 +14,13 @@ mod eval;
 mod like;
 mod numeric;
 mod parse;
+mod pattern;
 
 use std::fmt;
 
 pub use eval::{ColumnText, CompiledFilter, EvalError, RecordView, SliceRecord};
 pub use parse::FilterError;
+pub use pattern::{Pattern, MAX_PATTERN_AUTOMATON, PATTERN_CACHE_BYTES};
 
 /// Maximum number of values of an `in.(…)` list.
 pub const MAX_IN_VALUES: usize = 100;
