@@ -287,6 +287,7 @@ impl LaneTask {
         )
         .await;
         let took = started.elapsed();
+        metrics::histogram!(telemetry::AUTHORIZE_SECONDS).record(took.as_secs_f64());
         if took > SLOW_CHECK {
             self.lagging_until = Some(Instant::now() + LAGGING_FOR);
         }
