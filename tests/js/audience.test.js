@@ -130,6 +130,7 @@ test('row-level security with distinct claims and 40,000 subscriptions: every me
   // most where a message of a split change ends (about ten messages per change and front).
   const channels = 2 * 4 * CHANNELS + 2 * CHANNELS
   const sent = (await frames()) - frames0
+  console.log(`# ${sent} frames for ${channels} (channel, change) deliveries`)
   assert.ok(sent >= channels && sent <= channels * 1.1, `${sent} frames for ${channels} (channel, change) deliveries`)
   assert.equal(await metric(front1, 'walcast_front_slow_consumer_disconnects_total'), 0)
   assert.equal(await metric(front2, 'walcast_front_slow_consumer_disconnects_total'), 0)
