@@ -397,7 +397,9 @@ impl LaneTask {
         if self.told.len() > MAX_TOLD {
             self.told.clear();
         }
-        ids.sort_unstable();
+        // In their front's order: a channel's subscriptions fall in one body, so its
+        // front tells it once.
+        ids.sort_unstable_by(|a, b| walcast_bus::event::allocation_order(a, b));
         ids.dedup();
         let now = Instant::now();
         ids.retain(|id| {
