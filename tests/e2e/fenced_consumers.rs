@@ -211,11 +211,7 @@ async fn database_broadcasts_of_a_frozen_leader_never_reach_a_client() {
             private: false,
             name: "room".into(),
         };
-        let env = Envelope {
-            event: "tick".into(),
-            binary: false,
-            meta: None,
-        };
+        let env = Envelope::new("tick".into(), false, None);
         let payload = encode_envelope(&env, json!({ "n": n }).to_string().as_bytes()).unwrap();
         let term = term.to_string();
         let headers = [(HEADER_ORIGIN, "late-leader"), (HEADER_TERM, term.as_str())];

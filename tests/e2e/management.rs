@@ -103,7 +103,7 @@ async fn wait_ws_status(w: &Worker, key: &str, want: u16, what: &str) {
 }
 
 /// The socket gets a `system` error with `message` on `topic`, then is closed.
-async fn assert_ended(sock: &mut PhoenixClient, topic: &str, message: &str) {
+pub(crate) async fn assert_ended(sock: &mut PhoenixClient, topic: &str, message: &str) {
     let mut system = None;
     loop {
         match sock.try_recv(APPLIED).await {
@@ -121,7 +121,7 @@ async fn assert_ended(sock: &mut PhoenixClient, topic: &str, message: &str) {
 }
 
 /// A table `items` in the project's schema, realtime on (through the CLI).
-fn items(stack: &Stack, p: &Created) {
+pub(crate) fn items(stack: &Stack, p: &Created) {
     stack.sql(&format!(
         "CREATE TABLE \"{s}\".items (id int PRIMARY KEY, v text);
          GRANT SELECT ON \"{s}\".items TO anon, authenticated, service_role;",
@@ -144,14 +144,14 @@ fn items(stack: &Stack, p: &Created) {
     );
 }
 
-async fn subscribed(w: &Worker, p: &Created, topic: &str) -> PhoenixClient {
+pub(crate) async fn subscribed(w: &Worker, p: &Created, topic: &str) -> PhoenixClient {
     let mut s = PhoenixClient::connect(&w.ws_url(&p.anon)).await;
     s.join_subscribed(topic, binding(&p.schema, "items")).await;
     s
 }
 
 /// The change of the row `id` reaches `sock`.
-async fn gets_insert(stack: &Stack, p: &Created, sock: &mut PhoenixClient, id: i32) {
+pub(crate) async fn gets_insert(stack: &Stack, p: &Created, sock: &mut PhoenixClient, id: i32) {
     stack.sql(&format!(
         "INSERT INTO \"{}\".items VALUES ({id}, 'x')",
         p.schema

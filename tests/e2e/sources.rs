@@ -14,12 +14,19 @@ fn walcast(control: &Postgres, args: &[&str]) -> Output {
     walcast_on(&control.url(), args)
 }
 
+/// `walcast <args>` on `database_url`. A `--database-url` among the arguments (of
+/// `source add`) comes with its server's check login (SOURCE_CHECK_URL).
 fn walcast_on(database_url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_walcast"))
-        .args(args)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_walcast"));
+    cmd.args(args)
         .env("DATABASE_URL", database_url)
-        .env_remove("CDC_SLOT_NAME")
-        .output()
+        .env_remove("CDC_SLOT_NAME");
+    if let Some(i) = args.iter().position(|a| *a == "--database-url") {
+        if let Some(db) = args.get(i + 1) {
+            cmd.env("SOURCE_CHECK_URL", walcast_testkit::as_check_login(db));
+        }
+    }
+    cmd.output()
         .unwrap_or_else(|e| panic!("run walcast {args:?}: {e}"))
 }
 

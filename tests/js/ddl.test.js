@@ -351,6 +351,7 @@ describe('without the event triggers (walcast role not a superuser)', () => {
       CREATE ROLE anon NOLOGIN NOINHERIT; CREATE ROLE authenticated NOLOGIN NOINHERIT;
       CREATE ROLE service_role NOLOGIN NOINHERIT BYPASSRLS;
       GRANT anon, authenticated, service_role TO walcast_app;
+      GRANT anon, authenticated TO walcast_check;
       GRANT CREATE ON DATABASE postgres TO walcast_app;
       CREATE SCHEMA walcast AUTHORIZATION walcast_app; CREATE SCHEMA auth AUTHORIZATION walcast_app`)
     await db.query(TABLE)

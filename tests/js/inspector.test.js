@@ -87,9 +87,13 @@ async function joinChannel(page, topic, { priv = false } = {}) {
   await page.click('#join-btn')
 }
 
-/** Everything the page does for one server, checked through what it shows. */
+/**
+ * Everything the page does for one server, checked through what it shows. With the
+ * operator's key (the default project's service_role): the health panel's numbers are
+ * the whole deployment's, shown to no other key (the default anon key is public).
+ */
 async function exercise({ server, env, vsn, label, table }) {
-  const { page, errors } = await openPage(server, vsn, jwt({ role: 'anon' }))
+  const { page, errors } = await openPage(server, vsn, jwt({ role: 'service_role' }))
   try {
     await waitText(page, '#conn-status', `connected (vsn ${vsn})`, 'connected')
     await joinTable(page, table)
@@ -180,6 +184,8 @@ describe('walcast serve', () => {
     assert.equal(none.status, 401)
     const anon = await (await fetch(`${server.url}/inspector/api/health`, { headers: { apikey: jwt({ role: 'anon' }) } })).json()
     assert.equal(anon.role, 'anon')
+    // The default anon key is public: up or down only, no deployment-wide numbers.
+    for (const p of anon.processes) assert.ok(!p.front || p.front.connections === 0, JSON.stringify(p))
     await until('a beacon from the pipeline', async () => {
       const h = await (await fetch(`${server.url}/inspector/api/health?apikey=${jwt({ role: 'service_role' })}`)).json()
       return h.processes.some((p) => p.worker?.cdc_active && p.front)

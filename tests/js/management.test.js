@@ -2,7 +2,8 @@
 // project created through the API, its realtime-js channels told with a `system` error
 // when it is made private-only, suspended or deleted (Supabase's messages), a public join
 // of a private-only project refused with `PrivateOnly`, and the operator key alone
-// accepted; a suspended project's SSE streams end with a `system` event.
+// accepted; a suspended project's SSE streams end with a `system` event; a rotated
+// secret's sessions told and closed, the new key's served.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribeTracked, uniq, until } from './lib/harness.js'
@@ -93,6 +94,29 @@ describe('management API', () => {
       assert.equal(deleted.status, 200, JSON.stringify(deleted.body))
       await told(c, 'TenantNotFound: this project was deleted')
       assert.equal((await api('GET', `/${id}`)).status, 404)
+    } finally {
+      for (const rt of clients) {
+        rt.removeAllChannels()
+        rt.disconnect()
+      }
+    }
+  })
+
+  test("a secret rotated without a window closes its old keys' channels, as expiry does", async () => {
+    try {
+      const created = await api('POST', '', { name: 'rotated' })
+      assert.equal(created.status, 201, JSON.stringify(created.body))
+      const { id, anon_key: anon } = created.body
+      const old = await joined(anon)
+      assert.equal(old.first.status, 'SUBSCRIBED')
+      const rotated = await api('POST', `/${id}/rotate`, { previous_valid_secs: 0 })
+      assert.equal(rotated.status, 200, JSON.stringify(rotated.body))
+      await told(old, 'Invalid token: signature verification failed')
+      // The client does not rejoin a channel closed so (it would be refused: 401 at connect).
+      const fresh = await joined(rotated.body.anon_key)
+      assert.equal(fresh.first.status, 'SUBSCRIBED')
+      await new Promise((r) => setTimeout(r, 500))
+      assert.deepEqual(fresh.sys.items.filter((m) => m.status === 'error'), [])
     } finally {
       for (const rt of clients) {
         rt.removeAllChannels()

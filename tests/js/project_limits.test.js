@@ -12,13 +12,16 @@ import { createProject } from './lib/tenants.js'
 const LIMIT = 3
 let env, worker, front1, front2, a, b
 const clients = []
+// The operator key: every project's counters (`/metrics/projects`) are served to it only.
+const OPERATOR = 'walcast-js-limits-operator-key-0123456789abcdef'
+const asOperator = { headers: { authorization: `Bearer ${OPERATOR}` } }
 
 before(async () => {
   env = await startEnv()
   worker = await startProcess(env, 'cdc-worker', [], { NATS_URL: env.nats_url })
   a = await createProject(env, 'limited-a')
   b = await createProject(env, 'limited-b')
-  const limits = { NATS_URL: env.nats_url, PROJECT_MAX_USERS: String(LIMIT) }
+  const limits = { NATS_URL: env.nats_url, PROJECT_MAX_USERS: String(LIMIT), MANAGEMENT_API_KEY: OPERATOR }
   front1 = await startProcess(env, 'ws-front', [], limits)
   front2 = await startProcess(env, 'ws-front', [], limits)
 })
@@ -47,7 +50,7 @@ async function seen(front, project) {
 }
 
 async function projectMetric(front, name, project) {
-  const text = await (await fetch(`${front.url}/metrics/projects`)).text()
+  const text = await (await fetch(`${front.url}/metrics/projects`, asOperator)).text()
   const m = text.match(new RegExp(`^${name}\\{project="${project}"\\} (\\S+)`, 'm'))
   return m ? Number(m[1]) : 0
 }
@@ -96,7 +99,8 @@ test("the inspector shows a project key its own project's counts only; the opera
   const r = await fetch(`${front1.url}/inspector/api/health?apikey=${operator}`)
   const all = (await r.json()).projects
   assert.ok(all[a.id] && all[b.id], `operator sees both projects: ${JSON.stringify(Object.keys(all))}`)
-  const text = await (await fetch(`${front1.url}/metrics/projects`)).text()
+  assert.equal((await fetch(`${front1.url}/metrics/projects`)).status, 401, 'per-project figures without the operator key')
+  const text = await (await fetch(`${front1.url}/metrics/projects`, asOperator)).text()
   assert.match(text, /# TYPE walcast_project_users gauge/)
   assert.match(text, new RegExp(`walcast_project_joins_total\\{project="${b.id}"\\} [1-9]`))
 })

@@ -23,6 +23,7 @@ const BYTES = 40000
 const PRESENCE = 25
 const PAYLOAD = 1024
 const OPERATOR = 'walcast-js-rates-operator-key-0123456789abcdef'
+const asOperator = { headers: { authorization: `Bearer ${OPERATOR}` } }
 const TOO_MANY_MESSAGES = 'Too many messages per second'
 
 let env, worker, front1, front2, noisy, quiet
@@ -200,7 +201,7 @@ function paced(rate, fn) {
 
 /** A `/metrics/projects` series of `front` for `project` (undefined when absent). */
 async function projectMetric(front, name, project) {
-  const text = await (await fetch(`${front.url}/metrics/projects`)).text()
+  const text = await (await fetch(`${front.url}/metrics/projects`, asOperator)).text()
   const m = text.match(new RegExp(`^${name}\\{project="${project.id}"\\} (\\S+)`, 'm'))
   return m ? Number(m[1]) : undefined
 }
@@ -547,7 +548,7 @@ test('presence payload size: a track over the project limit shuts the channel "T
 
 test('/metrics/projects: per-project rate series on both fronts; only the noisy project was refused', async () => {
   for (const front of [front1, front2]) {
-    const text = await (await fetch(`${front.url}/metrics/projects`)).text()
+    const text = await (await fetch(`${front.url}/metrics/projects`, asOperator)).text()
     for (const name of ['joins', 'events', 'bytes', 'presence_events']) {
       assert.match(text, new RegExp(`# TYPE walcast_project_${name}_per_second gauge`))
       for (const p of [noisy, quiet]) assert.match(text, new RegExp(`^walcast_project_${name}_per_second\\{project="${p.id}"\\} \\d+$`, 'm'))

@@ -151,7 +151,7 @@ async fn start_worker(
         health.clone(),
         Fence::unfenced(cancel.clone()),
         walcast_realtime::factories(
-            RealtimeConfig::new(&pg.url()),
+            RealtimeConfig::new(&pg.url(), &pg.check_url()),
             Matcher::new(),
             walcast_realtime::FrontLinks::new(Default::default()),
         ),

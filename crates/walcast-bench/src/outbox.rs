@@ -277,6 +277,7 @@ impl Running {
         if relay == Relay::Walcast {
             let vars = [
                 ("DATABASE_URL", env.pg.url()),
+                ("CHECK_DATABASE_URL", env.pg.check_url()),
                 ("NATS_URL", env.nats.url()),
                 ("LEASE_MODE", "none".to_string()),
                 ("CDC_SOURCE", args.source.clone()),

@@ -146,6 +146,7 @@ async fn start_stack(mode: &str, initplan: bool) -> anyhow::Result<Stack> {
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("DATABASE_URL", env.pg.url())
+        .env("CHECK_DATABASE_URL", env.pg.check_url())
         .env("JWT_SECRET", SECRET)
         .env("CDC_RLS_MODE", mode)
         // The throughput phase queues its whole backlog at once and measures how fast it

@@ -206,7 +206,11 @@ pub async fn run(args: ScaleBench) -> anyhow::Result<()> {
         "scale",
     )
     .await?;
-    let base = [("DATABASE_URL", env.pg.url()), ("NATS_URL", env.nats.url())];
+    let base = [
+        ("DATABASE_URL", env.pg.url()),
+        ("CHECK_DATABASE_URL", env.pg.check_url()),
+        ("NATS_URL", env.nats.url()),
+    ];
     let mut worker = Proc::start("scale-worker", "cdc-worker".into(), &base)?;
     worker.wait_healthy(true).await?;
     let mut fronts = Vec::new();

@@ -373,6 +373,7 @@ impl Server {
                     .env_clear()
                     .env("PATH", std::env::var_os("PATH").unwrap_or_default())
                     .env("DATABASE_URL", pg.url())
+                    .env("CHECK_DATABASE_URL", pg.check_url())
                     .env("JWT_SECRET", SECRET)
                     .env("OUTBOUND_QUEUE", args.outbound_queue.to_string())
                     // One project holds every client: its per-project limits (a policy,

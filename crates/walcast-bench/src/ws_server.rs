@@ -18,7 +18,6 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
@@ -61,9 +60,7 @@ fn announce(port: u16) {
 pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
     let metrics = walcast::telemetry::init_metrics()?;
     let bus = Bus::local(cfg.bus_capacity);
-    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
-        .await
-        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let listener = cfg.http.bind().await?;
     announce(listener.local_addr()?.port());
     // Logs after the port line (the parent forwards them to its stderr).
     walcast::telemetry::init_logs(&cfg.log);

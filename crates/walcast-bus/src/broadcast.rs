@@ -4,7 +4,11 @@
 //!
 //! Subject: `walcast.broadcast.<project>.<public|private>.<channel name>` (tokens encoded
 //! with [`encode_token`]). Payload: one line of JSON `{"event":…,"binary":bool,"meta":…}`,
-//! a `\n`, then the body bytes (JSON text, or raw bytes for binary broadcasts).
+//! a `\n`, then the body bytes (JSON text, or raw bytes for binary broadcasts). A channel
+//! name (or project) too long to spell in a token is a digest in the subject: the head line
+//! then also carries `"project"` and `"name"`, which receivers take (once they check that
+//! they give this very subject). Build and read messages with [`BroadcastTarget::message`]
+//! and [`BroadcastTarget::of_message`].
 
 use std::borrow::Cow;
 
@@ -12,7 +16,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::subject::{decode_token, encode_token};
+use crate::subject::{decode_token, encode_token, is_digest};
 
 /// Prefix of broadcast subjects.
 pub const BROADCAST_PREFIX: &str = "walcast.broadcast";
@@ -38,24 +42,63 @@ impl BroadcastTarget {
         )
     }
 
+    /// The target a subject names, when it spells it (`None` for a digest token).
     pub fn parse(subject: &str) -> Option<BroadcastTarget> {
-        let rest = subject.strip_prefix(BROADCAST_PREFIX)?.strip_prefix('.')?;
-        let mut it = rest.split('.');
-        let (p, ns, name) = (it.next()?, it.next()?, it.next()?);
-        if it.next().is_some() {
-            return None;
-        }
-        let private = match ns {
-            "private" => true,
-            "public" => false,
-            _ => return None,
-        };
+        let (p, private, name) = split(subject)?;
         Some(BroadcastTarget {
             project: decode_token(p).ok()?,
             private,
             name: decode_token(name).ok()?,
         })
     }
+
+    /// A broadcast to this target: its subject and payload (the target in the head line
+    /// when the subject cannot spell it). `None`: the head line cannot be written.
+    pub fn message<'b>(&'b self, mut env: Envelope<'b>, body: &[u8]) -> Option<(String, Bytes)> {
+        let subject = self.subject();
+        if split(&subject).is_some_and(|(p, _, n)| is_digest(p) || is_digest(n)) {
+            env.project = Some(Cow::Borrowed(&self.project));
+            env.name = Some(Cow::Borrowed(&self.name));
+        }
+        Some((subject, encode_envelope(&env, body)?))
+    }
+
+    /// A broadcast message's target, envelope and body: `None` if it is not one, or if
+    /// its head line names a target whose subject is not this one.
+    pub fn of_message<'p>(
+        subject: &str,
+        payload: &'p Bytes,
+    ) -> Option<(BroadcastTarget, Envelope<'p>, Bytes)> {
+        let (env, body) = decode_envelope(payload)?;
+        let target = match (&env.project, &env.name) {
+            (Some(project), Some(name)) => {
+                let t = BroadcastTarget {
+                    project: project.to_string(),
+                    private: split(subject)?.1,
+                    name: name.to_string(),
+                };
+                (t.subject() == subject).then_some(t)?
+            }
+            _ => BroadcastTarget::parse(subject)?,
+        };
+        Some((target, env, body))
+    }
+}
+
+/// A broadcast subject's project token, namespace and name token.
+fn split(subject: &str) -> Option<(&str, bool, &str)> {
+    let rest = subject.strip_prefix(BROADCAST_PREFIX)?.strip_prefix('.')?;
+    let mut it = rest.split('.');
+    let (p, ns, name) = (it.next()?, it.next()?, it.next()?);
+    if it.next().is_some() {
+        return None;
+    }
+    let private = match ns {
+        "private" => true,
+        "public" => false,
+        _ => return None,
+    };
+    Some((p, private, name))
 }
 
 /// The head line of a broadcast's payload.
@@ -66,6 +109,26 @@ pub struct Envelope<'a> {
     pub binary: bool,
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<&'a RawValue>,
+    /// The target's project, when its subject cannot spell it (set by
+    /// [`BroadcastTarget::message`]).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<Cow<'a, str>>,
+    /// The target's channel name, likewise.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Cow<'a, str>>,
+}
+
+impl<'a> Envelope<'a> {
+    /// The head line of a broadcast of `event`.
+    pub fn new(event: Cow<'a, str>, binary: bool, meta: Option<&'a RawValue>) -> Envelope<'a> {
+        Envelope {
+            event,
+            binary,
+            meta,
+            project: None,
+            name: None,
+        }
+    }
 }
 
 /// A broadcast's payload: the envelope line, then the body.
@@ -99,15 +162,43 @@ mod tests {
         assert_eq!(BroadcastTarget::parse(&t.subject()), Some(t.clone()));
         assert_eq!(BroadcastTarget::parse("walcast.broadcast.p.other.x"), None);
         let meta = RawValue::from_string(r#"{"id":"1"}"#.into()).unwrap();
-        let env = Envelope {
-            event: Cow::Borrowed("ev"),
-            binary: false,
-            meta: Some(&meta),
-        };
+        let env = Envelope::new(Cow::Borrowed("ev"), false, Some(&meta));
         let bytes = encode_envelope(&env, br#"{"a":1}"#).unwrap();
         let (back, body) = decode_envelope(&bytes).unwrap();
         assert_eq!((back.event.as_ref(), back.binary), ("ev", false));
         assert_eq!(back.meta.map(RawValue::get), Some(r#"{"id":"1"}"#));
         assert_eq!(&body[..], br#"{"a":1}"#);
+    }
+
+    #[test]
+    fn long_names_travel_in_the_head_line_and_must_match_the_subject() {
+        for name in ["k".repeat(1500), "é".repeat(1500), "room:1".to_string()] {
+            let t = BroadcastTarget {
+                project: "p".into(),
+                private: false,
+                name: name.clone(),
+            };
+            let (subject, payload) = t
+                .message(Envelope::new(Cow::Borrowed("ev"), false, None), b"{}")
+                .unwrap();
+            assert!(subject.len() < 300, "{subject}");
+            let (back, env, body) = BroadcastTarget::of_message(&subject, &payload).unwrap();
+            assert_eq!(back, t);
+            assert_eq!(env.event, "ev");
+            assert_eq!(&body[..], b"{}");
+            // Spelled names do not ride along.
+            assert_eq!(env.name.is_some(), name.len() > 100);
+            // Another target's head line on this subject is refused.
+            let other = BroadcastTarget {
+                name: format!("{name}x"),
+                ..t.clone()
+            };
+            let (_, forged) = other
+                .message(Envelope::new(Cow::Borrowed("ev"), false, None), b"{}")
+                .unwrap();
+            if env.name.is_some() {
+                assert!(BroadcastTarget::of_message(&subject, &forged).is_none());
+            }
+        }
     }
 }

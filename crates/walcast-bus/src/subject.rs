@@ -1,10 +1,30 @@
 //! NATS subjects for changes: `walcast.realtime.<project>.<schema>.<table>`.
 //!
 //! A NATS token may not be empty or contain `.`, `*`, `>` or white space, and should stay
-//! printable ASCII. Identifiers are encoded token by token: ASCII letters, digits, `_` and
-//! `-` stay as they are; every other byte of the UTF-8 form becomes `~XX` (upper-case hex),
-//! `~` included; the empty identifier is the lone token `~`. The encoding is injective, so
-//! decoding gives back exactly the identifier.
+//! printable ASCII; a whole subject must fit nats-server's control line (4 KB by default),
+//! or the server cuts the connection that published it — the one every part of a
+//! process shares. Names are encoded token by token: ASCII letters, digits, `_` and `-`
+//! stay as they are; every other byte of the UTF-8 form becomes `~XX` (upper-case hex),
+//! `~` included; the empty name is the lone token `~`. A name whose encoding would be
+//! longer than [`MAX_TOKEN_CHARS`] (a client's channel name, say; never a Postgres
+//! identifier, at most 63 bytes) becomes a *digest token*: the first characters of its
+//! encoding, `~~`, and the SHA-256 of the name in hex. No plain encoding contains `~~`
+//! (an escape's `~` is always followed by two hex digits), so the encoding stays
+//! injective (but for a SHA-256 collision) and bounded; a digest token cannot be decoded,
+//! and a message whose receivers need the name back carries it in its payload (as a
+//! broadcast's head line does).
+
+use sha2::{Digest, Sha256};
+
+/// The longest token [`encode_token`] writes: the encoding of any name of up to 64 bytes
+/// (a Postgres identifier, a project id) fits as it is, and a subject of a few such tokens
+/// stays far below nats-server's 4 KB control line.
+pub const MAX_TOKEN_CHARS: usize = 192;
+/// How much of a long name's encoding leads its digest token (for people reading
+/// subjects).
+const DIGEST_LEAD_CHARS: usize = 32;
+/// What separates a digest token's lead from its digest.
+const DIGEST_MARK: &str = "~~";
 
 /// Prefix of every realtime change subject.
 pub const REALTIME_PREFIX: &str = "walcast.realtime";
@@ -22,18 +42,21 @@ pub enum SubjectError {
     Escape(String),
     #[error("subject token {0:?} is not UTF-8 once decoded")]
     Utf8(String),
+    #[error("subject token {0:?} is the digest of a long name, which it cannot give back")]
+    Digest(String),
 }
 
 fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
 }
 
-/// Encode one identifier as a subject token.
+/// Encode one name as a subject token (at most [`MAX_TOKEN_CHARS`] characters, valid in
+/// any subject position; see the module docs).
 pub fn encode_token(ident: &str) -> String {
     if ident.is_empty() {
         return "~".to_string();
     }
-    let mut out = String::with_capacity(ident.len());
+    let mut out = String::with_capacity(ident.len().min(MAX_TOKEN_CHARS));
     for &b in ident.as_bytes() {
         if is_plain(b) {
             out.push(b as char);
@@ -42,8 +65,39 @@ pub fn encode_token(ident: &str) -> String {
             out.push(char::from(HEX[(b >> 4) as usize]));
             out.push(char::from(HEX[(b & 0xF) as usize]));
         }
+        if out.len() > MAX_TOKEN_CHARS {
+            return digest_token(&out, ident);
+        }
     }
     out
+}
+
+/// The token of a name too long to spell: the start of its encoding `escaped` (cut
+/// between escapes), [`DIGEST_MARK`], and the SHA-256 of the name.
+fn digest_token(escaped: &str, ident: &str) -> String {
+    let bytes = escaped.as_bytes();
+    let mut lead = 0;
+    loop {
+        let step = if bytes.get(lead) == Some(&b'~') { 3 } else { 1 };
+        if lead + step > DIGEST_LEAD_CHARS || lead + step > bytes.len() {
+            break;
+        }
+        lead += step;
+    }
+    let digest = Sha256::digest(ident.as_bytes());
+    let mut out = String::with_capacity(lead + DIGEST_MARK.len() + 2 * digest.len());
+    out.push_str(&escaped[..lead]);
+    out.push_str(DIGEST_MARK);
+    for b in digest {
+        out.push(char::from(HEX[(b >> 4) as usize]));
+        out.push(char::from(HEX[(b & 0xF) as usize]));
+    }
+    out
+}
+
+/// Whether a token is the digest of a long name (see [`encode_token`]).
+pub fn is_digest(token: &str) -> bool {
+    token.contains(DIGEST_MARK)
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -60,6 +114,9 @@ fn hex_val(b: u8) -> Option<u8> {
 pub fn decode_token(token: &str) -> Result<String, SubjectError> {
     if token == "~" {
         return Ok(String::new());
+    }
+    if is_digest(token) {
+        return Err(SubjectError::Digest(token.to_string()));
     }
     let bytes = token.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -222,9 +279,58 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn long_names_become_bounded_digest_tokens() {
+        // A Postgres identifier (63 bytes) is always spelled, even all escapes.
+        let ident = "é".repeat(31);
+        assert_eq!(decode_token(&encode_token(&ident)), Ok(ident));
+        for name in [
+            "k".repeat(1500),
+            "é".repeat(1500),
+            "🙂".repeat(700),
+            ".".repeat(65),
+        ] {
+            let t = encode_token(&name);
+            assert!(t.len() <= MAX_TOKEN_CHARS && valid_token(&t), "{t}");
+            assert!(is_digest(&t), "{t}");
+            assert_eq!(decode_token(&t), Err(SubjectError::Digest(t.clone())));
+        }
+        // The lead is cut between escapes, and tells the name apart from its neighbours.
+        let t = encode_token(&format!("ab{}", ".".repeat(100)));
+        assert!(t.starts_with("ab~2E~2E~2E~2E~2E~2E~2E~2E~2E~2E~~"), "{t}");
+        let long = "k".repeat(1500);
+        assert_ne!(
+            encode_token(&format!("{long}1")),
+            encode_token(&format!("{long}2"))
+        );
+        assert_eq!(encode_token(&long), encode_token(&long.clone()));
+    }
+
+    /// A name of at most 64 bytes (a Postgres identifier, a project id).
+    fn ident() -> impl Strategy<Value = String> {
+        ".{0,64}".prop_map(|mut s| {
+            while s.len() > 64 {
+                s.pop();
+            }
+            s
+        })
+    }
+
     proptest! {
         #[test]
-        fn any_identifier_round_trips(p in ".*", s in ".*", t in ".*") {
+        fn any_name_gives_a_bounded_valid_token(name in ".{0,300}") {
+            let t = encode_token(&name);
+            prop_assert!(t.len() <= MAX_TOKEN_CHARS, "{} chars", t.len());
+            prop_assert!(valid_token(&t), "invalid token {t:?}");
+            match decode_token(&t) {
+                Ok(back) => prop_assert_eq!(back, name),
+                Err(SubjectError::Digest(_)) => prop_assert!(name.len() > MAX_TOKEN_CHARS / 3),
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+        }
+
+        #[test]
+        fn any_identifier_round_trips(p in ident(), s in ident(), t in ident()) {
             let subject = change_subject(&p, &s, &t);
             for token in subject.split('.') {
                 prop_assert!(valid_token(token), "invalid token {token:?}");
@@ -233,9 +339,18 @@ mod tests {
         }
 
         #[test]
-        fn distinct_identifiers_get_distinct_tokens(a in ".*", b in ".*") {
+        fn distinct_names_get_distinct_tokens(a in ".{0,300}", b in ".{0,300}") {
             prop_assume!(a != b);
             prop_assert_ne!(encode_token(&a), encode_token(&b));
+        }
+
+        #[test]
+        fn long_names_differing_at_the_end_get_distinct_tokens(
+            lead in ".{70,120}", a in ".{0,4}", b in ".{0,4}"
+        ) {
+            prop_assume!(a != b);
+            let (x, y) = (format!("{lead}{a}"), format!("{lead}{b}"));
+            prop_assert_ne!(encode_token(&x), encode_token(&y));
         }
 
         #[test]

@@ -12,6 +12,8 @@
 //! - `source_scope` (feature `source_scope`, with tokio): which source a task works
 //!   for, so the metrics it records carry a `source` label.
 //! - [`ChangeId`]: the identity of a change-stream message (`Nats-Msg-Id`, event id).
+//! - [`redact`]: connection strings (URLs, `key=value`) with their secrets hidden, for
+//!   logs and the effective configuration.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ mod backoff;
 pub mod change_id;
 mod lsn;
 pub mod pg_snapshot;
+pub mod redact;
 #[cfg(feature = "source_scope")]
 pub mod source_scope;
 pub mod sql;

@@ -45,50 +45,48 @@ use crate::usage::{MessageRefused, Usage};
 
 pub use walcast_bus::broadcast::{BROADCAST_ALL, BROADCAST_PREFIX};
 
-fn subject(key: &TopicKey) -> String {
+fn target(key: &TopicKey) -> BroadcastTarget {
     BroadcastTarget {
         project: key.project.clone(),
         private: key.private,
         name: channel_name(&key.topic).to_string(),
     }
-    .subject()
 }
 
-fn parse_subject(subject: &str) -> Option<TopicKey> {
-    let t = BroadcastTarget::parse(subject)?;
-    Some(TopicKey {
-        project: t.project,
-        private: t.private,
-        topic: format!("{TOPIC_PREFIX}{}", t.name),
-    })
-}
-
-fn encode_envelope(b: &UserBroadcast) -> Option<Bytes> {
+/// A broadcast's subject and payload on the bus.
+fn encode_message(key: &TopicKey, b: &UserBroadcast) -> Option<(String, Bytes)> {
     let (binary, body): (bool, &[u8]) = match &b.body {
         BroadcastBody::Json(v) => (false, v.get().as_bytes()),
         BroadcastBody::Binary(bytes) => (true, bytes),
     };
-    let env = Envelope {
-        event: std::borrow::Cow::Borrowed(&b.event),
+    let env = Envelope::new(
+        std::borrow::Cow::Borrowed(&b.event),
         binary,
-        meta: b.meta.as_deref(),
-    };
-    walcast_bus::broadcast::encode_envelope(&env, body)
+        b.meta.as_deref(),
+    );
+    target(key).message(env, body)
 }
 
-fn decode_envelope(payload: &Bytes) -> Option<UserBroadcast> {
-    let (env, body) = walcast_bus::broadcast::decode_envelope(payload)?;
+/// A broadcast from the bus: its topic and the broadcast.
+fn decode_message(subject: &str, payload: &Bytes) -> Option<(TopicKey, UserBroadcast)> {
+    let (t, env, body) = BroadcastTarget::of_message(subject, payload)?;
     let body = if env.binary {
         BroadcastBody::Binary(body)
     } else {
         let text = String::from_utf8(body.to_vec()).ok()?;
         BroadcastBody::Json(RawValue::from_string(text).ok()?)
     };
-    Some(UserBroadcast {
+    let key = TopicKey {
+        project: t.project,
+        private: t.private,
+        topic: format!("{TOPIC_PREFIX}{}", t.name),
+    };
+    let b = UserBroadcast {
         event: env.event.into_owned(),
         meta: env.meta.map(RawValue::to_owned),
         body,
-    })
+    };
+    Some((key, b))
 }
 
 /// How a broadcast came, which decides its framing for 2.0.0 sockets (Supabase's rule):
@@ -183,7 +181,7 @@ impl Broadcasts {
         except: Option<u64>,
     ) {
         self.deliver_local(key, b, how, except);
-        let Some(payload) = encode_envelope(b) else {
+        let Some((subject, payload)) = encode_message(key, b) else {
             return;
         };
         let origin = (HEADER_ORIGIN, self.front_id.as_str());
@@ -191,7 +189,7 @@ impl Broadcasts {
             Pushed::Binary => &[origin, (HEADER_PUSHED, "1")],
             Pushed::Json => &[origin],
         };
-        if let Err(e) = self.bus.publish(subject(key), headers, payload).await {
+        if let Err(e) = self.bus.publish(subject, headers, payload).await {
             telemetry::error("broadcast_publish");
             tracing::warn!(error = %e, "cannot relay broadcast");
         }
@@ -235,8 +233,7 @@ impl Broadcasts {
         if msg.header(HEADER_ORIGIN) == Some(self.front_id.as_str()) {
             return;
         }
-        let (Some(key), Some(b)) = (parse_subject(&msg.subject), decode_envelope(&msg.payload))
-        else {
+        let Some((key, b)) = decode_message(&msg.subject, &msg.payload) else {
             telemetry::error("bad_broadcast_relay");
             return;
         };
@@ -535,19 +532,25 @@ mod tests {
 
     #[test]
     fn subjects_and_envelopes_round_trip() {
-        let key = TopicKey {
-            project: "p.1".into(),
-            private: true,
-            topic: "realtime:room 1".into(),
-        };
-        assert_eq!(parse_subject(&subject(&key)), Some(key));
         let b = UserBroadcast {
             event: "cur\nsor".into(),
             meta: None,
             body: BroadcastBody::Binary(Bytes::from_static(b"\n\x00\x01")),
         };
-        let back = decode_envelope(&encode_envelope(&b).unwrap()).unwrap();
-        assert_eq!(back, b);
-        assert!(decode_envelope(&Bytes::from_static(b"garbage")).is_none());
+        for topic in [
+            "realtime:room 1".to_string(),
+            format!("realtime:{}", "é".repeat(1500)),
+        ] {
+            let key = TopicKey {
+                project: "p.1".into(),
+                private: true,
+                topic,
+            };
+            let (subject, payload) = encode_message(&key, &b).unwrap();
+            assert!(subject.len() < 300, "{subject}");
+            assert_eq!(decode_message(&subject, &payload), Some((key, b.clone())));
+        }
+        let garbage = Bytes::from_static(b"garbage");
+        assert!(decode_message("walcast.broadcast.p.public.x", &garbage).is_none());
     }
 }

@@ -2,7 +2,8 @@
 //! decoding.
 //!
 //! The read loop owns the connection's [`Session`] (its channels) and hands it client
-//! frames one at a time (see [`crate::channel`]). Everything for the client — replies and
+//! frames one at a time (see [`crate::channel`]); a join that waits for the cdc-worker
+//! runs beside them, polled by the same loop, so nothing else on the socket waits for it. Everything for the client — replies and
 //! fan-out alike — goes through the connection's bounded queue to the writer task, which
 //! batches writes and closes the socket with the recorded close code when the connection
 //! is killed.
@@ -132,6 +133,7 @@ async fn run(
                     break;
                 }
             }
+            _ = handle.recheck.notified() => Box::pin(conn.session.recheck_tokens()).await,
             msg = stream.next() => match msg {
                 None => break,
                 Some(Err(e)) => {
@@ -151,6 +153,9 @@ async fn run(
                         break;
                     }
                 }
+            },
+            done = conn.session.pending.next(), if conn.session.pending.is_running() => {
+                Box::pin(conn.session.join_done(done)).await;
             }
         }
     }
@@ -196,6 +201,7 @@ impl Conn {
     async fn on_message(&mut self, m: Message) -> bool {
         let max = self.max_frame_bytes;
         let vsn = self.session.vsn;
+        let size = m.len();
         let frame = match m {
             Message::Text(t) => {
                 metrics::counter!(telemetry::FRAMES_IN).increment(1);
@@ -219,7 +225,7 @@ impl Conn {
             Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return true,
         };
         match frame {
-            Ok(f) => self.session.apply(f).await,
+            Ok(f) => self.session.apply(f, size).await,
             Err((s, e)) => {
                 telemetry::error("malformed_frame");
                 let topic = s.topic.as_deref().unwrap_or(PHOENIX_TOPIC);

@@ -75,6 +75,16 @@ impl Connections {
             .insert(handle.id, (handle.clone(), Arc::from(project)));
     }
 
+    /// Make each open WebSocket connection of `project` (`None`: of every project)
+    /// verify its channels' tokens again; how many were told.
+    pub(crate) fn recheck(&self, project: Option<&str>) -> usize {
+        let conns = self.conns();
+        let of = conns
+            .values()
+            .filter(|(_, p)| project.is_none_or(|want| &**p == want));
+        of.map(|(c, _)| c.recheck.notify_one()).count()
+    }
+
     /// The open WebSocket connections of a project.
     pub(crate) fn of_project(&self, project: &str) -> Vec<Arc<ConnHandle>> {
         self.conns()

@@ -1,5 +1,6 @@
 //! HTTP routes: the WebSocket upgrade, SSE, the broadcast REST API and the REST API that
-//! enables realtime per table; the inspector's, if enabled ([`crate::inspector`]). Each
+//! enables realtime per table; the operator's (`/metrics/projects`, the management API);
+//! the inspector's, if enabled ([`crate::inspector`]). Each
 //! group of routes has the state of the part that serves it.
 
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub(crate) struct Routes {
     pub inspector: Option<Arc<Inspector>>,
     /// `None`: no operator key, no management API.
     pub management: Option<Arc<crate::management::Management>>,
+    /// The operator's figures (`/metrics/projects`).
+    pub figures: Arc<crate::operator::Figures>,
 }
 
 pub(crate) fn router(r: &Routes) -> Router {
@@ -53,7 +56,11 @@ pub(crate) fn router(r: &Routes) -> Router {
             get(realtime_api::list),
         )
         .with_state(r.projects.clone());
-    let mut router = websocket.merge(sse).merge(broadcast).merge(tables);
+    let mut router = websocket
+        .merge(sse)
+        .merge(broadcast)
+        .merge(tables)
+        .merge(crate::operator::routes(r.figures.clone()));
     if let Some(m) = &r.management {
         router = router.merge(crate::management::routes(m.clone()));
     }

@@ -7,10 +7,11 @@
 //! panel reads `GET /inspector/api/health`, which answers any valid key of a project
 //! with the processes this front hears from (see [`crate::cluster`]), scoped to what
 //! that key may know: the pipelines and fronts serve every project, so their numbers
-//! (changes, skips, connections, channels) are shown to the default project's keys only
-//! (the operator's), and the pipeline's last error (which may name any project's
-//! database objects) only to the default project's `service_role` key. Other projects
-//! see whether each process is up: leader, `cdc_active`, bus and draining.
+//! (changes, skips, connections, channels, every project's counts) and the pipeline's
+//! last error (which may name any project's database objects) are shown to the default
+//! project's `service_role` key only (the operator's; its anon key is public). Other keys
+//! see whether each process is up (leader, `cdc_active`, bus and draining) and their own
+//! project's counts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -131,8 +132,9 @@ async fn health(
     let mut processes = inspector.heard.lock().view(Instant::now());
     let health = inspector.probe.health();
     with_own_front(&mut processes, &health);
-    scope(&mut processes, &verified.project, &role);
-    let projects = project_views(&inspector.usage, &verified.project);
+    let operator = verified.project == crate::DEFAULT_PROJECT && role == "service_role";
+    scope(&mut processes, &verified.project, operator);
+    let projects = project_views(&inspector.usage, &verified.project, operator);
     let body = HealthView {
         front: health.front_id.clone(),
         role,
@@ -143,10 +145,10 @@ async fn health(
 }
 
 /// The projects a key of `project` may see the counts of: its own; every one for the
-/// default project's keys (the operator's).
-fn project_views(usage: &Usage, project: &str) -> BTreeMap<String, ProjectView> {
+/// operator (the default project's `service_role` key).
+fn project_views(usage: &Usage, project: &str, operator: bool) -> BTreeMap<String, ProjectView> {
     let mut all = usage.snapshot();
-    if project != crate::DEFAULT_PROJECT {
+    if !operator {
         all.retain(|p, _| p == project);
         all.entry(project.to_string()).or_default();
     }
@@ -191,14 +193,11 @@ fn with_own_front(processes: &mut Vec<ProcessView>, h: &Health) {
     }
 }
 
-/// What a key of `project` acting as `role` may see of processes that serve every
-/// project (see the module's doc).
-fn scope(processes: &mut [ProcessView], project: &str, role: &str) {
-    let operator = project == crate::DEFAULT_PROJECT;
-    if !(operator && role == "service_role") {
-        hide_errors(processes);
-    }
+/// What a key of `project` may see of processes that serve every project (see the
+/// module's doc): everything for the operator, else whether each is up.
+fn scope(processes: &mut [ProcessView], project: &str, operator: bool) {
     if !operator {
+        hide_errors(processes);
         hide_counts(processes, project);
     }
 }
@@ -313,19 +312,20 @@ mod tests {
             ]
         };
         let mut other = fresh();
-        scope(&mut other, "0b6c", "service_role");
+        scope(&mut other, "0b6c", false);
         let w = other[0].beacon.worker.as_ref().unwrap();
         assert!(w.leader && w.cdc_active);
         assert_eq!((w.changes_total, w.lag_bytes), (0, 0));
         assert_ne!(w.last_error.as_deref(), busy.last_error.as_deref());
         assert_eq!(other[1].beacon.front.as_ref().unwrap().connections, 0);
+        // The default project's anon key is public: it sees no more than another's.
         let mut anon = fresh();
-        scope(&mut anon, "default", "anon");
+        scope(&mut anon, "default", false);
         let w = anon[0].beacon.worker.as_ref().unwrap();
-        assert_eq!(w.changes_total, 42);
+        assert_eq!(w.changes_total, 0);
         assert_ne!(w.last_error.as_deref(), busy.last_error.as_deref());
         let mut operator = fresh();
-        scope(&mut operator, "default", "service_role");
+        scope(&mut operator, "default", true);
         let w = operator[0].beacon.worker.as_ref().unwrap();
         assert_eq!(w.last_error.as_deref(), busy.last_error.as_deref());
         assert_eq!(operator[1].beacon.front.as_ref().unwrap().connections, 9);
@@ -344,7 +344,7 @@ mod tests {
         };
         let mut v = vec![heard("w1", Some(WorkerBeacon::default()), None)];
         v[0].beacon.sources.push(on_s2.clone());
-        scope(&mut v, "0b6c", "service_role");
+        scope(&mut v, "0b6c", false);
         let w = &v[0].beacon.sources[0];
         assert!(w.leader && w.cdc_active && w.source == "s2");
         assert_eq!((w.changes_total, w.lag_bytes), (0, 0));

@@ -24,13 +24,16 @@ use tokio_util::sync::CancellationToken;
 use walcast_bus::subs::BoxFuture;
 use walcast_protocol::server;
 
+mod entry_key;
+
 use crate::presence::{PresenceDiff, PresenceMeta, PresenceStore, RemoteDiffs};
 use crate::topics::TopicKey;
 
 /// The bucket name.
 pub const PRESENCE_BUCKET: &str = "walcast_presence";
 
-/// The largest entry of the bucket: a presence payload plus its topic, key and meta.
+/// The largest entry of the bucket: a tracked payload, topic and key (at most
+/// [`crate::presence::MAX_TRACKED_BYTES`], as JSON) with the rest of its meta.
 const MAX_ENTRY_BYTES: i32 = (crate::presence::MAX_PAYLOAD_BYTES + 16 * 1024) as i32;
 /// The bucket's memory, all projects together.
 const MAX_BUCKET_BYTES: i64 = 256 * 1024 * 1024;
@@ -187,7 +190,7 @@ impl Inner {
             }
             let phx_ref = self.phx_ref();
             let meta = server::presence_meta(&payload, &phx_ref, prev.as_deref());
-            let kv_key = kv_key(&topic, &key, &phx_ref);
+            let kv_key = entry_key::kv_key(&topic, &key, &phx_ref);
             let value = Value {
                 front: self.front.clone(),
                 project: topic.project.clone(),
@@ -529,57 +532,5 @@ async fn expire_loop(inner: Arc<Inner>, cancel: CancellationToken) {
                 }
             }
         }
-    }
-}
-
-/// `<project>.<pub|prv>.<topic>.<presence key>.<phx_ref>`.
-fn kv_key(topic: &TopicKey, key: &str, phx_ref: &str) -> String {
-    let mut out = String::with_capacity(topic.topic.len() + key.len() + 48);
-    push_token(&mut out, &topic.project);
-    out.push_str(if topic.private { ".prv." } else { ".pub." });
-    push_token(&mut out, &topic.topic);
-    out.push('.');
-    push_token(&mut out, key);
-    out.push('.');
-    push_token(&mut out, phx_ref);
-    out
-}
-
-/// One KV key token: `[a-zA-Z0-9-]` as is, every other byte as `_XX` (upper hex), the
-/// empty string as `=`. Injective, and only uses `[-_=a-zA-Z0-9]`.
-fn push_token(out: &mut String, s: &str) {
-    if s.is_empty() {
-        out.push('=');
-        return;
-    }
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' {
-            out.push(b as char);
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('_');
-            out.push(HEX[(b >> 4) as usize] as char);
-            out.push(HEX[(b & 15) as usize] as char);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_valid_kv_keys() {
-        let t = TopicKey {
-            project: "default".into(),
-            private: true,
-            topic: "realtime:room.1 ü/*>".into(),
-        };
-        let k = kv_key(&t, "", "K1a");
-        assert_eq!(k, "default.prv.realtime_3Aroom_2E1_20_C3_BC_2F_2A_3E.=.K1a");
-        assert!(k
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-/_=.".contains(&b)));
-        assert_ne!(kv_key(&t, "a_2E", "r"), kv_key(&t, "a.", "r"));
     }
 }

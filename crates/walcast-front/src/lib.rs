@@ -86,6 +86,7 @@ pub mod kv_presence;
 mod limits;
 mod listen;
 pub mod management;
+mod operator;
 mod outbound;
 pub mod presence;
 mod private;
@@ -402,6 +403,10 @@ impl Parts {
             projects: self.projects.clone(),
             inspector,
             management,
+            figures: Arc::new(operator::Figures {
+                key: operator::OperatorKey::new(self.cfg.management_api_key.as_deref()),
+                usage: self.usage.clone(),
+            }),
         };
         let inner = Inner {
             front_id: self.front_id,
@@ -475,7 +480,8 @@ impl Front {
         self.inner.probe.health()
     }
 
-    /// Every project's counters on this front (`GET /metrics/projects`).
+    /// Every project's counters on this front (served to the operator on
+    /// `GET /metrics/projects`).
     pub fn usage(&self) -> std::collections::BTreeMap<String, usage::ProjectUsage> {
         self.inner.probe.usage.snapshot()
     }

@@ -45,6 +45,9 @@ pub(crate) struct ConnHandle {
     usage: OnceLock<Arc<ProjectCounts>>,
     /// The client sent a Close frame (answered by the socket, not by us).
     peer_closed: AtomicBool,
+    /// Set when its project's keys changed: its read loop verifies each channel's token
+    /// again (a permit is kept if the loop is busy meanwhile).
+    pub recheck: tokio::sync::Notify,
 }
 
 impl ConnHandle {
@@ -57,6 +60,7 @@ impl ConnHandle {
             close: OnceLock::new(),
             usage: OnceLock::new(),
             peer_closed: AtomicBool::new(false),
+            recheck: tokio::sync::Notify::new(),
         };
         (Arc::new(h), rx)
     }

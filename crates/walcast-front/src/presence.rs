@@ -200,12 +200,28 @@ pub(crate) const EVENTS_BURST: u32 = 20;
 /// to every member of the topic in each `presence_state` (a project's smaller
 /// `max_payload_size_in_kb` holds too).
 pub(crate) const MAX_PAYLOAD_BYTES: usize = 8 * 1024;
+/// The largest tracked entry: its payload, topic and presence key, as JSON text (a KV
+/// entry of the presence bucket holds the three, and the bucket's entries are bounded).
+pub(crate) const MAX_TRACKED_BYTES: usize = MAX_PAYLOAD_BYTES + 12 * 1024;
+
+/// The length of `s` as a JSON string (quotes and escapes included), without writing it.
+pub(crate) fn json_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
 
 /// Why a presence event is refused; each shuts the channel (a `system` error with
 /// Supabase's text, then `phx_close`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PresenceRefused {
-    /// The track payload is over [`MAX_PAYLOAD_BYTES`] or the project's payload limit.
+    /// The track payload is over [`MAX_PAYLOAD_BYTES`] or the project's payload limit,
+    /// or with its topic and presence key over [`MAX_TRACKED_BYTES`].
     TooLarge,
     /// The socket is over its presence events/s.
     ClientRate,
@@ -227,12 +243,13 @@ impl PresenceRefused {
     }
 }
 
-/// May this presence event of a socket of `project` go ahead? The payload's size, the
-/// socket's rate, the project's presence rate, its messages and bytes rates. Refusals
-/// are counted and logged.
+/// May this presence event of a socket of `project` go ahead? The payload's size (and
+/// with the channel's `(topic, presence key)`, the entry's), the socket's rate, the
+/// project's presence rate, its messages and bytes rates. Refusals are counted and
+/// logged.
 pub(crate) fn admit(
     usage: &crate::usage::Usage,
-    project: &str,
+    (project, entry): (&str, (&str, &str)),
     events: &mut crate::limits::TokenBucket,
     action: &PresenceAction,
 ) -> Result<(), PresenceRefused> {
@@ -242,6 +259,14 @@ pub(crate) fn admit(
     };
     if size > MAX_PAYLOAD_BYTES {
         let detail = format!("presence payload of {size} bytes, max {MAX_PAYLOAD_BYTES}");
+        usage.refuse(project, "presence_payload", "PayloadSizeExceeded", &detail);
+        return Err(PresenceRefused::TooLarge);
+    }
+    let tracked = size + json_len(entry.0) + json_len(entry.1);
+    if size > 0 && tracked > MAX_TRACKED_BYTES {
+        let detail = format!(
+            "presence entry (payload, topic and key) of {tracked} bytes, max {MAX_TRACKED_BYTES}"
+        );
         usage.refuse(project, "presence_payload", "PayloadSizeExceeded", &detail);
         return Err(PresenceRefused::TooLarge);
     }
@@ -339,6 +364,24 @@ pub(crate) async fn remote_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_len_is_the_length_serde_writes() {
+        for s in [
+            "",
+            "plain",
+            "é🙂",
+            "\"\\/",
+            "\u{0}\u{1}\u{1f}\u{7f}",
+            "\t\r\n\u{8}\u{c}",
+        ] {
+            assert_eq!(
+                json_len(s),
+                serde_json::to_string(s).unwrap().len(),
+                "{s:?}"
+            );
+        }
+    }
 
     fn key() -> TopicKey {
         TopicKey {

@@ -42,7 +42,8 @@ struct Inner {
     directory: Option<Directory>,
     /// The roles a token may act as (`ALLOWED_ROLES`).
     allowed_roles: RwLock<Arc<[String]>>,
-    /// Projects deleted, suspended or made private-only, as refreshes see them.
+    /// Projects deleted, suspended, made private-only or whose keys changed, as refreshes
+    /// (and the ends of rotation windows) see them.
     events: tokio::sync::broadcast::Sender<ProjectEvent>,
 }
 
@@ -55,6 +56,9 @@ struct Entry {
     /// The source (database) its schema is in.
     source: Arc<str>,
     keys: ProjectKeys,
+    /// What its keys were made from (a digest): a refresh that changes it makes every
+    /// session of the project check its token again.
+    keys_tag: [u8; 32],
     status: Status,
 }
 
@@ -93,14 +97,41 @@ impl Table {
         stored.insert(DEFAULT_PROJECT.to_string(), self.default.clone());
         let n = stored.len();
         let mut map = self.write();
-        let events = map
+        let mut events: Vec<ProjectEvent> = map
             .iter()
             .filter_map(|(id, old)| {
                 status::events(id, &old.status, stored.get(id).map(|e| &e.status))
             })
             .collect();
+        events.extend(map.iter().filter_map(|(id, old)| {
+            let new = stored.get(id)?;
+            (new.keys_tag != old.keys_tag).then(|| ProjectEvent::KeysChanged(id.clone()))
+        }));
         *map = stored;
         (n, events)
+    }
+
+    /// The earliest end of a rotation window after `after_ms` (Unix ms), if any.
+    fn next_window_end(&self, after_ms: i64) -> Option<i64> {
+        self.read()
+            .values()
+            .filter_map(|e| e.status.rotated.as_ref().map(|(_, end)| *end))
+            .filter(|end| *end > after_ms)
+            .min()
+    }
+
+    /// The projects whose rotation window ended in `(from_ms, to_ms]`.
+    fn windows_ended(&self, from_ms: i64, to_ms: i64) -> Vec<String> {
+        self.read()
+            .iter()
+            .filter(|(_, e)| {
+                e.status
+                    .rotated
+                    .as_ref()
+                    .is_some_and(|(_, end)| from_ms < *end && *end <= to_ms)
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
@@ -126,6 +157,7 @@ impl Projects {
             schema: Arc::from(DEFAULT_SCHEMA),
             source: Arc::from(DEFAULT_SOURCE),
             keys: default_keys,
+            keys_tag: [0; 32],
             status: Status::default(),
         };
         let mut map = HashMap::new();
@@ -148,8 +180,9 @@ impl Projects {
         }
     }
 
-    /// Projects deleted, suspended or made private-only, as the directory's refreshes
-    /// see them (the front ends their sockets).
+    /// Projects deleted, suspended, made private-only or whose keys changed, as the
+    /// directory's refreshes and the ends of rotation windows see them (the front ends
+    /// their sockets, or checks their sessions' tokens again).
     pub fn events(&self) -> tokio::sync::broadcast::Receiver<ProjectEvent> {
         self.inner.events.subscribe()
     }
@@ -240,6 +273,7 @@ impl Projects {
             schema: Arc::from(schema),
             source: Arc::from(source),
             keys: ProjectKeys::secret(secret),
+            keys_tag: [0; 32],
             status: Status::default(),
         };
         self.write().insert(id.into(), entry);
@@ -338,6 +372,23 @@ impl Projects {
             return Err(AuthError::Suspended(v.project));
         }
         Ok(v)
+    }
+
+    /// Whether a session of `project` may keep acting with `token`: verified again with the
+    /// project's keys in force now (a rotated secret only within its window), its times
+    /// and role checked, the project neither gone nor suspended. From what this front
+    /// knows, without asking the worker: sessions are checked again whenever a project's
+    /// keys change ([`ProjectEvent::KeysChanged`]).
+    pub fn check_session(&self, project: &str, token: &str) -> Result<(), AuthError> {
+        let entry = self
+            .entry(project)
+            .ok_or_else(|| AuthError::UnknownProject(project.to_string()))?;
+        let v = verify_with(project.to_string(), &entry.schema, entry.keys_now(), token)?;
+        self.check_role(&v)?;
+        if entry.status.suspended {
+            return Err(AuthError::Suspended(v.project));
+        }
+        Ok(())
     }
 
     /// Verify a token for a known project: its `ref` claim, if any, must name it.

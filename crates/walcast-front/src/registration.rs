@@ -37,8 +37,16 @@ use crate::projects::Projects;
 use crate::registry::{Registry, Removed};
 use crate::telemetry;
 
-/// Attempts of a background registration before the client is told it failed.
-const BACKGROUND_ATTEMPTS: usize = 3;
+/// Attempts of a registration in the background or on a resync, at least, before the
+/// client is told it failed.
+const BACKGROUND_ATTEMPTS: u32 = 3;
+/// How long a background registration is tried again while no leader answers, before
+/// its channel is told it failed: a takeover (a frozen or killed leader replaced within
+/// its lease, and the new one answering) is not a failure. As long as the fronts give a
+/// source without a leader before telling its subscribers.
+const BACKGROUND_PATIENCE: Duration = crate::source_watch::NO_LEADER_GRACE;
+/// The pause between two attempts (a request no worker listens to fails at once).
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// Joined subscriptions waiting for their background registration; when full, a join
 /// waits for the worker instead.
 pub(crate) const BACKGROUND_QUEUE: usize = 65_536;
@@ -216,23 +224,33 @@ impl Registrar {
         self.register(slow).await
     }
 
-    /// [`Registrar::register`], tried up to [`BACKGROUND_ATTEMPTS`] times while the
-    /// request fails as a whole (`what` names the caller in the logs).
+    /// [`Registrar::register`], tried again while the request fails as a whole: at
+    /// least [`BACKGROUND_ATTEMPTS`] times, and until `patience` has passed (`what` names
+    /// the caller in the logs).
     async fn register_retrying(
         &self,
         specs: &[SubscriptionSpec],
         what: &'static str,
+        patience: Duration,
     ) -> Result<Refused, BusError> {
+        let started = tokio::time::Instant::now();
         let mut attempt = 1;
         loop {
             match self.register(specs.to_vec()).await {
-                Err(e) if attempt < BACKGROUND_ATTEMPTS => {
+                Err(e) if attempt < BACKGROUND_ATTEMPTS || started.elapsed() < patience => {
                     tracing::warn!(attempt, error = %e, what, "registration failed; retrying");
                     attempt += 1;
+                    tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 outcome => return outcome,
             }
         }
+    }
+
+    /// How long a background registration may take at most, tries and pauses included.
+    fn background_limit(&self) -> Duration {
+        let tries = (self.register_timeout + RETRY_PAUSE) * BACKGROUND_ATTEMPTS;
+        BACKGROUND_PATIENCE.max(tries) + self.register_timeout
     }
 
     /// The worker's registration of subscriptions already in effect; one it refuses (the
@@ -240,7 +258,9 @@ impl Registrar {
     /// told, as a refused join would have been.
     async fn register_in_background(self: &Arc<Self>, subs: Vec<(u64, SubscriptionSpec)>) {
         let specs: Vec<SubscriptionSpec> = subs.iter().map(|(_, s)| s.clone()).collect();
-        let outcome = self.register_retrying(&specs, "background").await;
+        let outcome = self
+            .register_retrying(&specs, "background", BACKGROUND_PATIENCE)
+            .await;
         let refused: Refused = match outcome {
             Ok(refused) => refused,
             Err(e) => specs
@@ -332,7 +352,7 @@ impl Registrar {
         }
         let me = self.clone();
         self.tracker.spawn(async move {
-            let limit = me.register_timeout * BACKGROUND_ATTEMPTS as u32;
+            let limit = me.background_limit();
             me.registry().settle(&removed.classes, limit).await;
             me.send_unregister(removed.by_source()).await;
         });
@@ -356,7 +376,9 @@ impl Registrar {
     /// refuses, or what could not be registered at all, ends with a `system` error to its
     /// channel: a subscription the new leader does not know would stay subscribed and deaf.
     async fn resync_chunk(self: &Arc<Self>, chunk: &[SubscriptionSpec]) {
-        let outcome = self.register_retrying(chunk, "resync").await;
+        let outcome = self
+            .register_retrying(chunk, "resync", Duration::ZERO)
+            .await;
         let refused: Refused = match outcome {
             Ok(refused) => refused,
             Err(e) => chunk

@@ -37,10 +37,12 @@ pub enum Notice {
     Streaming,
 }
 
-/// A source not streaming since `since`; `told`: its clients were told.
+/// A source not streaming since `since`, a worker reporting an error about it since
+/// `reported` (if one does now); `told`: its clients were told.
 #[derive(Debug, Clone, Copy)]
 struct Down {
     since: Instant,
+    reported: Option<Instant>,
     told: bool,
 }
 
@@ -66,14 +68,21 @@ impl Watch {
         };
         let down = self.down.entry(source.to_string()).or_insert(Down {
             since: now,
+            reported: None,
             told: false,
         });
-        let grace = if reported {
-            FAILING_GRACE
-        } else {
-            NO_LEADER_GRACE
+        // An error counts from when it is first reported, not from when the stream
+        // stopped: a new leader's passing error while it takes over (the old session
+        // still holding the slot) is no failure unless it lasts.
+        down.reported = match reported {
+            true => Some(down.reported.unwrap_or(now)),
+            false => None,
         };
-        if down.told || now.saturating_duration_since(down.since) < grace {
+        let failing = down
+            .reported
+            .is_some_and(|at| now.saturating_duration_since(at) >= FAILING_GRACE);
+        let leaderless = now.saturating_duration_since(down.since) >= NO_LEADER_GRACE;
+        if down.told || !(failing || leaderless) {
             return None;
         }
         down.told = true;
@@ -209,6 +218,41 @@ mod tests {
             w.observe("s", none, t1 + FAILING_GRACE * 4 + NO_LEADER_GRACE),
             Some(Notice::Failing("no cdc-worker is reading it"))
         );
+    }
+
+    #[test]
+    fn an_error_counts_from_its_first_report_not_from_the_stop() {
+        let mut w = Watch::default();
+        let t0 = Instant::now();
+        let none = Some(("no cdc-worker is reading it", false));
+        let slot = Some(("its replication slot cannot be used", true));
+        // A takeover: no leader heard for a while, then the new one's passing error
+        // (the old session still holds the slot), then it streams: nothing to tell.
+        assert_eq!(w.observe("s", none, t0), None);
+        let t1 = t0 + Duration::from_secs(8);
+        assert_eq!(w.observe("s", none, t1), None);
+        assert_eq!(w.observe("s", slot, t1 + Duration::from_secs(1)), None);
+        assert_eq!(w.observe("s", slot, t1 + Duration::from_secs(2)), None);
+        assert_eq!(w.observe("s", None, t1 + Duration::from_secs(3)), None);
+        // The same error lasting past its grace is told, once.
+        let t2 = t1 + Duration::from_secs(10);
+        assert_eq!(w.observe("s", none, t2), None);
+        assert_eq!(w.observe("s", slot, t2 + Duration::from_secs(1)), None);
+        assert_eq!(
+            w.observe("s", slot, t2 + Duration::from_secs(1) + FAILING_GRACE),
+            Some(Notice::Failing("its replication slot cannot be used"))
+        );
+        // An error that comes and goes starts its grace again.
+        let t3 = t2 + Duration::from_secs(20);
+        assert_eq!(
+            w.observe("s", None, t3),
+            Some(Notice::Streaming),
+            "streams again"
+        );
+        assert_eq!(w.observe("s", slot, t3), None);
+        assert_eq!(w.observe("s", none, t3 + FAILING_GRACE / 2), None);
+        assert_eq!(w.observe("s", slot, t3 + FAILING_GRACE), None);
+        assert_eq!(w.observe("s", slot, t3 + FAILING_GRACE * 3 / 2), None);
     }
 
     #[test]

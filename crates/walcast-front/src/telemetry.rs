@@ -185,7 +185,8 @@ fn describe_failures() {
     metrics::describe_counter!(
         LIMITS,
         "Requests refused by a limit, by limit (connections, frame_size, join_rate, channels, \
-         bindings, sse_opens, presence_events, presence_payload, rest_broadcast)"
+         bindings, sse_opens, presence_events, presence_payload, rest_broadcast, \
+         waiting_frames)"
     );
     metrics::describe_counter!(
         SLOW_CONSUMERS,

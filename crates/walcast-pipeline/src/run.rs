@@ -112,11 +112,18 @@ pub async fn run(
         };
         health.set_active(false);
         let Err(e) = result else { return Ok(()) };
+        let term_over = e.retry() == Retry::Fenced || cancel.is_cancelled();
+        if term_over || fence.check(Action::Read).is_err() {
+            // The term is over: another worker leads, or soon will. Neither the fence
+            // nor what losing the term caused (our walsender ended by the new leader)
+            // is a failure of the source: `/health` and the beacon, which tell the
+            // fronts whether to warn its subscribers, keep no error for it.
+            tracing::info!(error = %e, "leadership term over: the pipeline stops");
+            return Ok(());
+        }
         health.set_error(Some(e.to_string()));
-        match e.retry() {
-            Retry::Fenced => return Ok(()),
-            Retry::Never => return Err(e),
-            Retry::Backoff => {}
+        if e.retry() == Retry::Never {
+            return Err(e);
         }
         let wait = SESSION_BACKOFF.delay(failures);
         failures = failures.saturating_add(1);

@@ -1,6 +1,9 @@
 //! The worker side of the admin protocol ([`walcast_bus::admin`]): the project list for
 //! the fronts' key verification, and enabling realtime per table for their REST API.
 //!
+//! Private-channel checks and SSE snapshot reads evaluate the tenants' policies: those
+//! run on the check login's sessions ([`crate::check_login`]), never on walcast's own.
+//!
 //! A table is always looked up in its project's schema (`public` for the default
 //! project, `project_<hex>` for the others), so a project can never enable, disable or
 //! list another project's tables.
@@ -17,6 +20,7 @@ use walcast_bus::subs::BoxFuture;
 
 use crate::authorize::channel::Channel;
 use crate::catalog::tables::{self, RealtimeTablesError};
+use crate::check_login::CheckSessions;
 use crate::error::RealtimeError;
 use crate::projects::{self, ProjectError};
 use crate::roles::RolePolicy;
@@ -38,6 +42,8 @@ pub struct Admin {
 
 struct Inner {
     database_url: String,
+    /// The check login's sessions: everything that runs a tenant's policies.
+    checks: CheckSessions,
     /// `[0]` for ordered requests (see [`AdminRequest::is_ordered`]), the rest for reads.
     sessions: Vec<Mutex<Option<Client>>>,
     next_read: AtomicUsize,
@@ -49,10 +55,13 @@ struct Inner {
 }
 
 impl Admin {
-    pub fn new(database_url: String, roles: RolePolicy) -> Admin {
+    /// Answers with `database_url` (walcast's own login), and runs the tenants' policies
+    /// on `check_url` (the check login).
+    pub fn new(database_url: String, check_url: &str, roles: RolePolicy) -> Admin {
         Admin {
             inner: Arc::new(Inner {
                 database_url,
+                checks: CheckSessions::new(check_url, SESSION_LIMITS, READ_SESSIONS),
                 sessions: (0..=READ_SESSIONS).map(|_| Mutex::new(None)).collect(),
                 next_read: AtomicUsize::new(0),
                 roles,
@@ -66,10 +75,11 @@ impl Admin {
     /// source's own database), and no project list or management request.
     pub fn for_source(
         database_url: String,
+        check_url: &str,
         roles: RolePolicy,
         projects: Arc<SourceProjects>,
     ) -> Admin {
-        let mut a = Admin::new(database_url, roles);
+        let mut a = Admin::new(database_url, check_url, roles);
         if let Some(inner) = Arc::get_mut(&mut a.inner) {
             inner.projects = Some(projects);
         }
@@ -167,7 +177,7 @@ impl Admin {
                 "no database session",
             ));
         };
-        let result = run(client, &self.inner.roles, req, schema).await;
+        let result = run(client, &self.inner.checks, &self.inner.roles, req, schema).await;
         if let Err(e) = &result {
             if e.kind == AdminErrorKind::Internal {
                 // The session is suspect: reconnect next time.
@@ -191,6 +201,13 @@ impl AdminHandler for Admin {
                 .unwrap_or_else(|e| Err(internal(format!("admin request task: {e}"))))
         })
     }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> AdminError {
+    AdminError::new(
+        AdminErrorKind::Unavailable,
+        format!("the check login's session: {e}"),
+    )
 }
 
 fn internal(e: impl std::fmt::Display) -> AdminError {
@@ -236,6 +253,7 @@ async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError>
 /// of the asking project's channel.
 async fn private_channel(
     client: &Client,
+    checks: &CheckSessions,
     roles: &RolePolicy,
     req: AdminRequest,
 ) -> Result<AdminReply, AdminError> {
@@ -252,10 +270,18 @@ async fn private_channel(
                 project: &project,
                 topic: &topic,
             };
-            let allowed = crate::authorize::channel::may(client, roles, channel, &claims, write)
-                .await
-                .map_err(db)?;
-            Ok(AdminReply::Authorized { allowed })
+            let mut check = checks.session().await.map_err(unavailable)?;
+            let Some(on) = check.client() else {
+                return Err(unavailable("no check session"));
+            };
+            let allowed =
+                crate::authorize::channel::may(client, on, roles, channel, &claims, write).await;
+            if allowed.is_err() {
+                check.discard();
+            }
+            Ok(AdminReply::Authorized {
+                allowed: allowed.map_err(db)?,
+            })
         }
         AdminRequest::Replay {
             project,
@@ -298,6 +324,7 @@ fn project_of(req: &AdminRequest) -> Option<&str> {
 /// source's admin), else read here.
 async fn run(
     client: &mut Client,
+    checks: &CheckSessions,
     roles: &RolePolicy,
     req: AdminRequest,
     schema: Option<String>,
@@ -323,7 +350,7 @@ async fn run(
             enabled,
         } => set_realtime(client, project, table, enabled, schema).await,
         req @ (AdminRequest::AuthorizeChannel { .. } | AdminRequest::Replay { .. }) => {
-            private_channel(client, roles, req).await
+            private_channel(client, checks, roles, req).await
         }
         AdminRequest::SnapshotRows {
             project,
@@ -351,8 +378,18 @@ async fn run(
                 max_rows,
                 max_bytes,
             };
-            let rows = crate::authorize::rows::read(client, roles, req).await?;
-            Ok(AdminReply::SnapshotRows(rows))
+            let mut check = checks.session().await.map_err(unavailable)?;
+            let Some(on) = check.client() else {
+                return Err(unavailable("no check session"));
+            };
+            let rows = crate::authorize::rows::read(client, on, roles, req).await;
+            if rows
+                .as_ref()
+                .is_err_and(|e| e.kind == AdminErrorKind::Internal)
+            {
+                check.discard();
+            }
+            Ok(AdminReply::SnapshotRows(rows?))
         }
         AdminRequest::ListTables { project } => {
             if schema.is_none() {

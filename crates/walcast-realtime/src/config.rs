@@ -46,9 +46,11 @@ impl Default for LinkOptions {
 /// Realtime delivery's own settings (the slot and sources are the pipeline's).
 #[derive(Clone, Debug)]
 pub struct RealtimeConfig {
-    /// For the catalog (types, the realtime tables) and the RLS checks:
-    /// `DATABASE_URL`.
+    /// For the catalog (types, the realtime tables): `DATABASE_URL`, walcast's own login.
     pub database_url: String,
+    /// For the RLS checks, run as each subscriber: `CHECK_DATABASE_URL`, the check login
+    /// (see [`crate::check_login`]).
+    pub check_url: String,
     /// How row-level security is checked (batching, shards, timeout).
     pub rls: RlsOptions,
     /// A change whose values are larger is delivered without them (`Error 413`).
@@ -81,10 +83,11 @@ impl Default for LaneLimits {
 }
 
 impl RealtimeConfig {
-    /// The defaults, against `database_url`.
-    pub fn new(database_url: &str) -> RealtimeConfig {
+    /// The defaults, against `database_url`, checking on `check_url`.
+    pub fn new(database_url: &str, check_url: &str) -> RealtimeConfig {
         RealtimeConfig {
             database_url: database_url.to_string(),
+            check_url: check_url.to_string(),
             rls: RlsOptions::default(),
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             lanes: LaneLimits::default(),

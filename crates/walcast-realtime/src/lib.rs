@@ -14,6 +14,7 @@
 //! - [`catalog`]: the realtime tables, types, and the catalog facts at a WAL position;
 //! - [`admin`], [`projects`], [`roles`]: the fronts' admin requests, the project
 //!   directory, which roles a token may act as;
+//! - [`check_login`]: the login tenant SQL runs on, checked at start;
 //! - [`sources`]: the sources registry (the databases walcast reads);
 //! - [`migrate`]: walcast's SQL schema; [`config`], [`error`], [`telemetry`].
 
@@ -22,6 +23,7 @@
 pub mod admin;
 pub mod authorize;
 pub mod catalog;
+pub mod check_login;
 pub mod config;
 pub mod delivery;
 pub mod error;

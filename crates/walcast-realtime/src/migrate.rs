@@ -102,6 +102,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "auth_claim_settings",
         include_str!("../../../sql/0023_auth_claim_settings.sql"),
     ),
+    (
+        24,
+        "check_login",
+        include_str!("../../../sql/0024_check_login.sql"),
+    ),
 ];
 
 /// Arbitrary, fixed key of the advisory lock that serialises migrations.

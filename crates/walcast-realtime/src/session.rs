@@ -71,6 +71,7 @@ impl RealtimeFactory {
             catalog_tracking(session.replication, slot_name, session.slot, session.health).await?;
         let opts = RealtimeOptions {
             database_url: self.cfg.database_url.clone(),
+            check_url: self.cfg.check_url.clone(),
             rls: self.cfg.rls.clone(),
             max_record_bytes: self.cfg.max_record_bytes,
             health: session.health.clone(),

@@ -27,6 +27,10 @@ pub struct Source {
     pub replication_url: Option<String>,
     /// `None` for the default source only (its slot is `CDC_SLOT_NAME`).
     pub slot_name: Option<String>,
+    /// The check login's URL on its database (the default source's is
+    /// `CHECK_DATABASE_URL`; `None` for a source added before there was one: its worker
+    /// then refuses to read it until it is set).
+    pub check_url: Option<String>,
     /// RFC 3339, UTC, milliseconds.
     pub created_at: String,
 }
@@ -40,6 +44,8 @@ pub struct NewSource {
     pub replication_url: Option<String>,
     /// `None`: [`default_slot_name`].
     pub slot_name: Option<String>,
+    /// The URL of its check login (see `walcast_realtime::check_login`).
+    pub check_url: Option<String>,
 }
 
 /// The URLs a source is read with.
@@ -49,6 +55,8 @@ pub struct SourceUrls {
     pub database_url: String,
     /// The replication slot.
     pub replication_url: String,
+    /// The check login's (`None`: not set).
+    pub check_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +75,8 @@ pub enum SourceError {
     SlotName(String),
     #[error("source {0:?}: a database URL is required")]
     NoDatabaseUrl(String),
+    #[error("source {0:?}: a check login URL is required (SOURCE_CHECK_URL: a login of its own with no privileges, see docs/security.md)")]
+    NoCheckUrl(String),
     #[error("a source named {0:?} already exists")]
     DuplicateName(String),
     #[error("replication slot {0:?} is already the slot of another source (two sources on one server need different slot names: pass another --slot-name)")]
@@ -110,31 +120,35 @@ pub fn check_new_name(name: &str) -> Result<&str, SourceError> {
 }
 
 impl NewSource {
-    /// Checked: the name ([`check_new_name`]), a database URL, the slot name (given or
-    /// [`default_slot_name`]); an empty replication URL is none.
+    /// Checked: the name ([`check_new_name`]), a database URL, a check login URL, the slot
+    /// name (given or [`default_slot_name`]); an empty replication URL is none.
     pub fn checked(&self) -> Result<NewSource, SourceError> {
         let name = check_new_name(&self.name)?.to_string();
         let database_url = self.database_url.trim().to_string();
         if database_url.is_empty() {
             return Err(SourceError::NoDatabaseUrl(name));
         }
+        let check_url =
+            non_empty(self.check_url.as_deref()).ok_or(SourceError::NoCheckUrl(name.clone()))?;
         let slot = match &self.slot_name {
             Some(s) => s.clone(),
             None => default_slot_name(&name),
         };
         check_slot_name(&slot)?;
         Ok(NewSource {
-            replication_url: self
-                .replication_url
-                .as_deref()
-                .map(str::trim)
-                .filter(|u| !u.is_empty())
-                .map(str::to_string),
+            replication_url: non_empty(self.replication_url.as_deref()),
+            check_url: Some(check_url),
             name,
             database_url,
             slot_name: Some(slot),
         })
     }
+}
+
+fn non_empty(url: Option<&str>) -> Option<String> {
+    url.map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_string)
 }
 
 impl Source {
@@ -144,16 +158,27 @@ impl Source {
     }
 
     /// The URLs this source is read with. The default source's are the deployment's own
-    /// (`database_url`: DATABASE_URL, `replication_url`: POSTGRES_REPLICATION_URL); any
-    /// other's are its row's, its replication URL defaulting to its database URL.
-    pub fn urls(&self, database_url: &str, replication_url: Option<&str>) -> SourceUrls {
-        let (db, repl) = match (&self.database_url, self.is_default()) {
-            (Some(db), false) => (db.as_str(), self.replication_url.as_deref()),
-            _ => (database_url, replication_url),
+    /// (`database_url`: DATABASE_URL, `replication_url`: POSTGRES_REPLICATION_URL,
+    /// `check_url`: CHECK_DATABASE_URL); any other's are its row's, its replication URL
+    /// defaulting to its database URL.
+    pub fn urls(
+        &self,
+        database_url: &str,
+        replication_url: Option<&str>,
+        check_url: Option<&str>,
+    ) -> SourceUrls {
+        let (db, repl, check) = match (&self.database_url, self.is_default()) {
+            (Some(db), false) => (
+                db.as_str(),
+                self.replication_url.as_deref(),
+                self.check_url.as_deref(),
+            ),
+            _ => (database_url, replication_url, check_url),
         };
         SourceUrls {
             database_url: db.to_string(),
             replication_url: repl.unwrap_or(db).to_string(),
+            check_url: check.map(str::to_string),
         }
     }
 
@@ -173,56 +198,16 @@ impl Source {
             "database_url": self.database_url.as_deref().map(redact_url),
             "replication_url": self.replication_url.as_deref().map(redact_url),
             "slot_name": self.slot_name,
+            "check_url": self.check_url.as_deref().map(redact_url),
             "created_at": self.created_at,
         })
     }
 }
 
-/// A connection URL with its password hidden: the user-info password of a URL
-/// (`postgres://u:***@h/db`), and a `password` parameter of its query string or of a
-/// `key=value` connection string.
-pub fn redact_url(url: &str) -> String {
-    let url = match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, tail) = match rest.find(['/', '?']) {
-                Some(i) => rest.split_at(i),
-                None => (rest, ""),
-            };
-            match authority.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-                    None => url.to_string(),
-                },
-                None => url.to_string(),
-            }
-        }
-        None => url.to_string(),
-    };
-    redact_password_params(&url)
-}
-
-/// `password=…` (in a query string or a `key=value` string) as `password=***`.
-fn redact_password_params(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find("password=") {
-        let starts_word = i == 0 || matches!(rest.as_bytes()[i - 1], b'?' | b'&' | b' ');
-        let (before, after) = rest.split_at(i + "password=".len());
-        out.push_str(before);
-        if !starts_word {
-            rest = after;
-            continue;
-        }
-        let end = after.find(['&', ' ']).unwrap_or(after.len());
-        out.push_str("***");
-        rest = &after[end..];
-    }
-    out.push_str(rest);
-    out
-}
+pub use walcast_core::redact::redact_url;
 
 const COLUMNS: &str = "name, database_url, replication_url, slot_name,
-    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), check_url";
 
 fn from_row(r: &Row) -> Source {
     Source {
@@ -231,6 +216,7 @@ fn from_row(r: &Row) -> Source {
         replication_url: r.get(2),
         slot_name: r.get(3),
         created_at: r.get(4),
+        check_url: r.get(5),
     }
 }
 
@@ -266,14 +252,15 @@ pub async fn add<C: GenericClient>(client: &C, new: &NewSource) -> Result<Source
     let row = client
         .query_one(
             &format!(
-                "INSERT INTO walcast.sources (name, database_url, replication_url, slot_name)
-                 VALUES ($1, $2, $3, $4) RETURNING {COLUMNS}"
+                "INSERT INTO walcast.sources (name, database_url, replication_url, slot_name, check_url)
+                 VALUES ($1, $2, $3, $4, $5) RETURNING {COLUMNS}"
             ),
             &[
                 &new.name,
                 &new.database_url,
                 &new.replication_url,
                 &new.slot_name,
+                &new.check_url,
             ],
         )
         .await
@@ -295,6 +282,31 @@ fn duplicate(e: tokio_postgres::Error, new: &NewSource) -> SourceError {
         }
         _ => SourceError::DuplicateName(new.name.clone()),
     }
+}
+
+/// Set the check login's URL of source `name` (not the default's: that is
+/// `CHECK_DATABASE_URL`); its worker reads it at its next start of the source.
+pub async fn set_check_url<C: GenericClient>(
+    client: &C,
+    name: &str,
+    check_url: &str,
+) -> Result<Source, SourceError> {
+    if walcast_bus::source::is_default(name) {
+        return Err(SourceError::Default);
+    }
+    let check_url =
+        non_empty(Some(check_url)).ok_or_else(|| SourceError::NoCheckUrl(name.to_string()))?;
+    let row = client
+        .query_opt(
+            &format!(
+                "UPDATE walcast.sources SET check_url = $2 WHERE name = $1 RETURNING {COLUMNS}"
+            ),
+            &[&name, &check_url],
+        )
+        .await?;
+    row.as_ref()
+        .map(from_row)
+        .ok_or_else(|| SourceError::Unknown(name.to_string()))
 }
 
 /// Remove a source, refused while projects are on it; returns the removed row (its slot

@@ -4,6 +4,7 @@ fn new(name: &str) -> NewSource {
     NewSource {
         name: name.to_string(),
         database_url: "postgres://u:pw@h/db".to_string(),
+        check_url: Some("postgres://check:pw@h/db".to_string()),
         ..NewSource::default()
     }
 }
@@ -43,6 +44,16 @@ fn names_are_checked_and_the_default_refused() {
         no_url.checked().unwrap_err(),
         SourceError::NoDatabaseUrl(_)
     ));
+    for blank in [None, Some(" ")] {
+        let no_check = NewSource {
+            check_url: blank.map(Into::into),
+            ..new("a")
+        };
+        assert!(matches!(
+            no_check.checked().unwrap_err(),
+            SourceError::NoCheckUrl(_)
+        ));
+    }
 }
 
 #[test]
@@ -82,6 +93,7 @@ fn source(name: &str, db: Option<&str>, repl: Option<&str>, slot: Option<&str>) 
         database_url: db.map(Into::into),
         replication_url: repl.map(Into::into),
         slot_name: slot.map(Into::into),
+        check_url: db.map(|d| format!("{d}-check")),
         created_at: "2026-01-01T00:00:00.000Z".into(),
     }
 }
@@ -92,13 +104,18 @@ fn effective_urls_and_slots() {
     let urls = |db: &str, repl: &str| SourceUrls {
         database_url: db.into(),
         replication_url: repl.into(),
+        check_url: Some(format!("{db}-check")),
     };
     assert_eq!(
-        d.urls("postgres://ctl", None),
+        d.urls("postgres://ctl", None, Some("postgres://ctl-check")),
         urls("postgres://ctl", "postgres://ctl")
     );
     assert_eq!(
-        d.urls("postgres://ctl", Some("postgres://repl")),
+        d.urls(
+            "postgres://ctl",
+            Some("postgres://repl"),
+            Some("postgres://ctl-check")
+        ),
         urls("postgres://ctl", "postgres://repl")
     );
     assert_eq!(d.slot("walcast"), "walcast");
@@ -109,7 +126,11 @@ fn effective_urls_and_slots() {
         Some("walcast_src_shop"),
     );
     assert_eq!(
-        s.urls("postgres://ctl", Some("postgres://repl")),
+        s.urls(
+            "postgres://ctl",
+            Some("postgres://repl"),
+            Some("postgres://ctl-check")
+        ),
         urls("postgres://shop", "postgres://shop")
     );
     assert_eq!(s.slot("walcast"), "walcast_src_shop");
@@ -120,7 +141,7 @@ fn effective_urls_and_slots() {
         Some("x"),
     );
     assert_eq!(
-        s.urls("postgres://ctl", None),
+        s.urls("postgres://ctl", None, None),
         urls("postgres://shop", "postgres://shop-r")
     );
 }
@@ -149,7 +170,7 @@ fn passwords_are_hidden() {
             "postgres://h/db?application_name=a@b",
         ),
         ("host=x password=y user=z", "host=x password=*** user=z"),
-        ("host=x nopassword=y", "host=x nopassword=y"),
+        ("host=x sslpassword=y", "host=x sslpassword=***"),
     ] {
         assert_eq!(redact_url(url), want, "{url}");
     }

@@ -121,9 +121,9 @@ fn config(url: String, source: SourceKind) -> PipelineConfig {
 }
 
 /// Realtime delivery of a pipeline, with its matcher.
-fn realtime(url: &str, matcher: Arc<Matcher>) -> Vec<Arc<dyn ConsumerFactory>> {
+fn realtime(pg: &Postgres, matcher: Arc<Matcher>) -> Vec<Arc<dyn ConsumerFactory>> {
     walcast_realtime::factories(
-        RealtimeConfig::new(url),
+        RealtimeConfig::new(&pg.url(), &pg.check_url()),
         matcher,
         walcast_realtime::FrontLinks::new(Default::default()),
     )
@@ -174,7 +174,7 @@ async fn stops_at_its_fence_deadline(source: SourceKind) {
     let fence = Fence::new(7, CancellationToken::new(), deadline);
     let health = Arc::new(PipelineHealth::new("fence_slot"));
     let cfg = config(pg.url(), source);
-    let consumers = realtime(&pg.url(), Matcher::new());
+    let consumers = realtime(&pg, Matcher::new());
     let run = walcast_pipeline::run(cfg, bus.clone(), health, fence.clone(), consumers);
     let result = tokio::time::timeout(Duration::from_secs(30), run)
         .await

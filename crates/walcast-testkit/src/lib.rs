@@ -37,5 +37,5 @@ pub use error::KitError;
 pub use nats::Nats;
 pub use nats_cluster::NatsCluster;
 pub use ports::free_port;
-pub use postgres::{Postgres, PostgresBuilder};
+pub use postgres::{as_check_login, Postgres, PostgresBuilder, CHECK_LOGIN};
 pub use proxy::TcpProxy;

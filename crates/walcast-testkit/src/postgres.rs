@@ -10,6 +10,11 @@ use crate::process::{chown_tree, run, run_as_for_postgres, RunAs, Supervised};
 use crate::{free_port, KitError};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The login every cluster of the kit has for walcast's `CHECK_DATABASE_URL`: the session
+/// user of the connections that run tenant SQL (row-level security policies and the
+/// like), with no privileges of its own. walcast grants it the API roles at start.
+pub const CHECK_LOGIN: &str = "walcast_check";
 const BIND_RETRIES: usize = 5;
 
 /// Settings for a throwaway cluster. Start with [`Postgres::builder`].
@@ -163,7 +168,20 @@ impl Postgres {
             dir,
         };
         pg.boot(true)?;
+        pg.create_check_login()?;
         Ok(pg)
+    }
+
+    /// Create [`CHECK_LOGIN`] (with the superuser's password when there is one).
+    fn create_check_login(&self) -> Result<(), KitError> {
+        let password = match &self.password {
+            Some(p) => format!(" PASSWORD '{}'", p.replace('\'', "''")),
+            None => String::new(),
+        };
+        self.psql(&format!(
+            "CREATE ROLE {CHECK_LOGIN} LOGIN NOINHERIT{password}"
+        ))
+        .map(|_| ())
     }
 
     /// Start the server process; with `new_port`, pick a fresh free port (retrying binds).
@@ -268,6 +286,24 @@ impl Postgres {
         }
     }
 
+    /// Connection URL of [`CHECK_LOGIN`] for the `postgres` database: walcast's
+    /// `CHECK_DATABASE_URL`.
+    pub fn check_url(&self) -> String {
+        self.check_url_for("postgres")
+    }
+
+    /// [`Postgres::check_url`] for `database`.
+    pub fn check_url_for(&self, database: &str) -> String {
+        match &self.password {
+            None => self.url_for(CHECK_LOGIN, database),
+            Some(password) => format!(
+                "postgres://{CHECK_LOGIN}:{}@127.0.0.1:{}/{database}",
+                percent_encode(password),
+                self.port
+            ),
+        }
+    }
+
     /// Connection URL for `user` (trust auth) and `database`.
     pub fn url_for(&self, user: &str, database: &str) -> String {
         format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
@@ -310,6 +346,21 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// `url` (a kit cluster's URL, any user) with the user [`CHECK_LOGIN`] instead, its
+/// password kept: the check login's URL for the same server and database.
+pub fn as_check_login(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((_, password)) => format!("{scheme}://{CHECK_LOGIN}:{password}@{host}"),
+            None => format!("{scheme}://{CHECK_LOGIN}@{host}"),
+        },
+        None => format!("{scheme}://{CHECK_LOGIN}@{rest}"),
     }
 }
 

@@ -6,7 +6,6 @@ use anyhow::Context;
 use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use walcast_bus::admin::AdminHandler;
@@ -20,6 +19,7 @@ use walcast_realtime::subscriptions::registrar::Registrar;
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
 use crate::http::{ops_router, serve, OpsState};
 use crate::leader::{Leader, Parts};
+use crate::server::Listening;
 use crate::share::Workers;
 use crate::supervisor;
 use walcast_bus::source::DEFAULT_SOURCE;
@@ -36,7 +36,7 @@ pub struct CdcWorkerConfig {
     #[command(flatten)]
     pub roles: crate::config::RolesArgs,
     /// NATS server to publish changes to.
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: crate::config::NatsAuthArgs,
@@ -56,6 +56,7 @@ pub fn describe(
     json!({
         "database_url": redact_url(&db.database_url),
         "replication_url": db.replication_url.as_deref().map(redact_url),
+        "check_database_url": db.check_database_url.as_deref().map(redact_url),
         "nats_url": nats_url.map(redact_url),
         "cdc_source": cdc.source.to_string(),
         "ack_interval_ms": cdc.ack_interval_ms,
@@ -80,8 +81,8 @@ pub fn describe(
         "lease_mode": cdc.lease.lease_mode.to_string(),
         "lease_name": cdc.lease.lease_name,
         "lease_duration_secs": cdc.lease.lease_duration_secs,
-        "lease_kube_api_url": cdc.lease.lease_kube_api_url,
-        "listen": format!("{}:{}", http.host, http.port),
+        "lease_kube_api_url": cdc.lease.lease_kube_api_url.as_deref().map(redact_url),
+        "http": http.describe(),
         "outbox": cdc.outbox.describe(),
         "changes": cdc.changes.describe(),
     })
@@ -109,12 +110,14 @@ pub async fn run(
     roles: walcast_realtime::roles::RolePolicy,
     front: Option<walcast_front::Front>,
     origin: String,
-    listener: TcpListener,
+    listener: Listening,
     metrics: PrometheusHandle,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     preflight(db, cdc).await?;
     migrate(&db.database_url).await?;
+    crate::database::check_login(&db.database_url, db.check_database_url.as_deref(), &roles)
+        .await?;
     let tag = session_tag(&origin);
     let known_fronts = KnownFronts::default();
     let parts = Parts {
@@ -247,7 +250,7 @@ fn spawn_front_listener(
 /// The ops endpoints (and the front's routes, in one process) until `cancel`.
 fn spawn_http(
     tracker: &TaskTracker,
-    listener: TcpListener,
+    listener: Listening,
     front: Option<&walcast_front::Front>,
     state: OpsState,
     cancel: CancellationToken,
@@ -281,9 +284,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     )
     .await
     .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
-    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
-        .await
-        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let listener = cfg.http.bind().await?;
     let cancel = crate::shutdown::on_signal();
     let roles = cfg.roles.policy();
     let registrar = Registrar::new(
@@ -293,6 +294,7 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     );
     let admin = Arc::new(walcast_realtime::admin::Admin::new(
         cfg.db.database_url.clone(),
+        cfg.db.check_database_url.as_deref().unwrap_or_default(),
         roles,
     ));
     let roles = cfg.roles.policy();

@@ -11,7 +11,7 @@ use crate::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct ChangesArgs {
     /// Postgres connection URL (walcast's own role: nobody else may change the list).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// Project the table belongs to (its realtime project, when it has one).
     #[arg(long, env = "WALCAST_PROJECT", default_value = walcast_core::DEFAULT_PROJECT)]

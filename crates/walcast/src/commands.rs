@@ -13,7 +13,7 @@ use crate::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct RealtimeArgs {
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// Project the table belongs to.
     #[arg(long, env = "WALCAST_PROJECT", default_value = realtime_tables::DEFAULT_PROJECT)]
@@ -87,7 +87,12 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
 #[derive(Args, Debug, Clone)]
 pub struct TailArgs {
     /// NATS server the cdc-worker publishes to.
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        env = "NATS_URL",
+        hide_env_values = true,
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: crate::config::NatsAuthArgs,

@@ -87,6 +87,9 @@ pub struct SourceSpec {
     pub database_url: String,
     pub replication_url: String,
     pub slot_name: String,
+    /// The check login's URL on the source's database (`None`: not set, the source is
+    /// refused until it is).
+    pub check_url: Option<String>,
 }
 
 /// The logical replication slot's default name.
@@ -95,11 +98,18 @@ pub const DEFAULT_SLOT_NAME: &str = pipeline::DEFAULT_SLOT_NAME;
 #[derive(Args, Clone, Debug)]
 pub struct DbArgs {
     /// Postgres connection URL (tables, registry, RLS checks).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// Connection URL for the replication slot; defaults to DATABASE_URL.
-    #[arg(long, env = "POSTGRES_REPLICATION_URL")]
+    #[arg(long, env = "POSTGRES_REPLICATION_URL", hide_env_values = true)]
     pub replication_url: Option<String>,
+    /// Connection URL of the check login: the login, with no privileges of its own,
+    /// that runs the SQL tenants write (row-level security and private-channel
+    /// policies, SSE snapshots). Required by the processes that check (cdc-worker,
+    /// `walcast serve`); refused at start if it is DATABASE_URL's login or may do more
+    /// than act as the roles tokens act as (see docs/security.md).
+    #[arg(long, env = "CHECK_DATABASE_URL", hide_env_values = true)]
+    pub check_database_url: Option<String>,
 }
 
 impl DbArgs {
@@ -335,7 +345,7 @@ pub struct LeaseArgs {
     pub lease_duration_secs: u64,
     /// Kubernetes mode: the API server's URL (e.g. `http://127.0.0.1:8001` through
     /// `kubectl proxy`); unset, the in-cluster configuration (service account).
-    #[arg(long, env = "LEASE_KUBE_API_URL")]
+    #[arg(long, env = "LEASE_KUBE_API_URL", hide_env_values = true)]
     pub lease_kube_api_url: Option<String>,
 }
 
@@ -361,6 +371,7 @@ impl CdcArgs {
             database_url: db.database_url.clone(),
             replication_url: db.replication_url().to_string(),
             slot_name: self.slot_name.clone(),
+            check_url: db.check_database_url.clone(),
         }
     }
 
@@ -393,14 +404,17 @@ impl CdcArgs {
 
     /// Realtime delivery's settings (row-level security, record size).
     pub fn realtime_config(&self, db: &DbArgs) -> RealtimeConfig {
-        self.realtime_config_for(&db.database_url)
+        let check = db.check_database_url.as_deref().unwrap_or_default();
+        self.realtime_config_for(&db.database_url, check)
     }
 
-    /// Realtime delivery's settings, its checks on `database_url`.
-    pub fn realtime_config_for(&self, database_url: &str) -> RealtimeConfig {
+    /// Realtime delivery's settings: its catalog on `database_url`, its checks on
+    /// `check_url` (the check login).
+    pub fn realtime_config_for(&self, database_url: &str, check_url: &str) -> RealtimeConfig {
         RealtimeConfig {
             projects: None,
             database_url: database_url.to_string(),
+            check_url: check_url.to_string(),
             max_record_bytes: self.max_record_bytes,
             lanes: walcast_realtime::LaneLimits {
                 max_lag: Duration::from_millis(self.max_lag_ms),
@@ -433,52 +447,144 @@ pub struct HttpArgs {
     /// Address to bind.
     #[arg(long, env = "HOST", default_value = "0.0.0.0")]
     pub host: String,
+    /// A new connection must send its whole first request head within this, in ms
+    /// (else it is closed).
+    #[arg(long, env = "HTTP_HEADER_TIMEOUT_MS", default_value_t = server::DEFAULT_HEADER_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_ms: u64,
+    /// A kept-alive connection must send its whole next request head within this of its
+    /// last response, in ms (else it is closed).
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT_MS", default_value_t = server::DEFAULT_IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
+    /// Largest request head (request line and headers), in bytes, at least 8192 (larger:
+    /// 431 and closed).
+    #[arg(long, env = "HTTP_MAX_HEADER_BYTES", default_value_t = server::DEFAULT_MAX_HEADER_BYTES, value_parser = max_header_bytes)]
+    pub max_header_bytes: usize,
+    /// Most headers in a request (more: 431 and closed).
+    #[arg(long, env = "HTTP_MAX_HEADERS", default_value_t = server::DEFAULT_MAX_HEADERS)]
+    pub max_headers: usize,
+    /// Connections not yet upgraded to a WebSocket (nor streaming SSE) at once; past it
+    /// the one waiting longest is closed.
+    #[arg(long, env = "HTTP_MAX_PENDING", default_value_t = server::DEFAULT_MAX_PENDING)]
+    pub max_pending: usize,
+    /// Of those, from one address (IPv4, or IPv6 /64); past it that address's connection
+    /// waiting longest is closed; 0: no per-address cap (behind a proxy every client has
+    /// the proxy's address).
+    #[arg(long, env = "HTTP_MAX_PENDING_PER_PEER", default_value_t = server::DEFAULT_MAX_PENDING_PER_PEER)]
+    pub max_pending_per_peer: usize,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum LogFormat {
-    /// Text on a terminal, JSON otherwise.
-    Auto,
-    Json,
-    Text,
-}
+use crate::server;
 
-#[derive(Args, Clone, Debug)]
-pub struct LogArgs {
-    /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
-    pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `walcast_pipeline=debug,info`.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-}
-
-/// Hide the password of a connection URL for logging.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_string();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
+fn max_header_bytes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if n < server::MIN_MAX_HEADER_BYTES {
+        return Err(format!("at least {}", server::MIN_MAX_HEADER_BYTES));
     }
+    Ok(n)
+}
+
+impl HttpArgs {
+    /// The limits of the connections served.
+    pub fn limits(&self) -> server::Limits {
+        server::Limits {
+            header_timeout: Duration::from_millis(self.header_timeout_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            max_header_bytes: self.max_header_bytes,
+            max_headers: self.max_headers,
+            max_pending: self.max_pending,
+            max_pending_per_peer: self.max_pending_per_peer,
+        }
+    }
+
+    /// Bind `HOST:PORT`, to serve with these limits.
+    pub async fn bind(&self) -> anyhow::Result<server::Listening> {
+        use anyhow::Context;
+        server::Listening::bind(&self.host, self.port, self.limits())
+            .await
+            .with_context(|| format!("binding {}:{}", self.host, self.port))
+    }
+
+    /// For the effective configuration.
+    pub fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "listen": format!("{}:{}", self.host, self.port),
+            "header_timeout_ms": self.header_timeout_ms,
+            "idle_timeout_ms": self.idle_timeout_ms,
+            "max_header_bytes": self.max_header_bytes,
+            "max_headers": self.max_headers,
+            "max_pending": self.max_pending,
+            "max_pending_per_peer": self.max_pending_per_peer,
+        })
+    }
+}
+
+pub use crate::telemetry::{LogArgs, LogFormat};
+
+/// Connection strings (URLs and `key=value`) with their secrets hidden, for logs and the
+/// effective configuration.
+pub use walcast_core::redact::redact_url;
+
+/// Whether an option read from the environment variable `env` may carry a secret (a
+/// password in a URL, a key, a token): `--help` must not show its value. One that names
+/// a file (`…_FILE`) or a duration (`…_SECS`, `…_MS`) holds none.
+pub fn is_secret_env(env: &str) -> bool {
+    let words: Vec<&str> = env.split('_').collect();
+    let secret = ["URL", "SECRET", "PASSWORD", "KEY", "TOKEN", "JWKS", "CREDS"];
+    !matches!(words.last(), Some(&("FILE" | "SECS" | "MS")))
+        && words.iter().any(|w| secret.contains(w))
+}
+
+/// The options of `cmd` and its subcommands whose secret-bearing environment value
+/// `--help` would show (see [`is_secret_env`]): `command env` pairs; empty when none.
+pub fn secret_envs_shown(cmd: &clap::Command) -> Vec<String> {
+    let mut shown: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_env_values_set())
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .filter(|e| is_secret_env(e))
+        .map(|e| format!("{} {e}", cmd.get_name()))
+        .collect();
+    for sub in cmd.get_subcommands() {
+        shown.extend(secret_envs_shown(sub));
+    }
+    shown
 }
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use clap::CommandFactory;
+
+    use super::*;
 
     #[test]
-    fn passwords_are_hidden() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("nats://a:b:c@h"), "nats://a:***@h");
-        assert_eq!(redact_url("host=x password=y"), "host=x password=y");
+    fn secret_names_are_recognised() {
+        for e in [
+            "DATABASE_URL",
+            "NATS_PASSWORD",
+            "MANAGEMENT_API_KEY",
+            "JWT_JWKS",
+        ] {
+            assert!(is_secret_env(e), "{e}");
+        }
+        for e in [
+            "NATS_CREDS_FILE",
+            "NATS_NKEY_FILE",
+            "SECRET_ROTATION_WINDOW_SECS",
+            "PORT",
+            "NATS_USER",
+        ] {
+            assert!(!is_secret_env(e), "{e}");
+        }
+    }
+
+    #[test]
+    fn help_shows_no_secret_environment_value() {
+        for cmd in [
+            crate::cdc_worker::CdcWorkerConfig::command(),
+            crate::ws_front::WsFrontConfig::command(),
+        ] {
+            assert_eq!(secret_envs_shown(&cmd), Vec::<String>::new());
+        }
     }
 }

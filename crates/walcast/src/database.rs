@@ -43,3 +43,19 @@ pub async fn preflight(db: &DbArgs, cdc: &CdcArgs) -> anyhow::Result<()> {
         }
     }
 }
+
+/// Check the check login of `check_url` against walcast's own login of `database_url`
+/// (see `walcast_realtime::check_login`): refuse a missing or over-privileged one, grant
+/// it the allowed roles checks run as, record it. Returns its name.
+pub async fn check_login(
+    database_url: &str,
+    check_url: Option<&str>,
+    roles: &walcast_realtime::roles::RolePolicy,
+) -> anyhow::Result<String> {
+    let own = walcast_pipeline::connect(database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
+    let login = walcast_realtime::check_login::prepare(&own, check_url, roles).await?;
+    tracing::info!(login = %login, "check login ready: tenant SQL runs as it");
+    Ok(login)
+}

@@ -1,5 +1,6 @@
 //! The operational HTTP surface: `/health` (JSON), `/livez` and `/readyz` (probes) and
-//! `/metrics`.
+//! `/metrics`. A front adds its own routes, among them the operator's `/metrics/projects`
+//! (per-project figures, behind the operator key: `walcast_front::Front::router`).
 
 use std::sync::Arc;
 
@@ -142,16 +143,6 @@ pub fn sources_ready(sources: &[crate::supervisor::SourceHealth]) -> Result<(), 
     Ok(())
 }
 
-/// Per-project series of this front (empty without one): one per project, kept off
-/// `/metrics` so its cardinality does not grow with the projects.
-async fn project_metrics(State(s): State<OpsState>) -> impl IntoResponse {
-    let usage = s.front.as_ref().map(|f| f.usage()).unwrap_or_default();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        walcast_front::usage::render(&usage),
-    )
-}
-
 async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -165,7 +156,6 @@ pub fn ops_router(state: OpsState) -> Router {
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/metrics/projects", get(project_metrics))
         .with_state(state)
 }
 

@@ -120,8 +120,10 @@ impl Leader {
         // Tagged: a worker taking over terminates the stale leader's sessions by this tag.
         cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
         cfg.replication_url = walcast_lease::postgres::tagged_url(&cfg.replication_url, &tag);
-        let mut realtime = p.cdc.realtime_config_for(&spec.database_url);
+        let check_url = spec.check_url.as_deref().unwrap_or_default();
+        let mut realtime = p.cdc.realtime_config_for(&spec.database_url, check_url);
         realtime.database_url = cfg.database_url.clone();
+        realtime.check_url = walcast_lease::postgres::tagged_url(check_url, &tag);
         realtime.projects = Some(p.projects.clone());
         let health = Arc::new(PipelineHealth::new(&spec.slot_name));
         let (outbox, outbox_health) = outbox_consumer(p.cdc, &cfg, p.bus, &p.projects);

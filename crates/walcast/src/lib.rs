@@ -14,7 +14,7 @@ mod leader;
 pub mod outbox;
 pub mod project;
 pub mod serve;
-mod server;
+pub mod server;
 mod share;
 pub mod shutdown;
 pub mod slot;

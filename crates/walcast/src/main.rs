@@ -1,6 +1,5 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
 use walcast::commands::{RealtimeArgs, TailArgs};
 use walcast::config::{CdcArgs, DbArgs, HttpArgs, LogArgs};
 use walcast_bus::Bus;
@@ -20,7 +19,7 @@ enum Command {
     Serve(Box<ServeConfig>),
     /// Apply walcast's SQL migrations and exit.
     Migrate {
-        #[arg(long, env = "DATABASE_URL")]
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
     /// Manage which tables are streamed.
@@ -53,7 +52,7 @@ struct ServeConfig {
     #[command(flatten)]
     cdc: CdcArgs,
     /// NATS server; unset = in-process bus (single process, no scale-out).
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     #[command(flatten)]
     nats_auth: walcast::config::NatsAuthArgs,
@@ -88,9 +87,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to NATS at {}", walcast::config::redact_url(url)))?,
         None => Bus::local(cfg.bus_capacity),
     };
-    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
-        .await
-        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let listener = cfg.http.bind().await?;
     let cancel = walcast::shutdown::on_signal();
     walcast::serve::run(
         &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
@@ -112,5 +109,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Key(args) => walcast::commands::key(args),
         Command::Slot(args) => walcast::slot::slot(args).await,
         Command::Outbox(cmd) => walcast::outbox::outbox(cmd).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn help_shows_no_secret_environment_value() {
+        let shown = walcast::config::secret_envs_shown(&super::Cli::command());
+        assert_eq!(shown, Vec::<String>::new());
     }
 }

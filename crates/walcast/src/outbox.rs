@@ -36,7 +36,7 @@ pub struct CreateArgs {
     /// The table's name (in --schema).
     pub name: String,
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// The project whose events the table holds (events go to
     /// `walcast.outbox.<project>.<aggregate_type>`).
@@ -54,17 +54,17 @@ pub struct CreateArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ListArgs {
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct RedriveArgs {
     /// Postgres connection URL (the quarantine).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// NATS server with JetStream.
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: NatsAuthArgs,
@@ -83,7 +83,7 @@ pub struct RedriveArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// NATS server with JetStream.
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: NatsAuthArgs,

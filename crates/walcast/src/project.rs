@@ -13,7 +13,7 @@ use crate::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct ProjectArgs {
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// The fronts' default connected-users limit of a project (shown as the limit in
     /// force of a project without its own).

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
@@ -26,16 +25,19 @@ pub async fn run(
     cdc: &CdcArgs,
     front_args: &FrontArgs,
     bus: Bus,
-    listener: TcpListener,
+    listener: crate::server::Listening,
     metrics: PrometheusHandle,
     signal: CancellationToken,
 ) -> anyhow::Result<()> {
     // Migrations first: the front asks the database (its project directory, through the
     // in-process admin handler) from its start, and a fresh database has no tables yet.
     crate::cdc_worker::migrate(&db.database_url).await?;
+    let roles = front_args.roles.policy();
+    // Before the front answers anything that runs a tenant's policies.
+    crate::database::check_login(&db.database_url, db.check_database_url.as_deref(), &roles)
+        .await?;
     let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
-    let roles = front_args.roles.policy();
     let registrar = Registrar::new(
         Matcher::with_limits(cdc.class_limits()),
         db.database_url.clone(),
@@ -45,7 +47,9 @@ pub async fn run(
     let subs = SubsClient::new(&bus, Some(local))?;
     // The front's admin requests (project directory, REST API) need only the database,
     // which this process has: answered in process whoever leads.
-    let admin: Arc<dyn AdminHandler> = Arc::new(Admin::new(db.database_url.clone(), roles));
+    let check_url = db.check_database_url.as_deref().unwrap_or_default();
+    let admin: Arc<dyn AdminHandler> =
+        Arc::new(Admin::new(db.database_url.clone(), check_url, roles));
     let admin_client = AdminClient::new(&bus, Some(admin.clone()))?;
     let front_id = format!("front-{origin}");
     let presence = front_args.presence(&bus, &front_id, &cancel);

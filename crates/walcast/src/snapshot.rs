@@ -11,7 +11,7 @@ use crate::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct SnapshotArgs {
     /// Postgres connection URL of the table's database (walcast's own role).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// The project whose change stream carries the table.
     #[arg(long, env = "WALCAST_PROJECT", default_value = walcast_core::DEFAULT_PROJECT)]

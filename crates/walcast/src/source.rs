@@ -1,4 +1,4 @@
-//! `walcast source add|list|remove`: the sources registry (the databases walcast reads
+//! `walcast source add|list|set-check-url|remove`: the sources registry (the databases walcast reads
 //! besides its own, README "Sources"), rows of the control database's `walcast.sources`.
 
 use std::time::{Duration, Instant};
@@ -14,7 +14,11 @@ use crate::config::DEFAULT_SLOT_NAME;
 pub struct SourceArgs {
     /// The control database (the deployment's own DATABASE_URL): its `walcast.sources`
     /// lists the sources.
-    #[arg(long = "control-database-url", env = "DATABASE_URL")]
+    #[arg(
+        long = "control-database-url",
+        env = "DATABASE_URL",
+        hide_env_values = true
+    )]
     pub control_url: String,
     #[command(subcommand)]
     pub action: SourceAction,
@@ -37,6 +41,11 @@ pub enum SourceAction {
         /// default: --database-url.
         #[arg(long, env = "SOURCE_REPLICATION_URL", hide_env_values = true)]
         replication_url: Option<String>,
+        /// Its check login: a login of that database with no privileges of its own,
+        /// which runs the tenants' SQL (row-level security and private-channel
+        /// policies, SSE snapshots); see docs/security.md.
+        #[arg(long, env = "SOURCE_CHECK_URL", hide_env_values = true)]
+        check_url: String,
         /// Its replication slot; default: `walcast_src_<name>` ('-' as '_'). Two sources
         /// on one server need different ones.
         #[arg(long)]
@@ -59,6 +68,16 @@ pub enum SourceAction {
     },
     /// Print the sources as a JSON array (passwords hidden).
     List,
+    /// Set a source's check login (SOURCE_CHECK_URL), checked first (a source added
+    /// before there were check logins is not read until it has one).
+    SetCheckUrl {
+        name: String,
+        #[arg(long, env = "SOURCE_CHECK_URL", hide_env_values = true)]
+        check_url: String,
+        /// Store it without connecting (no check of the login).
+        #[arg(long)]
+        skip_check: bool,
+    },
     /// Remove a source (refused while projects are on it). Its worker stops reading it
     /// within seconds; its slot stays unless --drop-slot.
     Remove {
@@ -80,6 +99,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
             name,
             database_url,
             replication_url,
+            check_url,
             slot_name,
             skip_check,
             if_missing,
@@ -91,6 +111,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 database_url,
                 replication_url,
                 slot_name,
+                check_url: Some(check_url),
             }
             .checked()?;
             if if_missing && already_there(&control, &new).await? {
@@ -115,6 +136,24 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 .collect();
             println!("{}", serde_json::to_string_pretty(&list)?);
         }
+        SourceAction::SetCheckUrl {
+            name,
+            check_url,
+            skip_check,
+        } => {
+            let Some(old) = sources::get(&control, &name).await? else {
+                bail!("no source named {name:?}");
+            };
+            if let (false, Some(db)) = (skip_check, old.database_url.as_deref()) {
+                let roles = walcast_realtime::roles::RolePolicy::default();
+                crate::database::check_login(db, Some(&check_url), &roles)
+                    .await
+                    .with_context(|| format!("source {name:?}: its check login"))?;
+            }
+            let set = sources::set_check_url(&control, &name, &check_url).await?;
+            eprintln!("source {name:?}: check login set; its worker uses it from its next start of the source");
+            println!("{}", serde_json::to_string_pretty(&set.view())?);
+        }
         SourceAction::Remove { name, drop_slot } => {
             let removed = sources::remove(&mut control, &name).await?;
             eprintln!("removed source {name:?}: its worker stops reading it within seconds");
@@ -134,7 +173,8 @@ async fn already_there(control: &tokio_postgres::Client, new: &NewSource) -> any
     };
     let same = old.database_url.as_deref() == Some(new.database_url.as_str())
         && old.replication_url == new.replication_url
-        && old.slot_name == new.slot_name;
+        && old.slot_name == new.slot_name
+        && old.check_url == new.check_url;
     if !same {
         bail!(
             "source {:?} exists with other URLs or slot: remove it first (walcast source remove {})",
@@ -186,8 +226,12 @@ async fn check(new: &NewSource, allow_unbounded_wal: bool) -> anyhow::Result<()>
     walcast_realtime::migrate::migrate(&mut db)
         .await
         .with_context(|| format!("source {name:?}: applying walcast's migrations"))?;
+    let roles = walcast_realtime::roles::RolePolicy::default();
+    let login = crate::database::check_login(&new.database_url, new.check_url.as_deref(), &roles)
+        .await
+        .with_context(|| format!("source {name:?}: its check login"))?;
     eprintln!(
-        "source {name:?} checked: Postgres {}, role {}, migrations applied",
+        "source {name:?} checked: Postgres {}, role {}, check login {login}, migrations applied",
         report.server_version, report.role
     );
     Ok(())

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -342,11 +343,17 @@ async fn prepare(ctx: &Context, spec: &SourceSpec) -> anyhow::Result<()> {
     let db = crate::config::DbArgs {
         database_url: spec.database_url.clone(),
         replication_url: Some(spec.replication_url.clone()),
+        check_database_url: spec.check_url.clone(),
     };
     let mut cdc = ctx.cdc.clone();
     cdc.slot_name = spec.slot_name.clone();
     crate::database::preflight(&db, &cdc).await?;
-    crate::database::migrate(&spec.database_url).await
+    crate::database::migrate(&spec.database_url).await?;
+    let check = spec.check_url.as_deref();
+    crate::database::check_login(&spec.database_url, check, &ctx.roles)
+        .await
+        .with_context(|| format!("source {:?} (walcast source set-check-url)", spec.name))?;
+    Ok(())
 }
 
 /// Elect on the source's own lease row and lead each term won, until `stop`.
@@ -365,6 +372,7 @@ async fn elect(
     );
     let admin = Arc::new(walcast_realtime::admin::Admin::for_source(
         spec.database_url.clone(),
+        spec.check_url.as_deref().unwrap_or_default(),
         ctx.roles.clone(),
         projects.clone(),
     ));
@@ -436,7 +444,7 @@ async fn list(control_url: &str) -> anyhow::Result<Vec<SourceSpec>> {
         .into_iter()
         .filter(|s| !s.is_default())
         .map(|s| {
-            let urls = s.urls(control_url, None);
+            let urls = s.urls(control_url, None, None);
             SourceSpec {
                 slot_name: s
                     .slot(walcast_pipeline::config::DEFAULT_SLOT_NAME)
@@ -444,6 +452,7 @@ async fn list(control_url: &str) -> anyhow::Result<Vec<SourceSpec>> {
                 name: s.name,
                 database_url: urls.database_url,
                 replication_url: urls.replication_url,
+                check_url: urls.check_url,
             }
         })
         .collect())

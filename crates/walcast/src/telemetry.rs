@@ -7,14 +7,55 @@ use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, SharedSt
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogArgs, LogFormat};
+use clap::{Args, ValueEnum};
 
 /// Sources this worker gave up because it led more than its fair share.
 pub const SOURCES_GIVEN_UP: &str = "walcast_sources_given_up_total";
 /// Sources this worker runs (leads or stands by for), the default one excluded.
 pub const SOURCES: &str = "walcast_sources";
 
+/// Gauge: connections not yet upgraded nor streaming an admitted response.
+pub const HTTP_PENDING: &str = "walcast_http_pending_connections";
+/// Counter (label `reason`: `cap`, `peer`, `fds`): waiting connections closed to make room.
+pub const HTTP_EVICTED: &str = "walcast_http_connections_evicted_total";
+/// Counter (label `phase`: `header`, `idle`): connections closed for sending no request in time.
+pub const HTTP_TIMED_OUT: &str = "walcast_http_connections_timed_out_total";
+/// Counter (label `reason`: `too_large`, `malformed`): request heads refused.
+pub const HTTP_REFUSED: &str = "walcast_http_heads_refused_total";
+
+pub(crate) fn http_pending(n: usize) {
+    metrics::gauge!(HTTP_PENDING).set(n as f64);
+}
+
+pub(crate) fn http_evicted(reason: &'static str) {
+    metrics::counter!(HTTP_EVICTED, "reason" => reason).increment(1);
+}
+
+pub(crate) fn http_timed_out(phase: &'static str) {
+    metrics::counter!(HTTP_TIMED_OUT, "phase" => phase).increment(1);
+}
+
+pub(crate) fn http_refused(reason: &'static str) {
+    metrics::counter!(HTTP_REFUSED, "reason" => reason).increment(1);
+}
+
 fn describe() {
+    metrics::describe_gauge!(
+        HTTP_PENDING,
+        "HTTP connections not yet upgraded nor streaming an admitted response (HTTP_MAX_PENDING)"
+    );
+    metrics::describe_counter!(
+        HTTP_EVICTED,
+        "Waiting HTTP connections closed to make room for newer ones (reason: cap, peer, fds)"
+    );
+    metrics::describe_counter!(
+        HTTP_TIMED_OUT,
+        "HTTP connections closed for not sending a request head in time (phase: header, idle)"
+    );
+    metrics::describe_counter!(
+        HTTP_REFUSED,
+        "HTTP request heads refused (reason: too_large, malformed)"
+    );
     metrics::describe_counter!(
         SOURCES_GIVEN_UP,
         "Sources given up to another worker (this one led more than its fair share)"
@@ -23,6 +64,24 @@ fn describe() {
         SOURCES,
         "Sources other than the default that this worker runs (leads or stands by for)"
     );
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+    Json,
+    Text,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `walcast_pipeline=debug,info`.
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
 }
 
 pub fn init_logs(args: &LogArgs) {

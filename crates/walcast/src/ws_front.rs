@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use clap::Parser;
-use tokio::net::TcpListener;
 use walcast_bus::admin::AdminClient;
 use walcast_bus::subs::SubsClient;
 use walcast_bus::Bus;
@@ -18,7 +17,7 @@ use crate::http::{ops_router, serve, OpsState};
 #[command(name = "ws-front", version, about)]
 pub struct WsFrontConfig {
     /// NATS server the cdc-worker publishes to.
-    #[arg(long, env = "NATS_URL")]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
     #[command(flatten)]
     pub nats_auth: crate::config::NatsAuthArgs,
@@ -36,7 +35,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     let mut described = cfg.front.describe();
     described["nats_url"] = redact_url(&cfg.nats_url).into();
     described["nats_auth"] = cfg.nats_auth.describe();
-    described["listen"] = format!("{}:{}", cfg.http.host, cfg.http.port).into();
+    described["http"] = cfg.http.describe();
     tracing::info!(config = %described, "ws-front starting");
     let metrics = crate::telemetry::init_metrics()?;
     let id = format!("front-{}", crate::cdc_worker::instance_id());
@@ -49,9 +48,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     .with_context(|| format!("connecting to NATS at {}", redact_url(&cfg.nats_url)))?;
     let subs = SubsClient::new(&bus, None)?;
     let admin = AdminClient::new(&bus, None)?;
-    let listener = TcpListener::bind((cfg.http.host.as_str(), cfg.http.port))
-        .await
-        .with_context(|| format!("binding {}:{}", cfg.http.host, cfg.http.port))?;
+    let listener = cfg.http.bind().await?;
     let signal = crate::shutdown::on_signal();
     let cancel = tokio_util::sync::CancellationToken::new();
     let presence = cfg.front.presence(&bus, &id, &cancel);

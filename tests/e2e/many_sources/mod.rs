@@ -44,11 +44,13 @@ impl Source {
     pub fn register(&self, stack: &Stack) {
         let slot = format!("walcast_src_{}", self.name);
         stack.sql(&format!(
-            "INSERT INTO walcast.sources (name, database_url, slot_name) VALUES ('{}', '{}', '{slot}');
+            "INSERT INTO walcast.sources (name, database_url, slot_name, check_url)
+             VALUES ('{}', '{}', '{slot}', '{}');
              INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
              VALUES ('{}', '{}', '{}', 'secret-{}', '{}')",
             self.name,
             self.pg.url(),
+            self.pg.check_url(),
             self.project,
             self.project,
             self.schema(),
@@ -311,10 +313,12 @@ async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
         .start()
         .expect("start postgres without logical decoding");
     stack.sql(&format!(
-        "INSERT INTO walcast.sources (name, database_url, slot_name) VALUES
-           ('replica', '{}', 'walcast_src_replica'),
-           ('down', 'postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2', 'walcast_src_down')",
-        no_logical.url()
+        "INSERT INTO walcast.sources (name, database_url, slot_name, check_url) VALUES
+           ('replica', '{}', 'walcast_src_replica', '{}'),
+           ('down', 'postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2', 'walcast_src_down',
+            'postgres://walcast_check@127.0.0.1:1/postgres?connect_timeout=2')",
+        no_logical.url(),
+        no_logical.check_url()
     ));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

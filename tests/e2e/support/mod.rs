@@ -214,6 +214,14 @@ impl Worker {
         for (k, v) in base.iter().chain(extra) {
             cmd.env(k, v);
         }
+        // The check login every kit cluster has, on the same database, unless the test
+        // sets CHECK_DATABASE_URL itself (empty: none).
+        let all = || base.iter().chain(extra);
+        if let Some((_, db)) = all().find(|(k, _)| *k == "DATABASE_URL") {
+            if !all().any(|(k, _)| *k == "CHECK_DATABASE_URL") {
+                cmd.env("CHECK_DATABASE_URL", walcast_testkit::as_check_login(db));
+            }
+        }
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {program}: {e}"));

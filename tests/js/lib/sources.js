@@ -38,7 +38,8 @@ export async function addSources(env) {
   const projects = []
   for (const [i, url] of env.extra_database_urls.entries()) {
     const name = `s${i + 1}`
-    await walcast(env, ['source', 'add', name, '--database-url', url])
+    const check = env.extra_check_urls[i]
+    await walcast(env, ['source', 'add', name, '--database-url', url, '--check-url', check])
     const p = await walcast(env, ['project', 'create', '--name', `p${i + 1}`, '--source', name])
     const db = await connectUrl(url)
     await db.query(`CREATE TABLE ${p.schema}.t (id int8 PRIMARY KEY, v text)`)

@@ -129,6 +129,7 @@ impl Stack {
         let _ = std::fs::remove_file(&log);
         let base = [
             ("DATABASE_URL", env.pg.url()),
+            ("CHECK_DATABASE_URL", env.pg.check_url()),
             ("NATS_URL", env.nats.url()),
             ("LOG_LEVEL", log_level.to_string()),
             ("LOG_FORMAT", "json".to_string()),

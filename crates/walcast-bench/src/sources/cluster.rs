@@ -61,6 +61,7 @@ impl Cluster {
         log: PathBuf,
     ) -> anyhow::Result<Cluster> {
         let env = vec![
+            ("CHECK_DATABASE_URL", walcast_testkit::as_check_login(&db)),
             ("DATABASE_URL", db),
             ("NATS_URL", nats),
             ("LEASE_MODE", "postgres".to_string()),

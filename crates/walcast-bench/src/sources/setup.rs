@@ -122,12 +122,13 @@ pub(super) async fn register(control: &tokio_postgres::Client, srcs: &[Src]) -> 
     let mut sql = String::from("BEGIN;");
     for s in srcs {
         sql.push_str(&format!(
-            "INSERT INTO walcast.sources (name, database_url, slot_name) VALUES ('{}', '{}', '{}');
+            "INSERT INTO walcast.sources (name, database_url, slot_name, check_url) VALUES ('{}', '{}', '{}', '{}');
              INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
              VALUES ('{}', '{}', 'project_{}', 'secret-{}', '{}');",
             s.name,
             s.url,
             s.slot(),
+            walcast_testkit::as_check_login(&s.url),
             s.project,
             s.project,
             s.project,

@@ -1,5 +1,9 @@
 //! `access_token`: a channel's token refreshed (its subscriptions re-registered with the
-//! new claims), and token expiry (the channel closed with a `system` error).
+//! new claims), and token expiry or revocation (the channel closed with a `system` error):
+//! a channel's token — the join's, or the last one given through `access_token` — is
+//! verified again at each check (every `token_check_interval` and at `exp`) and whenever
+//! its project's keys change, so a secret rotated (once its window ends), a project
+//! suspended or deleted ends the channels no key accepts any more.
 
 use serde_json::Value;
 use tokio::time::Instant;
@@ -7,7 +11,7 @@ use walcast_protocol::channel_name;
 use walcast_protocol::server::{self, SystemStatus};
 
 use super::{subscribed_message, Session};
-use crate::auth::{now_secs, AuthError};
+use crate::auth::AuthError;
 use crate::registry::{Removed, COLLISION};
 use crate::subscribe;
 use crate::telemetry;
@@ -106,8 +110,8 @@ async fn still_may_read(s: &Session, topic: &str, claims: &Value) -> bool {
     asked.unwrap_or(false)
 }
 
-/// Token expiry: channels whose check time passed are closed if their token expired,
-/// else checked again later.
+/// Token expiry: channels whose check time passed are closed if their token expired or
+/// no longer verifies, else checked again later.
 pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
     let due: Vec<String> = s
         .channels
@@ -115,19 +119,35 @@ pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
         .filter(|(_, c)| c.check_at <= now)
         .map(|(t, _)| t.clone())
         .collect();
-    for topic in due {
-        let Some(exp) = s.channels.get(&topic).map(|c| c.exp) else {
+    check(s, due).await;
+}
+
+/// Check every channel's token now (its project's keys changed).
+pub(super) async fn check_all(s: &mut Session) {
+    let all: Vec<String> = s.channels.keys().cloned().collect();
+    check(s, all).await;
+}
+
+/// Close each of these channels whose token no key accepts now (expired, or its key
+/// gone); check the others again later.
+async fn check(s: &mut Session, topics: Vec<String>) {
+    for topic in topics {
+        let Some((token, exp)) = s.channels.get(&topic).map(|c| (c.token.clone(), c.exp)) else {
             continue;
         };
-        let secs = now_secs();
-        if exp <= secs {
-            telemetry::error("token_expired");
-            let msg = AuthError::Expired(secs - exp).to_string();
-            s.shut(&topic, &msg).await;
-        } else {
-            let at = s.check_at(exp);
-            if let Some(c) = s.channels.get_mut(&topic) {
-                c.check_at = at;
+        match s.services.projects.check_session(&s.project, &token) {
+            Ok(()) => {
+                let at = s.check_at(exp);
+                if let Some(c) = s.channels.get_mut(&topic) {
+                    c.check_at = at;
+                }
+            }
+            Err(e) => {
+                telemetry::error(match e {
+                    AuthError::Expired(_) => "token_expired",
+                    _ => "token_revoked",
+                });
+                s.shut(&topic, &e.to_string()).await;
             }
         }
     }

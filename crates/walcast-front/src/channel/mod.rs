@@ -5,12 +5,14 @@
 //! A [`Session`] holds the connection's channels and the front's [`Services`] its
 //! commands use. What every command shares (replies, closing a channel, the write
 //! check of private channels) is a method of the session; a command is a function of
-//! its module.
+//! its module. A join that must wait for the cdc-worker runs beside the other frames
+//! (see [`pending`]): the socket never waits on one channel.
 
 mod access_token;
 mod broadcast;
 mod join;
 mod leave;
+mod pending;
 mod presence;
 mod ready;
 
@@ -23,6 +25,8 @@ use tokio::time::{Duration, Instant};
 use walcast_protocol::message::events;
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, Vsn};
+
+use pending::JoinDone;
 
 use crate::auth::now_secs;
 use crate::broadcast::Broadcasts;
@@ -99,6 +103,8 @@ pub(crate) struct Session {
     pub presence_events: TokenBucket,
     /// The socket as one of its project's connected users (from its first join).
     pub user: Option<crate::usage::UserSlot>,
+    /// Its joins in flight, and the frames of their topics that wait behind them.
+    pub pending: pending::Pending,
 }
 
 impl Session {
@@ -120,15 +126,20 @@ impl Session {
             creds,
             channels: HashMap::new(),
             user: None,
+            pending: pending::Pending::default(),
         }
     }
 
-    /// Handle one client frame.
-    pub(crate) async fn apply(&mut self, f: Frame) {
+    /// Handle one client frame (`size` bytes on the wire). A frame of a topic whose join
+    /// is in flight waits behind it.
+    pub(crate) async fn apply(&mut self, f: Frame, size: usize) {
+        if self.pending.holds(&f.topic) {
+            return self.wait(f, size);
+        }
         let msg = ClientMessage::parse(&f);
         match msg {
             Ok(ClientMessage::Heartbeat) => self.reply_ok(&f),
-            Ok(ClientMessage::Join(j)) => join::apply(self, &f, j).await,
+            Ok(ClientMessage::Join(j)) => join::apply(self, f, j).await,
             Ok(ClientMessage::Leave) => leave::apply(self, &f).await,
             Err(e) if f.event == events::JOIN => {
                 telemetry::error("bad_join");
@@ -163,6 +174,54 @@ impl Session {
         }
     }
 
+    /// Keep a frame until its topic's join is answered; refused (an error reply) when
+    /// the socket has too many waiting.
+    fn wait(&mut self, f: Frame, size: usize) {
+        let max = self.services.cfg.max_frame_bytes;
+        if let Err(full) = self.pending.room(size, max) {
+            telemetry::limit("waiting_frames");
+            let text = format!(
+                "this channel's join is not answered yet, and {} (at most {} frames of {max} \
+                 bytes in all) already wait for it or the socket's other joins",
+                match full {
+                    pending::Full::Frames => "too many messages",
+                    pending::Full::Bytes => "too many bytes",
+                },
+                pending::MAX_WAITING,
+            );
+            return self.reply_error(&f, &server::error_reason("ChannelBusy", &text));
+        }
+        self.pending.wait(f, size);
+    }
+
+    /// A join in flight was answered: its channel joins the session, then the frames
+    /// that waited behind it are handled, in order.
+    pub(crate) async fn join_done(&mut self, done: JoinDone) {
+        let topic = done.topic.clone();
+        self.join_answered(done);
+        for (f, size) in self.pending.finish(&topic) {
+            self.apply(f, size).await;
+        }
+    }
+
+    /// An answered join's channel (if it opened one) joins the session; the socket's
+    /// user slot, if the join admitted it, is kept.
+    fn join_answered(&mut self, done: JoinDone) {
+        if self.user.is_none() {
+            self.user = done.user;
+        }
+        let Some(ch) = done.channel else {
+            return;
+        };
+        self.services.connections.channel_joined();
+        if let Some(c) = self.handle.usage() {
+            c.joins.fetch_add(1, Ordering::Relaxed);
+            c.channels.fetch_add(1, Ordering::Relaxed);
+        }
+        let topic = ch.key.topic.clone();
+        self.channels.insert(topic, ch);
+    }
+
     /// The earliest token or replication readiness check of the channels (no later
     /// than `limit`).
     pub(crate) fn next_check(&self, limit: Instant) -> Instant {
@@ -173,8 +232,8 @@ impl Session {
             .fold(limit, Instant::min)
     }
 
-    /// Token expiry: close the channels whose token expired by `now`; then answer the
-    /// `replication_ready` waits that are due.
+    /// Token expiry: close the channels whose token expired by `now` (or no longer
+    /// verifies); then answer the `replication_ready` waits that are due.
     pub(crate) async fn check_tokens(&mut self, now: Instant) {
         access_token::check_expiry(self, now).await;
         ready::check(self, now).await;
@@ -206,10 +265,14 @@ impl Session {
         ));
     }
 
+    /// Its project's keys changed: close the channels whose token no key accepts now.
+    pub(crate) async fn recheck_tokens(&mut self) {
+        access_token::check_all(self).await;
+    }
+
     /// When to check a token expiring at `exp` next.
     fn check_at(&self, exp: i64) -> Instant {
-        let left = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
-        Instant::now() + left.min(self.services.cfg.token_check_interval)
+        check_at(&self.services.cfg, exp)
     }
 
     /// Close a channel: queue `last`, stop delivery, unregister, untrack.
@@ -226,8 +289,8 @@ impl Session {
             }
         }
         sv.connections.channel_closed();
-        if let Some(u) = &self.user {
-            u.counts().channels.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = self.handle.usage() {
+            c.channels.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -249,8 +312,14 @@ impl Session {
         self.close_channel(ch, last).await;
     }
 
-    /// Close every channel (the connection ended).
+    /// Close every channel (the connection ended). Its joins in flight are answered
+    /// first (each within its own timeouts), and what they opened is closed too.
     pub(crate) async fn teardown(&mut self) {
+        while self.pending.is_running() {
+            let done = self.pending.next().await;
+            self.pending.finish(&done.topic);
+            self.join_answered(done);
+        }
         let topics: Vec<String> = self.channels.keys().cloned().collect();
         for t in topics {
             if let Some(ch) = self.channels.remove(&t) {
@@ -286,6 +355,12 @@ impl Session {
         }
         allowed
     }
+}
+
+/// When to check a token expiring at `exp` next.
+fn check_at(cfg: &FrontConfig, exp: i64) -> Instant {
+    let left = Duration::from_secs(exp.saturating_sub(now_secs()).max(0) as u64);
+    Instant::now() + left.min(cfg.token_check_interval)
 }
 
 /// The `system` message for a (re-)subscription: ok, or the worker's refusals.

@@ -10,7 +10,9 @@ use crate::presence::{admit, send_diff};
 
 pub(super) async fn apply(s: &mut Session, f: &Frame, action: PresenceAction) {
     let usage = s.services.usage.clone();
-    if let Err(why) = admit(&usage, &s.project, &mut s.presence_events, &action) {
+    let key = s.channels.get(&f.topic).map(|c| c.presence_key.as_str());
+    let entry = (s.project.as_str(), (f.topic.as_str(), key.unwrap_or("")));
+    if let Err(why) = admit(&usage, entry, &mut s.presence_events, &action) {
         return s.shut(&f.topic, why.message()).await;
     }
     if matches!(action, PresenceAction::Track { .. }) && !s.may_write(&f.topic).await {

@@ -10,7 +10,7 @@ use tokio::time::{Duration, Instant};
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::Frame;
 
-use super::Session;
+use super::{Services, Session};
 
 /// The message, as Supabase words it.
 pub const READY: &str = "Replication connection established";
@@ -31,31 +31,29 @@ pub(super) fn ready_message(join_ref: Option<&str>, topic: &str) -> Frame {
     server::system(join_ref, topic, "system", SystemStatus::Ok, READY)
 }
 
-/// Whether the leader of the channel's project's source is heard streaming.
-fn stream_runs(s: &Session, now: Instant) -> bool {
-    let Some(source) = s.services.projects.source_of(&s.project) else {
+/// Whether the leader of `project`'s source is heard streaming.
+fn stream_runs(sv: &Services, project: &str, now: Instant) -> bool {
+    let Some(source) = sv.projects.source_of(project) else {
         return false;
     };
-    s.services
-        .heard
-        .lock()
-        .pipeline_active(&source, now.into_std())
+    sv.heard.lock().pipeline_active(&source, now.into_std())
 }
 
-/// Why the session's project gets no changes while no leader of its source is heard
-/// streaming ([`crate::source_watch::not_streaming`]).
-pub(super) fn not_streaming(s: &Session) -> Option<(String, bool)> {
-    crate::source_watch::not_streaming(&s.services.heard, &s.services.projects, &s.project)
+/// Why `project` gets no changes while no leader of its source is heard streaming
+/// ([`crate::source_watch::not_streaming`]).
+pub(super) fn not_streaming(sv: &Services, project: &str) -> Option<(String, bool)> {
+    crate::source_watch::not_streaming(&sv.heard, &sv.projects, project)
 }
 
 /// At a join with `postgres_changes` accepted while a worker reports that its source
 /// fails: the `system` error saying why (its changes wait until the source streams).
 pub(super) fn failing_source_message(
-    s: &Session,
+    sv: &Services,
+    project: &str,
     join_ref: Option<&str>,
     topic: &str,
 ) -> Option<Frame> {
-    let (why, reported) = not_streaming(s)?;
+    let (why, reported) = not_streaming(sv, project)?;
     reported.then(|| {
         server::system(
             join_ref,
@@ -70,17 +68,18 @@ pub(super) fn failing_source_message(
 /// At a join that asked for it: the message now (to go with the first frames), or the
 /// wait.
 pub(super) fn at_join(
-    s: &Session,
+    sv: &Services,
+    project: &str,
     join_ref: Option<&str>,
     topic: &str,
 ) -> (Option<Frame>, Option<ReadyWait>) {
     let now = Instant::now();
-    if stream_runs(s, now) {
+    if stream_runs(sv, project, now) {
         return (Some(ready_message(join_ref, topic)), None);
     }
     let wait = ReadyWait {
         poll_at: now + POLL,
-        deadline: now + s.services.cfg.replication_ready_timeout,
+        deadline: now + sv.cfg.replication_ready_timeout,
     };
     (None, Some(wait))
 }
@@ -97,10 +96,10 @@ pub(super) async fn check(s: &mut Session, now: Instant) {
     if due.is_empty() {
         return;
     }
-    let runs = stream_runs(s, now);
+    let runs = stream_runs(&s.services, &s.project, now);
     let not_ready = match runs {
         true => NOT_READY.to_string(),
-        false => not_streaming(s).map_or_else(
+        false => not_streaming(&s.services, &s.project).map_or_else(
             || NOT_READY.to_string(),
             |(why, _)| format!("{NOT_READY}: {why}"),
         ),

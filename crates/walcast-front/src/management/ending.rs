@@ -2,7 +2,9 @@
 //! directory at once, and the directory's events end what may no longer stay — every
 //! socket of a deleted or suspended project, the sockets with a public channel of a
 //! project made private-only — each channel told first with a `system` error; and the
-//! SSE streams of a deleted or suspended project (a `system` event, then the end).
+//! SSE streams of a deleted or suspended project (a `system` event, then the end). When a
+//! project's keys change, every socket and SSE stream of it verifies its sessions' tokens
+//! again and ends those no key accepts any more; after missed events, every project's do.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +50,7 @@ pub(crate) async fn events_loop(
             e = events.recv() => e,
         };
         match e {
+            Ok(ProjectEvent::KeysChanged(p)) => recheck(&connections, &sse, Some(&p)),
             Ok(e) => {
                 end(&delivery, &connections, &e);
                 if !e.public_only() {
@@ -60,11 +63,28 @@ pub(crate) async fn events_loop(
                 }
             }
             Err(RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "project events missed");
+                tracing::warn!(
+                    missed = n,
+                    "project events missed: every session is checked again"
+                );
+                recheck(&connections, &sse, None);
             }
             Err(RecvError::Closed) => return,
         }
     }
+}
+
+/// Make the sockets and SSE streams of `project` (`None`: every project's) verify their
+/// tokens again.
+fn recheck(connections: &Connections, sse: &SseHub, project: Option<&str>) {
+    let sockets = connections.recheck(project);
+    let streams = sse.recheck(project);
+    tracing::info!(
+        project,
+        sockets,
+        streams,
+        "project keys changed: sessions check their tokens again"
+    );
 }
 
 /// Tell each affected channel (`system` error, `phx_close`), then close its socket —

@@ -30,7 +30,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use walcast_bus::admin::{
     AdminClient, AdminRequest, LimitChanges, ProjectLimits, ProjectRecord, LIMITS, MAX_LIMIT,
 };
@@ -51,8 +50,8 @@ const WORKER_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Management {
     pub projects: Projects,
     pub bus: Bus,
-    /// SHA-256 of the operator key.
-    pub key_digest: [u8; 32],
+    /// The operator key.
+    pub key: crate::operator::OperatorKey,
     /// How long a rotated secret stays valid by default.
     pub rotation_window: Duration,
     /// A project's limits where it has none of its own (every field set; see
@@ -70,7 +69,7 @@ impl Management {
         Management {
             projects,
             bus,
-            key_digest: Sha256::digest(key.as_bytes()).into(),
+            key: crate::operator::OperatorKey::new(Some(key)),
             rotation_window: window,
             defaults,
         }
@@ -134,43 +133,10 @@ fn respond(e: ApiError, op: &'static str) -> Response {
     e.into_response()
 }
 
-/// The operator key, compared in constant time (digests of equal length); a project's
-/// key (a JWT) is refused with 403, anything else with 401.
+/// The operator key (see [`crate::operator`]): a project's key (a JWT) is refused with
+/// 403, anything else with 401.
 fn authorize(m: &Management, headers: &HeaderMap) -> Result<AdminClient, ApiError> {
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    let Some(presented) = presented.filter(|k| !k.is_empty()) else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the operator key is required (Authorization: Bearer <MANAGEMENT_API_KEY>)",
-        ));
-    };
-    let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-    let diff = digest
-        .iter()
-        .zip(m.key_digest.iter())
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    if std::hint::black_box(diff) != 0 {
-        if crate::auth::peek_claims(presented).is_ok() {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "a project's key or token cannot use the management API: use the operator key",
-            ));
-        }
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "wrong operator key",
-        ));
-    }
+    m.key.check(headers)?;
     m.projects.admin().cloned().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

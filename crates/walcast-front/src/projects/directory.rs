@@ -42,6 +42,8 @@ pub(super) struct Directory {
     /// When the last refresh started, and how it ended. Held during a refresh, so
     /// concurrent misses queue behind it and then share its result.
     last: tokio::sync::Mutex<Option<(Instant, Result<(), AdminError>)>>,
+    /// Signalled by every refresh, so the loop watching rotation windows sees new ones.
+    refreshed: tokio::sync::Notify,
 }
 
 impl Directory {
@@ -50,6 +52,7 @@ impl Directory {
             admin,
             cfg,
             last: tokio::sync::Mutex::new(None),
+            refreshed: tokio::sync::Notify::new(),
         }
     }
 
@@ -106,12 +109,14 @@ impl Directory {
                     schema: Arc::from(p.schema.as_str()),
                     source: Arc::from(record_source(&p)),
                     keys: record_keys(&p),
+                    keys_tag: keys_tag(&p),
                     status: record_status(&p),
                 };
                 (p.id, entry)
             })
             .collect();
         let (projects, changed) = table.replace(map);
+        self.refreshed.notify_one();
         tracing::debug!(projects, "project directory refreshed");
         for e in changed {
             tracing::info!(event = ?e, "project changed: its sockets end");
@@ -120,7 +125,8 @@ impl Directory {
         Ok(())
     }
 
-    /// Load the projects into `table` now and every `refresh_every` until `cancel` fires.
+    /// Load the projects into `table` now and every `refresh_every` until `cancel` fires;
+    /// and as each rotation window ends, tell that the project's keys changed.
     pub(super) async fn refresh_loop(
         &self,
         table: &Table,
@@ -129,17 +135,35 @@ impl Directory {
     ) {
         let mut tick = tokio::time::interval(self.cfg.refresh_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut checked_ms = super::status::now_ms();
         loop {
+            let window_end = table.next_window_end(checked_ms).map(instant_at);
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tick.tick() => {
+                    let mut last = self.last.lock().await;
+                    let started = Instant::now();
+                    let result = self.fetch(table, events).await;
+                    *last = Some((started, result));
+                }
+                _ = tokio::time::sleep_until(window_end.unwrap_or_else(Instant::now)),
+                    if window_end.is_some() => {}
+                _ = self.refreshed.notified() => {}
             }
-            let mut last = self.last.lock().await;
-            let started = Instant::now();
-            let result = self.fetch(table, events).await;
-            *last = Some((started, result));
+            let now_ms = super::status::now_ms();
+            for id in table.windows_ended(checked_ms, now_ms) {
+                tracing::info!(project = %id, "a rotated secret's window ended: sessions are checked again");
+                let _ = events.send(ProjectEvent::KeysChanged(id));
+            }
+            checked_ms = now_ms;
         }
     }
+}
+
+/// The instant of a Unix time in ms (now, if it is past).
+fn instant_at(unix_ms: i64) -> Instant {
+    let left = unix_ms.saturating_sub(super::status::now_ms()).max(0);
+    Instant::now() + Duration::from_millis(left as u64)
 }
 
 /// Where a refresh tells what changed.
@@ -170,6 +194,26 @@ fn record_status(p: &ProjectRecord) -> Status {
         rotated,
         limits: p.limits,
     }
+}
+
+/// A digest of what a stored project's keys are made of (see [`Entry::keys_tag`]).
+fn keys_tag(p: &ProjectRecord) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let until = p.jwt_secret_previous_until_ms.map(|t| t.to_string());
+    for part in [
+        Some(p.jwt_secret.as_str()),
+        p.jwt_secret_previous.as_deref(),
+        until.as_deref(),
+        p.jwks.as_deref(),
+    ] {
+        // Each part length-prefixed (absent: a length no string has), so no two lists of
+        // parts share a digest input.
+        let len = part.map_or(u64::MAX, |s| s.len() as u64);
+        h.update(len.to_le_bytes());
+        h.update(part.unwrap_or("").as_bytes());
+    }
+    h.finalize().into()
 }
 
 /// A stored project's keys: its secret, its previous one, its JWKS (a JWKS that does not

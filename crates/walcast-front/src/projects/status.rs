@@ -2,7 +2,8 @@
 //! the end of a rotated secret's window, its own limits — and the events a directory
 //! refresh emits when it sees one change: the project deleted, suspended, or made
 //! private-only, so the front ends the sockets (or public channels) that may no longer
-//! stay.
+//! stay; or its keys changed (a rotation, its window's end), so the front checks every
+//! session's token again and ends those no key accepts any more.
 
 use walcast_bus::admin::ProjectLimits;
 
@@ -32,6 +33,9 @@ pub enum ProjectEvent {
     Suspended(String),
     /// Now private-only: the sockets with a public channel end.
     PrivateOnly(String),
+    /// Its keys changed (a secret rotated, a rotation's window ended, its JWKS replaced):
+    /// each session's token is verified again, and the sessions it fails end.
+    KeysChanged(String),
 }
 
 impl ProjectEvent {
@@ -40,7 +44,8 @@ impl ProjectEvent {
         match self {
             ProjectEvent::Deleted(p)
             | ProjectEvent::Suspended(p)
-            | ProjectEvent::PrivateOnly(p) => p,
+            | ProjectEvent::PrivateOnly(p)
+            | ProjectEvent::KeysChanged(p) => p,
         }
     }
 
@@ -50,6 +55,8 @@ impl ProjectEvent {
             ProjectEvent::Deleted(_) => "TenantNotFound: this project was deleted",
             ProjectEvent::Suspended(_) => SUSPENDED_MESSAGE,
             ProjectEvent::PrivateOnly(_) => PRIVATE_ONLY_MESSAGE,
+            // Each session ending is told why its own token failed.
+            ProjectEvent::KeysChanged(_) => "the project's keys changed",
         }
     }
 

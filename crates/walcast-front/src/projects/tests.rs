@@ -338,3 +338,71 @@ async fn the_refresh_loop_loads_at_start_and_without_a_directory_does_nothing() 
         .refresh_loop(CancellationToken::new())
         .await;
 }
+
+#[tokio::test]
+async fn a_rotation_and_its_windows_end_are_keys_changes_that_sessions_fail() {
+    let worker = Arc::new(Worker::default());
+    worker.add("p", "old-secret");
+    worker.add("q", "q-secret");
+    let p = directory(&worker);
+    let mut events = p.events();
+    let cancel = CancellationToken::new();
+    tokio::spawn(p.clone().refresh_loop(cancel.clone()));
+    let old = anon_of("p", "old-secret");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while p.check_session("p", &old).is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("loaded");
+    // Rotated with a window: a keys change at once, the old key still good.
+    let window_end = status::now_ms() + 400;
+    {
+        let mut stored = worker.projects.lock().unwrap();
+        let rec = &mut stored[0];
+        rec.jwt_secret = "new-secret".into();
+        rec.jwt_secret_previous = Some("old-secret".into());
+        rec.jwt_secret_previous_until_ms = Some(window_end);
+    }
+    p.refresh_now().await;
+    let next = |events: &mut tokio::sync::broadcast::Receiver<ProjectEvent>| {
+        let e = events.try_recv();
+        e.ok()
+    };
+    assert_eq!(
+        next(&mut events),
+        Some(ProjectEvent::KeysChanged("p".into()))
+    );
+    assert_eq!(next(&mut events), None, "q's keys did not change");
+    assert_eq!(p.check_session("p", &old), Ok(()));
+    let new = anon_of("p", "new-secret");
+    assert_eq!(p.check_session("p", &new), Ok(()));
+    // The window's end is one more, told without a refresh; the old key then fails.
+    let e = tokio::time::timeout(Duration::from_secs(5), events.recv()).await;
+    assert_eq!(
+        e.expect("told").unwrap(),
+        ProjectEvent::KeysChanged("p".into())
+    );
+    assert!(status::now_ms() >= window_end);
+    assert_eq!(p.check_session("p", &old), Err(AuthError::Signature));
+    assert_eq!(p.check_session("p", &new), Ok(()));
+    // A refresh that changes nothing tells nothing.
+    p.refresh_now().await;
+    assert_eq!(next(&mut events), None);
+    // Suspended, then gone: sessions fail too.
+    worker.projects.lock().unwrap()[0].suspended = true;
+    p.refresh_now().await;
+    assert!(matches!(
+        p.check_session("p", &new),
+        Err(AuthError::Suspended(_))
+    ));
+    worker.projects.lock().unwrap().remove(0);
+    p.refresh_now().await;
+    assert!(matches!(
+        p.check_session("p", &new),
+        Err(AuthError::UnknownProject(_))
+    ));
+    assert_eq!(p.check_session("q", &anon_of("q", "q-secret")), Ok(()));
+    cancel.cancel();
+}

@@ -1,6 +1,6 @@
 //! What an SSE response sends: the first events of a reader (`ready`, a `gap`, the
-//! history it missed), then live changes until the token expires, the subscription ends
-//! or the reader falls behind.
+//! history it missed), then live changes until the token expires or no key accepts it any
+//! more (its project's keys changed), the subscription ends or the reader falls behind.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -106,6 +106,9 @@ pub(super) struct StreamState {
     pub last: Option<Pos>,
     pub expires: Instant,
     pub exp: i64,
+    /// Its project and acting token, verified again on each change of `recheck`.
+    pub session: (crate::projects::Projects, String, String),
+    pub recheck: tokio::sync::watch::Receiver<u64>,
     pub cancel: CancellationToken,
     pub done: bool,
     /// A snapshot stream: changes its rows already hold are dropped (see
@@ -115,6 +118,15 @@ pub(super) struct StreamState {
     /// Its `max_connections` slot and its place among its project's connected users
     /// (whose counters count what it sends).
     pub slot: (SseSlot, crate::usage::UserSlot),
+}
+
+/// A `system` error event (the stream ends after it).
+fn system_error(message: &str) -> Event {
+    let data = format!(
+        "{{\"extension\":\"system\",\"status\":\"error\",\"message\":{}}}",
+        Value::from(message)
+    );
+    Event::default().event("system").data(data)
 }
 
 pub(super) async fn next_event(
@@ -136,8 +148,22 @@ pub(super) async fn next_event(
             _ = tokio::time::sleep_until(st.expires) => {
                 st.done = true;
                 let msg = format!("Token has expired {} seconds ago", (now_secs() - st.exp).max(0));
-                let data = format!("{{\"extension\":\"system\",\"status\":\"error\",\"message\":{}}}", Value::from(msg));
-                return Some((Ok(Event::default().event("system").data(data)), st));
+                return Some((Ok(system_error(&msg)), st));
+            }
+            r = st.recheck.changed() => {
+                let (projects, project, token) = &st.session;
+                let checked = r.map_err(|_| None).and_then(|()| {
+                    projects.check_session(project, token).map_err(Some)
+                });
+                match checked {
+                    Ok(()) => continue,
+                    Err(None) => return None,
+                    Err(Some(e)) => {
+                        telemetry::error("token_revoked");
+                        st.done = true;
+                        return Some((Ok(system_error(&e.to_string())), st));
+                    }
+                }
             }
             r = st.rx.recv() => match r {
                 Ok(item) if item.end => {

@@ -135,6 +135,19 @@ impl SseHub {
 }
 
 impl SseHub {
+    /// Its keys changed: every reader of a stream of `project` (`None`: of every
+    /// project) verifies its token again, and ends if no key accepts it. How many streams
+    /// were told.
+    pub(crate) fn recheck(&self, project: Option<&str>) -> usize {
+        let streams = self.streams.lock();
+        let chans = streams
+            .iter()
+            .filter(|(k, _)| project.is_none_or(|want| k.project == want));
+        chans
+            .map(|(_, c)| c.recheck.send_modify(|n| *n += 1))
+            .count()
+    }
+
     /// End every stream of a project (deleted or suspended): a `system` error event,
     /// then the end. New streams are refused by the key check. How many ended.
     pub(crate) fn end_project(&self, project: &str, message: &str) -> usize {
@@ -230,7 +243,7 @@ pub(crate) async fn handler(
     let Some(slot) = SseSlot::acquire(&hub.connections) else {
         return error_response(StatusCode::TOO_MANY_REQUESTS, "too many connections");
     };
-    let (socket, user, binding) = match subscriber(&hub.projects, &p, &q, &headers).await {
+    let (socket, (user, token), binding) = match subscriber(&hub.projects, &p, &q, &headers).await {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -283,12 +296,25 @@ pub(crate) async fn handler(
         last,
         expires: Instant::now() + until_exp.min(Duration::from_secs(10 * 365 * 86400)),
         exp,
+        session: (hub.projects.clone(), socket.project.clone(), token),
+        recheck: chan.recheck.subscribe(),
         cancel: hub.cancel.clone(),
         done: false,
         cut,
         _guard: guard,
         slot: (slot, user_slot),
     };
+    serve(&hub, state)
+}
+
+/// The response streaming `state`'s events — unless its token fails now: a keys change
+/// that came while the stream opened was told before it listened, so the token is judged
+/// once more now that it does.
+fn serve(hub: &SseHub, state: StreamState) -> Response {
+    let (projects, project, token) = &state.session;
+    if let Err(e) = projects.check_session(project, token) {
+        return error_response(auth_status(&e), &e.to_string());
+    }
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(hub.cfg.sse_keepalive))
@@ -301,14 +327,15 @@ fn too_many_users(e: &TooManyUsers) -> Response {
     error_response(StatusCode::TOO_MANY_REQUESTS, &text)
 }
 
-/// The project's key and the subscriber's token (see [`crate::credentials`]) verified,
-/// and the binding asked for (in a schema the project may use).
+/// The project's key and the subscriber's token (see [`crate::credentials`]) verified
+/// (the token too, kept to be verified again when the project's keys change), and the
+/// binding asked for (in a schema the project may use).
 async fn subscriber(
     projects: &Projects,
     p: &SseParams,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
-) -> Result<(Verified, Verified, PgChangeBinding), Response> {
+) -> Result<(Verified, (Verified, String), PgChangeBinding), Response> {
     let refuse = |e: AuthError| error_response(auth_status(&e), &e.to_string());
     let creds = Credentials::from_request(query, headers);
     let socket = projects
@@ -321,7 +348,7 @@ async fn subscriber(
     let user = subscribe::verify_subscriber(projects, &socket.project, token, bindings)
         .await
         .map_err(refuse)?;
-    Ok((socket, user, binding))
+    Ok((socket, (user, token.to_string()), binding))
 }
 
 /// Where a reconnecting reader resumes: `Last-Event-ID` (header, else parameter).

@@ -52,6 +52,9 @@ pub(crate) struct SseChannel {
     pub sub: OnceCell<Result<u64, (StatusCode, String)>>,
     inner: Mutex<Inner>,
     pub live: broadcast::Sender<Arc<Item>>,
+    /// Bumped when its project's keys change: each reader verifies its own token again
+    /// (readers of one stream share claims, not tokens).
+    pub recheck: tokio::sync::watch::Sender<u64>,
     /// The map it is in (it leaves it when the worker ends its subscription).
     streams: Weak<Streams>,
 }
@@ -79,6 +82,7 @@ impl SseChannel {
                 idle_since: Some(Instant::now()),
             }),
             live: broadcast::channel(live_cap).0,
+            recheck: tokio::sync::watch::channel(0).0,
             streams: Arc::downgrade(streams),
         }
     }

@@ -4,11 +4,17 @@
 //! `set_config('role', …)`), its claims in `request.jwt.claims` and `realtime.topic()` =
 //! the topic, all transaction-local, in a transaction that is always rolled back.
 //!
-//! - read: a message of the topic is inserted by walcast (the table's owner, to whom RLS
-//!   does not apply), then selected as the subscriber: allowed if it sees it;
+//! - read: a probe message of the topic is inserted (`walcast.probe_message`, as the
+//!   table's owner, to whom RLS does not apply), then selected as the subscriber:
+//!   allowed if it sees it;
 //! - write: the subscriber inserts one: allowed unless a policy refuses it.
 //!
-//! The rolled-back rows never reach the WAL's readers.
+//! The check runs on the check login's connection ([`crate::check_login`]), so a policy
+//! that resets the role regains no power; the rows it writes never commit (the check is
+//! rolled back, and a constraint trigger refuses any commit of the check login's rows)
+//! and so never reach the WAL's readers. A role that bypasses row-level security (which
+//! the check login may not act as) is answered by its privilege on `realtime.messages`
+//! alone, on walcast's own connection, without running anything of the tenant's.
 //!
 //! Everything is one project's: the check runs with `walcast.project` = the joining
 //! project (policies can read it with `current_setting('walcast.project')`), its rows
@@ -60,6 +66,12 @@ pub async fn precheck<'a>(
 const INSERT: &str = "INSERT INTO realtime.messages (topic, extension, private, event, payload)
      VALUES ($1, 'broadcast', true, 'walcast:authorize', '{}')";
 
+/// For a role that bypasses row-level security: its privilege on `realtime.messages`
+/// (`$2`: `SELECT` or `INSERT`); `None`: it does not bypass it.
+const BYPASS_SQL: &str = "SELECT CASE WHEN r.rolbypassrls
+        THEN has_table_privilege(r.oid, 'realtime.messages', $2) END
+   FROM pg_roles r WHERE r.rolname = $1";
+
 /// A private channel `topic` of `project`.
 #[derive(Clone, Copy, Debug)]
 pub struct Channel<'a> {
@@ -67,24 +79,32 @@ pub struct Channel<'a> {
     pub topic: &'a str,
 }
 
-/// Whether `claims` may read (`write` false) or write the channel. `client` must not be
-/// in a transaction; it is left outside one.
+/// Whether `claims` may read (`write` false) or write the channel: decided on walcast's
+/// own connection `own` as far as it can be without the tenant's policies, then on the
+/// check login's `check`. Neither may be in a transaction; each is left outside one.
 pub async fn may(
-    client: &Client,
+    own: &Client,
+    check: &Client,
     roles: &RolePolicy,
     channel: Channel<'_>,
     claims: &Value,
     write: bool,
 ) -> Result<bool, tokio_postgres::Error> {
-    let role = match precheck(client, roles, channel.project, claims).await? {
+    let role = match precheck(own, roles, channel.project, claims).await? {
         Ok(role) => role,
         Err(refused) => {
             tracing::info!(project = channel.project, topic = channel.topic, %refused, "private channel refused");
             return Ok(false);
         }
     };
+    let privilege = if write { "INSERT" } else { "SELECT" };
+    let bypass = own.query_opt(BYPASS_SQL, &[&role, &privilege]).await?;
+    if let Some(allowed) = bypass.and_then(|r| r.get::<_, Option<bool>>(0)) {
+        return Ok(allowed);
+    }
+    let client = check;
     client.batch_execute("BEGIN").await?;
-    let result = check(client, channel, &claims.to_string(), role, write).await;
+    let result = judge(client, channel, &claims.to_string(), role, write).await;
     client.batch_execute("ROLLBACK").await?;
     match result {
         Err(e) if refused(&e) => Ok(false),
@@ -103,7 +123,7 @@ fn refused(e: &tokio_postgres::Error) -> bool {
     })
 }
 
-async fn check(
+async fn judge(
     client: &Client,
     channel: Channel<'_>,
     claims: &str,
@@ -119,15 +139,12 @@ async fn check(
         )
         .await?;
     let id: Option<String> = match write {
-        false => {
-            let returning = format!("{INSERT} RETURNING id::text");
-            Some(
-                client
-                    .query_one(returning.as_str(), &[&topic])
-                    .await?
-                    .get(0),
-            )
-        }
+        false => Some(
+            client
+                .query_one("SELECT walcast.probe_message($1)::text", &[&topic])
+                .await?
+                .get(0),
+        ),
         true => None,
     };
     client

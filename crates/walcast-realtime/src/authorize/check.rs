@@ -7,7 +7,8 @@
 //! ```text
 //! BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY
 //! SELECT set_config('statement_timeout', $1, true)
-//! per table with versions judged by the current row:
+//! per table with versions judged by the current row, on walcast's own connection in the
+//! check's snapshot (exported by the check connection first, see below):
 //!             SAVEPOINT; <which rows still hold those versions' values>; ROLLBACK TO + RELEASE
 //! per (table, role, claims):
 //!             SAVEPOINT; set_config('role', $1, true), set_config('request.jwt.claims', $2, true)
@@ -25,6 +26,13 @@
 //! since cannot be judged, and is withheld: "superseded"). The savepoints confine a
 //! failing check (a policy that raises, the timeout) to its own group; `ROLLBACK TO`
 //! also undoes its `set_config`.
+//!
+//! The check connection's session user is the check login ([`crate::check_login`]): a
+//! policy that resets the role gains nothing. That login may read no table, so the
+//! current-row comparison runs on walcast's own connection ([`Connections::own`]), which
+//! imports the check transaction's snapshot (`pg_export_snapshot`, one round trip more,
+//! only for a batch that has such versions), with row security off and nothing of the
+//! tenant's cast to ([`crate::authorize::sql::current_sql`]).
 //!
 //! Savepoints double the statements per group, and checks rarely fail, so a batch first
 //! runs without them (`isolate: false`; each group's `set_config` replaces the previous
@@ -126,13 +134,33 @@ async fn prepared(
     cache: &mut HashMap<String, Statement>,
     sql: &str,
 ) -> Result<Statement, String> {
+    prepared_as(client, cache, sql, None).await
+}
+
+/// [`prepared`], parsed as `role` when given: names are looked up when a statement is
+/// parsed, with the privileges of the role then (the check login has none: it could not
+/// even see the schemas a policy names).
+async fn prepared_as(
+    client: &Client,
+    cache: &mut HashMap<String, Statement>,
+    sql: &str,
+    role: Option<&str>,
+) -> Result<Statement, String> {
     if let Some(s) = cache.get(sql) {
         return Ok(s.clone());
     }
-    let s = client
-        .prepare(sql)
-        .await
-        .map_err(|e| walcast_pgtls::db_message(&e))?;
+    let msg = |e: tokio_postgres::Error| walcast_pgtls::db_message(&e);
+    if let Some(role) = role {
+        client
+            .execute("SELECT set_config('role', $1, false)", &[&role])
+            .await
+            .map_err(msg)?;
+    }
+    let s = client.prepare(sql).await.map_err(msg);
+    if role.is_some() {
+        client.batch_execute("RESET ROLE").await.map_err(msg)?;
+    }
+    let s = s?;
     cache.insert(sql.to_string(), s.clone());
     Ok(s)
 }
@@ -240,7 +268,7 @@ async fn plan_own(
                 .map(|c| (c.name.clone(), c.ty.clone()))
                 .collect();
             let sql = own_values_sql(&t.table, &typed, &g.predicate.condition);
-            let s = prepared(client, cache, &sql).await;
+            let s = prepared_as(client, cache, &sql, Some(&g.role)).await;
             memo.statements.insert(key, s.clone());
             s
         }
@@ -258,6 +286,16 @@ async fn plan_own(
     })
 }
 
+/// The connections a batch is checked on, each with its prepared statements.
+pub struct Connections<'a> {
+    /// The check login's: every statement that runs as a subscriber.
+    pub check: &'a Client,
+    pub check_statements: &'a mut HashMap<String, Statement>,
+    /// walcast's own (catalog) login's, for the current-row comparisons; `None` when the
+    /// batch has none.
+    pub own: Option<(&'a Client, &'a mut HashMap<String, Statement>)>,
+}
+
 /// Statements and bound arrays of one table (built before any reply is awaited: a
 /// statement that does not prepare fails only its table or group).
 struct TablePlan {
@@ -267,11 +305,8 @@ struct TablePlan {
     groups: Vec<(Option<Bound>, Option<Bound>)>,
 }
 
-async fn plan_table(
-    client: &Client,
-    cache: &mut HashMap<String, Statement>,
-    t: &TableCheck,
-) -> TablePlan {
+async fn plan_table(conns: &mut Connections<'_>, t: &TableCheck) -> TablePlan {
+    let (client, cache) = (conns.check, &mut *conns.check_statements);
     let by_row: BTreeSet<usize> = t.groups.iter().flat_map(|g| g.by_row.clone()).collect();
     let by_row: Vec<usize> = by_row.into_iter().collect();
     let mut current = None;
@@ -290,9 +325,13 @@ async fn plan_table(
             })
             .cloned()
             .collect();
-        let stmt = match current_sql(&t.schema, &t.table, &t.pk, &compare) {
-            None => Err("the change does not carry its primary key".to_string()),
-            Some(sql) => prepared(client, cache, &sql).await,
+        let stmt = match (
+            current_sql(&t.schema, &t.table, &t.pk, &compare),
+            &mut conns.own,
+        ) {
+            (None, _) => Err("the change does not carry its primary key".to_string()),
+            (Some(_), None) => Err("no connection to compare rows on".to_string()),
+            (Some(sql), Some((own, own_cache))) => prepared(own, own_cache, &sql).await,
         };
         let names = compare.iter().map(|(n, _)| n.as_str());
         current = Some(Bound {
@@ -300,7 +339,13 @@ async fn plan_table(
             arrays: Arc::new(arrays(&t.versions, &by_row, names)),
             pick: by_row,
         });
-        visible = prepared(client, cache, &visible_sql(&t.schema, &t.table, &t.pk)).await;
+        let role = t
+            .groups
+            .iter()
+            .find(|g| !g.by_row.is_empty())
+            .map(|g| g.role.as_str());
+        let sql = visible_sql(&t.schema, &t.table, &t.pk);
+        visible = prepared_as(client, cache, &sql, role).await;
     }
     let mut groups = Vec::with_capacity(t.groups.len());
     let mut memo = OwnMemo::default();
@@ -320,40 +365,41 @@ async fn plan_table(
 /// The requests of a batch, in order (see the module docs).
 fn steps<'a>(
     client: &'a Client,
+    own: Option<&'a Client>,
     tables: &'a [TableCheck],
     plans: &'a [TablePlan],
     control_stmts: &'a (Statement, Statement, String),
     opts: &CheckOptions,
 ) -> Vec<(Step, Reply<'a>)> {
     let (set_claims, set_timeout, timeout) = control_stmts;
-    let mut steps: Vec<(Step, Reply<'a>)> = vec![
-        (
-            Step::Control,
-            control(client, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-        ),
-        (Step::Control, exec(client, set_timeout, vec![timeout])),
-    ];
-    let isolated = |steps: &mut Vec<(Step, Reply<'a>)>, inner: Vec<(Step, Reply<'a>)>| {
+    let mut steps: Vec<(Step, Reply<'a>)> = Vec::new();
+    if own.is_none() {
+        // Otherwise begun with the snapshot's export (see `begin_shared`).
+        steps.push((Step::Control, control(client, BEGIN)));
+    }
+    steps.push((Step::Control, exec(client, set_timeout, vec![timeout])));
+    let isolated = |steps: &mut Vec<(Step, Reply<'a>)>, on: &'a Client, inner| {
         if opts.isolate {
-            steps.push((Step::Control, control(client, SAVEPOINT)));
+            steps.push((Step::Control, control(on, SAVEPOINT)));
         }
         steps.extend(inner);
         if opts.isolate {
-            steps.push((Step::Control, control(client, RESTORE)));
+            steps.push((Step::Control, control(on, RESTORE)));
         }
     };
-    for (ti, plan) in plans.iter().enumerate() {
-        if let Some(Bound {
-            stmt: Ok(s),
-            arrays,
-            ..
-        }) = &plan.current
-        {
-            isolated(
-                &mut steps,
-                vec![(Step::Current(ti), query(client, s, arrays))],
-            );
+    if let Some(own) = own {
+        for (ti, plan) in plans.iter().enumerate() {
+            if let Some(Bound {
+                stmt: Ok(s),
+                arrays,
+                ..
+            }) = &plan.current
+            {
+                let current = vec![(Step::Current(ti), query(own, s, arrays))];
+                isolated(&mut steps, own, current);
+            }
         }
+        steps.push((Step::Control, control(own, "ROLLBACK")));
     }
     for (ti, (t, plan)) in tables.iter().zip(plans).enumerate() {
         for (gi, (g, (own, by_row))) in t.groups.iter().zip(&plan.groups).enumerate() {
@@ -378,7 +424,7 @@ fn steps<'a>(
                 inner.push((Step::ByRow(ti, gi), query(client, s, arrays)));
             }
             if inner.len() > 1 {
-                isolated(&mut steps, inner);
+                isolated(&mut steps, client, inner);
             }
         }
     }
@@ -386,12 +432,34 @@ fn steps<'a>(
     steps
 }
 
+const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+/// Begin the check transaction on `check` and the current-row comparisons' on `own`, in
+/// the check's snapshot, with row security off (a policy that would apply is an error,
+/// never run) and the check's statement timeout.
+async fn begin_shared(check: &Client, own: &Client, timeout_ms: u64) -> Result<(), RealtimeError> {
+    check.batch_execute(BEGIN).await?;
+    let id: String = check
+        .query_one("SELECT pg_export_snapshot()", &[])
+        .await?
+        .try_get(0)?;
+    if !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(RealtimeError::RlsUnavailable("an unexpected snapshot id"));
+    }
+    own.batch_execute(&format!(
+        "{BEGIN}; SET TRANSACTION SNAPSHOT '{id}'; SET LOCAL row_security = off; \
+         SET LOCAL statement_timeout = {timeout_ms}"
+    ))
+    .await?;
+    Ok(())
+}
+
 pub async fn run_checks(
-    client: &Client,
-    cache: &mut HashMap<String, Statement>,
+    mut conns: Connections<'_>,
     tables: &[TableCheck],
     opts: &CheckOptions,
 ) -> Result<Vec<TableOutcome>, RealtimeError> {
+    let client = conns.check;
     let set_claims = client.prepare(SET_CLAIMS);
     let set_timeout = client.prepare(SET_TIMEOUT);
     let control_stmts = (
@@ -401,9 +469,19 @@ pub async fn run_checks(
     );
     let mut plans = Vec::with_capacity(tables.len());
     for t in tables {
-        plans.push(plan_table(client, cache, t).await);
+        plans.push(plan_table(&mut conns, t).await);
     }
-    let mut steps = steps(client, tables, &plans, &control_stmts, opts);
+    let compare = plans
+        .iter()
+        .any(|p| p.current.as_ref().is_some_and(|b| b.stmt.is_ok()));
+    let own = match (&conns.own, compare) {
+        (Some((own, _)), true) => {
+            begin_shared(client, own, opts.timeout_ms).await?;
+            Some(*own)
+        }
+        _ => None,
+    };
+    let mut steps = steps(client, own, tables, &plans, &control_stmts, opts);
     let mut replies = Vec::with_capacity(steps.len());
     if opts.pipelined {
         // The first poll of each reply queues its request on the connection, in order;

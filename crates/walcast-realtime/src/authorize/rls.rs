@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Statement};
 
-use crate::authorize::check::{run_checks, CheckOptions, TableCheck, TableOutcome};
+use crate::authorize::check::{run_checks, CheckOptions, Connections, TableCheck, TableOutcome};
 use crate::authorize::policy::{ColumnFact, PolicyFact, RoleTableFacts};
 use crate::authorize::visibility;
 use crate::catalog::change::{freshness, Freshness, Notice, TableState, View};
@@ -32,7 +32,10 @@ use walcast_core::sql::qualified;
 const VISIBLE_WAIT: Duration = Duration::from_secs(2);
 
 pub struct RlsChecker {
+    /// walcast's own login: the catalog, and the current-row comparisons.
     database_url: String,
+    /// The check login ([`crate::check_login`]): every statement run as a subscriber.
+    check_url: String,
     client: Option<Client>,
     /// Transactions known to be visible to new snapshots (the last batch's).
     visible_xids: HashSet<u32>,
@@ -95,10 +98,12 @@ SELECT count(*) = $2::int8 - $1::int8
  WHERE l.epoch > $1::int8 AND l.epoch <= $2::int8";
 
 impl RlsChecker {
-    /// `parallel`: connections a large batch's checks are spread over.
-    pub fn new(database_url: String, parallel: usize) -> RlsChecker {
+    /// `parallel`: connections a large batch's checks are spread over. Checks run on
+    /// `check_url`'s login, the catalog is read on `database_url`'s.
+    pub fn new(database_url: String, check_url: String, parallel: usize) -> RlsChecker {
         RlsChecker {
             database_url,
+            check_url,
             client: None,
             visible_xids: HashSet::new(),
             decoded: Vec::new(),
@@ -444,15 +449,17 @@ impl RlsChecker {
     fn abandon_checks(&mut self) {
         for lane in &mut self.lanes {
             lane.statements.clear();
-            let Some(client) = lane.client.take() else {
-                continue;
-            };
-            let (url, token) = (self.database_url.clone(), client.cancel_token());
-            tokio::spawn(async move {
-                if let Err(e) = walcast_pgtls::cancel(&url, &token).await {
-                    tracing::warn!(error = %e, "cancelling an overdue RLS check failed");
-                }
-            });
+            lane.own_statements.clear();
+            let check = lane.client.take().map(|c| (&self.check_url, c));
+            let own = lane.own.take().map(|c| (&self.database_url, c));
+            for (url, client) in check.into_iter().chain(own) {
+                let (url, token) = (url.clone(), client.cancel_token());
+                tokio::spawn(async move {
+                    if let Err(e) = walcast_pgtls::cancel(&url, &token).await {
+                        tracing::warn!(error = %e, "cancelling an overdue RLS check failed");
+                    }
+                });
+            }
         }
     }
 
@@ -471,7 +478,10 @@ impl RlsChecker {
         } else {
             1
         };
-        let url = self.database_url.as_str();
+        let url = Urls {
+            check: &self.check_url,
+            own: &self.database_url,
+        };
         if n == 1 {
             return match self.lanes.first_mut() {
                 Some(lane) => lane.check(url, tables, opts).await,
@@ -554,55 +564,93 @@ fn carried_or<T>(carried: Option<T>, moved: RealtimeError) -> Result<T, Realtime
 /// Below this many groups in a batch, one connection does it all.
 const SPLIT_ABOVE_GROUPS: usize = 32;
 
-/// One connection that runs checks, with its prepared statements.
+/// Where a lane connects: the check login, and walcast's own login.
+#[derive(Clone, Copy)]
+struct Urls<'a> {
+    check: &'a str,
+    own: &'a str,
+}
+
+/// One connection that runs checks, with its prepared statements, and (only once a
+/// batch needs it) one of walcast's own for the current-row comparisons.
 #[derive(Default)]
 struct Lane {
     client: Option<Client>,
     statements: HashMap<String, Statement>,
+    own: Option<Client>,
+    own_statements: HashMap<String, Statement>,
 }
 
 impl Lane {
     async fn check(
         &mut self,
-        url: &str,
+        url: Urls<'_>,
+        tables: &[TableCheck],
+        opts: &CheckOptions,
+    ) -> Result<Vec<TableOutcome>, RealtimeError> {
+        let result = self.check_on(url, tables, opts).await;
+        if result.is_err() {
+            // The sessions may be mid-transaction: start over on fresh ones.
+            self.client = None;
+            self.statements.clear();
+            self.own = None;
+            self.own_statements.clear();
+        }
+        result
+    }
+
+    async fn check_on(
+        &mut self,
+        url: Urls<'_>,
         tables: &[TableCheck],
         opts: &CheckOptions,
     ) -> Result<Vec<TableOutcome>, RealtimeError> {
         if self.client.as_ref().is_none_or(|c| c.is_closed()) {
             self.statements.clear();
-            self.client = Some(check_connection(url).await?);
+            self.client = Some(check_connection(url.check).await?);
         }
-        let result = match self.client.as_ref() {
-            Some(client) => {
-                let fast = CheckOptions {
-                    isolate: false,
-                    ..opts.clone()
-                };
-                match run_checks(client, &mut self.statements, tables, &fast).await {
-                    Ok(out) if out.iter().all(TableOutcome::all_ok) => Ok(out),
-                    // Something failed and took the rest of the batch with it: again,
-                    // with every statement in its own savepoint.
-                    Ok(_) => {
-                        let isolated = CheckOptions {
-                            isolate: true,
-                            ..opts.clone()
-                        };
-                        run_checks(client, &mut self.statements, tables, &isolated).await
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            None => Err(RealtimeError::RlsUnavailable(
+        let compare = tables
+            .iter()
+            .any(|t| t.groups.iter().any(|g| !g.by_row.is_empty()));
+        if compare && self.own.as_ref().is_none_or(|c| c.is_closed()) {
+            self.own_statements.clear();
+            self.own = Some(own_connection(url.own).await?);
+        }
+        let Some(client) = self.client.as_ref() else {
+            return Err(RealtimeError::RlsUnavailable(
                 "the lane's connection was not kept",
-            )),
+            ));
         };
-        if result.is_err() {
-            // The session may be mid-transaction: start over on a fresh one.
-            self.client = None;
-            self.statements.clear();
+        for isolate in [false, true] {
+            let conns = Connections {
+                check: client,
+                check_statements: &mut self.statements,
+                own: match (compare, self.own.as_ref()) {
+                    (true, Some(own)) => Some((own, &mut self.own_statements)),
+                    _ => None,
+                },
+            };
+            let opts = CheckOptions {
+                isolate,
+                ..opts.clone()
+            };
+            let out = run_checks(conns, tables, &opts).await?;
+            // Something failed and took the rest of the batch with it: again, with every
+            // statement in its own savepoint.
+            if isolate || out.iter().all(TableOutcome::all_ok) {
+                return Ok(out);
+            }
         }
-        result
+        Err(RealtimeError::RlsUnavailable("no check was run"))
     }
+}
+
+/// walcast's own connection for current-row comparisons: an empty `search_path`, so
+/// no operator or function but Postgres's own is found by name.
+async fn own_connection(url: &str) -> Result<Client, RealtimeError> {
+    let client = walcast_pgtls::connect(url).await?;
+    client.batch_execute("SET search_path = ''").await?;
+    Ok(client)
 }
 
 /// A connection for checks. Checks for one role differ only in the claims, which

@@ -10,6 +10,14 @@
 //! table's row-level security policies decide which rows come back, in a `READ ONLY`
 //! transaction under the admin session's `statement_timeout`, always rolled back.
 //!
+//! The read runs on the check login's connection ([`crate::check_login`]): the
+//! policies, and whatever else of the tenant's the read evaluates, run without
+//! walcast's powers. A role that bypasses row-level security (which the check login may
+//! not act as) is read on walcast's own connection instead, where nothing of the
+//! tenant's can run: row security off, an empty `search_path`, each value by its type's
+//! output function (never a cast a tenant may have created) and the records made here
+//! from those texts, as a change's are.
+//!
 //! The `filter` is evaluated here on each row with the same evaluator as on changes
 //! (`walcast_protocol::filter`), so the rows and the changes that follow agree on what
 //! matches. Records take the form of a change's `record`: `row_to_json` of the
@@ -140,10 +148,53 @@ fn select_sql(schema: &str, table: &str, cols: &[Col], shown: &[&Col]) -> String
     )
 }
 
+/// [`select_sql`] for walcast's own connection: every readable column's output text,
+/// no record (made by [`record_of`]).
+fn own_select_sql(schema: &str, table: &str, cols: &[Col]) -> String {
+    let texts: Vec<String> = cols
+        .iter()
+        .map(|c| {
+            let q = quote_ident(&c.name);
+            format!("CASE WHEN t.{q} IS NULL THEN NULL ELSE pg_catalog.format('%s', t.{q}) END")
+        })
+        .collect();
+    format!(
+        "SELECT ARRAY[{}]::text[], NULL::text FROM {} t",
+        texts.join(", "),
+        qualified(schema, table)
+    )
+}
+
+/// A row's record from its texts, as a change's record is made (`bytea` as hex without
+/// `\x`).
+fn record_of(shown: &[&Col], cols: &[Col], texts: &[Option<String>]) -> String {
+    let mut out = String::from("{");
+    for (i, c) in shown.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::Value::from(c.name.as_str()).to_string());
+        out.push(':');
+        let at = cols.iter().position(|k| k.name == c.name);
+        match at.and_then(|j| texts.get(j)).and_then(Option::as_deref) {
+            None => out.push_str("null"),
+            Some(v) if c.typname == "bytea" => {
+                let hex = v.strip_prefix("\\x").unwrap_or(v);
+                out.push_str(&serde_json::Value::from(hex).to_string());
+            }
+            Some(v) => walcast_protocol::values::append_json(&c.typname, v, &mut out),
+        }
+    }
+    out.push('}');
+    out
+}
+
 /// What the read needs, checked before any row is read: the role, the readable
 /// columns, the filter, and the columns sent.
 struct Plan {
     role: String,
+    /// The role bypasses row-level security: read on walcast's own connection.
+    bypass: bool,
     cols: Vec<Col>,
     filter: Option<CompiledFilter>,
     shown: Vec<usize>,
@@ -204,6 +255,14 @@ async fn plan(
             ),
         ));
     }
+    let bypass: bool = client
+        .query_one(
+            "SELECT coalesce((SELECT rolbypassrls FROM pg_roles WHERE rolname = $1), false)",
+            &[&role],
+        )
+        .await
+        .map_err(db)?
+        .get(0);
     let cols = readable(client, req.schema, req.table, &role).await?;
     if cols.is_empty() {
         return Err(err(
@@ -222,20 +281,24 @@ async fn plan(
         .collect();
     Ok(Plan {
         role,
+        bypass,
         cols,
         filter,
         shown,
     })
 }
 
-/// Read the rows (see the module docs). `client` must not be in a transaction; it is
-/// left outside one.
+/// Read the rows (see the module docs): planned on walcast's own connection `own`, read
+/// on the check login's `check` (or on `own` for a role that bypasses row-level
+/// security). Neither may be in a transaction; each is left outside one.
 pub async fn read(
-    client: &Client,
+    own: &Client,
+    check: &Client,
     roles: &RolePolicy,
     req: RowsRequest<'_>,
 ) -> Result<SnapshotRows, AdminError> {
-    let plan = plan(client, roles, &req).await?;
+    let plan = plan(own, roles, &req).await?;
+    let client = if plan.bypass { own } else { check };
     client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await
@@ -244,6 +307,16 @@ pub async fn read(
     client.batch_execute("ROLLBACK").await.map_err(db)?;
     result
 }
+
+/// The settings of the read: the project, the claims and the role, and on walcast's own
+/// connection row security off, an empty `search_path` and `bytea` as hex.
+const READ_SETTINGS: &str = concat!(
+    "SELECT set_config('walcast.project', $1, true), \
+     set_config('request.jwt.claims', $2, true), set_config('role', $3, true)",
+    claim_settings!()
+);
+const OWN_SETTINGS: &str = "SELECT set_config('row_security', 'off', true), \
+     set_config('search_path', '', true), set_config('bytea_output', 'hex', true)";
 
 async fn read_in(
     client: &Client,
@@ -264,18 +337,17 @@ async fn read_in(
         .map_err(|e| err(AdminErrorKind::Internal, format!("lsn {lsn:?}: {e}")))?;
     let claims = req.claims.to_string();
     client
-        .execute(
-            concat!(
-                "SELECT set_config('walcast.project', $1, true), \
-                 set_config('request.jwt.claims', $2, true), set_config('role', $3, true)",
-                claim_settings!()
-            ),
-            &[&req.project, &claims, &plan.role],
-        )
+        .execute(READ_SETTINGS, &[&req.project, &claims, &plan.role])
         .await
         .map_err(db)?;
+    if plan.bypass {
+        client.execute(OWN_SETTINGS, &[]).await.map_err(db)?;
+    }
     let shown: Vec<&Col> = plan.shown.iter().map(|&i| &plan.cols[i]).collect();
-    let sql = select_sql(req.schema, req.table, &plan.cols, &shown);
+    let sql = match plan.bypass {
+        true => own_select_sql(req.schema, req.table, &plan.cols),
+        false => select_sql(req.schema, req.table, &plan.cols, &shown),
+    };
     let stream = client
         .query_raw(sql.as_str(), std::iter::empty::<&str>())
         .await
@@ -299,7 +371,10 @@ async fn read_in(
                 continue;
             }
         }
-        let record: String = row.get(1);
+        let record: String = match plan.bypass {
+            true => record_of(&shown, &plan.cols, &texts),
+            false => row.get(1),
+        };
         bytes += record.len();
         rows.push(record);
         if rows.len() > max_rows || bytes > max_bytes {

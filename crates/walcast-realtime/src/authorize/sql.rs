@@ -72,11 +72,44 @@ pub fn visible_sql(schema: &str, table: &str, pk: &[CatalogColumn]) -> String {
     )
 }
 
+/// Whether a type name (`format_type()` read with an empty `search_path`) is one of
+/// Postgres's own (`pg_catalog`): every other type is written schema-qualified, so its
+/// name has a `.` outside double quotes. Only Postgres's own types are cast to on
+/// walcast's own connection: a cast to a tenant's type can run the tenant's SQL (a
+/// domain's `CHECK`, or the domain inside an array, a range or a composite type).
+pub fn is_builtin_type(ty: &str) -> bool {
+    let mut quoted = false;
+    for c in ty.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '.' if !quoted => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
+/// A column's value as text, without running any SQL a tenant wrote: a cast of
+/// Postgres's own type (`::text`), and for a tenant's type its output function
+/// (`format('%s', …)`; a `CREATE CAST … AS text` of the tenant's would be its SQL).
+fn text_of(column: &str, ty: &str) -> String {
+    match is_builtin_type(ty) {
+        true => format!("{column}::text"),
+        false => format!(
+            "CASE WHEN {column} IS NULL THEN NULL ELSE pg_catalog.format('%s', {column}) END"
+        ),
+    }
+}
+
 /// Which rows still hold exactly the values of the change (compared through each type's
-/// text form, so every type works, with or without an equality operator). Run as the
-/// worker in the same snapshot as the checks: a change whose row has changed since is
-/// not judged by the newer row. Arrays: `columns` in order; every key column must be
-/// among them (`None` otherwise).
+/// text form, so every type works, with or without an equality operator). Run as
+/// walcast's own login (the check login may read no table), in the same snapshot as the
+/// checks (imported from the check connection) and with `row_security = off`: a change
+/// whose row has changed since is not judged by the newer row. Nothing a tenant wrote
+/// runs here: no policy (row security off), no cast to a tenant's type (such a column
+/// is compared by its output text, exactly what wal2json sent, key columns included),
+/// and, with an empty `search_path`, no operator but Postgres's own. Arrays: `columns`
+/// in order; every key column must be among them (`None` otherwise).
 pub fn current_sql(
     schema: &str,
     table: &str,
@@ -87,23 +120,33 @@ pub fn current_sql(
         .iter()
         .map(|(name, _)| columns.iter().position(|(c, _)| c == name))
         .collect::<Option<_>>()?;
-    let mut cond = key_match(pk, &key);
+    let mut conds = Vec::with_capacity(columns.len());
+    for ((name, ty), j) in pk.iter().zip(&key) {
+        let col = format!("t.{}", quote_ident(name));
+        conds.push(match is_builtin_type(ty) {
+            true => format!("{col} = k.c{}::{ty}", j + 1),
+            false => format!("{} = k.c{}", text_of(&col, ty), j + 1),
+        });
+    }
     for (j, (name, ty)) in columns.iter().enumerate() {
         if pk.iter().any(|(p, _)| p == name) {
             continue;
         }
-        cond.push_str(&format!(
-            " AND t.{}::text IS NOT DISTINCT FROM k.c{}::{}::text",
-            quote_ident(name),
-            j + 1,
-            ty
+        let col = format!("t.{}", quote_ident(name));
+        let value = match is_builtin_type(ty) {
+            true => format!("k.c{}::{ty}::text", j + 1),
+            false => format!("k.c{}", j + 1),
+        };
+        conds.push(format!(
+            "{} IS NOT DISTINCT FROM {value}",
+            text_of(&col, ty)
         ));
     }
     Some(format!(
         "SELECT k.i FROM {} WHERE EXISTS (SELECT 1 FROM {} t WHERE {})",
         unnest(columns.len()),
         qualified(schema, table),
-        cond
+        conds.join(" AND ")
     ))
 }
 
@@ -140,6 +183,33 @@ mod tests {
             "{sql}"
         );
         assert!(!sql.contains("t.\"id\"::text"), "{sql}");
+    }
+
+    #[test]
+    fn current_casts_to_no_tenant_type() {
+        let sql = current_sql(
+            "s",
+            "t",
+            &[col("id", "b.\"my.id\"")],
+            &[
+                col("id", "b.\"my.id\""),
+                col("v", "b.pin"),
+                col("n", "\"a.b\""),
+            ],
+        )
+        .unwrap_or_default();
+        assert!(!sql.contains("::b."), "{sql}");
+        assert!(
+            sql.contains("pg_catalog.format('%s', t.\"id\") END = k.c1"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("pg_catalog.format('%s', t.\"v\") END IS NOT DISTINCT FROM k.c2"),
+            "{sql}"
+        );
+        assert!(is_builtin_type("\"a.b\""));
+        assert!(is_builtin_type("character varying(10)[]"));
+        assert!(!is_builtin_type("public.mood"));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use walcast_bus::broadcast::{encode_envelope, BroadcastTarget, Envelope};
+use walcast_bus::broadcast::{BroadcastTarget, Envelope};
 use walcast_wal2json::{Change, Column, Lsn};
 
 use std::sync::Arc;
@@ -138,22 +138,21 @@ pub fn message(columns: &[Column<'_>]) -> Result<Option<DbMessage>, Undecodable>
     let Ok(meta) = RawValue::from_string(meta) else {
         return Ok(None);
     };
-    let env = Envelope {
-        event: event.unwrap_or_default().into(),
-        binary,
-        meta: Some(&meta),
-    };
+    let env = Envelope::new(event.unwrap_or_default().into(), binary, Some(&meta));
     let target = BroadcastTarget {
         project,
         private,
         name: topic,
     };
-    Ok(encode_envelope(&env, &body).map(|payload| DbMessage {
-        project: target.project.clone(),
-        subject: target.subject(),
-        payload,
-        binary,
-    }))
+    // A topic too long for a subject token travels in the head line (see the bus module).
+    Ok(target
+        .message(env, &body)
+        .map(|(subject, payload)| DbMessage {
+            project: target.project.clone(),
+            subject,
+            payload,
+            binary,
+        }))
 }
 
 /// The consumer (see the module docs).

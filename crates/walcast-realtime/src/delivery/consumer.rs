@@ -45,8 +45,10 @@ pub fn shard_of(project: &str, shards: usize) -> usize {
 
 /// What a [`RealtimeConsumer`] is built with besides its connections.
 pub struct RealtimeOptions {
-    /// For the RLS checkers' connections.
+    /// For the RLS checkers' catalog connections (walcast's own login).
     pub database_url: String,
+    /// For the RLS checks themselves (the check login, see [`crate::check_login`]).
+    pub check_url: String,
     pub rls: RlsOptions,
     /// Values larger than this are dropped from a change (`Error 413`).
     pub max_record_bytes: usize,
@@ -111,6 +113,7 @@ impl RealtimeConsumer {
         ));
         let lanes = Lanes::new(
             opts.database_url.clone(),
+            opts.check_url.clone(),
             rls_opts.clone(),
             opts.limits,
             outlet.clone(),

@@ -139,6 +139,8 @@ pub struct Lanes {
     by_project: HashMap<String, usize>,
     max: usize,
     database_url: String,
+    /// The check login's URL (see [`crate::check_login`]).
+    check_url: String,
     rls: RlsOptions,
     limits: LaneLimits,
     outlet: Arc<Outlet>,
@@ -149,6 +151,7 @@ pub struct Lanes {
 impl Lanes {
     pub fn new(
         database_url: String,
+        check_url: String,
         rls: RlsOptions,
         limits: LaneLimits,
         outlet: Arc<Outlet>,
@@ -158,6 +161,7 @@ impl Lanes {
             by_project: HashMap::new(),
             max: rls.shards.max(1),
             database_url,
+            check_url,
             rls,
             limits,
             outlet,
@@ -181,7 +185,11 @@ impl Lanes {
     }
 
     fn spawn(&mut self, name: String, seed: impl FnOnce(&mut RlsChecker)) -> usize {
-        let mut rls = RlsChecker::new(self.database_url.clone(), self.rls.connections);
+        let mut rls = RlsChecker::new(
+            self.database_url.clone(),
+            self.check_url.clone(),
+            self.rls.connections,
+        );
         seed(&mut rls);
         let (tx, rx) = mpsc::unbounded_channel();
         let progress = Arc::new(Progress::default());

@@ -83,6 +83,7 @@ impl Snapshotter {
         let client = walcast_pgtls::connect(&self.cfg.database_url)
             .await
             .map_err(|e| SnapshotError::Connect(e.to_string()))?;
+        client.batch_execute(store::READ_SETTINGS).await?;
         loop {
             match store::next(&client).await? {
                 Some(snap) => self.snapshot(&client, snap, stop).await?,

@@ -137,14 +137,17 @@ pub async fn start(
             project: project.to_string(),
         });
     }
-    let shape = shape(&*client, schema, table).await?;
+    // The filter's values cast to their columns' types (a value that is not fails here,
+    // not in the leader): its first row, read as the leader reads (see `READ_SETTINGS`)
+    // in a transaction rolled back.
+    let probe = client.transaction().await?;
+    probe.batch_execute(READ_SETTINGS_LOCAL).await?;
+    let shape = shape(&probe, schema, table).await?;
     let query =
         chunk_query(&shape, &Filter::parse(filter)?).map_err(|source| SnapshotError::Query {
             table: name,
             source,
         })?;
-    // The filter's values cast to their columns' types (a value that is not fails here,
-    // not in the leader): its first row.
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&1i64];
     params.extend(
         query
@@ -152,12 +155,13 @@ pub async fn start(
             .iter()
             .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)),
     );
-    if let Err(e) = client.query(query.first.as_str(), &params).await {
+    if let Err(e) = probe.query(query.first.as_str(), &params).await {
         return Err(match e.code().is_some_and(|c| c.code().starts_with("22")) {
             true => SnapshotError::FilterValue(e),
             false => SnapshotError::Db(e),
         });
     }
+    probe.rollback().await?;
     let tx = client.transaction().await?;
     // Self-conflicting, and no conflict with the leader's row updates (ROW EXCLUSIVE): a
     // start waits only for another start.
@@ -298,26 +302,56 @@ pub async fn streaming<C: GenericClient>(
     Ok(row.is_some())
 }
 
+/// How a session of walcast's own login reads a tenant's table: with row security off (a
+/// policy that would apply is an error, never run as walcast) and an empty `search_path`
+/// (no operator or function of the tenant's found by name). The chunk queries
+/// ([`super::query`]) cast to no type of the tenant's.
+pub const READ_SETTINGS: &str = "SET search_path = ''; SET row_security = off";
+const READ_SETTINGS_LOCAL: &str = "SET LOCAL search_path = ''; SET LOCAL row_security = off";
+
+/// The table's columns and primary key, from the catalog, each with what may be done
+/// with its values on walcast's own login (see [`super::query`]): its type looked through
+/// domains is Postgres's own (`plain`), and the type a bound value may be cast to: that
+/// base type, or an enum (or an array of one), whose input is Postgres's own too.
+const SHAPE_SQL: &str = "
+WITH RECURSIVE c AS (
+    SELECT a.attnum, a.attname, a.atttypid, a.atttypmod
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::text, $2::text))
+       AND a.attnum > 0 AND NOT a.attisdropped
+), base(attnum, ty, typmod, depth) AS (
+    SELECT c.attnum, c.atttypid, c.atttypmod, 0 FROM c
+    UNION ALL
+    SELECT b.attnum, y.typbasetype, y.typtypmod, b.depth + 1
+      FROM base b JOIN pg_catalog.pg_type y ON y.oid = b.ty
+     WHERE y.typtype = 'd'
+), deepest AS (
+    SELECT DISTINCT ON (attnum) attnum, ty, typmod FROM base ORDER BY attnum, depth DESC
+)
+SELECT c.attname::text, t.typname::text, pg_catalog.format_type(c.atttypid, c.atttypmod),
+       coalesce((SELECT k.n FROM pg_catalog.unnest(i.indkey::int2[]) WITH ORDINALITY k(att, n)
+                  WHERE k.att = c.attnum), 0)::int4,
+       b.typnamespace = 'pg_catalog'::regnamespace,
+       CASE WHEN b.typnamespace = 'pg_catalog'::regnamespace OR b.typtype = 'e'
+                 OR (b.typcategory = 'A' AND e.typtype = 'e')
+            THEN pg_catalog.format_type(d.ty, d.typmod) END
+  FROM c
+  JOIN pg_catalog.pg_type t ON t.oid = c.atttypid
+  JOIN deepest d ON d.attnum = c.attnum
+  JOIN pg_catalog.pg_type b ON b.oid = d.ty
+  LEFT JOIN pg_catalog.pg_type e ON e.oid = b.typelem
+  LEFT JOIN pg_catalog.pg_index i
+         ON i.indrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::text, $2::text))
+        AND i.indisprimary
+ ORDER BY c.attnum";
+
 /// The table's columns and primary key, from the catalog.
 pub async fn shape<C: GenericClient>(
     client: &C,
     schema: &str,
     table: &str,
 ) -> Result<Shape, SnapshotError> {
-    let rows = client
-        .query(
-            "SELECT a.attname::text, t.typname::text, format_type(a.atttypid, a.atttypmod),
-                    coalesce((SELECT k.n FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(att, n)
-                               WHERE k.att = a.attnum), 0)::int4
-               FROM pg_attribute a
-               JOIN pg_type t ON t.oid = a.atttypid
-               LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
-              WHERE a.attrelid = to_regclass(format('%I.%I', $1::text, $2::text))
-                AND a.attnum > 0 AND NOT a.attisdropped
-              ORDER BY a.attnum",
-            &[&schema, &table],
-        )
-        .await?;
+    let rows = client.query(SHAPE_SQL, &[&schema, &table]).await?;
     if rows.is_empty() {
         return Err(SnapshotError::UnknownTable(qualified(schema, table)));
     }
@@ -333,6 +367,8 @@ pub async fn shape<C: GenericClient>(
             name,
             typname: r.get(1),
             sql_type: r.get(2),
+            plain: r.get(4),
+            cast_type: r.get(5),
         });
     }
     pk.sort();

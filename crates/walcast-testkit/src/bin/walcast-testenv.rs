@@ -5,7 +5,8 @@
 //! `WALCAST_TESTENV_FAKE_KUBE=1` also serves the fake Kubernetes API server (Leases
 //! only, see `walcast_testkit::fake_kube`); its URL is `kube_api_url`.
 //! `WALCAST_TESTENV_EXTRA_POSTGRES=N` also starts N more Postgres instances (other
-//! databases for walcast's sources); their URLs are `extra_database_urls`.
+//! databases for walcast's sources); their URLs are `extra_database_urls`, their check
+//! logins' `extra_check_urls`. `check_database_url` is walcast's `CHECK_DATABASE_URL`.
 //! Commands on stdin, one a line, each answered by a line `ok` or `error: …`:
 //! `restart-postgres` (immediate shutdown, then start: a crash restart) and
 //! `restart-nats` (SIGKILL, then start on the same port and store), and
@@ -61,10 +62,19 @@ fn main() {
     };
     let mut extra = extra_postgres();
     let urls: Vec<String> = extra.iter().map(|p| format!("\"{}\"", p.url())).collect();
-    let kube_url = format!("{kube_url},\"extra_database_urls\":[{}]", urls.join(","));
+    let checks: Vec<String> = extra
+        .iter()
+        .map(|p| format!("\"{}\"", p.check_url()))
+        .collect();
+    let kube_url = format!(
+        "{kube_url},\"extra_database_urls\":[{}],\"extra_check_urls\":[{}]",
+        urls.join(","),
+        checks.join(",")
+    );
     let line = format!(
-        "{{\"database_url\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}{kube_url}}}",
+        "{{\"database_url\":\"{}\",\"check_database_url\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}{kube_url}}}",
         pg.url(),
+        pg.check_url(),
         nats.url(),
         pg.port(),
         nats.port()
