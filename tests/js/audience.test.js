@@ -5,7 +5,11 @@
 // publishes per change does not grow with the audience (100 vs 40,000 subscribers); a
 // bystander on another table keeps receiving. With row-level security on and distinct
 // claims (40,000 subscriptions judged one by one), every message still fits 64 KB, each
-// user gets exactly the rows its policy allows, and nothing is skipped.
+// user gets exactly the rows its policy allows, and nothing is skipped; a change split
+// over several messages still reaches each channel in one frame (two where a message
+// ends): before, each message named subscriptions of every channel, so a channel got
+// the change once per message, and a socket's queue overflowed under load (the socket
+// was closed as a slow consumer, the client reconnected and missed the rows).
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startEnv, startProcess, enableTable, client, jwt, subscribed, uniq, until, metric } from './lib/harness.js'
@@ -106,6 +110,8 @@ test('row-level security with distinct claims and 40,000 subscriptions: every me
     socket(front2, 'r3', 'inbox', CHANNELS, BINDINGS),
     socket(front2, 'r4', 'inbox', CHANNELS, BINDINGS),
   ])
+  const frames = async () => (await metric(front1, 'walcast_front_deliveries_total')) + (await metric(front2, 'walcast_front_deliveries_total'))
+  const frames0 = await frames()
   await env.db.query("INSERT INTO inbox VALUES (1, 'everyone', 'hello all')")
   await env.db.query("INSERT INTO inbox VALUES (2, 'r1', 'for r1 only')")
   await env.db.query("INSERT INTO inbox VALUES (3, 'r3', 'for r3 only')")
@@ -120,6 +126,14 @@ test('row-level security with distinct claims and 40,000 subscriptions: every me
     assert.deepEqual(new Map([...u.got].sort((a, b) => a[0] - b[0])), new Map([...expected].sort((a, b) => a[0] - b[0])), `${u.sub}: exactly the rows its policy allows`)
   }
   assert.ok((await metric(worker, 'walcast_cdc_changes_split_total')) > 0, 'verdicts for 20,000 subscriptions per front took several messages')
+  // Rows 1 and 4 to the 400 channels, 2 and 3 to one user's 100; one more frame per channel at
+  // most where a message of a split change ends (about ten messages per change and front).
+  const channels = 2 * 4 * CHANNELS + 2 * CHANNELS
+  const sent = (await frames()) - frames0
+  console.log(`# ${sent} frames for ${channels} (channel, change) deliveries`)
+  assert.ok(sent >= channels && sent <= channels * 1.1, `${sent} frames for ${channels} (channel, change) deliveries`)
+  assert.equal(await metric(front1, 'walcast_front_slow_consumer_disconnects_total'), 0)
+  assert.equal(await metric(front2, 'walcast_front_slow_consumer_disconnects_total'), 0)
   const largest = await metric(worker, 'walcast_cdc_largest_message_bytes')
   assert.ok(largest > 0 && largest <= MAX_PAYLOAD, `largest message ${largest} bytes`)
   assert.equal(await metric(worker, 'walcast_cdc_changes_skipped_total'), 0)

@@ -181,8 +181,9 @@ impl ChangeEvent {
 
     /// The messages to publish for this change, each at most `max_bytes` when
     /// serialised: the event itself when it fits, otherwise copies with the same change
-    /// and disjoint parts of `subs` (and of `restricted`), numbered by `part`. `None`
-    /// when even one subscriber does not fit (the change itself is too large).
+    /// and disjoint parts of `subs` (and of `restricted`), numbered by `part`, the ids in
+    /// the order their front handed them out ([`allocation_order`]). `None` when even one
+    /// subscriber does not fit (the change itself is too large).
     pub fn split(&self, max_bytes: usize) -> Result<Option<Vec<Vec<u8>>>, serde_json::Error> {
         let whole = serde_json::to_vec(self)?;
         if whole.len() <= max_bytes {
@@ -200,7 +201,9 @@ impl ChangeEvent {
             .collect();
         let mut parts: Vec<ChangeEvent> = Vec::new();
         let mut size = usize::MAX;
-        for id in &self.subs {
+        let mut ids: Vec<&String> = self.subs.iter().collect();
+        ids.sort_by(|a, b| allocation_order(a, b));
+        for id in ids {
             let group = restricted.get(id.as_str()).copied();
             // An id restricted to some columns is listed twice (`subs` and `restricted`).
             let cost = (id.len() + 4) * if group.is_some() { 2 } else { 1 };
@@ -354,6 +357,24 @@ fn restrict_record(
     Ok(Some(RawValue::from_string(out)?))
 }
 
+/// The order a front hands out its subscription ids in: `<front>:<n>`, `n` counting up
+/// (anything else, such as a class key, by its text). A channel's bindings are
+/// subscribed together, so they have neighbouring numbers: split in this order, each
+/// part of a change names whole channels, and a channel gets the change in one frame
+/// (two where a part ends) instead of once per part. In the order the audience was
+/// gathered (by class), every part named some of every channel's bindings, and a
+/// socket of 100 channels got each change of a large audience hundreds of times, which
+/// filled its queue.
+pub fn allocation_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn key(id: &str) -> (&str, Option<u64>, &str) {
+        match id.rsplit_once(':') {
+            Some((front, n)) => (front, n.parse().ok(), id),
+            None => (id, None, id),
+        }
+    }
+    key(a).cmp(&key(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,8 +495,51 @@ mod tests {
             }
             seen.extend(p.subs);
         }
-        assert_eq!(seen, ev.subs, "every subscriber once, in order");
-        assert_eq!(limited, ev.restricted[0].subs);
+        let ordered = |ids: &[String]| {
+            let mut v = ids.to_vec();
+            v.sort_by(|a, b| allocation_order(a, b));
+            v
+        };
+        assert_eq!(seen, ordered(&ev.subs), "every subscriber once, in order");
+        assert_eq!(limited, ordered(&ev.restricted[0].subs));
         assert!(ev.split(100).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_split_audience_names_whole_channels_in_each_part() {
+        // 100 channels of 100 bindings each (ids handed out channel after channel), listed
+        // by binding (class) as the worker gathers them.
+        let mut ev = big_update();
+        ev.shrink_to(1000).unwrap();
+        ev.subs = (0..100)
+            .flat_map(|binding| (0..100).map(move |channel| channel * 100 + binding))
+            .map(|n| format!("front-0123456789abcdef:{n}"))
+            .collect();
+        let parts = ev.split(16 * 1024).unwrap().unwrap();
+        assert!(parts.len() > 5, "{} parts", parts.len());
+        let frames: usize = parts
+            .iter()
+            .map(|bytes| {
+                let p: ChangeEvent = serde_json::from_slice(bytes).unwrap();
+                let channels: std::collections::HashSet<u64> = p
+                    .subs
+                    .iter()
+                    .map(|id| id.rsplit_once(':').unwrap().1.parse::<u64>().unwrap() / 100)
+                    .collect();
+                channels.len()
+            })
+            .sum();
+        assert!(
+            frames < 100 + parts.len(),
+            "{frames} (channel, part) pairs over {} parts",
+            parts.len()
+        );
+    }
+
+    #[test]
+    fn ids_sort_by_front_then_number_then_text() {
+        let mut ids = vec!["f:10", "c0123", "f:9", "g:1", "f:x", "f:100"];
+        ids.sort_by(|a, b| allocation_order(a, b));
+        assert_eq!(ids, ["c0123", "f:x", "f:9", "f:10", "f:100", "g:1"]);
     }
 }

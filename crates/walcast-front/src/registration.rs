@@ -311,21 +311,31 @@ impl Registrar {
         self.end_subscriptions(ended, "table_dropped").await;
     }
 
-    /// The worker skipped changes for some of our subscriptions (their project lagged
-    /// past its bound): each channel gets a `system` error; the subscriptions go on.
+    /// The worker withheld changes from some of our subscriptions (their project lagged
+    /// past its bound, or their checks could not judge them): each channel gets one
+    /// `system` error, however many of its subscriptions the notice names; the
+    /// subscriptions go on.
     pub(crate) fn subs_lagged(&self, m: &BusMessage) {
         let Some(notice) = subs_notice(m) else {
             return;
         };
+        let mut told = std::collections::HashSet::new();
+        let mut subscriptions = 0usize;
         for id in &notice.ids {
             let Some(n) = self.registry().own(id) else {
                 continue;
             };
             if let Some((sink, _)) = self.registry().sink_of(n) {
-                telemetry::error("changes_lagged");
-                tracing::warn!(%id, reason = %notice.message, "changes skipped for a subscription: its project lagged");
-                sink.warn(&notice.message);
+                subscriptions += 1;
+                if told.insert(sink.id()) {
+                    sink.warn(&notice.message);
+                }
             }
+        }
+        if subscriptions > 0 {
+            metrics::counter!(telemetry::ERRORS, "kind" => "changes_lagged")
+                .increment(subscriptions as u64);
+            tracing::warn!(subscriptions, channels = told.len(), reason = %notice.message, "changes not delivered to subscriptions: their channels told");
         }
     }
 

@@ -22,6 +22,13 @@ pub const LANE_LAG: &str = "walcast_realtime_lane_lag_seconds";
 pub const CHANGES_LAGGED: &str = "walcast_realtime_changes_lagged_total";
 /// Counter: subscriptions told (`system` error) that changes were skipped for lag.
 pub const LAG_NOTICES: &str = "walcast_realtime_lag_notices_total";
+/// Counter: (change, subscription) pairs withheld because the subscription's checks could
+/// not judge the change (labels `project`, `reason`: timeout, cancelled, failed, catalog,
+/// superseded).
+pub const UNJUDGED: &str = "walcast_realtime_unjudged_total";
+/// Counter: subscriptions told (`system` error) that a change could not be judged for
+/// them (label `project`).
+pub const UNJUDGED_NOTICES: &str = "walcast_realtime_unjudged_notices_total";
 
 /// Counter: bytes of change messages published (payloads: table subjects and the
 /// fronts' delivery subjects).
@@ -233,6 +240,15 @@ fn describe_publishing() {
     metrics::describe_counter!(
         LAG_NOTICES,
         "Subscriptions told with a system error that changes were skipped because their project lagged"
+    );
+    metrics::describe_counter!(
+        UNJUDGED,
+        "Changes withheld from a subscription because its row-level security could not be judged \
+         (label project; reason: timeout, cancelled, failed, catalog, superseded); the subscription is told"
+    );
+    metrics::describe_counter!(
+        UNJUDGED_NOTICES,
+        "Subscriptions told with a system error that a change could not be judged for them (label project)"
     );
     metrics::describe_counter!(
         FRONT_RESENT,

@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import WebSocket from 'ws'
 import { RealtimeClient } from '@supabase/realtime-js'
+import { serverLog } from './logs.js'
 
 const here = path.dirname(fileURLToPath(import.meta.url))
 export const root = path.resolve(here, '../../..')
@@ -137,13 +138,11 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
       ...extraEnv,
     },
   })
-  let log = ''
-  child.stdout.on('data', (d) => (log += d))
-  child.stderr.on('data', (d) => (log += d))
+  const log = serverLog(name, child)
   const proc = {
     port,
     child,
-    log: () => log,
+    log: () => log.text(),
     url: `http://127.0.0.1:${port}`,
     async health() {
       const r = await fetch(`http://127.0.0.1:${port}/health`)
@@ -156,7 +155,7 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
     },
   }
   await until(`${name} healthy`, async () => {
-    if (child.exitCode !== null) throw new Error(`${name} exited ${child.exitCode}:\n${log}`)
+    if (child.exitCode !== null) throw new Error(`${name} exited ${child.exitCode}:\n${log.text()}`)
     try {
       const h = await proc.health()
       return standby || h.cdc_active !== false

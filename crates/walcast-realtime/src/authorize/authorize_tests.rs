@@ -84,6 +84,24 @@ fn gather(roles: &[&str]) -> Gather {
     g
 }
 
+/// The first pass's state for a batch of two changes.
+fn pass() -> Pass {
+    Pass {
+        allowed: vec![Vec::new(), Vec::new()],
+        unjudged: vec![Vec::new(), Vec::new()],
+        tables: BTreeMap::new(),
+        xids: Vec::new(),
+        infos: HashMap::new(),
+    }
+}
+
+/// The subscription ids withheld unjudged from one change, with why.
+fn withheld(w: &[Withheld]) -> Vec<(&str, Unjudged)> {
+    let mut v: Vec<(&str, Unjudged)> = w.iter().map(|(_, id, why)| (id.as_str(), *why)).collect();
+    v.sort_unstable();
+    v
+}
+
 fn ids(allowed: &[Allowed]) -> Vec<&str> {
     let mut v: Vec<&str> = allowed.iter().map(|(_, _, id)| id.as_str()).collect();
     v.sort_unstable();
@@ -99,13 +117,17 @@ fn settled_rules_need_no_statement() {
     .into_iter()
     .collect();
     let mut check = table_check(vec![Vec::new(), Vec::new()]);
-    let mut allowed = vec![Vec::new(), Vec::new()];
-    let g = gather(&["exempt", "none", "unknown"]);
-    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut allowed);
+    let mut p = pass();
+    let g = gather(&["exempt", "none", "unread"]);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut p);
     assert!(check.groups.is_empty(), "no statement for settled rules");
     assert!(subs.groups.is_empty());
-    assert_eq!(ids(&allowed[0]), ["f:exempt0"]);
-    assert_eq!(ids(&allowed[1]), ["f:exempt1"]);
+    assert_eq!(ids(&p.allowed[0]), ["f:exempt0"]);
+    assert_eq!(ids(&p.allowed[1]), ["f:exempt1"]);
+    // No permissive policy is the policies' answer: silent. A role whose policies could
+    // not be read as of the batch (no rule) is withheld unjudged, to be told.
+    assert_eq!(withheld(&p.unjudged[0]), [("f:unread0", Unjudged::Catalog)]);
+    assert_eq!(withheld(&p.unjudged[1]), [("f:unread1", Unjudged::Catalog)]);
 }
 
 #[test]
@@ -117,35 +139,35 @@ fn a_condition_judges_complete_versions_by_their_own_values() {
     let complete = vec![("owner".to_string(), Some("a".to_string()))];
     let missing = vec![("id".to_string(), Some("1".to_string()))];
     let mut check = table_check(vec![complete, missing]);
-    let mut allowed = vec![Vec::new(), Vec::new()];
+    let mut p = pass();
     let subs = settle_groups(
         &mut check,
         gather(&["user"]),
         &rules,
         RlsMode::Batched,
-        &mut allowed,
+        &mut p,
     );
     assert_eq!(check.groups.len(), 1);
     assert_eq!(check.groups[0].own, [0]);
     assert_eq!(check.groups[0].by_row, [1]);
     assert_eq!(subs.groups.len(), 1);
     assert!(
-        allowed.iter().all(Vec::is_empty),
+        p.allowed.iter().all(Vec::is_empty),
         "nothing allowed before the check"
     );
 }
 
 #[test]
-fn outcomes_allow_only_visible_versions_and_errors_deny_their_group() {
+fn outcomes_allow_only_visible_versions_and_errors_withhold_their_group_unjudged() {
     let key = ("public".to_string(), "t".to_string(), "user".to_string());
     let rules: HashMap<_, _> = [(key, Rule::Where(owner_predicate()))]
         .into_iter()
         .collect();
     let version = vec![("owner".to_string(), Some("a".to_string()))];
     let mut check = table_check(vec![version.clone(), version]);
-    let mut allowed = vec![Vec::new(), Vec::new()];
+    let mut p = pass();
     let g = gather(&["user"]);
-    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut allowed);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut p);
     let ok = TableOutcome {
         current_error: None,
         groups: vec![Ok(GroupOutcome {
@@ -153,24 +175,95 @@ fn outcomes_allow_only_visible_versions_and_errors_deny_their_group() {
             superseded: HashSet::new(),
         })],
     };
-    apply(&check, ok, subs, &mut allowed);
-    assert!(allowed[0].is_empty());
-    assert_eq!(ids(&allowed[1]), ["f:user1"]);
+    apply(&check, ok, subs, &mut p);
+    assert!(p.allowed[0].is_empty());
+    assert_eq!(ids(&p.allowed[1]), ["f:user1"]);
+    assert!(
+        p.unjudged.iter().all(Vec::is_empty),
+        "the policy's answer is silent"
+    );
 
-    let mut allowed = vec![Vec::new(), Vec::new()];
+    let errors = [
+        ("ERROR: boom (P0001)", Unjudged::Failed),
+        (
+            "ERROR: role \"gone\" does not exist (22023)",
+            Unjudged::Failed,
+        ),
+        (
+            "ERROR: canceling statement due to statement timeout (57014)",
+            Unjudged::Timeout,
+        ),
+        (
+            "ERROR: canceling statement due to user request (57014)",
+            Unjudged::Cancelled,
+        ),
+    ];
+    for (error, why) in errors {
+        check.groups.clear();
+        let mut p = pass();
+        let g = gather(&["user"]);
+        let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut p);
+        let failed = TableOutcome {
+            current_error: None,
+            groups: vec![Err(error.into())],
+        };
+        apply(&check, failed, subs, &mut p);
+        assert!(p.allowed.iter().all(Vec::is_empty), "a failed check denies");
+        assert_eq!(withheld(&p.unjudged[0]), [("f:user0", why)], "{error}");
+        assert_eq!(withheld(&p.unjudged[1]), [("f:user1", why)], "{error}");
+    }
+}
+
+#[test]
+fn a_superseded_version_and_a_failed_comparison_are_unjudged_an_invisible_one_is_not() {
+    let key = ("public".to_string(), "t".to_string(), "user".to_string());
+    let rules: HashMap<_, _> = [(key, Rule::Where(owner_predicate()))]
+        .into_iter()
+        .collect();
+    // Both lack the column the policy reads: judged by their row.
+    let version = vec![("id".to_string(), Some("1".to_string()))];
+    let mut check = table_check(vec![version.clone(), version]);
+    let mut p = pass();
     let subs = settle_groups(
         &mut check,
         gather(&["user"]),
         &rules,
         RlsMode::Batched,
-        &mut allowed,
+        &mut p,
     );
-    let failed = TableOutcome {
+    let outcome = TableOutcome {
         current_error: None,
-        groups: vec![Err("boom".into()), Err("boom".into())],
+        groups: vec![Ok(GroupOutcome {
+            visible: HashSet::new(),
+            superseded: HashSet::from([0]),
+        })],
     };
-    apply(&check, failed, subs, &mut allowed);
-    assert!(allowed.iter().all(Vec::is_empty), "a failed check denies");
+    apply(&check, outcome, subs, &mut p);
+    assert_eq!(
+        withheld(&p.unjudged[0]),
+        [("f:user0", Unjudged::Superseded)]
+    );
+    assert!(
+        p.unjudged[1].is_empty(),
+        "not visible by its row: the answer"
+    );
+
+    check.groups.clear();
+    let mut p = pass();
+    let subs = settle_groups(
+        &mut check,
+        gather(&["user"]),
+        &rules,
+        RlsMode::Batched,
+        &mut p,
+    );
+    let outcome = TableOutcome {
+        current_error: Some("ERROR: boom (XX000)".into()),
+        groups: vec![Ok(GroupOutcome::default())],
+    };
+    apply(&check, outcome, subs, &mut p);
+    assert_eq!(withheld(&p.unjudged[0]), [("f:user0", Unjudged::Failed)]);
+    assert_eq!(withheld(&p.unjudged[1]), [("f:user1", Unjudged::Failed)]);
 }
 
 #[test]

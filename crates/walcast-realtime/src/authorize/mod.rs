@@ -74,9 +74,70 @@ pub struct PendingChange {
 
 pub use crate::config::RlsMode;
 
+/// Why a change was withheld from a subscriber without a judgement: only a policy's
+/// answer (its expression true, false or NULL for that subscriber and that version), the
+/// role's privileges and the absence of a permissive policy withhold in silence; a
+/// subscriber withheld for one of these is told (see `delivery::lanes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unjudged {
+    /// Its check ran past `CDC_RLS_CHECK_TIMEOUT_MS`.
+    Timeout,
+    /// Its check was cancelled on the server.
+    Cancelled,
+    /// Its check failed: a policy that raised or read what the role may not read, a
+    /// system column, a role dropped since the catalog read, the current-row comparison.
+    /// One statement judges a group's versions together, so its error leaves every one
+    /// of them unjudged.
+    Failed,
+    /// The catalog (privileges, policies, the table) could not be read as of the change.
+    Catalog,
+    /// Judged by its row, which had changed again by the check.
+    Superseded,
+}
+
+impl Unjudged {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Unjudged::Timeout => "timeout",
+            Unjudged::Cancelled => "cancelled",
+            Unjudged::Failed => "failed",
+            Unjudged::Catalog => "catalog",
+            Unjudged::Superseded => "superseded",
+        }
+    }
+
+    /// What a failed check's error (as `walcast_pgtls::db_message` words it) means.
+    fn of_error(error: &str) -> Unjudged {
+        match error.contains("(57014)") {
+            true if error.contains("statement timeout") => Unjudged::Timeout,
+            true => Unjudged::Cancelled,
+            false => Unjudged::Failed,
+        }
+    }
+}
+
+/// A subscriber withheld a change unjudged: its front, its id, why.
+pub type Withheld = (String, String, Unjudged);
+
+/// A batch's verdicts: per change, who may see it, and who could not be judged.
+#[derive(Debug, Default)]
+pub struct Judged {
+    pub audiences: Vec<Audience>,
+    pub unjudged: Vec<Vec<Withheld>>,
+}
+
 fn deny(sub: &Sub, why: &str) {
     metrics::counter!(telemetry::RLS_DENIED).increment(1);
     tracing::debug!(sub = %sub.spec.id, why, "change not delivered to subscriber");
+}
+
+/// Withhold change `i` from `sub` unjudged: denied, and noted to be told.
+fn unjudged(out: &mut [Vec<Withheld>], i: usize, sub: &Sub, why: Unjudged) {
+    deny(sub, why.label());
+    if let Some(list) = out.get_mut(i) {
+        list.push((sub.spec.front.clone(), sub.spec.id.clone(), why));
+    }
 }
 
 /// A subscriber waiting for a row check: change index, subscriber, columns it may see.
@@ -105,6 +166,8 @@ impl Gather {
 struct Pass {
     /// Per change: who may see it, so far.
     allowed: Vec<Vec<Allowed>>,
+    /// Per change: who could not be judged.
+    unjudged: Vec<Vec<Withheld>>,
     /// (schema, table) → the versions and subscribers to judge under RLS.
     tables: BTreeMap<(String, String), Gather>,
     /// Transactions of the versions to judge.
@@ -113,18 +176,20 @@ struct Pass {
     infos: HashMap<(String, String), TableInfo>,
 }
 
-/// Decide per subscriber for every change of the batch. Errors of one check deny only the
-/// subscribers of that check; an error of the connection itself is returned, and so is
-/// [`RealtimeError::CheckDeadline`] when the row checks are not done by `deadline`.
+/// Decide per subscriber for every change of the batch. Errors of one check withhold
+/// only from the subscribers of that check (listed as [`Judged::unjudged`]); an error of
+/// the connection itself is returned, and so is [`RealtimeError::CheckDeadline`] when
+/// the row checks are not done by `deadline`.
 pub async fn authorize_batch(
     rls: &mut RlsChecker,
     batch: &[PendingChange],
     mode: RlsMode,
     timeout_ms: u64,
     deadline: Option<std::time::Instant>,
-) -> Result<Vec<Audience>, RealtimeError> {
+) -> Result<Judged, RealtimeError> {
     let mut pass = Pass {
         allowed: vec![Vec::new(); batch.len()],
+        unjudged: vec![Vec::new(); batch.len()],
         tables: BTreeMap::new(),
         xids: Vec::new(),
         infos: HashMap::new(),
@@ -145,11 +210,15 @@ pub async fn authorize_batch(
         };
         judge_rows(rls, batch, &mut pass, mode, &opts).await?;
     }
-    Ok(batch
+    let audiences = batch
         .iter()
         .zip(pass.allowed)
         .map(|(change, allowed)| audience(&change.event, allowed))
-        .collect())
+        .collect();
+    Ok(Judged {
+        audiences,
+        unjudged: pass.unjudged,
+    })
 }
 
 impl Pass {
@@ -164,7 +233,7 @@ impl Pass {
     ) -> Result<(), RealtimeError> {
         let event = &change.event;
         let key = (event.schema.clone(), event.table.clone());
-        let Some((rls_on, pk)) = self.table_facts(rls, change).await? else {
+        let Some((rls_on, pk)) = self.table_facts(rls, i, change).await? else {
             return Ok(());
         };
         let event_cols: BTreeSet<&str> = event.columns.iter().map(|c| c.name.as_str()).collect();
@@ -189,8 +258,10 @@ impl Pass {
                     continue;
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, role, "privilege check failed; denying");
-                    m.subs().for_each(|sub| deny(sub, "privilege check failed"));
+                    tracing::warn!(error = %e, role, "privilege check failed; withheld, subscribers told");
+                    let out = &mut self.unjudged;
+                    m.subs()
+                        .for_each(|sub| unjudged(out, i, sub, Unjudged::Catalog));
                     continue;
                 }
             };
@@ -227,6 +298,7 @@ impl Pass {
     async fn table_facts(
         &mut self,
         rls: &mut RlsChecker,
+        i: usize,
         change: &PendingChange,
     ) -> Result<Option<(bool, Vec<String>)>, RealtimeError> {
         let event = &change.event;
@@ -235,9 +307,10 @@ impl Pass {
             match rls.table(&event.schema, &event.table).await {
                 Ok(info) => self.infos.insert(key.clone(), info),
                 Err(e @ RealtimeError::CatalogMoved { .. }) => {
-                    tracing::warn!(error = %e, table = %event.table, "table facts not at the change's position; withholding it");
+                    tracing::warn!(error = %e, table = %event.table, "table facts not at the change's position; withholding it, subscribers told");
                     let subs = change.matched.iter().flat_map(|m| m.subs());
-                    subs.for_each(|sub| deny(sub, "catalog moved past the change"));
+                    let out = &mut self.unjudged;
+                    subs.for_each(|sub| unjudged(out, i, sub, Unjudged::Catalog));
                     return Ok(None);
                 }
                 Err(e) => return Err(e),
@@ -299,10 +372,10 @@ async fn judge_rows(
         .collect();
     let facts = match rls.role_facts(&pairs).await {
         Ok(facts) => facts,
-        // Policies not as of these changes: no rule, every group denied.
+        // Policies not as of these changes: no rule, every group withheld unjudged.
         Err(e @ RealtimeError::CatalogMoved { .. }) => {
-            tracing::warn!(error = %e, "policies not at the batch's position; withholding its row-checked changes");
-            vec![None; pairs.len()]
+            tracing::warn!(error = %e, "policies not at the batch's position; withholding its row-checked changes, subscribers told");
+            Vec::new()
         }
         Err(e) => return Err(e),
     };
@@ -339,7 +412,7 @@ async fn judge_rows(
             columns,
             groups: Vec::new(),
         };
-        let subs = settle_groups(&mut check, gather, &rules, mode, &mut pass.allowed);
+        let subs = settle_groups(&mut check, gather, &rules, mode, pass);
         checks.push(check);
         waiting.push(subs);
     }
@@ -347,7 +420,7 @@ async fn judge_rows(
     metrics::counter!(telemetry::RLS_CHECKS).increment(statements as u64);
     let outcomes = rls.check(&checks, opts).await?;
     for ((check, outcome), subs) in checks.iter().zip(outcomes).zip(waiting) {
-        apply(check, outcome, subs, &mut pass.allowed);
+        apply(check, outcome, subs, pass);
     }
     Ok(())
 }
@@ -366,7 +439,7 @@ fn settle_groups(
     gather: Gather,
     rules: &HashMap<(String, String, String), Rule>,
     mode: RlsMode,
-    allowed: &mut [Vec<Allowed>],
+    pass: &mut Pass,
 ) -> GroupSubs {
     let mut group_subs = Vec::with_capacity(gather.groups.len());
     let mut by_row: BTreeSet<usize> = BTreeSet::new();
@@ -377,15 +450,23 @@ fn settle_groups(
         let predicate = match rules.get(&key) {
             Some(Rule::All) => {
                 for (i, sub, cols) in subs {
-                    if let Some(a) = allowed.get_mut(i) {
+                    if let Some(a) = pass.allowed.get_mut(i) {
                         a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
                     }
                 }
                 continue;
             }
-            Some(Rule::Nothing) | None => {
+            Some(Rule::Nothing) => {
                 subs.iter()
                     .for_each(|(_, sub, _)| deny(sub, "no policy lets the role see the row"));
+                continue;
+            }
+            // The policies could not be read as of the batch.
+            None => {
+                let out = &mut pass.unjudged;
+                for (i, sub, _) in &subs {
+                    unjudged(out, *i, sub, Unjudged::Catalog);
+                }
                 continue;
             }
             Some(Rule::Where(p)) => p.clone(),
@@ -433,33 +514,39 @@ fn settle_groups(
     }
 }
 
-/// Deliver or deny each waiting subscriber by its group's outcome.
-fn apply(check: &TableCheck, outcome: TableOutcome, subs: GroupSubs, allowed: &mut [Vec<Allowed>]) {
-    if let Some(e) = outcome.current_error {
-        metrics::counter!(telemetry::RLS_ERRORS).increment(1);
-        tracing::warn!(error = %e, table = %check.table, "cannot compare changes with their rows; denying those judged by their row");
-    }
+/// Deliver or deny each waiting subscriber by its group's outcome; a subscriber its
+/// check could not judge is withheld and noted to be told.
+fn apply(check: &TableCheck, outcome: TableOutcome, subs: GroupSubs, pass: &mut Pass) {
+    let compared = match &outcome.current_error {
+        Some(e) => {
+            metrics::counter!(telemetry::RLS_ERRORS).increment(1);
+            tracing::warn!(error = %e, table = %check.table, "cannot compare changes with their rows; withholding those judged by their row, subscribers told");
+            false
+        }
+        None => true,
+    };
     for ((group, result), waiting) in check.groups.iter().zip(outcome.groups).zip(subs.groups) {
-        let o = match result {
-            Ok(o) => o,
+        let (o, failed) = match result {
+            Ok(o) => (o, None),
             Err(e) => {
                 metrics::counter!(telemetry::RLS_ERRORS).increment(1);
-                tracing::warn!(error = %e, role = %group.role, table = %check.table, "RLS check failed; denying these subscribers");
-                GroupOutcome::default()
+                tracing::warn!(error = %e, role = %group.role, table = %check.table, subscribers = waiting.len(), "RLS check failed; withholding from these subscribers, told");
+                (GroupOutcome::default(), Some(Unjudged::of_error(&e)))
             }
         };
         for (i, sub, cols) in waiting {
             let row = subs.position.get(&i).copied().unwrap_or(usize::MAX);
-            if o.visible.contains(&row) {
-                if let Some(a) = allowed.get_mut(i) {
+            if let Some(why) = failed {
+                unjudged(&mut pass.unjudged, i, &sub, why);
+            } else if o.visible.contains(&row) {
+                if let Some(a) = pass.allowed.get_mut(i) {
                     a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
                 }
             } else if o.superseded.contains(&row) {
                 metrics::counter!(telemetry::RLS_SUPERSEDED).increment(1);
-                deny(
-                    &sub,
-                    "lacks a value its policies read and its row changed again before the check",
-                );
+                unjudged(&mut pass.unjudged, i, &sub, Unjudged::Superseded);
+            } else if !compared && group.by_row.contains(&row) {
+                unjudged(&mut pass.unjudged, i, &sub, Unjudged::Failed);
             } else {
                 deny(&sub, "row not visible under RLS");
             }

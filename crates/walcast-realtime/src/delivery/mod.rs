@@ -11,4 +11,5 @@ pub mod consumer;
 pub mod event;
 pub mod lanes;
 pub mod links;
+pub mod notice;
 pub mod outlet;

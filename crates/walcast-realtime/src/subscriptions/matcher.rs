@@ -463,6 +463,15 @@ impl Matcher {
             .filter(|s| s.registered.elapsed() >= grace)
             .map(|s| s.spec.id.clone())
             .collect();
+        if !stale.is_empty() {
+            // Normally the leftovers of unregistrations that were lost; named here because
+            // a front that still had one would no longer get its changes.
+            tracing::info!(
+                front,
+                dropped = stale.len(),
+                "a front's sync list dropped subscriptions it no longer lists"
+            );
+        }
         st.apply(&stale, Vec::new());
         st.fronts.insert(front.to_string(), Instant::now());
     }

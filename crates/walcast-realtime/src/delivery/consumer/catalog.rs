@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_ENDED};
+use walcast_bus::subs::NOTICE_SUBS_ENDED;
 use walcast_pipeline::Position;
 
 use super::RealtimeConsumer;
@@ -230,29 +229,26 @@ impl RealtimeConsumer {
             .cloned();
         for (front, ids) in by_front {
             metrics::counter!(telemetry::SUBS_ENDED).increment(ids.len() as u64);
-            let payload = serde_json::to_vec(&SubsEnded {
-                ids,
-                message: message.clone(),
-            })
-            .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
-            let payload = Bytes::from(payload);
-            // After the table's changes its project's lane still holds.
-            if let Some(p) = &project {
-                if self.lanes.publish_after(
-                    p,
-                    front.clone(),
-                    at,
-                    NOTICE_SUBS_ENDED,
-                    payload.clone(),
-                ) {
-                    continue;
+            // A front may hold more of the table's subscriptions than one message names.
+            for payload in crate::delivery::notice::bodies(ids, &message)? {
+                // After the table's changes its project's lane still holds.
+                if let Some(p) = &project {
+                    if self.lanes.publish_after(
+                        p,
+                        front.clone(),
+                        at,
+                        NOTICE_SUBS_ENDED,
+                        payload.clone(),
+                    ) {
+                        continue;
+                    }
                 }
+                let publisher = &self.publisher;
+                self.outlet
+                    .links
+                    .send(publisher, &front, at, Some(NOTICE_SUBS_ENDED), payload)
+                    .await?;
             }
-            let publisher = &self.publisher;
-            self.outlet
-                .links
-                .send(publisher, &front, at, Some(NOTICE_SUBS_ENDED), payload)
-                .await?;
         }
         Ok(())
     }

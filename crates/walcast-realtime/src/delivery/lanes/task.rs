@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use walcast_bus::subs::{SubsEnded, NOTICE_SUBS_LAGGED};
+use walcast_bus::subs::NOTICE_SUBS_LAGGED;
 use walcast_pipeline::Position;
 use walcast_wal2json::Lsn;
 
 use super::{lock, Batch, Progress, Work, MAX_UNCONFIRMED};
 use crate::authorize::rls::RlsChecker;
-use crate::authorize::{authorize_batch, Audience};
+use crate::authorize::{authorize_batch, Audience, Judged, Unjudged};
 use crate::catalog::change::View;
 use crate::config::{LaneLimits, RlsMode, RlsOptions};
 use crate::delivery::outlet::Outlet;
@@ -242,10 +242,11 @@ impl LaneTask {
         if batch.overflow || late {
             self.skip(&mut batch, if late { "lag" } else { "bytes" })
                 .await?;
-        } else if let Some(audiences) = self.authorize(&batch, checked).await? {
-            for (change, audience) in batch.changes.iter_mut().zip(&audiences) {
+        } else if let Some(judged) = self.authorize(&batch, checked).await? {
+            for (change, audience) in batch.changes.iter_mut().zip(&judged.audiences) {
                 self.outlet.publish(&mut change.event, audience).await?;
             }
+            self.unjudged(&batch, judged.unjudged).await?;
         } else {
             self.skip(&mut batch, "lag").await?;
         }
@@ -259,17 +260,20 @@ impl LaneTask {
         Ok(())
     }
 
-    /// Who may see each change of `batch`; `None` when its checks ran past its lag
-    /// bound (they were cancelled: the batch is then skipped as late, its subscribers
-    /// told, rather than delivered after the bound in silence).
+    /// Who may see each change of `batch`, and who could not be judged; `None` when its
+    /// checks ran past its lag bound (they were cancelled: the batch is then skipped as
+    /// late, its subscribers told, rather than delivered after the bound in silence).
     async fn authorize(
         &mut self,
         batch: &Batch,
         checked: bool,
-    ) -> Result<Option<Vec<Audience>>, RealtimeError> {
+    ) -> Result<Option<Judged>, RealtimeError> {
         self.rls.set_view(batch.view);
         if !checked {
-            return Ok(Some(vec![Audience::new(); batch.changes.len()]));
+            return Ok(Some(Judged {
+                audiences: vec![Audience::new(); batch.changes.len()],
+                unjudged: Vec::new(),
+            }));
         }
         let (started, n) = (Instant::now(), batch.changes.len().max(1) as u32);
         let deadline = batch.sent + self.limits.max_lag;
@@ -283,13 +287,14 @@ impl LaneTask {
         )
         .await;
         let took = started.elapsed();
+        metrics::histogram!(telemetry::AUTHORIZE_SECONDS).record(took.as_secs_f64());
         if took > SLOW_CHECK {
             self.lagging_until = Some(Instant::now() + LAGGING_FOR);
         }
         match result {
-            Ok(audiences) => {
+            Ok(judged) => {
                 self.merge.finished(took, self.limits.max_lag);
-                Ok(Some(audiences))
+                Ok(Some(judged))
             }
             Err(RealtimeError::CheckDeadline) => {
                 self.merge.cancelled(n as usize);
@@ -331,52 +336,110 @@ impl LaneTask {
                 .publish(&mut change.event, &Audience::new())
                 .await?;
         }
-        self.tell(by_front, batch.through).await
-    }
-
-    /// Tell subscriptions (not told in the last [`NOTICE_EVERY`]) that changes were skipped.
-    async fn tell(
-        &mut self,
-        by_front: HashMap<String, Vec<String>>,
-        at: Lsn,
-    ) -> Result<(), RealtimeError> {
-        if self.told.len() > MAX_TOLD {
-            self.told.clear();
-        }
         let message = format!(
             "Changes were not delivered: this project's changes fell more than {} ms behind the database (its row-level security checks are too slow to keep up); some changes in between are missing",
             self.limits.max_lag.as_millis()
         );
-        for (front, mut ids) in by_front {
-            ids.sort_unstable();
-            ids.dedup();
-            let now = Instant::now();
-            ids.retain(|id| {
-                self.told
-                    .get(id)
-                    .is_none_or(|t| t.elapsed() >= NOTICE_EVERY)
-            });
-            if ids.is_empty() {
-                continue;
-            }
-            ids.iter().for_each(|id| {
-                self.told.insert(id.clone(), now);
-            });
-            metrics::counter!(telemetry::LAG_NOTICES).increment(ids.len() as u64);
-            let payload = serde_json::to_vec(&SubsEnded {
-                ids,
-                message: message.clone(),
-            })
-            .map_err(|e| RealtimeError::Event(crate::delivery::event::EventError::Json(e)))?;
-            let out = &self.outlet;
-            let at = Position::commit(at);
-            let notice = Some(NOTICE_SUBS_LAGGED);
-            out.links
-                .send(&out.publisher, &front, at, notice, payload.into())
-                .await?;
+        for (front, ids) in by_front {
+            let told = self.tell(&front, ids, &message, batch.through).await?;
+            metrics::counter!(telemetry::LAG_NOTICES).increment(told as u64);
         }
         Ok(())
     }
+
+    /// Tell the subscribers whose checks could not judge a change of `batch` (withheld
+    /// from them: see [`Unjudged`]) that changes may be missing; counted per project.
+    async fn unjudged(
+        &mut self,
+        batch: &Batch,
+        unjudged: Vec<Vec<crate::authorize::Withheld>>,
+    ) -> Result<(), RealtimeError> {
+        // (project, front, why) → subscription ids.
+        let mut told: HashMap<(&str, String, Unjudged), Vec<String>> = HashMap::new();
+        for (change, withheld) in batch.changes.iter().zip(unjudged) {
+            let project = change.event.project.as_str();
+            let mut counts: HashMap<Unjudged, u64> = HashMap::new();
+            for (front, id, why) in withheld {
+                *counts.entry(why).or_default() += 1;
+                told.entry((project, front, why)).or_default().push(id);
+            }
+            for (why, n) in counts {
+                let labels = [
+                    ("project", project.to_string()),
+                    ("reason", why.label().to_string()),
+                ];
+                metrics::counter!(telemetry::UNJUDGED, &labels).increment(n);
+            }
+        }
+        for ((project, front, why), ids) in told {
+            let n = ids.len();
+            let message = unjudged_message(why);
+            let told = self.tell(&front, ids, &message, batch.through).await?;
+            if told > 0 {
+                tracing::warn!(lane = %self.name, project, front, reason = why.label(), subscriptions = n, told,
+                    "changes withheld unjudged: subscribers told");
+                let labels = [("project", project.to_string())];
+                metrics::counter!(telemetry::UNJUDGED_NOTICES, &labels).increment(told as u64);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tell subscriptions of `front` (those not told in the last [`NOTICE_EVERY`]) that
+    /// changes were not delivered to them, with `message`; returns how many were told.
+    async fn tell(
+        &mut self,
+        front: &str,
+        mut ids: Vec<String>,
+        message: &str,
+        at: Lsn,
+    ) -> Result<usize, RealtimeError> {
+        if self.told.len() > MAX_TOLD {
+            self.told.clear();
+        }
+        // In their front's order: a channel's subscriptions fall in one body, so its
+        // front tells it once.
+        ids.sort_unstable_by(|a, b| walcast_bus::event::allocation_order(a, b));
+        ids.dedup();
+        let now = Instant::now();
+        ids.retain(|id| {
+            self.told
+                .get(id)
+                .is_none_or(|t| t.elapsed() >= NOTICE_EVERY)
+        });
+        ids.iter().for_each(|id| {
+            self.told.insert(id.clone(), now);
+        });
+        let told = ids.len();
+        if told == 0 {
+            return Ok(0);
+        }
+        let out = &self.outlet;
+        let notice = Some(NOTICE_SUBS_LAGGED);
+        for body in crate::delivery::notice::bodies(ids, message)? {
+            out.links
+                .send(&out.publisher, front, Position::commit(at), notice, body)
+                .await?;
+        }
+        Ok(told)
+    }
+}
+
+/// What a subscriber withheld a change its checks could not judge is told (never the
+/// error itself: a policy's error may quote the row).
+fn unjudged_message(why: Unjudged) -> String {
+    let cause = match why {
+        Unjudged::Timeout => "its row-level security check timed out",
+        Unjudged::Cancelled => "its row-level security check was cancelled",
+        Unjudged::Failed => "its row-level security check failed",
+        Unjudged::Catalog => {
+            "the table's privileges and policies could not be read as of the change"
+        }
+        Unjudged::Superseded => "its row changed again before its row-level security check",
+    };
+    format!(
+        "Changes may have been missed: a change could not be judged for this subscription ({cause}) and was not delivered"
+    )
 }
 
 #[cfg(test)]
