@@ -291,9 +291,11 @@ impl Registrar {
         self.end_subscriptions(ended, "table_dropped").await;
     }
 
-    /// The worker skipped changes for some of our subscriptions (their project lagged
-    /// past its bound): each channel gets a `system` error; the subscriptions go on.
-    pub(crate) fn subs_lagged(&self, m: &BusMessage) {
+    /// The worker skipped changes for some of our subscriptions (`changes_lagged`: their
+    /// project lagged past its bound) or withholds them (`changes_withheld`: say, their
+    /// filter reads a column their role may no longer read): each channel gets a
+    /// `system` error; the subscriptions go on.
+    pub(crate) fn subs_warned(&self, m: &BusMessage, kind: &'static str) {
         let Some(notice) = subs_notice(m) else {
             return;
         };
@@ -302,8 +304,8 @@ impl Registrar {
                 continue;
             };
             if let Some((sink, _)) = self.registry().sink_of(n) {
-                telemetry::error("changes_lagged");
-                tracing::warn!(%id, reason = %notice.message, "changes skipped for a subscription: its project lagged");
+                telemetry::error(kind);
+                tracing::warn!(%id, kind, reason = %notice.message, "a subscription is told that changes did not reach it");
                 sink.warn(&notice.message);
             }
         }
