@@ -1,6 +1,6 @@
 //! Row-level security checked as each subscriber, in the worker, against real policies:
 //! visibility by policy (including rows moving out of sight), column privileges, DELETE
-//! reduced to the key, fail-closed per subscriber, roles without access; versions lacking
+//! judged on the row deleted, fail-closed per subscriber, roles without access; versions lacking
 //! a value their policy reads (unchanged TOAST). Each policy kind judged as a `SELECT` of
 //! the version would, and the random-workload oracle, are tested through realtime-js:
 //! tests/js/rls_policies.test.js and tests/js/rls_oracle.test.js.
@@ -168,15 +168,14 @@ async fn rls_is_checked_per_subscriber_and_fails_closed(source: &'static str) {
             j(serde_json::json!({"id": 1, "owner": "u2", "body": "moved"}))
         )])
     );
-    // DELETE under RLS: every role that may read the table, the key only.
-    let key = serde_json::json!({"id": 2});
+    // DELETE under RLS: judged on the row deleted, as a SELECT of it right before: its
+    // owner only (u3's check raised: denied), with the columns its role may read.
     assert_eq!(
         got[3],
-        BTreeMap::from([
-            ("u1".into(), key.clone()),
-            ("u2".into(), key.clone()),
-            ("u3".into(), key)
-        ])
+        BTreeMap::from([(
+            "u2".into(),
+            j(serde_json::json!({"id": 2, "owner": "u2", "body": "b"}))
+        )])
     );
     // A table without RLS, readable by anon: everything.
     assert_eq!(

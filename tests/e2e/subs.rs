@@ -84,7 +84,8 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
         .starts_with("Error parsing `filter` params"));
     assert!(reply.effective_from.is_some());
     // Which are delivered by class (so a front may join more of their class at once):
-    // those of a table without RLS, and DELETEs only of a table with it.
+    // those of a table without RLS; on a table with it, even DELETEs only are judged per
+    // subscriber (on the row deleted).
     assert!(reply.results[..3].iter().all(|r| r.by_class));
     let rls = subs
         .register(
@@ -100,7 +101,12 @@ async fn registered_subscriptions_are_matched_from_the_reply_on(source: &'static
         .await
         .expect("worker answers");
     let by_class: Vec<(bool, bool)> = rls.results.iter().map(|r| (r.ok, r.by_class)).collect();
-    assert_eq!(by_class, [(true, false), (true, true)], "{:?}", rls.results);
+    assert_eq!(
+        by_class,
+        [(true, false), (true, false)],
+        "{:?}",
+        rls.results
+    );
     // A table that does not exist: a new join gets Supabase's generic refusal; one already
     // in effect at its front (registered again: `from` set) was ended by a DROP and is
     // told so, whether or not the worker's notice of the drop came first.

@@ -1,8 +1,9 @@
 // Row-level security through the unmodified client: two users with their own JWTs on a
 // table with the policy `owner = auth.uid() OR shared`. Each receives exactly the rows it
 // may SELECT (content and order), never a column its role may not read, sees a row move
-// into its sight and not out of it, gets DELETEs reduced to the key, and a filter on a
-// column it may not read is refused while the channel keeps serving.
+// into its sight and not out of it (without the old version it never saw), gets the
+// DELETEs of rows it could see and no other, and a filter on a column it may not read is
+// refused while the channel keeps serving.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribed, subscribeTracked, uniq, jwt, VSNS } from './lib/harness.js'
@@ -74,13 +75,21 @@ for (const vsn of VSNS) {
           ['UPDATE', row(a1, BOB, false, 'now bob')],
           ['UPDATE', row(s1, BOB, true, 'still for all')],
         ])
+        // Bob never could SELECT alice's version of a1: its old_record tells nothing of it.
+        assert.deepEqual(bob.got.items[2].old, {})
+        assert.deepEqual(bob.got.items[3].old, row(s1, BOB, true, 'for all'))
 
-        // With RLS on, a DELETE reaches every user whose role may read the table, key only.
+        // A DELETE is judged on the deleted row: only who could SELECT it gets it, with
+        // what it may read of it. Bob's private row: Bob only.
         await db.query('DELETE FROM docs WHERE id = $1', [b1])
+        await db.query('DELETE FROM docs WHERE id = $1', [s1])
         await alice.got.wait(4)
-        await bob.got.wait(5)
-        assert.deepEqual(summary(alice.got.items[3]), ['DELETE', { id: b1 }])
-        assert.deepEqual(summary(bob.got.items[4]), ['DELETE', { id: b1 }])
+        await bob.got.wait(6)
+        assert.deepEqual(alice.got.items.slice(3).map(summary), [['DELETE', row(s1, BOB, true, 'still for all')]])
+        assert.deepEqual(bob.got.items.slice(4).map(summary), [
+          ['DELETE', row(b1, BOB, false, 'bob private')],
+          ['DELETE', row(s1, BOB, true, 'still for all')],
+        ])
 
         for (const p of [...alice.got.items, ...bob.got.items]) {
           assert.ok(!('secret' in p.new) && !('secret' in p.old), `secret leaked: ${JSON.stringify(p)}`)

@@ -13,7 +13,9 @@
 // - the one exception, both ways: a membership of that user in that row's group that
 //   changed after the version committed and before it was delivered (a policy reading
 //   another table sees it as it is when the check runs). Counted and reported;
-// - DELETEs reach every user (and anon: its role may read the table) with only the key;
+// - a DELETE is judged the same way, on the row it deleted: it reaches exactly the users
+//   who could SELECT that version (with the same exception), with its values; anon, which
+//   has no policy, gets nothing at all;
 // - at the end, the rows whose latest version each user received are exactly what a
 //   SELECT as that user returns (but for memberships changed after that version).
 // "Before it was delivered": committed (`commit_timestamp`, Postgres's clock, truncated to
@@ -81,8 +83,11 @@ for (const source of ['stream', 'poll']) {
         setupSql: [
           'CREATE TABLE items (id int PRIMARY KEY, owner uuid NOT NULL, shared bool NOT NULL, group_id int, body text NOT NULL)',
           'CREATE TABLE members (group_id int, user_id uuid, PRIMARY KEY (group_id, user_id))',
+          // Without RLS, on every client's channel: committed last, once a client has its
+          // row it has everything before (commit order).
+          'CREATE TABLE done (id int PRIMARY KEY)',
         ],
-        tables: ['items', 'members'],
+        tables: ['items', 'members', 'done'],
         serverEnv: { CDC_SOURCE: source },
       })
       await st.env.db.query(`ALTER TABLE items ENABLE ROW LEVEL SECURITY;
@@ -113,9 +118,9 @@ for (const source of ['stream', 'poll']) {
       try {
         // The timeline: every change of both tables, in commit order, with when it arrived.
         const arrived = []
-        const svc = await listen({ role: 'service_role' }, ['items', 'members'], () => arrived.push(Date.now()))
-        const users = await Promise.all(Array.from({ length: USERS }, (_, u) => listen({ role: 'authenticated', sub: uid(u) }, ['items'])))
-        const anon = await listen({ role: 'anon' }, ['items'])
+        const svc = await listen({ role: 'service_role' }, ['items', 'members', 'done'], () => arrived.push(Date.now()))
+        const users = await Promise.all(Array.from({ length: USERS }, (_, u) => listen({ role: 'authenticated', sub: uid(u) }, ['items', 'done'])))
+        const anon = await listen({ role: 'anon' }, ['items', 'done'])
 
         // Committed changes (items and members), for the writers' backpressure.
         let committed = 0
@@ -186,10 +191,10 @@ for (const source of ['stream', 'poll']) {
           return ops
         }
         const total = (await Promise.all(Array.from({ length: WRITERS }, (_, w) => writer(w)))).reduce((a, b) => a + b, 0)
-        // Committed last, so once a client has it, it has everything (commit order).
         const closing = await db.query('DELETE FROM items WHERE id = (SELECT min(id) FROM items) RETURNING id')
         assert.equal(closing.rowCount, 1)
-        committed += 1
+        await db.query('INSERT INTO done VALUES (1)')
+        committed += 2
         const wrote = Date.now() - started
         assert.ok(total >= 5000, `only ${total} changes written`)
         assert.ok(toggles >= 300, `only ${toggles} membership changes`)
@@ -197,17 +202,15 @@ for (const source of ['stream', 'poll']) {
         await svc.wait(committed, `the service_role client's ${committed} changes`, RECEIVE_MS)
         const events = svc.items.map((p, n) => ({ ...p, at: arrived[n], row: p.eventType === 'DELETE' ? p.old : p.new }))
         assert.equal(events.length, committed, 'exactly one event per change')
-        assert.deepEqual([events.at(-1).eventType, events.at(-1).row.id], ['DELETE', closing.rows[0].id])
-        const deletes = events.filter((e) => e.table === 'items' && e.eventType === 'DELETE')
+        assert.deepEqual([events.at(-2).eventType, events.at(-2).row.id], ['DELETE', closing.rows[0].id])
+        assert.equal(events.pop().table, 'done')
         for (const [who, got] of [...users.map((g, u) => [`u${u}`, g]), ['anon', anon]]) {
-          const n = () => got.items.filter((p) => p.eventType === 'DELETE').length
-          await until(`${who}: all ${deletes.length} DELETEs (got ${n()})`, () => n() >= deletes.length, RECEIVE_MS)
+          await until(`${who}: the closing row`, () => got.items.some((p) => p.table === 'done'), RECEIVE_MS)
+          const items = got.items.filter((p) => p.table === 'items')
+          got.items.splice(0, got.items.length, ...items)
         }
-        // anon has no policy: only the DELETEs, with only the key.
-        assert.deepEqual(
-          anon.items.map((p) => [p.eventType, p.old]),
-          deletes.map((e) => ['DELETE', { id: e.row.id }]),
-        )
+        // anon has no policy: nothing at all, not even a DELETE's key.
+        assert.deepEqual(anon.items, [])
 
         // Where each delivery sits in the timeline: versions by their (unique) body, DELETEs
         // by their row's next DELETE.
@@ -250,6 +253,7 @@ for (const source of ['stream', 'poll']) {
         const members = new Set()
         const held = Array.from({ length: USERS }, () => new Map()) // row id → last version received (null: deleted)
         let delivered = 0
+        let deleted = 0
         const inBetween = { delivered: 0, withheld: 0 }
         events.forEach((e, n) => {
           if (e.table === 'members') {
@@ -258,26 +262,25 @@ for (const source of ['stream', 'poll']) {
             else members.add(k)
             return
           }
+          // A DELETE is judged on the version it deleted (REPLICA IDENTITY FULL: its old row).
           const item = e.row
+          const kind = e.eventType
           for (let u = 0; u < USERS; u++) {
             const got = received[u].get(n)
-            if (e.eventType === 'DELETE') {
-              assert.deepEqual(got?.old, { id: item.id }, `u${u}: DELETE of ${item.id} (change ${n}) with only the key`)
-              held[u].set(item.id, null)
-              continue
-            }
+            const values = kind === 'DELETE' ? got?.old : got?.new
             const own = item.owner === uid(u) || item.shared
             const may = own || (item.group_id !== null && members.has(key(u, item.group_id)))
             const later = !own && item.group_id !== null ? laterMemberships(n, u, item.group_id) : []
             if (got) {
               assert.ok(
                 may || later.includes(true),
-                `UNAUTHORIZED: u${u} received ${JSON.stringify(got.new)} (${history(n, u, item.group_id)}): not visible by its own values with the memberships at commit or at any time before it was delivered`,
+                `UNAUTHORIZED: u${u} received ${kind} ${JSON.stringify(values)} (${history(n, u, item.group_id)}): not visible by its own values with the memberships at commit or at any time before it was delivered`,
               )
-              assert.deepEqual(got.new, item, `u${u} gets every column`)
+              assert.deepEqual(values, item, `u${u} gets every column`)
               inBetween.delivered += may ? 0 : 1
               delivered += 1
-              held[u].set(item.id, item)
+              deleted += kind === 'DELETE' ? 1 : 0
+              held[u].set(item.id, kind === 'DELETE' ? null : item)
             } else if (may) {
               assert.ok(
                 later.includes(false),
@@ -288,6 +291,7 @@ for (const source of ['stream', 'poll']) {
           }
         })
         assert.ok(delivered > 1000, `only ${delivered} deliveries: the workload is too thin`)
+        assert.ok(deleted > 50, `only ${deleted} DELETEs delivered: the workload is too thin`)
 
         // The final state, read as each user through Postgres itself.
         let excluded = 0
@@ -321,7 +325,7 @@ for (const source of ['stream', 'poll']) {
         }
         const m = async (name) => metric(st.server, `walcast_cdc_rls_${name}_total`)
         t.diagnostic(
-          `${source}: ${total} row changes, ${toggles} membership changes (and ${initial.size} initial), ${delivered} deliveries, ` +
+          `${source}: ${total} row changes, ${toggles} membership changes (and ${initial.size} initial), ${delivered} deliveries (${deleted} DELETEs), ` +
             `${inBetween.delivered + inBetween.withheld} verdicts (${inBetween.delivered} delivered, ${inBetween.withheld} withheld) that differ from ` +
             `the memberships at commit because a membership changed between commit and delivery, ` +
             `${excluded} (user, row) pairs left out of the final comparison for a membership changed after the row's last version; ` +

@@ -6,7 +6,8 @@
 // subscriber is a client with its own JWT; two or three versions of a row are written per
 // transaction, each SELECTed as every subscriber right after it is written, inside the
 // transaction. Each subscriber receives exactly the versions its SELECT returned, with that
-// content, in order, and then the closing DELETE with only the key.
+// content, in order, and the closing DELETE only if its SELECT returned the row deleted,
+// with that content.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribed, until, jwt, metric } from './lib/harness.js'
@@ -54,8 +55,11 @@ for (const source of ['stream', 'poll']) {
     let st
     before(async () => {
       st = await startStack({
-        setupSql: TABLES.map((t) => `CREATE TABLE ${t} (id int PRIMARY KEY, owner text NOT NULL, level int NOT NULL, archived bool NOT NULL)`),
-        tables: TABLES,
+        setupSql: [
+          ...TABLES.map((t) => `CREATE TABLE ${t} (id int PRIMARY KEY, owner text NOT NULL, level int NOT NULL, archived bool NOT NULL)`),
+          'CREATE TABLE marker (id int PRIMARY KEY)',
+        ],
+        tables: [...TABLES, 'marker'],
         // `staff` (a member of authenticated) and `tbl_owner` act as themselves: allowed roles.
         serverEnv: { CDC_SOURCE: source, ALLOWED_ROLES: 'anon,authenticated,service_role,staff,tbl_owner' },
       })
@@ -64,6 +68,7 @@ for (const source of ['stream', 'poll']) {
         CREATE ROLE staff NOLOGIN;
         GRANT authenticated TO staff;
         GRANT USAGE ON SCHEMA auth TO tbl_owner;
+        GRANT SELECT ON marker TO tbl_owner;
         ALTER TABLE forced OWNER TO tbl_owner;
         ALTER TABLE owned OWNER TO tbl_owner;
         ALTER TABLE restr ENABLE ROW LEVEL SECURITY;
@@ -93,8 +98,13 @@ for (const source of ['stream', 'poll']) {
           for (const [name, role, sub] of AUDIENCE[table]) {
             const rt = client(st.server, { apikey: jwt({ role, sub }) })
             const got = collector(`${table}/${name}`)
-            subs.push({ table, name, role, claims: { role, sub }, rt, got, expected: [] })
-            await subscribed(rt.channel(`${table}-${name}`).on('postgres_changes', { event: '*', schema: 'public', table }, got))
+            // A table without RLS on the same channel: once its row arrives, so has
+            // everything committed before it.
+            const marked = collector(`${table}/${name} marker`)
+            subs.push({ table, name, role, claims: { role, sub }, rt, got, marked, expected: [] })
+            const marker = { event: 'INSERT', schema: 'public', table: 'marker' }
+            const ch = rt.channel(`${table}-${name}`).on('postgres_changes', { event: '*', schema: 'public', table }, got)
+            await subscribed(ch.on('postgres_changes', marker, marked))
           }
         }
         // Write, and right after each version, SELECT it as every subscriber of its table.
@@ -111,33 +121,38 @@ for (const source of ['stream', 'poll']) {
           }
           await db.query('COMMIT')
         }
-        // Committed last: every subscriber's role may read its table, so each gets it with
-        // only the key, and, the pipeline being in commit order, has had everything before.
-        for (const table of TABLES) await db.query(`DELETE FROM ${table} WHERE id = 3`)
+        // A DELETE is judged as a SELECT of the row it deleted, right before.
+        await db.query('BEGIN')
+        for (const table of TABLES) {
+          for (const s of subs.filter((s) => s.table === table)) {
+            const row = await selectAs(db, s.role, s.claims, table, 3)
+            if (row) s.expected.push(['DELETE', row])
+          }
+          await db.query(`DELETE FROM ${table} WHERE id = 3`)
+        }
+        await db.query('COMMIT')
+        await db.query('INSERT INTO marker VALUES (1)')
         const summary = (p) => [p.eventType, p.eventType === 'DELETE' ? p.old : p.new]
         for (const s of subs) {
-          await until(
-            `${s.table}/${s.name}: the closing DELETE (got ${JSON.stringify(s.got.items.map(summary))})`,
-            () => s.got.items.some((p) => p.eventType === 'DELETE'),
-            60000,
-          )
+          await until(`${s.table}/${s.name}: the marker`, () => s.marked.items.length > 0, 60000)
           assert.deepEqual(
             s.got.items.map(summary),
-            [...s.expected, ['DELETE', { id: 3 }]],
+            s.expected,
             `${s.table}/${s.name}: deliveries differ from a SELECT of each version`,
           )
         }
         // The oracle is not vacuous: each kind lets some versions through and holds some back.
         const count = (table, name) => subs.find((s) => s.table === table && s.name === name).expected.length
         const n = VERSIONS.flat().length
+        // (The last row, DELETEd: archived, at level 6, u2's.)
         assert.deepEqual([count('restr', 'u1'), count('restr', 'u2')], [3, 4])
         assert.equal(count('authonly', 'anon'), 0, 'no policy for anon')
-        assert.equal(count('authonly', 'u1'), 5)
-        assert.equal(count('authonly', 'staff'), 5, 'a member of authenticated')
+        assert.equal(count('authonly', 'u1'), 6)
+        assert.equal(count('authonly', 'staff'), 6, 'a member of authenticated')
         // FORCE: the owner is held to its policy (level < 5); without it, sees every version.
         assert.deepEqual([count('forced', 'owner'), count('forced', 'u1')], [3, 4])
-        assert.deepEqual([count('owned', 'owner'), count('owned', 'u1')], [n, 5])
-        assert.equal(count('whole', 'u1'), 5, 'a policy on the whole row')
+        assert.deepEqual([count('owned', 'owner'), count('owned', 'u1')], [n + 1, 6])
+        assert.equal(count('whole', 'u1'), 6, 'a policy on the whole row')
         // Every version carried every column its policy reads: none judged by its row.
         assert.equal(await metric(st.server, 'walcast_cdc_rls_current_row_total'), 0)
         assert.equal(await metric(st.server, 'walcast_cdc_rls_superseded_total'), 0)

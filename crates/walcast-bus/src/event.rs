@@ -181,9 +181,10 @@ impl ChangeEvent {
 
     /// The messages to publish for this change, each at most `max_bytes` when
     /// serialised: the event itself when it fits, otherwise copies with the same change
-    /// and disjoint parts of `subs` (and of `restricted`), numbered by `part`, the ids in
-    /// the order their front handed them out ([`allocation_order`]). `None` when even one
-    /// subscriber does not fit (the change itself is too large).
+    /// and disjoint parts of `subs` (and of `restricted`), the ids in the order their front
+    /// handed them out ([`allocation_order`]), numbered by `part` from the event's own (a
+    /// second copy of one change to the same front starts after the first's parts). `None`
+    /// when even one subscriber does not fit (the change itself is too large).
     pub fn split(&self, max_bytes: usize) -> Result<Option<Vec<Vec<u8>>>, serde_json::Error> {
         let whole = serde_json::to_vec(self)?;
         if whole.len() <= max_bytes {
@@ -222,7 +223,7 @@ impl ChangeEvent {
                         return Ok(None);
                     }
                     let mut p = bare.clone();
-                    p.part = parts.len() as u32;
+                    p.part = self.part + parts.len() as u32;
                     parts.push(p);
                     size = base;
                     parts.last_mut().expect("just pushed")
@@ -503,6 +504,14 @@ mod tests {
         assert_eq!(seen, ordered(&ev.subs), "every subscriber once, in order");
         assert_eq!(limited, ordered(&ev.restricted[0].subs));
         assert!(ev.split(100).unwrap().is_none());
+        // A second copy of the change to the same front numbers on from its own part.
+        ev.part = 40;
+        let later = ev.split(16 * 1024).unwrap().unwrap();
+        let numbers: Vec<u32> = later
+            .iter()
+            .map(|b| serde_json::from_slice::<ChangeEvent>(b).unwrap().part)
+            .collect();
+        assert_eq!(numbers, (40..40 + parts.len() as u32).collect::<Vec<_>>());
     }
 
     #[test]

@@ -70,9 +70,8 @@ pub struct RegisterResult {
     /// Why the worker refused it (sent to the client in a `system` error).
     pub error: Option<String>,
     /// Every change it matches is named by its [`class_key`], never by its id: its table
-    /// has no row-level security for its role (or it asks for DELETEs only, which are
-    /// never row-checked). A front may then let a new subscription of the same class
-    /// join without asking the worker first (see the front's registry).
+    /// has no row-level security for its role. A front may then let a new subscription
+    /// of the same class join without asking the worker first (see the front's registry).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_class: bool,
 }
@@ -98,6 +97,12 @@ pub const NOTICE_SUBS_ENDED: &str = "subs-ended";
 /// front tells each channel with a `system` error carrying `message`, and the
 /// subscriptions go on.
 pub const NOTICE_SUBS_LAGGED: &str = "subs-lagged";
+
+/// [`crate::HEADER_NOTICE`] value of a notice that changes are withheld from these
+/// subscriptions for a reason their client must know (say, their filter reads a column
+/// their role may no longer `SELECT`): same body as [`SubsEnded`]; the front tells each
+/// channel with a `system` error carrying `message`, and the subscriptions go on.
+pub const NOTICE_SUBS_WITHHELD: &str = "subs-withheld";
 
 /// Worker → front, on the front's delivery subject (so in order with its changes):
 /// these subscriptions ended on the worker's side (their table was dropped). The front

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::links::{ResendClient, ResendError, ResendReply, ResendRequest, NOTICE_HEARTBEAT};
 use walcast_bus::source::HEADER_SOURCE;
-use walcast_bus::subs::{NOTICE_SUBS_ENDED, NOTICE_SUBS_LAGGED};
+use walcast_bus::subs::{NOTICE_SUBS_ENDED, NOTICE_SUBS_LAGGED, NOTICE_SUBS_WITHHELD};
 use walcast_bus::{BusMessage, ChangeEvent, Subscription, HEADER_NOTICE};
 use walcast_bus::{HEADER_FRONT_SEQ, HEADER_ORIGIN, HEADER_RESENT, HEADER_TERM};
 
@@ -215,7 +215,8 @@ impl Fanout {
         match m.header(HEADER_NOTICE) {
             None => deliver(&self.feed, &m, &mut self.replays),
             Some(NOTICE_SUBS_ENDED) => self.feed.registrar.subs_ended(&m).await,
-            Some(NOTICE_SUBS_LAGGED) => self.feed.registrar.subs_lagged(&m),
+            Some(NOTICE_SUBS_LAGGED) => self.feed.registrar.subs_warned(&m, "changes_lagged"),
+            Some(NOTICE_SUBS_WITHHELD) => self.feed.registrar.subs_warned(&m, "changes_withheld"),
             Some(NOTICE_HEARTBEAT) => {}
             Some(other) => {
                 telemetry::error("unknown_notice");

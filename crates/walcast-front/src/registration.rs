@@ -311,11 +311,12 @@ impl Registrar {
         self.end_subscriptions(ended, "table_dropped").await;
     }
 
-    /// The worker withheld changes from some of our subscriptions (their project lagged
-    /// past its bound, or their checks could not judge them): each channel gets one
-    /// `system` error, however many of its subscriptions the notice names; the
-    /// subscriptions go on.
-    pub(crate) fn subs_lagged(&self, m: &BusMessage) {
+    /// The worker skipped changes for some of our subscriptions (`changes_lagged`: their
+    /// project lagged past its bound, or their checks could not judge them) or withholds
+    /// them (`changes_withheld`: say, their filter reads a column their role may no longer
+    /// read): each channel gets one `system` error, however many of its subscriptions the
+    /// notice names; the subscriptions go on.
+    pub(crate) fn subs_warned(&self, m: &BusMessage, kind: &'static str) {
         let Some(notice) = subs_notice(m) else {
             return;
         };
@@ -333,9 +334,8 @@ impl Registrar {
             }
         }
         if subscriptions > 0 {
-            metrics::counter!(telemetry::ERRORS, "kind" => "changes_lagged")
-                .increment(subscriptions as u64);
-            tracing::warn!(subscriptions, channels = told.len(), reason = %notice.message, "changes not delivered to subscriptions: their channels told");
+            metrics::counter!(telemetry::ERRORS, "kind" => kind).increment(subscriptions as u64);
+            tracing::warn!(subscriptions, channels = told.len(), kind, reason = %notice.message, "changes not delivered to subscriptions: their channels told");
         }
     }
 

@@ -54,6 +54,10 @@ pub const RLS_SUPERSEDED: &str = "walcast_cdc_rls_superseded_total";
 /// Counter: checks run although a transaction decoded before them was still not visible
 /// after waiting 2 s.
 pub const RLS_INVISIBLE: &str = "walcast_cdc_rls_invisible_total";
+/// Counter: (change, subscriber) pairs whose old version (a DELETE's row, an UPDATE's
+/// `old_record`) lacks a value the policies read: it cannot be judged, so nothing of it
+/// is sent.
+pub const RLS_OLD_UNJUDGED: &str = "walcast_cdc_rls_old_unjudged_total";
 
 // Each front's numbered stream (delivery/links.rs).
 
@@ -86,6 +90,12 @@ pub const CLASS_COLLISIONS: &str = "walcast_cdc_class_collisions_total";
 pub const CLASSES_REFUSED: &str = "walcast_cdc_classes_refused_total";
 /// Counter: Subscription filters that could not be evaluated against a change (the change is not delivered to them).
 pub const FILTER_ERRORS: &str = "walcast_cdc_filter_errors_total";
+/// Counter: (change, subscriber) pairs withheld because the subscription's filter reads a
+/// column its role may not `SELECT` at that change.
+pub const FILTER_UNREADABLE: &str = "walcast_cdc_filter_unreadable_total";
+/// Counter: subscriptions told (once per table) that their filter reads a column their
+/// role may not `SELECT`, so that table's changes are withheld from them.
+pub const FILTER_UNREADABLE_NOTICES: &str = "walcast_cdc_filter_unreadable_notices_total";
 
 // Catalog and DDL at their WAL position.
 
@@ -200,6 +210,12 @@ fn describe_rls() {
          walcast_cdc_rls_current_row_total) was no longer that state when checked: it cannot be judged"
     );
     metrics::describe_counter!(
+        RLS_OLD_UNJUDGED,
+        "Old versions (a DELETE's row, an UPDATE's old_record) lacking a value the policies read \
+         (REPLICA IDENTITY other than FULL): they cannot be judged, so nothing of them is sent \
+         (no DELETE, an empty old_record), per subscriber"
+    );
+    metrics::describe_counter!(
         RLS_INVISIBLE,
         "Row-level-security checks run although a transaction decoded before them was still not \
          visible to new snapshots after 2 s (a commit held by a synchronous standby): policies \
@@ -304,6 +320,16 @@ fn describe_pipeline() {
         "Subscriptions handled together in one registration batch"
     );
     metrics::describe_counter!(FILTER_ERRORS, "Subscription filters that could not be evaluated against a change (the change is not delivered to them)");
+    metrics::describe_counter!(
+        FILTER_UNREADABLE,
+        "Deliveries withheld because the subscription's filter reads a column its role may not \
+         SELECT at that change (revoked since the join, or a table enabled after a wildcard binding)"
+    );
+    metrics::describe_counter!(
+        FILTER_UNREADABLE_NOTICES,
+        "Subscriptions told with a system error (once per table) that their filter reads a column \
+         their role may not SELECT, so that table's changes are withheld from them"
+    );
 }
 
 fn describe_change_stream() {

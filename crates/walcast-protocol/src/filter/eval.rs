@@ -274,7 +274,11 @@ impl CompiledFilter {
 
     /// What its compiled patterns hold in memory (see [`Pattern::heap_bytes`]).
     pub fn heap_bytes(&self) -> usize {
-        self.patterns.iter().flatten().map(Pattern::heap_bytes).sum()
+        self.patterns
+            .iter()
+            .flatten()
+            .map(Pattern::heap_bytes)
+            .sum()
     }
 
     /// Evaluate on a record, as [`Filter::matches`].

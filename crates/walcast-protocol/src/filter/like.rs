@@ -37,8 +37,8 @@ fn push_literal(re: &mut String, c: char) {
 
 /// Compile a LIKE pattern; `fold` = case-insensitive (`ILIKE`). `Err`: a readable reason.
 pub(crate) fn compile(like: &str, fold: bool) -> Result<Pattern, String> {
-    let re =
-        translate(like).map_err(|_| "LIKE pattern must not end with escape character".to_owned())?;
+    let re = translate(like)
+        .map_err(|_| "LIKE pattern must not end with escape character".to_owned())?;
     pattern::compile(&re, fold)
 }
 

@@ -58,7 +58,11 @@ mod tests {
     #[test]
     fn a_pattern_is_bounded_and_its_memory_known() {
         let small = compile("a.{10}c", false).expect("compiles");
-        assert!(small.heap_bytes() >= PATTERN_CACHE_BYTES, "{}", small.heap_bytes());
+        assert!(
+            small.heap_bytes() >= PATTERN_CACHE_BYTES,
+            "{}",
+            small.heap_bytes()
+        );
         assert!(small.heap_bytes() < MAX_PATTERN_AUTOMATON + PATTERN_CACHE_BYTES);
         for big in ["a.{1000}c", "(?i)\\w{50}", "(.*a){300}"] {
             let e = compile(big, false).unwrap_err();

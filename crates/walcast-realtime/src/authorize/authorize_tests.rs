@@ -11,6 +11,7 @@ use walcast_wal2json::Lsn;
 use super::*;
 use crate::authorize::check::{GroupOutcome, TableCheck, TableOutcome};
 use crate::authorize::policy::{ColumnFact, Predicate, Rule};
+use crate::subscriptions::matcher::Sub;
 
 fn sub(id: &str, front: &str, role: &str) -> Arc<Sub> {
     let spec = SubscriptionSpec {
@@ -71,27 +72,26 @@ fn table_check(versions: Vec<Version>) -> TableCheck {
 fn gather(roles: &[&str]) -> Gather {
     let mut g = Gather::default();
     for change in [0, 1] {
-        g.row_of(change);
+        g.row_of(change, Which::New);
         for role in roles {
             let s = sub(&format!("f:{role}{change}"), "f", role);
             let key = (role.to_string(), s.claims_json.clone());
             g.groups
                 .entry(key)
                 .or_default()
-                .push((change, s, cols(&["id"])));
+                .push(waiting(change, Which::New, s));
         }
     }
     g
 }
 
-/// The first pass's state for a batch of two changes.
-fn pass() -> Pass {
-    Pass {
-        allowed: vec![Vec::new(), Vec::new()],
-        unjudged: vec![Vec::new(), Vec::new()],
-        tables: BTreeMap::new(),
-        xids: Vec::new(),
-        infos: HashMap::new(),
+fn waiting(change: usize, which: Which, sub: Arc<Sub>) -> Waiting {
+    Waiting {
+        change,
+        which,
+        sub,
+        cols: cols(&["id"]),
+        delivers: true,
     }
 }
 
@@ -117,17 +117,18 @@ fn settled_rules_need_no_statement() {
     .into_iter()
     .collect();
     let mut check = table_check(vec![Vec::new(), Vec::new()]);
-    let mut p = pass();
+    let mut verdicts = Verdicts::new(2);
     let g = gather(&["exempt", "none", "unread"]);
-    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut p);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut verdicts);
     assert!(check.groups.is_empty(), "no statement for settled rules");
     assert!(subs.groups.is_empty());
-    assert_eq!(ids(&p.allowed[0]), ["f:exempt0"]);
-    assert_eq!(ids(&p.allowed[1]), ["f:exempt1"]);
+    assert_eq!(ids(&verdicts.allowed[0]), ["f:exempt0"]);
+    assert_eq!(ids(&verdicts.allowed[1]), ["f:exempt1"]);
     // No permissive policy is the policies' answer: silent. A role whose policies could
     // not be read as of the batch (no rule) is withheld unjudged, to be told.
-    assert_eq!(withheld(&p.unjudged[0]), [("f:unread0", Unjudged::Catalog)]);
-    assert_eq!(withheld(&p.unjudged[1]), [("f:unread1", Unjudged::Catalog)]);
+    let unread = |i: usize| withheld(&verdicts.unjudged[i]);
+    assert_eq!(unread(0), [("f:unread0", Unjudged::Catalog)]);
+    assert_eq!(unread(1), [("f:unread1", Unjudged::Catalog)]);
 }
 
 #[test]
@@ -139,20 +140,20 @@ fn a_condition_judges_complete_versions_by_their_own_values() {
     let complete = vec![("owner".to_string(), Some("a".to_string()))];
     let missing = vec![("id".to_string(), Some("1".to_string()))];
     let mut check = table_check(vec![complete, missing]);
-    let mut p = pass();
+    let mut verdicts = Verdicts::new(2);
     let subs = settle_groups(
         &mut check,
         gather(&["user"]),
         &rules,
         RlsMode::Batched,
-        &mut p,
+        &mut verdicts,
     );
     assert_eq!(check.groups.len(), 1);
     assert_eq!(check.groups[0].own, [0]);
     assert_eq!(check.groups[0].by_row, [1]);
     assert_eq!(subs.groups.len(), 1);
     assert!(
-        p.allowed.iter().all(Vec::is_empty),
+        verdicts.allowed.iter().all(Vec::is_empty),
         "nothing allowed before the check"
     );
 }
@@ -165,9 +166,9 @@ fn outcomes_allow_only_visible_versions_and_errors_withhold_their_group_unjudged
         .collect();
     let version = vec![("owner".to_string(), Some("a".to_string()))];
     let mut check = table_check(vec![version.clone(), version]);
-    let mut p = pass();
+    let mut verdicts = Verdicts::new(2);
     let g = gather(&["user"]);
-    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut p);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut verdicts);
     let ok = TableOutcome {
         current_error: None,
         groups: vec![Ok(GroupOutcome {
@@ -175,11 +176,11 @@ fn outcomes_allow_only_visible_versions_and_errors_withhold_their_group_unjudged
             superseded: HashSet::new(),
         })],
     };
-    apply(&check, ok, subs, &mut p);
-    assert!(p.allowed[0].is_empty());
-    assert_eq!(ids(&p.allowed[1]), ["f:user1"]);
+    apply(&check, ok, subs, &mut verdicts);
+    assert!(verdicts.allowed[0].is_empty());
+    assert_eq!(ids(&verdicts.allowed[1]), ["f:user1"]);
     assert!(
-        p.unjudged.iter().all(Vec::is_empty),
+        verdicts.unjudged.iter().all(Vec::is_empty),
         "the policy's answer is silent"
     );
 
@@ -200,17 +201,28 @@ fn outcomes_allow_only_visible_versions_and_errors_withhold_their_group_unjudged
     ];
     for (error, why) in errors {
         check.groups.clear();
-        let mut p = pass();
+        let mut verdicts = Verdicts::new(2);
         let g = gather(&["user"]);
-        let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut p);
+        let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut verdicts);
         let failed = TableOutcome {
             current_error: None,
             groups: vec![Err(error.into())],
         };
-        apply(&check, failed, subs, &mut p);
-        assert!(p.allowed.iter().all(Vec::is_empty), "a failed check denies");
-        assert_eq!(withheld(&p.unjudged[0]), [("f:user0", why)], "{error}");
-        assert_eq!(withheld(&p.unjudged[1]), [("f:user1", why)], "{error}");
+        apply(&check, failed, subs, &mut verdicts);
+        assert!(
+            verdicts.allowed.iter().all(Vec::is_empty),
+            "a failed check denies"
+        );
+        assert_eq!(
+            withheld(&verdicts.unjudged[0]),
+            [("f:user0", why)],
+            "{error}"
+        );
+        assert_eq!(
+            withheld(&verdicts.unjudged[1]),
+            [("f:user1", why)],
+            "{error}"
+        );
     }
 }
 
@@ -223,14 +235,9 @@ fn a_superseded_version_and_a_failed_comparison_are_unjudged_an_invisible_one_is
     // Both lack the column the policy reads: judged by their row.
     let version = vec![("id".to_string(), Some("1".to_string()))];
     let mut check = table_check(vec![version.clone(), version]);
-    let mut p = pass();
-    let subs = settle_groups(
-        &mut check,
-        gather(&["user"]),
-        &rules,
-        RlsMode::Batched,
-        &mut p,
-    );
+    let mut verdicts = Verdicts::new(2);
+    let g = gather(&["user"]);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut verdicts);
     let outcome = TableOutcome {
         current_error: None,
         groups: vec![Ok(GroupOutcome {
@@ -238,32 +245,28 @@ fn a_superseded_version_and_a_failed_comparison_are_unjudged_an_invisible_one_is
             superseded: HashSet::from([0]),
         })],
     };
-    apply(&check, outcome, subs, &mut p);
+    apply(&check, outcome, subs, &mut verdicts);
     assert_eq!(
-        withheld(&p.unjudged[0]),
+        withheld(&verdicts.unjudged[0]),
         [("f:user0", Unjudged::Superseded)]
     );
     assert!(
-        p.unjudged[1].is_empty(),
+        verdicts.unjudged[1].is_empty(),
         "not visible by its row: the answer"
     );
 
     check.groups.clear();
-    let mut p = pass();
-    let subs = settle_groups(
-        &mut check,
-        gather(&["user"]),
-        &rules,
-        RlsMode::Batched,
-        &mut p,
-    );
+    let mut verdicts = Verdicts::new(2);
+    let g = gather(&["user"]);
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut verdicts);
     let outcome = TableOutcome {
         current_error: Some("ERROR: boom (XX000)".into()),
         groups: vec![Ok(GroupOutcome::default())],
     };
-    apply(&check, outcome, subs, &mut p);
-    assert_eq!(withheld(&p.unjudged[0]), [("f:user0", Unjudged::Failed)]);
-    assert_eq!(withheld(&p.unjudged[1]), [("f:user1", Unjudged::Failed)]);
+    apply(&check, outcome, subs, &mut verdicts);
+    let failed = |i: usize| withheld(&verdicts.unjudged[i]);
+    assert_eq!(failed(0), [("f:user0", Unjudged::Failed)]);
+    assert_eq!(failed(1), [("f:user1", Unjudged::Failed)]);
 }
 
 #[test]
@@ -279,7 +282,7 @@ fn audience_groups_by_front_and_columns() {
         // No column it may see: not in the audience.
         ("f1".into(), BTreeSet::new(), "f1:4".into()),
     ];
-    let a = audience(&ev, allowed);
+    let a = audience(&ev, allowed, &HashSet::new());
     assert_eq!(
         a,
         vec![
@@ -289,11 +292,96 @@ fn audience_groups_by_front_and_columns() {
                     (Some(cols(&["id"])), vec!["f1:1".into(), "f1:2".into()]),
                     (None, vec!["f1:3".into()]),
                 ],
+                hidden_old: vec![],
             },
             FrontAudience {
                 front: "f2".into(),
                 groups: vec![(None, vec!["class-a".into()])],
+                hidden_old: vec![],
             },
         ]
+    );
+}
+
+#[test]
+fn the_versions_judged_decide_delivery_or_only_the_old_record() {
+    use walcast_bus::ChangeKind::*;
+    assert_eq!(judged_versions(Insert, false), [(Which::New, true)]);
+    assert_eq!(
+        judged_versions(Update, true),
+        [(Which::New, true), (Which::Old, false)]
+    );
+    assert_eq!(judged_versions(Update, false), [(Which::New, true)]);
+    // A DELETE is judged on the row it removed, like an INSERT on the row it wrote.
+    assert_eq!(judged_versions(Delete, true), [(Which::Old, true)]);
+    assert_eq!(judged_versions(Delete, false), [(Which::Old, true)]);
+    assert!(judged_versions(Truncate, false).is_empty());
+}
+
+#[test]
+fn old_versions_are_judged_by_their_own_values_or_withheld() {
+    let key = ("public".to_string(), "t".to_string(), "user".to_string());
+    let rules: HashMap<_, _> = [(key, Rule::Where(owner_predicate()))]
+        .into_iter()
+        .collect();
+    let complete = vec![("owner".to_string(), Some("a".to_string()))];
+    let key_only = vec![("id".to_string(), Some("1".to_string()))];
+    // Change 0: an UPDATE (new version delivers, old only shows its old_record); change
+    // 1: a DELETE whose old row is the key alone (replica identity DEFAULT).
+    let u = sub("f:u", "f", "user");
+    let mut g = Gather::default();
+    let mut check = table_check(vec![complete.clone(), complete, key_only]);
+    let mut verdicts = Verdicts::new(2);
+    verdicts.hidden_old[0].insert("f:u".into());
+    for (change, which, delivers) in [
+        (0, Which::New, true),
+        (0, Which::Old, false),
+        (1, Which::Old, true),
+    ] {
+        g.row_of(change, which);
+        let mut w = waiting(change, which, u.clone());
+        w.delivers = delivers;
+        let key = ("user".to_string(), u.claims_json.clone());
+        g.groups.entry(key).or_default().push(w);
+    }
+    let subs = settle_groups(&mut check, g, &rules, RlsMode::Batched, &mut verdicts);
+    assert_eq!(check.groups[0].own, [0, 1], "old and new side by side");
+    assert!(
+        check.groups[0].by_row.is_empty(),
+        "an old version is never judged by the row that replaced it"
+    );
+    // Both checked versions of change 0 visible: delivered, with its old_record.
+    let ok = TableOutcome {
+        current_error: None,
+        groups: vec![Ok(GroupOutcome {
+            visible: HashSet::from([0, 1]),
+            superseded: HashSet::new(),
+        })],
+    };
+    apply(&check, ok, subs, &mut verdicts);
+    assert_eq!(ids(&verdicts.allowed[0]), ["f:u"]);
+    assert!(verdicts.hidden_old[0].is_empty());
+    assert!(verdicts.allowed[1].is_empty(), "not judged: no DELETE");
+}
+
+#[test]
+fn an_old_version_not_visible_is_withheld_from_the_update() {
+    let ev = event(&["id", "owner"]);
+    let allowed: Vec<Allowed> = vec![
+        ("f1".into(), cols(&["id", "owner"]), "f1:1".into()),
+        ("f1".into(), cols(&["id", "owner"]), "f1:2".into()),
+        ("f1".into(), cols(&["id"]), "f1:3".into()),
+    ];
+    let hidden = HashSet::from(["f1:2".to_string(), "f1:3".to_string()]);
+    assert_eq!(
+        audience(&ev, allowed, &hidden),
+        vec![FrontAudience {
+            front: "f1".into(),
+            groups: vec![(None, vec!["f1:1".into()])],
+            hidden_old: vec![
+                (Some(cols(&["id"])), vec!["f1:3".into()]),
+                (None, vec!["f1:2".into()]),
+            ],
+        }]
     );
 }

@@ -1,14 +1,19 @@
 //! Which matched subscribers may see each change of a batch, and which of its columns.
 //!
 //! Per change and subscriber: the role (JWT `role` claim) must exist and may `SELECT`
-//! some of the change's columns; only those are sent. Without row-level security (or
-//! for a role that bypasses it) that is all. With it, a DELETE is reduced to its key and
-//! an INSERT or UPDATE waits for the batch's check: the role's policies, read for the
-//! batch, become a rule ([`crate::authorize::policy`]); a role they exempt sees every version,
+//! some of the change's columns, and every column its filter reads (the filter was
+//! evaluated on them: on a column the role may not read, which rows match is itself what
+//! the role may not see); only the readable columns are sent. Without row-level security
+//! (or for a role that bypasses it) that is all. With it, each version the change would
+//! tell the subscriber about waits for the batch's check: an INSERT's and UPDATE's new
+//! row decide delivery, a DELETE's row too, and an UPDATE's old row whether its
+//! `old_record` is sent (else it is empty). The role's policies, read for the batch,
+//! become a rule ([`crate::authorize::policy`]); a role they exempt sees every version,
 //! a role without a permissive policy none, and otherwise one statement per (table,
-//! role, claims) judges every version of the batch that group needs judged, on its own
-//! values (see [`crate::authorize::check`]). Naive mode (for benchmarks) checks each
-//! subscriber separately.
+//! role, claims) judges every version of the batch that group needs judged, old and new
+//! side by side, on its own values (see [`crate::authorize::check`]). An old version
+//! lacking a value the policies read cannot be judged (its row no longer holds it): it
+//! is withheld. Naive mode (for benchmarks) checks each subscriber separately.
 
 /// The `set_config` calls (after a first, so they start with a comma) that put the claims
 /// Supabase's `auth.uid()`, `auth.role()` and `auth.email()` read first
@@ -33,19 +38,24 @@ pub mod policy;
 pub mod rls;
 pub mod rows;
 pub mod sql;
+mod verdicts;
 pub mod visibility;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use walcast_bus::{ChangeEvent, ChangeKind};
+use walcast_bus::ChangeEvent;
 
 use crate::error::RealtimeError;
-use crate::subscriptions::matcher::{MatchedClass, Sub};
+use crate::subscriptions::matcher::MatchedClass;
 use crate::telemetry;
 use check::{CheckOptions, GroupCheck, GroupOutcome, TableCheck, TableOutcome, Version};
 use policy::Rule;
 use rls::{Access, RlsChecker, TableInfo};
+use verdicts::{
+    deny, judged_versions, refuse, Allowed, Gather, Positions, Verdicts, Waiting, Which,
+};
+pub use verdicts::{Unjudged, Withheld};
 
 /// Who may see a change on one front, grouped by the columns they may see (`None` =
 /// every column of the event). An id is a class key (every subscription of the front in
@@ -54,13 +64,13 @@ use rls::{Access, RlsChecker, TableInfo};
 pub struct FrontAudience {
     pub front: String,
     pub groups: Vec<(Option<BTreeSet<String>>, Vec<String>)>,
+    /// As `groups`, for subscribers who may see the change but not its old version:
+    /// they get it with an empty `old_record`.
+    pub hidden_old: Vec<(Option<BTreeSet<String>>, Vec<String>)>,
 }
 
 /// A change's audience, per front (sorted by front).
 pub type Audience = Vec<FrontAudience>;
-
-/// One allowed entry: front, columns, class key or subscription id.
-type Allowed = (String, BTreeSet<String>, String);
 
 /// A decoded change waiting for its batch to be authorized and published.
 #[derive(Debug)]
@@ -70,55 +80,12 @@ pub struct PendingChange {
     /// The new row's columns as Postgres text (INSERT and UPDATE; empty for DELETE),
     /// with unchanged TOASTed values taken from the old row.
     pub row: Vec<(String, Option<String>)>,
+    /// The old row's columns as Postgres text (UPDATE and DELETE: the replica identity;
+    /// empty for INSERT and when the change carries none).
+    pub old: Vec<(String, Option<String>)>,
 }
 
 pub use crate::config::RlsMode;
-
-/// Why a change was withheld from a subscriber without a judgement: only a policy's
-/// answer (its expression true, false or NULL for that subscriber and that version), the
-/// role's privileges and the absence of a permissive policy withhold in silence; a
-/// subscriber withheld for one of these is told (see `delivery::lanes`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Unjudged {
-    /// Its check ran past `CDC_RLS_CHECK_TIMEOUT_MS`.
-    Timeout,
-    /// Its check was cancelled on the server.
-    Cancelled,
-    /// Its check failed: a policy that raised or read what the role may not read, a
-    /// system column, a role dropped since the catalog read, the current-row comparison.
-    /// One statement judges a group's versions together, so its error leaves every one
-    /// of them unjudged.
-    Failed,
-    /// The catalog (privileges, policies, the table) could not be read as of the change.
-    Catalog,
-    /// Judged by its row, which had changed again by the check.
-    Superseded,
-}
-
-impl Unjudged {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Unjudged::Timeout => "timeout",
-            Unjudged::Cancelled => "cancelled",
-            Unjudged::Failed => "failed",
-            Unjudged::Catalog => "catalog",
-            Unjudged::Superseded => "superseded",
-        }
-    }
-
-    /// What a failed check's error (as `walcast_pgtls::db_message` words it) means.
-    fn of_error(error: &str) -> Unjudged {
-        match error.contains("(57014)") {
-            true if error.contains("statement timeout") => Unjudged::Timeout,
-            true => Unjudged::Cancelled,
-            false => Unjudged::Failed,
-        }
-    }
-}
-
-/// A subscriber withheld a change unjudged: its front, its id, why.
-pub type Withheld = (String, String, Unjudged);
 
 /// A batch's verdicts: per change, who may see it, and who could not be judged.
 #[derive(Debug, Default)]
@@ -127,47 +94,10 @@ pub struct Judged {
     pub unjudged: Vec<Vec<Withheld>>,
 }
 
-fn deny(sub: &Sub, why: &str) {
-    metrics::counter!(telemetry::RLS_DENIED).increment(1);
-    tracing::debug!(sub = %sub.spec.id, why, "change not delivered to subscriber");
-}
-
-/// Withhold change `i` from `sub` unjudged: denied, and noted to be told.
-fn unjudged(out: &mut [Vec<Withheld>], i: usize, sub: &Sub, why: Unjudged) {
-    deny(sub, why.label());
-    if let Some(list) = out.get_mut(i) {
-        list.push((sub.spec.front.clone(), sub.spec.id.clone(), why));
-    }
-}
-
-/// A subscriber waiting for a row check: change index, subscriber, columns it may see.
-type Waiting = (usize, Arc<Sub>, BTreeSet<String>);
-
-/// The checks of one table being gathered.
-#[derive(Default)]
-struct Gather {
-    /// Change indices, in batch order.
-    changes: Vec<usize>,
-    position: HashMap<usize, usize>,
-    /// Group key (role, claims) → subscribers waiting.
-    groups: HashMap<(String, String), Vec<Waiting>>,
-}
-
-impl Gather {
-    fn row_of(&mut self, change: usize) -> usize {
-        *self.position.entry(change).or_insert_with(|| {
-            self.changes.push(change);
-            self.changes.len() - 1
-        })
-    }
-}
-
 /// What the first pass over a batch decided, and what it left to the row checks.
 struct Pass {
     /// Per change: who may see it, so far.
-    allowed: Vec<Vec<Allowed>>,
-    /// Per change: who could not be judged.
-    unjudged: Vec<Vec<Withheld>>,
+    verdicts: Verdicts,
     /// (schema, table) → the versions and subscribers to judge under RLS.
     tables: BTreeMap<(String, String), Gather>,
     /// Transactions of the versions to judge.
@@ -188,8 +118,7 @@ pub async fn authorize_batch(
     deadline: Option<std::time::Instant>,
 ) -> Result<Judged, RealtimeError> {
     let mut pass = Pass {
-        allowed: vec![Vec::new(); batch.len()],
-        unjudged: vec![Vec::new(); batch.len()],
+        verdicts: Verdicts::new(batch.len()),
         tables: BTreeMap::new(),
         xids: Vec::new(),
         infos: HashMap::new(),
@@ -210,14 +139,20 @@ pub async fn authorize_batch(
         };
         judge_rows(rls, batch, &mut pass, mode, &opts).await?;
     }
+    let Verdicts {
+        allowed,
+        hidden_old,
+        unjudged,
+    } = pass.verdicts;
     let audiences = batch
         .iter()
-        .zip(pass.allowed)
-        .map(|(change, allowed)| audience(&change.event, allowed))
+        .zip(allowed)
+        .zip(hidden_old)
+        .map(|((change, allowed), hidden)| audience(&change.event, allowed, &hidden))
         .collect();
     Ok(Judged {
         audiences,
-        unjudged: pass.unjudged,
+        unjudged,
     })
 }
 
@@ -259,12 +194,23 @@ impl Pass {
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, role, "privilege check failed; withheld, subscribers told");
-                    let out = &mut self.unjudged;
+                    let verdicts = &mut self.verdicts;
                     m.subs()
-                        .for_each(|sub| unjudged(out, i, sub, Unjudged::Catalog));
+                        .for_each(|sub| verdicts.unjudged(i, sub, Unjudged::Catalog));
                     continue;
                 }
             };
+            if m.class
+                .filter_columns()
+                .any(|c| !access.columns.contains(c))
+            {
+                // Whether the filter matched says what the column holds.
+                let n = m
+                    .subs()
+                    .inspect(|sub| deny(sub, "filter reads an unreadable column"));
+                metrics::counter!(telemetry::FILTER_UNREADABLE).increment(n.count() as u64);
+                continue;
+            }
             let mut cols: BTreeSet<String> = event_cols
                 .iter()
                 .filter(|c| access.columns.contains(**c))
@@ -274,19 +220,22 @@ impl Pass {
                 // The binding's `select`: those columns and the key, as Supabase sends.
                 cols.retain(|c| select.contains(c) || pk.contains(c));
             }
-            let judged = rls_on && !access.bypass_rls && event.kind != ChangeKind::Delete;
-            if !judged {
-                if rls_on && !access.bypass_rls {
-                    // RLS cannot be checked on a row that is gone: send only its key.
-                    cols.retain(|c| pk.contains(c));
-                }
-                // The whole class sees it: name the class once per front.
+            if !rls_on || access.bypass_rls {
+                // The role sees every version: the whole class gets it, named once per front.
                 for (front, _) in &m.fronts {
-                    self.allowed[i].push((front.clone(), cols.clone(), m.class.key.clone()));
+                    let entry = (front.clone(), cols.clone(), m.class.key.clone());
+                    self.verdicts.allowed[i].push(entry);
                 }
                 continue;
             }
-            self.gather(&key, i, m, &cols, mode);
+            for (which, delivers) in judged_versions(event.kind, !change.old.is_empty()) {
+                if !delivers {
+                    // Withheld unless its own check shows it.
+                    let hidden = &mut self.verdicts.hidden_old[i];
+                    hidden.extend(m.subs().map(|sub| sub.spec.id.clone()));
+                }
+                self.gather(&key, (i, *which, *delivers), m, &cols, mode);
+            }
             self.xids.extend(event.xid);
         }
         Ok(())
@@ -309,8 +258,8 @@ impl Pass {
                 Err(e @ RealtimeError::CatalogMoved { .. }) => {
                     tracing::warn!(error = %e, table = %event.table, "table facts not at the change's position; withholding it, subscribers told");
                     let subs = change.matched.iter().flat_map(|m| m.subs());
-                    let out = &mut self.unjudged;
-                    subs.for_each(|sub| unjudged(out, i, sub, Unjudged::Catalog));
+                    let verdicts = &mut self.verdicts;
+                    subs.for_each(|sub| verdicts.unjudged(i, sub, Unjudged::Catalog));
                     return Ok(None);
                 }
                 Err(e) => return Err(e),
@@ -322,19 +271,20 @@ impl Pass {
             .map(|info| (info.rls, info.pk.iter().map(|(k, _)| k.clone()).collect())))
     }
 
-    /// Leave each subscriber of class `m` to the row checks of change `i`, grouped by
-    /// (role, claims) — or one group per subscriber in naive mode.
+    /// Leave each subscriber of class `m` to the row check of version `which` of change
+    /// `i` (deciding its delivery, or only its `old_record`), grouped by (role, claims) —
+    /// or one group per subscriber in naive mode.
     fn gather(
         &mut self,
         key: &(String, String),
-        i: usize,
+        (i, which, delivers): (usize, Which, bool),
         m: &MatchedClass,
         cols: &BTreeSet<String>,
         mode: RlsMode,
     ) {
         let role = m.class.role.as_str();
         let gather = self.tables.entry(key.clone()).or_default();
-        gather.row_of(i);
+        gather.row_of(i, which);
         for sub in m.subs() {
             let claims = match mode {
                 RlsMode::Batched => sub.claims_json.clone(),
@@ -345,7 +295,13 @@ impl Pass {
                 .groups
                 .entry((role.to_string(), claims))
                 .or_default()
-                .push((i, sub.clone(), cols.clone()));
+                .push(Waiting {
+                    change: i,
+                    which,
+                    sub: sub.clone(),
+                    cols: cols.clone(),
+                    delivers,
+                });
         }
     }
 }
@@ -398,21 +354,20 @@ async fn judge_rows(
         let (pk, columns) = info
             .map(|i| (i.pk.clone(), i.columns.clone()))
             .unwrap_or_default();
+        let version = |&(i, which): &(usize, Which)| {
+            let change = batch.get(i);
+            let v = change.map(|c| if which == Which::New { &c.row } else { &c.old });
+            v.cloned().unwrap_or_default()
+        };
         let mut check = TableCheck {
-            versions: Arc::new(
-                gather
-                    .changes
-                    .iter()
-                    .map(|&i| batch.get(i).map(|c| c.row.clone()).unwrap_or_default())
-                    .collect(),
-            ),
+            versions: Arc::new(gather.versions.iter().map(version).collect()),
             schema,
             table,
             pk,
             columns,
             groups: Vec::new(),
         };
-        let subs = settle_groups(&mut check, gather, &rules, mode, pass);
+        let subs = settle_groups(&mut check, gather, &rules, mode, &mut pass.verdicts);
         checks.push(check);
         waiting.push(subs);
     }
@@ -420,15 +375,15 @@ async fn judge_rows(
     metrics::counter!(telemetry::RLS_CHECKS).increment(statements as u64);
     let outcomes = rls.check(&checks, opts).await?;
     for ((check, outcome), subs) in checks.iter().zip(outcomes).zip(waiting) {
-        apply(check, outcome, subs, pass);
+        apply(check, outcome, subs, &mut pass.verdicts);
     }
     Ok(())
 }
 
 /// The subscribers of one table's checked groups, in group order, with the position
-/// of each change among the table's versions.
+/// of each version among the table's versions.
 struct GroupSubs {
-    position: HashMap<usize, usize>,
+    position: Positions,
     groups: Vec<Vec<Waiting>>,
 }
 
@@ -439,44 +394,38 @@ fn settle_groups(
     gather: Gather,
     rules: &HashMap<(String, String, String), Rule>,
     mode: RlsMode,
-    pass: &mut Pass,
+    verdicts: &mut Verdicts,
 ) -> GroupSubs {
     let mut group_subs = Vec::with_capacity(gather.groups.len());
     let mut by_row: BTreeSet<usize> = BTreeSet::new();
     // Per predicate (by address; one per role): whether each version carries what it reads.
     let mut complete: HashMap<usize, Vec<bool>> = HashMap::new();
-    for ((role, claims), subs) in gather.groups {
+    let mut unjudged = 0;
+    let Gather {
+        versions,
+        position,
+        groups,
+    } = gather;
+    for ((role, claims), subs) in groups {
         let key = (check.schema.clone(), check.table.clone(), role);
         let predicate = match rules.get(&key) {
             Some(Rule::All) => {
-                for (i, sub, cols) in subs {
-                    if let Some(a) = pass.allowed.get_mut(i) {
-                        a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
-                    }
-                }
+                subs.into_iter().for_each(|w| verdicts.grant(w));
                 continue;
             }
             Some(Rule::Nothing) => {
                 subs.iter()
-                    .for_each(|(_, sub, _)| deny(sub, "no policy lets the role see the row"));
+                    .for_each(|w| refuse(w, "no policy lets the role see the row"));
                 continue;
             }
             // The policies could not be read as of the batch.
             None => {
-                let out = &mut pass.unjudged;
-                for (i, sub, _) in &subs {
-                    unjudged(out, *i, sub, Unjudged::Catalog);
-                }
+                subs.iter()
+                    .for_each(|w| verdicts.unjudged_wait(w, Unjudged::Catalog));
                 continue;
             }
             Some(Rule::Where(p)) => p.clone(),
         };
-        let mut rows: Vec<usize> = subs
-            .iter()
-            .filter_map(|(i, _, _)| gather.position.get(i).copied())
-            .collect();
-        rows.sort_unstable();
-        rows.dedup();
         let complete = complete
             .entry(Arc::as_ptr(&predicate) as usize)
             .or_insert_with(|| {
@@ -487,15 +436,20 @@ fn settle_groups(
                     .map(|v| judged(v) == policy::JudgedBy::OwnValues)
                     .collect()
             });
-        let (own, current): (Vec<usize>, Vec<usize>) = rows
-            .into_iter()
-            .partition(|&r| complete.get(r).copied().unwrap_or(true));
+        let (own, current, old) = split_rows((&versions, &position), &subs, complete);
+        for w in &subs {
+            let row = position.get(&(w.change, w.which));
+            if row.is_some_and(|r| old.contains(r)) {
+                unjudged += 1;
+                verdicts.unjudged_wait(w, Unjudged::Incomplete);
+            }
+        }
         by_row.extend(&current);
         let claims = match mode {
             RlsMode::Batched => claims,
             RlsMode::Naive => subs
                 .first()
-                .map(|(_, s, _)| s.claims_json.clone())
+                .map(|w| w.sub.claims_json.clone())
                 .unwrap_or_default(),
         };
         check.groups.push(GroupCheck {
@@ -508,15 +462,40 @@ fn settle_groups(
         group_subs.push(subs);
     }
     metrics::counter!(telemetry::RLS_CURRENT_ROW).increment(by_row.len() as u64);
+    metrics::counter!(telemetry::RLS_OLD_UNJUDGED).increment(unjudged as u64);
     GroupSubs {
-        position: gather.position,
+        position,
         groups: group_subs,
     }
 }
 
-/// Deliver or deny each waiting subscriber by its group's outcome; a subscriber its
-/// check could not judge is withheld and noted to be told.
-fn apply(check: &TableCheck, outcome: TableOutcome, subs: GroupSubs, pass: &mut Pass) {
+/// The versions a group waits for, by how they are judged: by their own values (they
+/// carry every value the predicate reads: `complete`), by their row's current state (a
+/// new version lacking one), or not at all (an old version lacking one: its row no
+/// longer holds it, so nothing can judge it and it stays withheld).
+fn split_rows(
+    (versions, position): (&[(usize, Which)], &Positions),
+    subs: &[Waiting],
+    complete: &[bool],
+) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let mut rows: Vec<usize> = subs
+        .iter()
+        .filter_map(|w| position.get(&(w.change, w.which)).copied())
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    let (own, incomplete): (Vec<usize>, Vec<usize>) = rows
+        .into_iter()
+        .partition(|&r| complete.get(r).copied().unwrap_or(true));
+    let is_old = |r: &usize| versions.get(*r).is_some_and(|v| v.1 == Which::Old);
+    let (old, current): (Vec<usize>, Vec<usize>) = incomplete.into_iter().partition(is_old);
+    (own, current, old)
+}
+
+/// Deliver or deny each waiting subscriber by its group's outcome (or, for an UPDATE's
+/// old version, show or withhold its `old_record`).
+/// A subscriber its check could not judge is withheld and noted to be told.
+fn apply(check: &TableCheck, outcome: TableOutcome, subs: GroupSubs, verdicts: &mut Verdicts) {
     let compared = match &outcome.current_error {
         Some(e) => {
             metrics::counter!(telemetry::RLS_ERRORS).increment(1);
@@ -534,48 +513,58 @@ fn apply(check: &TableCheck, outcome: TableOutcome, subs: GroupSubs, pass: &mut 
                 (GroupOutcome::default(), Some(Unjudged::of_error(&e)))
             }
         };
-        for (i, sub, cols) in waiting {
-            let row = subs.position.get(&i).copied().unwrap_or(usize::MAX);
+        for w in waiting {
+            let row = subs.position.get(&(w.change, w.which)).copied();
+            let row = row.unwrap_or(usize::MAX);
             if let Some(why) = failed {
-                unjudged(&mut pass.unjudged, i, &sub, why);
+                verdicts.unjudged_wait(&w, why);
             } else if o.visible.contains(&row) {
-                if let Some(a) = pass.allowed.get_mut(i) {
-                    a.push((sub.spec.front.clone(), cols, sub.spec.id.clone()));
-                }
+                verdicts.grant(w);
             } else if o.superseded.contains(&row) {
                 metrics::counter!(telemetry::RLS_SUPERSEDED).increment(1);
-                unjudged(&mut pass.unjudged, i, &sub, Unjudged::Superseded);
+                verdicts.unjudged_wait(&w, Unjudged::Superseded);
             } else if !compared && group.by_row.contains(&row) {
-                unjudged(&mut pass.unjudged, i, &sub, Unjudged::Failed);
+                verdicts.unjudged_wait(&w, Unjudged::Failed);
             } else {
-                deny(&sub, "row not visible under RLS");
+                refuse(&w, "row not visible under RLS");
             }
         }
     }
 }
 
-fn audience(event: &ChangeEvent, allowed: Vec<Allowed>) -> Audience {
+/// Per front, the allowed entries grouped by the columns they may see, apart for those
+/// of `hidden` (subscription ids that may not see the change's old version).
+fn audience(event: &ChangeEvent, allowed: Vec<Allowed>, hidden: &HashSet<String>) -> Audience {
     let event_cols: BTreeSet<String> = event.columns.iter().map(|c| c.name.clone()).collect();
-    let mut fronts: BTreeMap<String, BTreeMap<BTreeSet<String>, Vec<String>>> = BTreeMap::new();
+    type Groups = BTreeMap<(bool, BTreeSet<String>), Vec<String>>;
+    let mut fronts: BTreeMap<String, Groups> = BTreeMap::new();
     let mut seen: HashSet<(String, String)> = HashSet::new();
     for (front, cols, id) in allowed {
         if !cols.is_empty() && seen.insert((front.clone(), id.clone())) {
+            let hide = !hidden.is_empty() && hidden.contains(&id);
             fronts
                 .entry(front)
                 .or_default()
-                .entry(cols)
+                .entry((hide, cols))
                 .or_default()
                 .push(id);
         }
     }
     fronts
         .into_iter()
-        .map(|(front, groups)| FrontAudience {
-            front,
-            groups: groups
-                .into_iter()
-                .map(|(cols, ids)| ((cols != event_cols).then_some(cols), ids))
-                .collect(),
+        .map(|(front, groups)| {
+            let mut out = FrontAudience {
+                front,
+                ..FrontAudience::default()
+            };
+            for ((hide, cols), ids) in groups {
+                let group = ((cols != event_cols).then_some(cols), ids);
+                match hide {
+                    true => out.hidden_old.push(group),
+                    false => out.groups.push(group),
+                }
+            }
+            out
         })
         .collect()
 }

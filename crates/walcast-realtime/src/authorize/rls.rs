@@ -8,9 +8,10 @@
 //! `set_config(…, true)` and bound parameters, in a transaction that is always rolled
 //! back). A version lacking a value its policies read is judged by its row instead (see
 //! [`crate::authorize::check`]). Checks are batched. Only columns the role may `SELECT` are
-//! sent. A DELETE goes to every subscriber whose role may read the table; with RLS on,
-//! its `old_record` holds only the primary key (as with Supabase). Any error in a check
-//! denies the subscribers of that check only, is logged and counted.
+//! sent. A DELETE is judged the same way on the row it deleted (its replica identity),
+//! and an UPDATE's old row decides whether its `old_record` is sent (beyond Supabase,
+//! which sends every DELETE's key to every subscriber). Any error in a check denies the
+//! subscribers of that check only, is logged and counted.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

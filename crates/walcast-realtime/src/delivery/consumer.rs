@@ -4,6 +4,7 @@
 //! notices (logical messages) handled at their position.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use walcast_wal2json::{Change, Lsn, RowChange};
 mod catalog;
 pub use catalog::CatalogTracking;
 
+use crate::authorize::check::Version;
 use crate::authorize::{PendingChange, RlsMode};
 use crate::catalog::change::NOTICE_PREFIX;
 use crate::catalog::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
@@ -24,6 +26,7 @@ use crate::catalog::types::TypeCache;
 use crate::config::LaneLimits;
 use crate::config::RlsOptions;
 use crate::delivery::event::build_event;
+use crate::delivery::filter_watch::FilterWatch;
 use crate::delivery::lanes::Lanes;
 use crate::delivery::links::FrontLinks;
 use crate::delivery::outlet::Outlet;
@@ -81,6 +84,10 @@ pub struct RealtimeConsumer {
     pending: Vec<PendingChange>,
     /// The last commit decoded.
     last_commit: Lsn,
+    /// The same, for the filter watch's notices.
+    position: Arc<AtomicU64>,
+    /// Tells subscriptions whose filter reads a column their role may not read.
+    watch: FilterWatch,
     health: Arc<PipelineHealth>,
     catalog: Client,
     types: TypeCache,
@@ -118,6 +125,13 @@ impl RealtimeConsumer {
             opts.limits,
             outlet.clone(),
         );
+        let position = Arc::new(AtomicU64::new(0));
+        let watch = FilterWatch::spawn(
+            matcher.clone(),
+            opts.database_url.clone(),
+            outlet.clone(),
+            position.clone(),
+        );
         Ok(RealtimeConsumer {
             publisher: opts.publisher,
             outlet,
@@ -126,6 +140,8 @@ impl RealtimeConsumer {
             rls_opts,
             pending: Vec::new(),
             last_commit: Lsn(0),
+            position,
+            watch,
             health: opts.health,
             catalog,
             types,
@@ -182,6 +198,7 @@ impl RealtimeConsumer {
             Item::Commit(txn) => {
                 self.txn = None;
                 self.last_commit = self.last_commit.max(txn.commit_lsn);
+                self.position.store(self.last_commit.0, Ordering::Release);
                 Ok(Handled::Continue)
             }
         }
@@ -192,6 +209,8 @@ impl RealtimeConsumer {
     /// applies right here).
     fn registry_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) -> Handled {
         self.tables_edit(kind, row);
+        // A table enabled under a wildcard binding may have a column its filter reads.
+        self.watch.poke();
         match self.decode_schemas() {
             false => Handled::Continue,
             true => Handled::TablesChanged,
@@ -263,16 +282,16 @@ impl RealtimeConsumer {
             &view,
         );
         drop(view);
-        let row_text = if matched.is_empty() || kind == ChangeKind::Delete {
-            Vec::new()
-        } else {
-            crate::delivery::event::new_row_text(row)
+        let (row_text, old_text) = match matched.is_empty() {
+            true => (Vec::new(), Vec::new()),
+            false => versions_text(kind, row),
         };
         self.seq += 1;
         self.hold(PendingChange {
             event,
             matched,
             row: row_text,
+            old: old_text,
         })
         .await?;
         Ok(Handled::Continue)
@@ -302,6 +321,7 @@ impl RealtimeConsumer {
             event,
             matched: Vec::new(),
             row: Vec::new(),
+            old: Vec::new(),
         })
         .await?;
         Ok(Handled::Continue)
@@ -409,6 +429,20 @@ impl RealtimeConsumer {
         self.set_tables(&tables);
         Ok(self.decode_schemas() || when == Refresh::Start)
     }
+}
+
+/// The versions of a matched change row checks may judge, as Postgres text: the new row
+/// (INSERT, UPDATE) and the old one (a DELETE's row, an UPDATE's `old_record`).
+fn versions_text(kind: ChangeKind, row: &RowChange<'_>) -> (Version, Version) {
+    let new = match kind {
+        ChangeKind::Delete => Vec::new(),
+        _ => crate::delivery::event::new_row_text(row),
+    };
+    let old = match kind {
+        ChangeKind::Insert => Vec::new(),
+        _ => crate::delivery::event::old_row_text(row),
+    };
+    (new, old)
 }
 
 impl Consumer for RealtimeConsumer {

@@ -212,6 +212,15 @@ pub(crate) fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)>
     cols
 }
 
+/// The old row's columns as Postgres text (UPDATE, DELETE: the replica identity, every
+/// column with `REPLICA IDENTITY FULL`), what RLS checks judge the old version by.
+pub(crate) fn old_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
+    row.identity
+        .iter()
+        .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -351,6 +351,7 @@ fn change_bytes(c: &PendingChange) -> usize {
     let row: usize = c
         .row
         .iter()
+        .chain(&c.old)
         .map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len))
         .sum();
     c.event.record_bytes() + row + 256

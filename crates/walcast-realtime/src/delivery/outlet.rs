@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use walcast_bus::event::Shrink;
 use walcast_bus::{subject::change_subject, BusError, ChangeEvent, Restriction};
 use walcast_pipeline::health::{PipelineHealth, SkippedChange};
@@ -187,27 +188,37 @@ impl Outlet {
         };
         let mut out = Vec::with_capacity(1 + audience.len());
         for front in audience {
-            let mut e = event.clone();
-            for (columns, ids) in &front.groups {
-                if let Some(cols) = columns {
-                    e.restricted.push(Restriction {
-                        columns: cols.iter().cloned().collect(),
-                        subs: ids.clone(),
-                    });
+            // Those who may not see the old version get a copy without it, numbered
+            // after the first copy's parts: its values never reach their front for them.
+            let mut next = event.part;
+            for (groups, hide) in [(&front.groups, false), (&front.hidden_old, true)] {
+                if groups.is_empty() {
+                    continue;
                 }
-                e.subs.extend(ids.iter().cloned());
+                let mut e = event.clone();
+                e.part = next;
+                if hide && e.old_record.is_some() {
+                    e.old_record = Some(RawValue::from_string("{}".into()).map_err(json)?);
+                }
+                for (columns, ids) in groups {
+                    if let Some(cols) = columns {
+                        e.restricted.push(Restriction {
+                            columns: cols.iter().cloned().collect(),
+                            subs: ids.clone(),
+                        });
+                    }
+                    e.subs.extend(ids.iter().cloned());
+                }
+                let Some(parts) = e.split(budget).map_err(json)? else {
+                    return Ok(None);
+                };
+                if parts.len() > 1 {
+                    metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
+                }
+                next += parts.len() as u32;
+                let to = || To::Front(front.front.clone());
+                out.extend(parts.into_iter().map(|m| (to(), m)));
             }
-            let Some(parts) = e.split(budget).map_err(json)? else {
-                return Ok(None);
-            };
-            if parts.len() > 1 {
-                metrics::counter!(telemetry::CHANGES_SPLIT).increment(1);
-            }
-            out.extend(
-                parts
-                    .into_iter()
-                    .map(|m| (To::Front(front.front.clone()), m)),
-            );
         }
         // The audience-free copy last: a consumer of both knows a change's deliveries
         // are complete when it arrives.

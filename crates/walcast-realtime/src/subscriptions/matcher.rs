@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use walcast_bus::subs::{ClassFields, SubscriptionSpec, FRONT_EXPIRY};
 use walcast_bus::ChangeKind;
-use walcast_protocol::filter::{ColumnText, CompiledFilter, RecordView};
-use walcast_wal2json::{Column, Lsn};
+use walcast_protocol::filter::{CompiledFilter, RecordView};
+use walcast_wal2json::Lsn;
 
-use crate::catalog::types::TypeCache;
+pub use super::row_view::RowView;
 
 /// A validated subscription.
 #[derive(Debug)]
@@ -128,6 +128,11 @@ impl Class {
                 all || e == "DELETE",
             ],
         }
+    }
+
+    /// The columns its filter reads (none without a filter).
+    pub fn filter_columns(&self) -> impl Iterator<Item = &str> {
+        self.filter.iter().flat_map(|f| f.filter().columns())
     }
 
     fn wants(&self, kind: ChangeKind) -> bool {
@@ -359,39 +364,6 @@ fn decrement(counts: &mut HashMap<String, usize>, key: &str) {
     }
 }
 
-/// A row as the filter evaluator sees it: column name, typname, Postgres text value.
-pub struct RowView<'a> {
-    cols: Vec<(&'a str, &'a str, Option<std::borrow::Cow<'a, str>>)>,
-}
-
-impl<'a> RowView<'a> {
-    pub fn new(columns: impl Iterator<Item = &'a Column<'a>>, types: &'a TypeCache) -> RowView<'a> {
-        RowView {
-            cols: columns
-                .map(|c| {
-                    let typname = c
-                        .type_oid
-                        .and_then(|o| types.get(o))
-                        .unwrap_or(c.type_name.as_ref());
-                    (c.name.as_ref(), typname, c.text())
-                })
-                .collect(),
-        }
-    }
-}
-
-impl RecordView for RowView<'_> {
-    fn column(&self, name: &str) -> Option<ColumnText<'_>> {
-        self.cols
-            .iter()
-            .find(|(n, _, _)| *n == name)
-            .map(|(_, t, v)| ColumnText {
-                typname: t,
-                value: v.as_deref(),
-            })
-    }
-}
-
 #[derive(Default)]
 pub struct Matcher {
     state: RwLock<State>,
@@ -474,6 +446,29 @@ impl Matcher {
         }
         st.apply(&stale, Vec::new());
         st.fronts.insert(front.to_string(), Instant::now());
+    }
+
+    /// Every class with a filter.
+    pub fn filtered_classes(&self) -> Vec<Arc<Class>> {
+        let st = self.read();
+        st.classes
+            .values()
+            .filter(|e| e.class.filter.is_some())
+            .map(|e| e.class.clone())
+            .collect()
+    }
+
+    /// The subscription ids of a class, per front.
+    pub fn class_subs(&self, key: &str) -> Vec<(String, Vec<String>)> {
+        let st = self.read();
+        let Some(entry) = st.classes.get(key) else {
+            return Vec::new();
+        };
+        entry
+            .fronts
+            .iter()
+            .map(|(front, b)| (front.clone(), b.iter().map(|s| s.spec.id.clone()).collect()))
+            .collect()
     }
 
     /// The fronts heard from (and not expired).

@@ -313,16 +313,14 @@ type ColumnCache = HashMap<(String, String, String), Vec<(String, String, bool)>
 type RowCheckCache = HashMap<(String, String, String), bool>;
 
 /// Whether every change a spec matches is delivered by class (see
-/// [`RegisterResult::by_class`]): DELETEs only, or one table without row-level security
-/// for the role — the same rule the pipeline applies per change (`authorize`).
+/// [`RegisterResult::by_class`]): one table without row-level security for the role —
+/// the same rule the pipeline applies per change (`authorize`; a DELETE is judged per
+/// subscriber like any other change).
 async fn by_class(
     client: &Client,
     spec: &SubscriptionSpec,
     memo: &mut RowCheckCache,
 ) -> Result<bool, tokio_postgres::Error> {
-    if spec.event == "DELETE" {
-        return Ok(true);
-    }
     let Some(table) = spec.table.as_deref().filter(|_| spec.schema != "*") else {
         return Ok(false);
     };

@@ -198,6 +198,8 @@ impl RealtimeConsumer {
         };
         let dropped: Vec<NoticeTable> = notice.dropped().cloned().collect();
         self.lanes.notice(notice, to);
+        // A REVOKE may leave a filter reading a column its role may not read.
+        self.watch.poke();
         for table in &dropped {
             self.end_dropped(table).await?;
         }

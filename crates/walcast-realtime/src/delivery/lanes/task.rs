@@ -436,6 +436,9 @@ fn unjudged_message(why: Unjudged) -> String {
             "the table's privileges and policies could not be read as of the change"
         }
         Unjudged::Superseded => "its row changed again before its row-level security check",
+        Unjudged::Incomplete => {
+            "the deleted row lacks a value its policies read (the table's replica identity is not FULL)"
+        }
     };
     format!(
         "Changes may have been missed: a change could not be judged for this subscription ({cause}) and was not delivered"
