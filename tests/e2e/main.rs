@@ -36,6 +36,7 @@ mod registry;
 mod replication_role;
 mod revoked_sessions;
 mod rls;
+mod secrets_at_rest;
 mod security;
 mod slot;
 mod snapshots;
