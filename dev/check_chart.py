@@ -457,6 +457,8 @@ def check_chart(env_names: dict[str, set[str]], known_metrics: set[str]) -> None
             ({"secrets": {"jwtSecret": "x"}}, "secrets.databaseUrl is required"),
             ({"secrets": {"jwtSecret": "x"}, "postgresql": {"enabled": True}}, "postgresPassword is required"),
             ({"secrets": {"databaseUrl": "postgres://u@h/d"}}, "secrets.jwtSecret is required"),
+            ({"secrets": {"jwtSecret": "x", "databaseUrl": "postgres://u@h/d"}}, "secrets.secretsKey is required"),
+            ({"secrets": {"secretsKey": "short"}}, "secretsKey"),
             ({"nats": {"enabled": False}}, "anyOf"),
             ({"worker": {"lease": {"mode": "none"}}}, "kubernetes"),
             ({"postgresql": {"maxSlotWalKeepSize": "-1"}}, "maxSlotWalKeepSize"),

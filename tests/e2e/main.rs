@@ -40,6 +40,7 @@ mod replication_role;
 mod revoked_sessions;
 mod rls;
 mod secrets;
+mod secrets_at_rest;
 mod security;
 mod slot;
 mod snapshots;

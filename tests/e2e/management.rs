@@ -76,7 +76,7 @@ pub(crate) fn create(w: &Worker, name: &str) -> Created {
 }
 
 /// The HTTP status a WebSocket handshake with `key` gets (101: accepted).
-async fn ws_status(w: &Worker, key: &str) -> u16 {
+pub(crate) async fn ws_status(w: &Worker, key: &str) -> u16 {
     use tokio_tungstenite::tungstenite::Error;
     match tokio::time::timeout(ws::TIMEOUT, tokio_tungstenite::connect_async(w.ws_url(key))).await {
         Ok(Ok(_)) => 101,

@@ -20,6 +20,7 @@ fn walcast_on(database_url: &str, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_walcast"));
     cmd.args(args)
         .env("DATABASE_URL", database_url)
+        .env("SECRETS_KEY", crate::support::SECRETS_KEY)
         .env_remove("CDC_SLOT_NAME");
     if let Some(i) = args.iter().position(|a| *a == "--database-url") {
         if let Some(db) = args.get(i + 1) {
@@ -158,13 +159,19 @@ async fn sources_are_checked_listed_and_refused() {
         list[2]["replication_url"],
         "postgres://repl@127.0.0.1:1/vault?password=***"
     );
-    assert_eq!(
-        one(
-            &control,
-            "SELECT database_url FROM walcast.sources WHERE name = 'vault-2'"
-        ),
-        vault_db
+    // Stored encrypted, bound to its row and column.
+    let stored = one(
+        &control,
+        "SELECT database_url FROM walcast.sources WHERE name = 'vault-2'",
     );
+    assert!(
+        stored.starts_with("enc:v1:") && !stored.contains("hunter2"),
+        "{stored}"
+    );
+    let keys = walcast_realtime::secrets::SecretKeys::new(crate::support::SECRETS_KEY, None)
+        .expect("keys");
+    let place = walcast_realtime::secrets::Place::source("database_url", "vault-2");
+    assert_eq!(keys.open(place, &stored).expect("decrypts"), vault_db);
 
     refusals(&control, &shop);
     assert_eq!(names(&control), ["default", "shop", "vault-2"]);
@@ -471,6 +478,7 @@ async fn drop_slot_waits_for_the_reader_to_let_go() {
     let mut remove = Command::new(env!("CARGO_BIN_EXE_walcast"))
         .args(["source", "remove", "a", "--drop-slot"])
         .env("DATABASE_URL", control.url())
+        .env("SECRETS_KEY", crate::support::SECRETS_KEY)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run walcast source remove");

@@ -10,6 +10,15 @@ pub struct BenchEnv {
     pub admin: tokio_postgres::Client,
 }
 
+/// The keys of the secrets the benchmarks store ([`walcast_testkit::SECRETS_KEY`], which
+/// they give walcast's processes).
+pub fn secret_keys() -> anyhow::Result<walcast_realtime::secrets::SecretKeys> {
+    Ok(walcast_realtime::secrets::SecretKeys::new(
+        walcast_testkit::SECRETS_KEY,
+        None,
+    )?)
+}
+
 /// Start the services, apply migrations, run `setup_sql` and enable `public.<table>`.
 pub async fn start(setup_sql: &str, table: &str) -> anyhow::Result<BenchEnv> {
     let env = start_without_table(setup_sql).await?;

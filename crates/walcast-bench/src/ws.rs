@@ -375,6 +375,7 @@ impl Server {
                     .env("DATABASE_URL", pg.url())
                     .env("CHECK_DATABASE_URL", pg.check_url())
                     .env("JWT_SECRET", SECRET)
+                    .env("SECRETS_KEY", walcast_testkit::SECRETS_KEY)
                     .env("OUTBOUND_QUEUE", args.outbound_queue.to_string())
                     // One project holds every client: its per-project limits (a policy,
                     // not a capacity) are lifted, so the run measures the server.

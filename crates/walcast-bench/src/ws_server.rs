@@ -39,6 +39,8 @@ pub struct ServerArgs {
     db: DbArgs,
     #[command(flatten)]
     cdc: CdcArgs,
+    #[command(flatten)]
+    secrets: walcast::config::SecretsArgs,
     /// In-process bus queue size per subscriber.
     #[arg(long, env = "BUS_CAPACITY", default_value_t = 65_536)]
     bus_capacity: usize,
@@ -65,8 +67,9 @@ pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
     // Logs after the port line (the parent forwards them to its stderr).
     walcast::telemetry::init_logs(&cfg.log);
     let cancel = walcast::shutdown::on_signal();
+    let keys = cfg.secrets.keys()?;
     walcast::serve::run(
-        &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
+        &cfg.db, &cfg.cdc, keys, &cfg.front, bus, listener, metrics, cancel,
     )
     .await
 }

@@ -24,6 +24,7 @@ use crate::check_login::CheckSessions;
 use crate::error::RealtimeError;
 use crate::projects::{self, ProjectError};
 use crate::roles::RolePolicy;
+use crate::secrets::SecretKeys;
 use crate::source_projects::SourceProjects;
 
 /// Every admin session: a statement waits at most 3 s for a table lock and runs at most
@@ -49,6 +50,8 @@ struct Inner {
     next_read: AtomicUsize,
     /// The roles a private-channel check may act as.
     roles: RolePolicy,
+    /// The keys of the projects' secrets (the project list, the management requests).
+    keys: Arc<SecretKeys>,
     /// Another source's admin: only its projects' tables and channels (see
     /// [`Admin::for_source`]); `None`: the default source's, with the control database.
     projects: Option<Arc<SourceProjects>>,
@@ -56,8 +59,13 @@ struct Inner {
 
 impl Admin {
     /// Answers with `database_url` (walcast's own login), and runs the tenants' policies
-    /// on `check_url` (the check login).
-    pub fn new(database_url: String, check_url: &str, roles: RolePolicy) -> Admin {
+    /// on `check_url` (the check login); the projects' secrets are read with `keys`.
+    pub fn new(
+        database_url: String,
+        check_url: &str,
+        roles: RolePolicy,
+        keys: Arc<SecretKeys>,
+    ) -> Admin {
         Admin {
             inner: Arc::new(Inner {
                 database_url,
@@ -65,6 +73,7 @@ impl Admin {
                 sessions: (0..=READ_SESSIONS).map(|_| Mutex::new(None)).collect(),
                 next_read: AtomicUsize::new(0),
                 roles,
+                keys,
                 projects: None,
             }),
         }
@@ -77,9 +86,10 @@ impl Admin {
         database_url: String,
         check_url: &str,
         roles: RolePolicy,
+        keys: Arc<SecretKeys>,
         projects: Arc<SourceProjects>,
     ) -> Admin {
-        let mut a = Admin::new(database_url, check_url, roles);
+        let mut a = Admin::new(database_url, check_url, roles, keys);
         if let Some(inner) = Arc::get_mut(&mut a.inner) {
             inner.projects = Some(projects);
         }
@@ -177,7 +187,16 @@ impl Admin {
                 "no database session",
             ));
         };
-        let result = run(client, &self.inner.checks, &self.inner.roles, req, schema).await;
+        let inner = &*self.inner;
+        let result = run(
+            client,
+            &inner.checks,
+            &inner.roles,
+            &inner.keys,
+            req,
+            schema,
+        )
+        .await;
         if let Err(e) = &result {
             if e.kind == AdminErrorKind::Internal {
                 // The session is suspect: reconnect next time.
@@ -326,24 +345,18 @@ async fn run(
     client: &mut Client,
     checks: &CheckSessions,
     roles: &RolePolicy,
+    keys: &SecretKeys,
     req: AdminRequest,
     schema: Option<String>,
 ) -> Result<AdminReply, AdminError> {
     if crate::manage::is_management(&req) {
-        return crate::manage::run(client, req).await;
+        return crate::manage::run(client, keys, req).await;
     }
     if crate::snapshot::manage::is_snapshot(&req) {
         return crate::snapshot::manage::run(client, req).await;
     }
     match req {
-        AdminRequest::Projects => {
-            let projects = projects::list(&*client)
-                .await?
-                .into_iter()
-                .map(crate::manage::record)
-                .collect();
-            Ok(AdminReply::Projects { projects })
-        }
+        AdminRequest::Projects => project_list(client, keys).await,
         AdminRequest::SetRealtime {
             project,
             table,
@@ -407,6 +420,16 @@ async fn run(
         }
         other => Err(internal(format!("not answered here: {other:?}"))),
     }
+}
+
+/// Every stored project with its secrets, for the fronts' key checks.
+async fn project_list(client: &Client, keys: &SecretKeys) -> Result<AdminReply, AdminError> {
+    let projects = projects::list(client, keys)
+        .await?
+        .into_iter()
+        .map(crate::manage::record)
+        .collect();
+    Ok(AdminReply::Projects { projects })
 }
 
 /// Enable or disable realtime for a table of `project`'s schema.

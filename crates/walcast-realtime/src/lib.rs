@@ -16,6 +16,7 @@
 //!   directory, which roles a token may act as;
 //! - [`check_login`]: the login tenant SQL runs on, checked at start;
 //! - [`sources`]: the sources registry (the databases walcast reads);
+//! - [`secrets`]: the projects' secrets and the sources' URLs, encrypted at rest;
 //! - [`migrate`]: walcast's SQL schema; [`config`], [`error`], [`telemetry`].
 
 #![forbid(unsafe_code)]
@@ -31,6 +32,7 @@ pub mod manage;
 pub mod migrate;
 pub mod projects;
 pub mod roles;
+pub mod secrets;
 pub mod session;
 pub mod snapshot;
 pub mod source_projects;

@@ -10,6 +10,7 @@ use walcast_bus::admin::{
 use walcast_bus::source::DEFAULT_SOURCE;
 
 use crate::projects::{self, Project, ProjectChanges, ProjectError};
+use crate::secrets::SecretKeys;
 
 /// The wire form of a stored project (with its secrets: the bus is trusted).
 pub fn record(p: Project) -> ProjectRecord {
@@ -69,8 +70,13 @@ pub fn is_management(req: &AdminRequest) -> bool {
     )
 }
 
-/// Answer a management request (the default project is not stored: it is never found).
-pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, AdminError> {
+/// Answer a management request (the default project is not stored: it is never found),
+/// the projects' secrets read and written with `keys`.
+pub async fn run(
+    client: &mut Client,
+    keys: &SecretKeys,
+    req: AdminRequest,
+) -> Result<AdminReply, AdminError> {
     match req {
         AdminRequest::ProjectCreate {
             name,
@@ -82,7 +88,7 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
                 return Err(refused(ProjectError::LimitTooLarge { field }));
             }
             let source = source.as_deref().unwrap_or(DEFAULT_SOURCE);
-            let p = projects::create_on(client, source, &name)
+            let p = projects::create_on(client, keys, source, &name)
                 .await
                 .map_err(refused)?;
             tracing::info!(project = %p.id, source, "project created");
@@ -93,15 +99,16 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
             };
             let p = match changes == ProjectChanges::default() {
                 true => Some(p),
-                false => projects::update(client, &p.id, &changes)
+                false => projects::update(client, keys, &p.id, &changes)
                     .await
                     .map_err(refused)?,
             };
             found("(new)", p)
         }
-        AdminRequest::ProjectGet { id } => {
-            found(&id, projects::get(client, &id).await.map_err(refused)?)
-        }
+        AdminRequest::ProjectGet { id } => found(
+            &id,
+            projects::get(client, keys, &id).await.map_err(refused)?,
+        ),
         AdminRequest::ProjectUpdate {
             id,
             name,
@@ -115,20 +122,20 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
                 suspended,
                 limits,
             };
-            let p = projects::update(client, &id, &changes)
+            let p = projects::update(client, keys, &id, &changes)
                 .await
                 .map_err(refused)?;
             tracing::info!(project = %id, ?changes, found = p.is_some(), "project updated");
             found(&id, p)
         }
         AdminRequest::ProjectRotate { id, window_secs } => {
-            let p = projects::rotate(client, &id, window_secs)
+            let p = projects::rotate(client, keys, &id, window_secs)
                 .await
                 .map_err(refused)?;
             tracing::info!(project = %id, window_secs, found = p.is_some(), "project secret rotated");
             found(&id, p)
         }
-        AdminRequest::ProjectDelete { id } => delete(client, id).await,
+        AdminRequest::ProjectDelete { id } => delete(client, keys, id).await,
         other => Err(AdminError::new(
             AdminErrorKind::Internal,
             format!("not a management request: {other:?}"),
@@ -136,8 +143,12 @@ pub async fn run(client: &mut Client, req: AdminRequest) -> Result<AdminReply, A
     }
 }
 
-async fn delete(client: &mut Client, id: String) -> Result<AdminReply, AdminError> {
-    let streamed = projects::delete(client, &id)
+async fn delete(
+    client: &mut Client,
+    keys: &SecretKeys,
+    id: String,
+) -> Result<AdminReply, AdminError> {
+    let streamed = projects::delete(client, keys, &id)
         .await
         .map_err(refused)?
         .ok_or_else(|| unknown(&id))?;

@@ -1,12 +1,15 @@
 //! Projects: tenants of one database, each with its own schema and JWT secret.
 //!
 //! The default project (id [`DEFAULT_PROJECT`], schema `public`, secret `JWT_SECRET`) is
-//! not stored; every other one is a row of `walcast.projects` created by [`create`].
+//! not stored; every other one is a row of `walcast.projects` created by [`create`]. Its
+//! secrets are stored encrypted ([`crate::secrets`]): every function that reads or writes
+//! them takes the keys.
 
 use tokio_postgres::{Client, GenericClient, Row};
 use walcast_bus::admin::{LimitChanges, ProjectLimits, MAX_LIMIT};
 
 use crate::catalog::tables::DEFAULT_PROJECT;
+use crate::secrets::{Place, SecretError, SecretKeys};
 use walcast_bus::source::DEFAULT_SOURCE;
 use walcast_core::sql::quote_ident;
 
@@ -58,6 +61,8 @@ pub enum ProjectError {
     SourceUnreachable { name: String, message: String },
     #[error("sources: {0}")]
     Source(String),
+    #[error("{0}")]
+    Secret(#[from] SecretError),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
@@ -74,14 +79,21 @@ const COLUMNS: &str = "id, name, schema_name, jwt_secret,
 /// [`ProjectLimits::FIELDS`]).
 const FIRST_LIMIT: usize = 10;
 
-fn from_row(r: &Row) -> Project {
-    Project {
-        id: r.get(0),
+/// The secret columns (see [`crate::secrets::at_rest::PROJECT_COLUMNS`]).
+const SECRET: &str = "jwt_secret";
+const PREVIOUS: &str = "jwt_secret_previous";
+
+/// A project's row, its secrets decrypted.
+fn from_row(r: &Row, keys: &SecretKeys) -> Result<Project, SecretError> {
+    let id: String = r.get(0);
+    let jwt_secret = keys.open(Place::project(SECRET, &id), r.get(3))?;
+    let previous = keys.open_opt(Place::project(PREVIOUS, &id), r.get(5))?;
+    Ok(Project {
         name: r.get(1),
         schema: r.get(2),
-        jwt_secret: r.get(3),
+        jwt_secret,
         created_at: r.get(4),
-        jwt_secret_previous: r.get(5),
+        jwt_secret_previous: previous,
         jwks: r.get(6),
         suspended: r.get(7),
         private_only: r.get(8),
@@ -92,17 +104,25 @@ fn from_row(r: &Row) -> Project {
                 .map(|n| n.max(0) as u32)
         })),
         source: r.get(FIRST_LIMIT + ProjectLimits::FIELDS.len()),
-    }
+        id,
+    })
+}
+
+/// The first row of `rows`, decrypted.
+fn first(rows: &[Row], keys: &SecretKeys) -> Result<Option<Project>, ProjectError> {
+    Ok(rows.first().map(|r| from_row(r, keys)).transpose()?)
 }
 
 /// Set a project's previous secret and JWKS (`None` clears them). The JWKS must be a
 /// JSON object with a `keys` array (the fronts check each key). `false`: no such project.
 pub async fn set_keys<C: GenericClient>(
     client: &C,
+    keys: &SecretKeys,
     id: &str,
     previous: Option<&str>,
     jwks: Option<&str>,
 ) -> Result<bool, ProjectError> {
+    let previous = keys.seal_opt(Place::project(PREVIOUS, id), previous)?;
     let n = client
         .execute(
             "UPDATE walcast.projects SET jwt_secret_previous = $2, jwks = $3::text::jsonb,
@@ -115,8 +135,17 @@ pub async fn set_keys<C: GenericClient>(
 }
 
 /// Create a project of the default source: see [`create_on`].
-pub async fn create(client: &mut Client, name: &str) -> Result<Project, ProjectError> {
-    create_on(client, DEFAULT_SOURCE, name).await
+pub async fn create(
+    client: &mut Client,
+    keys: &SecretKeys,
+    name: &str,
+) -> Result<Project, ProjectError> {
+    create_on(client, keys, DEFAULT_SOURCE, name).await
+}
+
+/// The secret of a new project, or of a rotation: 32 random bytes as 64 hex digits.
+fn new_secret() -> Result<String, ProjectError> {
+    Ok(crate::secrets::random_hex(32)?)
 }
 
 /// Create a project on `source`: a new uuid id, its schema `project_<uuid hex>` (usable
@@ -126,21 +155,18 @@ pub async fn create(client: &mut Client, name: &str) -> Result<Project, ProjectE
 /// if the row cannot be stored, the schema dropped again (when still empty).
 pub async fn create_on(
     client: &mut Client,
+    keys: &SecretKeys,
     source: &str,
     name: &str,
 ) -> Result<Project, ProjectError> {
     let name = check_name(name)?;
-    let db = connect_source(&*client, source).await?;
+    let db = connect_source(&*client, keys, source).await?;
     let tx = client.transaction().await?;
-    let row = tx
-        .query_one(
-            "SELECT gen_random_uuid()::text,
-                    replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', '')",
-            &[],
-        )
-        .await?;
-    let id: String = row.get(0);
-    let secret: String = row.get(1);
+    let id: String = tx
+        .query_one("SELECT gen_random_uuid()::text", &[])
+        .await?
+        .get(0);
+    let secret = keys.seal(Place::project(SECRET, &id), &new_secret()?)?;
     let schema = format!("{SCHEMA_PREFIX}{}", id.replace('-', ""));
     let q = quote_ident(&schema);
     let make = format!(
@@ -161,7 +187,7 @@ pub async fn create_on(
             )
             .await?;
         tx.commit().await?;
-        Ok(from_row(&row))
+        Ok(from_row(&row, keys)?)
     }
     .await;
     if let (Err(e), Some(db)) = (&stored, &db) {
@@ -176,12 +202,13 @@ pub async fn create_on(
 /// is `control`'s own), its URL read from the control database's `walcast.sources`.
 pub async fn connect_source<C: GenericClient>(
     control: &C,
+    keys: &SecretKeys,
     source: &str,
 ) -> Result<Option<Client>, ProjectError> {
     if walcast_bus::source::is_default(source) {
         return Ok(None);
     }
-    let url = crate::sources::get(control, source)
+    let url = crate::sources::get(control, keys, source)
         .await
         .map_err(|e| match e {
             crate::sources::SourceError::Db(d) => ProjectError::Db(d),
@@ -199,29 +226,41 @@ pub async fn connect_source<C: GenericClient>(
     Ok(Some(client))
 }
 
-/// Every stored project, oldest first.
-pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Project>, ProjectError> {
+/// Every stored project, oldest first. A project whose secrets cannot be read (altered,
+/// moved from another row, plain text) is left out, counted and logged; a secret of a
+/// key that is not configured fails the whole list (the fronts keep the one they have,
+/// rather than ending every session).
+pub async fn list<C: GenericClient>(
+    client: &C,
+    keys: &SecretKeys,
+) -> Result<Vec<Project>, ProjectError> {
     let rows = client
         .query(
             &format!("SELECT {COLUMNS} FROM walcast.projects ORDER BY created_at, id"),
             &[],
         )
         .await?;
-    Ok(rows.iter().map(from_row).collect())
+    let opened = rows.iter().map(|r| from_row(r, keys));
+    Ok(crate::secrets::readable("projects", opened)?)
 }
 
 /// One stored project.
-pub async fn get<C: GenericClient>(client: &C, id: &str) -> Result<Option<Project>, ProjectError> {
-    let row = client
-        .query_opt(
+pub async fn get<C: GenericClient>(
+    client: &C,
+    keys: &SecretKeys,
+    id: &str,
+) -> Result<Option<Project>, ProjectError> {
+    let rows = client
+        .query(
             &format!("SELECT {COLUMNS} FROM walcast.projects WHERE id = $1"),
             &[&id],
         )
         .await?;
-    Ok(row.as_ref().map(from_row))
+    first(&rows, keys)
 }
 
 /// The schema of a project (`public` for the default one); `None` for an unknown id.
+/// Its secrets are not read.
 pub async fn schema_of<C: GenericClient>(
     client: &C,
     id: &str,
@@ -229,7 +268,13 @@ pub async fn schema_of<C: GenericClient>(
     if id == DEFAULT_PROJECT {
         return Ok(Some(DEFAULT_SCHEMA.to_string()));
     }
-    Ok(get(client, id).await?.map(|p| p.schema))
+    let row = client
+        .query_opt(
+            "SELECT schema_name FROM walcast.projects WHERE id = $1",
+            &[&id],
+        )
+        .await?;
+    Ok(row.map(|r| r.get(0)))
 }
 
 /// Longest project name accepted.
@@ -311,13 +356,14 @@ fn limit_sets(set: usize, values: usize) -> String {
 /// project.
 pub async fn update<C: GenericClient>(
     client: &C,
+    keys: &SecretKeys,
     id: &str,
     changes: &ProjectChanges,
 ) -> Result<Option<Project>, ProjectError> {
     let name = changes.name.as_deref().map(check_name).transpose()?;
     let (set, values) = limit_params(&changes.limits)?;
-    let row = client
-        .query_opt(
+    let rows = client
+        .query(
             &format!(
                 "UPDATE walcast.projects SET name = coalesce($2, name),
                         private_only = coalesce($3, private_only),
@@ -337,35 +383,56 @@ pub async fn update<C: GenericClient>(
             ],
         )
         .await?;
-    Ok(row.as_ref().map(from_row))
+    first(&rows, keys)
 }
 
 /// A new secret for a project; the current one is still accepted for `window_secs`
-/// (0: refused at once). `None`: no such project.
-pub async fn rotate<C: GenericClient>(
-    client: &C,
+/// (0: refused at once). `None`: no such project. The current secret is read (and, kept
+/// as the previous one, encrypted for its new column) with the row locked.
+pub async fn rotate(
+    client: &mut Client,
+    keys: &SecretKeys,
     id: &str,
     window_secs: u64,
 ) -> Result<Option<Project>, ProjectError> {
     let window = i64::try_from(window_secs)
         .unwrap_or(i64::MAX)
         .min(MAX_WINDOW_SECS);
-    let row = client
+    let tx = client.transaction().await?;
+    let Some(row) = tx
         .query_opt(
+            "SELECT jwt_secret FROM walcast.projects WHERE id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let previous = match window > 0 {
+        true => {
+            let current = keys.open(Place::project(SECRET, id), row.get(0))?;
+            Some(keys.seal(Place::project(PREVIOUS, id), &current)?)
+        }
+        false => None,
+    };
+    let secret = keys.seal(Place::project(SECRET, id), &new_secret()?)?;
+    let rows = tx
+        .query(
             &format!(
                 "UPDATE walcast.projects
-                    SET jwt_secret_previous = CASE WHEN $2::bigint > 0 THEN jwt_secret END,
+                    SET jwt_secret_previous = $3,
                         jwt_secret_previous_until = CASE WHEN $2::bigint > 0
                             THEN now() + make_interval(secs => $2::bigint) END,
-                        jwt_secret = replace(gen_random_uuid()::text, '-', '')
-                                  || replace(gen_random_uuid()::text, '-', ''),
+                        jwt_secret = $4,
                         updated_at = now()
                   WHERE id = $1 RETURNING {COLUMNS}"
             ),
-            &[&id, &window],
+            &[&id, &window, &previous, &secret],
         )
         .await?;
-    Ok(row.as_ref().map(from_row))
+    let project = first(&rows, keys)?;
+    tx.commit().await?;
+    Ok(project)
 }
 
 /// Longest rotation window: ten years.
@@ -378,6 +445,7 @@ pub const MAX_WINDOW_SECS: i64 = 10 * 365 * 86_400;
 /// kept. `None`: no such project; else the tables it streamed.
 pub async fn delete(
     client: &mut Client,
+    keys: &SecretKeys,
     id: &str,
 ) -> Result<Option<Vec<crate::catalog::tables::TableRef>>, ProjectError> {
     let tx = client.transaction().await?;
@@ -391,7 +459,7 @@ pub async fn delete(
     let Some(source) = source else {
         return Ok(None);
     };
-    let streamed = match connect_source(&tx, &source).await? {
+    let streamed = match connect_source(&tx, keys, &source).await? {
         None => disable_all(&tx, id).await?,
         Some(mut db) => {
             let stx = db.transaction().await?;

@@ -5,11 +5,15 @@
 //! replication URL to read it with and its slot.
 //!
 //! The table holds credentials: only walcast's own role may read it (the migration
-//! revokes it from `PUBLIC`), and what is shown of a source goes through [`redact_url`].
+//! revokes it from `PUBLIC`), its URLs are stored encrypted ([`crate::secrets`]: every
+//! function that reads or writes them takes the keys), and what is shown of a source goes
+//! through [`redact_url`].
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Row};
 use walcast_bus::source::{check_name, SourceNameError, DEFAULT_SOURCE};
+
+use crate::secrets::{Place, SecretError, SecretKeys};
 
 /// Prefix of a source's default slot name ([`default_slot_name`]).
 pub const SLOT_PREFIX: &str = "walcast_src_";
@@ -87,6 +91,8 @@ pub enum SourceError {
         "source {name:?} still has {projects} project(s): delete them (or leave the source) first"
     )]
     InUse { name: String, projects: i64 },
+    #[error("{0}")]
+    Secret(#[from] SecretError),
     #[error("database: {}", walcast_pgtls::db_message(.0))]
     Db(#[from] tokio_postgres::Error),
 }
@@ -209,7 +215,8 @@ pub use walcast_core::redact::redact_url;
 const COLUMNS: &str = "name, database_url, replication_url, slot_name,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), check_url";
 
-fn from_row(r: &Row) -> Source {
+/// A row, its URLs left encrypted.
+fn sealed_row(r: &Row) -> Source {
     Source {
         name: r.get(0),
         database_url: r.get(1),
@@ -220,9 +227,25 @@ fn from_row(r: &Row) -> Source {
     }
 }
 
-/// Every source, the default first, then by name (one query: the worker calls it every
-/// few seconds to know which sources to lead).
-pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Source>, SourceError> {
+/// A row, its URLs decrypted.
+fn from_row(r: &Row, keys: &SecretKeys) -> Result<Source, SecretError> {
+    let s = sealed_row(r);
+    let open =
+        |column, v: Option<String>| keys.open_opt(Place::source(column, &s.name), v.as_deref());
+    Ok(Source {
+        database_url: open("database_url", s.database_url.clone())?,
+        replication_url: open("replication_url", s.replication_url.clone())?,
+        check_url: open("check_url", s.check_url.clone())?,
+        ..s
+    })
+}
+
+/// Every source by name, each decrypted or why it cannot be (the default first, then by
+/// name; one query: the worker calls it every few seconds to know which sources to lead).
+pub async fn list_rows<C: GenericClient>(
+    client: &C,
+    keys: &SecretKeys,
+) -> Result<Vec<(String, Result<Source, SecretError>)>, SourceError> {
     let rows = client
         .query(
             &format!(
@@ -231,24 +254,49 @@ pub async fn list<C: GenericClient>(client: &C) -> Result<Vec<Source>, SourceErr
             &[],
         )
         .await?;
-    Ok(rows.iter().map(from_row).collect())
+    Ok(rows.iter().map(|r| (r.get(0), from_row(r, keys))).collect())
+}
+
+/// Every source whose URLs can be read (see [`crate::secrets::readable`]: one that cannot
+/// is left out, counted and logged; a URL of a key not configured fails the list).
+pub async fn list<C: GenericClient>(
+    client: &C,
+    keys: &SecretKeys,
+) -> Result<Vec<Source>, SourceError> {
+    let rows = list_rows(client, keys).await?;
+    Ok(crate::secrets::readable(
+        "sources",
+        rows.into_iter().map(|(_, s)| s),
+    )?)
 }
 
 /// One source; `None`: no such source.
-pub async fn get<C: GenericClient>(client: &C, name: &str) -> Result<Option<Source>, SourceError> {
+pub async fn get<C: GenericClient>(
+    client: &C,
+    keys: &SecretKeys,
+    name: &str,
+) -> Result<Option<Source>, SourceError> {
     let row = client
         .query_opt(
             &format!("SELECT {COLUMNS} FROM walcast.sources WHERE name = $1"),
             &[&name],
         )
         .await?;
-    Ok(row.as_ref().map(from_row))
+    Ok(row.as_ref().map(|r| from_row(r, keys)).transpose()?)
 }
 
-/// Store a source (checked with [`NewSource::checked`]). Its database is not contacted
-/// here: `walcast source add` checks it first.
-pub async fn add<C: GenericClient>(client: &C, new: &NewSource) -> Result<Source, SourceError> {
+/// Store a source (checked with [`NewSource::checked`]), its URLs encrypted. Its database
+/// is not contacted here: `walcast source add` checks it first.
+pub async fn add<C: GenericClient>(
+    client: &C,
+    keys: &SecretKeys,
+    new: &NewSource,
+) -> Result<Source, SourceError> {
     let new = new.checked()?;
+    let seal = |column, url: Option<&str>| keys.seal_opt(Place::source(column, &new.name), url);
+    let database_url = seal("database_url", Some(&new.database_url))?;
+    let replication_url = seal("replication_url", new.replication_url.as_deref())?;
+    let check_url = seal("check_url", new.check_url.as_deref())?;
     let row = client
         .query_one(
             &format!(
@@ -257,15 +305,15 @@ pub async fn add<C: GenericClient>(client: &C, new: &NewSource) -> Result<Source
             ),
             &[
                 &new.name,
-                &new.database_url,
-                &new.replication_url,
+                &database_url,
+                &replication_url,
                 &new.slot_name,
-                &new.check_url,
+                &check_url,
             ],
         )
         .await
         .map_err(|e| duplicate(e, &new))?;
-    Ok(from_row(&row))
+    Ok(from_row(&row, keys)?)
 }
 
 /// A unique violation as the duplicate it is.
@@ -288,6 +336,7 @@ fn duplicate(e: tokio_postgres::Error, new: &NewSource) -> SourceError {
 /// `CHECK_DATABASE_URL`); its worker reads it at its next start of the source.
 pub async fn set_check_url<C: GenericClient>(
     client: &C,
+    keys: &SecretKeys,
     name: &str,
     check_url: &str,
 ) -> Result<Source, SourceError> {
@@ -296,6 +345,7 @@ pub async fn set_check_url<C: GenericClient>(
     }
     let check_url =
         non_empty(Some(check_url)).ok_or_else(|| SourceError::NoCheckUrl(name.to_string()))?;
+    let check_url = keys.seal(Place::source("check_url", name), &check_url)?;
     let row = client
         .query_opt(
             &format!(
@@ -304,14 +354,19 @@ pub async fn set_check_url<C: GenericClient>(
             &[&name, &check_url],
         )
         .await?;
-    row.as_ref()
-        .map(from_row)
-        .ok_or_else(|| SourceError::Unknown(name.to_string()))
+    let row = row.ok_or_else(|| SourceError::Unknown(name.to_string()))?;
+    Ok(from_row(&row, keys)?)
 }
 
 /// Remove a source, refused while projects are on it; returns the removed row (its slot
-/// is left: `walcast source remove --drop-slot` drops it once its worker let go).
-pub async fn remove(client: &mut Client, name: &str) -> Result<Source, SourceError> {
+/// is left: `walcast source remove --drop-slot` drops it once its worker let go). A row
+/// whose URLs cannot be read is removed too, returned without them (logged); one of a
+/// key not configured is refused.
+pub async fn remove(
+    client: &mut Client,
+    keys: &SecretKeys,
+    name: &str,
+) -> Result<Source, SourceError> {
     if walcast_bus::source::is_default(name) {
         return Err(SourceError::Default);
     }
@@ -323,10 +378,20 @@ pub async fn remove(client: &mut Client, name: &str) -> Result<Source, SourceErr
             &[&name],
         )
         .await?;
-    let source = row
-        .as_ref()
-        .map(from_row)
-        .ok_or_else(|| SourceError::Unknown(name.to_string()))?;
+    let row = row.ok_or_else(|| SourceError::Unknown(name.to_string()))?;
+    let source = match from_row(&row, keys) {
+        Ok(s) => s,
+        Err(e) if e.is_unknown_key() => return Err(e.into()),
+        Err(e) => {
+            crate::secrets::left_out("sources", &e);
+            Source {
+                database_url: None,
+                replication_url: None,
+                check_url: None,
+                ..sealed_row(&row)
+            }
+        }
+    };
     let projects: i64 = tx
         .query_one(
             "SELECT count(*) FROM walcast.projects WHERE source = $1",

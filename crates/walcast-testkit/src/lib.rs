@@ -38,4 +38,8 @@ pub use nats::Nats;
 pub use nats_cluster::NatsCluster;
 pub use ports::free_port;
 pub use postgres::{as_check_login, Postgres, PostgresBuilder, CHECK_LOGIN};
+
+/// The `SECRETS_KEY` tests and benchmarks give walcast's processes: the key the secrets
+/// they store in `walcast.projects` and `walcast.sources` are encrypted with.
+pub const SECRETS_KEY: &str = "walcast-tests-secrets-key-never-for-production-0123456789";
 pub use proxy::TcpProxy;

@@ -13,6 +13,7 @@ use walcast_bus::subs::KnownFronts;
 use walcast_bus::Bus;
 
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
+use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
@@ -35,6 +36,8 @@ pub struct CdcWorkerConfig {
     pub cdc: CdcArgs,
     #[command(flatten)]
     pub roles: crate::config::RolesArgs,
+    #[command(flatten)]
+    pub secrets: crate::config::SecretsArgs,
     /// NATS server to publish changes to.
     #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
@@ -104,6 +107,7 @@ pub fn instance_id() -> String {
 pub async fn run(
     db: &DbArgs,
     cdc: &CdcArgs,
+    keys: Arc<SecretKeys>,
     bus: Bus,
     registrar: Registrar,
     admin: Arc<dyn AdminHandler>,
@@ -115,9 +119,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     preflight(db, cdc).await?;
-    migrate(&db.database_url).await?;
-    crate::database::check_login(&db.database_url, db.check_database_url.as_deref(), &roles)
-        .await?;
+    crate::database::prepare_control(db, &keys, &roles).await?;
     let tag = session_tag(&origin);
     let known_fronts = KnownFronts::default();
     let parts = Parts {
@@ -152,6 +154,7 @@ pub async fn run(
         bus: bus.clone(),
         origin: origin.clone(),
         roles,
+        keys,
         known_fronts,
         mode,
         workers: Arc::new(Workers::new(process.clone())),
@@ -270,8 +273,10 @@ fn spawn_http(
 /// Entry point of the `cdc-worker` binary.
 pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
+    let keys = cfg.secrets.keys()?;
     let mut described = describe(&cfg.db, &cfg.cdc, Some(&cfg.nats_url), &cfg.http);
     described["nats_auth"] = cfg.nats_auth.describe();
+    described["secrets"] = crate::config::SecretsArgs::describe(&keys);
     described["allowed_roles"] = serde_json::json!(cfg.roles.allowed_roles);
     tracing::info!(config = %described, "cdc-worker starting");
     let metrics = crate::telemetry::init_metrics()?;
@@ -296,10 +301,12 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         cfg.db.database_url.clone(),
         cfg.db.check_database_url.as_deref().unwrap_or_default(),
         roles,
+        keys.clone(),
     ));
     let roles = cfg.roles.policy();
     run(
-        &cfg.db, &cfg.cdc, bus, registrar, admin, roles, None, origin, listener, metrics, cancel,
+        &cfg.db, &cfg.cdc, keys, bus, registrar, admin, roles, None, origin, listener, metrics,
+        cancel,
     )
     .await
 }

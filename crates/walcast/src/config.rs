@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 use walcast_lease::LeaseMode;
 use walcast_pipeline::config as pipeline;
 use walcast_pipeline::{PipelineConfig, ReadConfig, SourceKind};
+use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::{RealtimeConfig, RlsMode, RlsOptions};
 
 /// How to trust and authenticate to NATS beyond `NATS_URL` (which may carry a user and
@@ -52,6 +53,59 @@ impl NatsAuthArgs {
             "nats_nkey_file": self.nats_nkey_file,
             "nats_user": self.nats_user,
             "nats_password": self.nats_password.as_ref().map(|_| "***"),
+        })
+    }
+}
+
+/// The key the projects' secrets and the sources' URLs are stored encrypted with (see
+/// `walcast_realtime::secrets`), and during a rotation the previous one.
+#[derive(Args, Clone, Default)]
+pub struct SecretsArgs {
+    /// Key of the secrets stored in the database (the projects' JWT secrets, the sources'
+    /// URLs): at least 32 bytes, e.g. `openssl rand -hex 32`. Required by the processes
+    /// that read or write them (cdc-worker, `walcast serve`, `walcast project`,
+    /// `walcast source`, `walcast secrets`); keep it apart from the database's backups.
+    #[arg(long, env = "SECRETS_KEY", hide_env_values = true)]
+    pub secrets_key: Option<String>,
+    /// During a rotation of SECRETS_KEY, the previous key: still read, while every value
+    /// is rewritten under SECRETS_KEY (at each start, or `walcast secrets rotate`).
+    #[arg(long, env = "SECRETS_KEY_PREVIOUS", hide_env_values = true)]
+    pub secrets_key_previous: Option<String>,
+}
+
+impl std::fmt::Debug for SecretsArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretsArgs { .. }")
+    }
+}
+
+impl SecretsArgs {
+    /// The keys; an error naming the option when the key is missing or too short.
+    pub fn keys(&self) -> anyhow::Result<std::sync::Arc<SecretKeys>> {
+        let key = self
+            .secrets_key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            .ok_or(walcast_realtime::secrets::SecretError::NoKey)?;
+        let keys = SecretKeys::new(key, self.secrets_key_previous.as_deref())?;
+        Ok(std::sync::Arc::new(keys))
+    }
+
+    /// The keys if SECRETS_KEY is set.
+    pub fn keys_if_set(&self) -> anyhow::Result<Option<std::sync::Arc<SecretKeys>>> {
+        match self.secrets_key.as_deref() {
+            None | Some("") => Ok(None),
+            Some(_) => self.keys().map(Some),
+        }
+    }
+
+    /// For the effective configuration: the keys' ids, never the keys.
+    pub fn describe(keys: &SecretKeys) -> serde_json::Value {
+        serde_json::json!({
+            "secrets_key": "***",
+            "secrets_key_id": keys.key_id(),
+            "secrets_key_previous": keys.previous_key_id().map(|_| "***"),
+            "secrets_key_previous_id": keys.previous_key_id(),
         })
     }
 }

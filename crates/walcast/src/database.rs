@@ -1,7 +1,9 @@
 //! Getting a database ready for a pipeline: its preflight (with the fix for what the
-//! operator must change) and walcast's migrations.
+//! operator must change), walcast's migrations, and its stored secrets encrypted.
 
 use anyhow::Context;
+use walcast_realtime::secrets::at_rest::{self, Report};
+use walcast_realtime::secrets::SecretKeys;
 
 use crate::config::{redact_url, CdcArgs, DbArgs};
 
@@ -13,6 +15,44 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
     walcast_realtime::migrate::migrate(&mut client)
         .await
         .context("applying migrations")?;
+    Ok(())
+}
+
+/// The control database's secrets at rest: plain-text values encrypted, the previous
+/// key's rewritten under the current one (see `walcast_realtime::secrets::at_rest`).
+/// Refused, naming the key, when a value was made with a key not configured; values
+/// that cannot be read are logged and left as they are.
+pub async fn seal_secrets(database_url: &str, keys: &SecretKeys) -> anyhow::Result<Report> {
+    let mut client = walcast_pipeline::connect(database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
+    let report = at_rest::seal_all(&mut client, keys)
+        .await
+        .context("the secrets stored in the database")?;
+    for why in &report.unreadable {
+        tracing::error!(error = %why, "a stored secret cannot be read: its row is left out until it is set again");
+    }
+    if report.encrypted + report.reencrypted > 0 {
+        tracing::info!(
+            key_id = %report.key_id,
+            encrypted = report.encrypted,
+            reencrypted = report.reencrypted,
+            "stored secrets encrypted with the current key"
+        );
+    }
+    Ok(report)
+}
+
+/// The control database made ready at start: walcast's migrations, its secrets at rest
+/// (see [`seal_secrets`]), the check login (see [`check_login`]).
+pub async fn prepare_control(
+    db: &DbArgs,
+    keys: &SecretKeys,
+    roles: &walcast_realtime::roles::RolePolicy,
+) -> anyhow::Result<()> {
+    migrate(&db.database_url).await?;
+    seal_secrets(&db.database_url, keys).await?;
+    check_login(&db.database_url, db.check_database_url.as_deref(), roles).await?;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ pub mod http;
 mod leader;
 pub mod outbox;
 pub mod project;
+pub mod secrets;
 pub mod serve;
 pub mod server;
 mod share;

@@ -17,11 +17,17 @@ enum Command {
     /// All-in-one server: the CDC pipeline and the realtime front (WebSocket, SSE) in one
     /// process.
     Serve(Box<ServeConfig>),
-    /// Apply walcast's SQL migrations and exit.
+    /// Apply walcast's SQL migrations and exit; with SECRETS_KEY, also encrypt the
+    /// secrets still stored in plain text (without, refused while there are any).
     Migrate {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
+        #[command(flatten)]
+        secrets: walcast::config::SecretsArgs,
     },
+    /// The secrets stored in the database (projects' JWT secrets, sources' URLs):
+    /// rewrite them under SECRETS_KEY, or count them by key.
+    Secrets(walcast::secrets::SecretsCmd),
     /// Manage which tables are streamed.
     Realtime(RealtimeArgs),
     /// Manage which tables store their changes in the JetStream change stream.
@@ -51,6 +57,8 @@ struct ServeConfig {
     db: DbArgs,
     #[command(flatten)]
     cdc: CdcArgs,
+    #[command(flatten)]
+    secrets: walcast::config::SecretsArgs,
     /// NATS server; unset = in-process bus (single process, no scale-out).
     #[arg(long, env = "NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
@@ -70,9 +78,11 @@ struct ServeConfig {
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     walcast::telemetry::init_logs(&cfg.log);
     cfg.front.validate()?;
+    let keys = cfg.secrets.keys()?;
     let mut described =
         walcast::cdc_worker::describe(&cfg.db, &cfg.cdc, cfg.nats_url.as_deref(), &cfg.http);
     described["front"] = cfg.front.describe();
+    described["secrets"] = walcast::config::SecretsArgs::describe(&keys);
     described["nats_auth"] = cfg.nats_auth.describe();
     tracing::info!(config = %described, "walcast serve starting");
     let metrics = walcast::telemetry::init_metrics()?;
@@ -90,7 +100,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let listener = cfg.http.bind().await?;
     let cancel = walcast::shutdown::on_signal();
     walcast::serve::run(
-        &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
+        &cfg.db, &cfg.cdc, keys, &cfg.front, bus, listener, metrics, cancel,
     )
     .await
 }
@@ -99,7 +109,14 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg).await,
-        Command::Migrate { database_url } => walcast::cdc_worker::migrate(&database_url).await,
+        Command::Migrate {
+            database_url,
+            secrets,
+        } => {
+            let keys = secrets.keys_if_set()?;
+            walcast::secrets::migrate_command(&database_url, keys.as_deref()).await
+        }
+        Command::Secrets(cmd) => walcast::secrets::secrets(cmd).await,
         Command::Realtime(args) => walcast::commands::realtime(args).await,
         Command::Changes(args) => walcast::changes::changes(args).await,
         Command::Snapshot(args) => walcast::snapshot::snapshot(args).await,

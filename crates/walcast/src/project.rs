@@ -15,6 +15,8 @@ pub struct ProjectArgs {
     /// Postgres connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+    #[command(flatten)]
+    pub secrets: crate::config::SecretsArgs,
     /// The fronts' default connected-users limit of a project (shown as the limit in
     /// force of a project without its own).
     #[arg(long, env = "PROJECT_MAX_USERS", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_USERS)]
@@ -249,7 +251,8 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
 /// see a change at their next directory refresh (30 s; the management API tells them
 /// at once).
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
-    crate::cdc_worker::migrate(&args.database_url).await?;
+    let keys = args.secrets.keys()?;
+    crate::secrets::prepare_cli(&args.database_url, &keys).await?;
     let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
@@ -265,7 +268,7 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             req,
             AdminRequest::ProjectCreate { .. } | AdminRequest::ProjectRotate { .. }
         );
-        let out = match manage::run(&mut client, req).await? {
+        let out = match manage::run(&mut client, &keys, req).await? {
             AdminReply::Project { project } if with_secret => {
                 let v = management::created_view(&project)?;
                 management::with_effective_limits(v, &project, &defaults)
@@ -287,9 +290,12 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             id,
             previous_secret,
             jwks,
-        } => set_keys(&client, &id, previous_secret.as_deref(), jwks.as_deref()).await?,
+        } => {
+            let (previous, jwks) = (previous_secret.as_deref(), jwks.as_deref());
+            set_keys(&client, &keys, &id, previous, jwks).await?
+        }
         _ => {
-            let list: Vec<serde_json::Value> = projects::list(&client)
+            let list: Vec<serde_json::Value> = projects::list(&client, &keys)
                 .await
                 .context("listing the projects")?
                 .into_iter()
@@ -305,9 +311,11 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `walcast project keys`: the JWKS checked here (every key usable) before it is stored.
+/// `walcast project keys`: the JWKS checked here (every key usable, no private part)
+/// before it is stored; the previous secret stored encrypted.
 async fn set_keys(
     client: &tokio_postgres::Client,
+    keys: &walcast_realtime::secrets::SecretKeys,
     id: &str,
     previous: Option<&str>,
     jwks: Option<&str>,
@@ -320,10 +328,11 @@ async fn set_keys(
         }
     };
     if let Some(j) = &jwks {
-        let keys = walcast_front::keys::parse_jwks(j).context("the JWKS")?;
-        eprintln!("JWKS: {} key(s)", keys.len());
+        let parsed = walcast_front::keys::parse_jwks(j).context("the JWKS")?;
+        no_private_parts(j)?;
+        eprintln!("JWKS: {} key(s)", parsed.len());
     }
-    let found = projects::set_keys(client, id, previous, jwks.as_deref())
+    let found = projects::set_keys(client, keys, id, previous, jwks.as_deref())
         .await
         .context("storing the keys")?;
     anyhow::ensure!(found, "no project {id:?}");
@@ -331,9 +340,44 @@ async fn set_keys(
     Ok(())
 }
 
+/// The members of a JWK that are private (RFC 7518: RSA's and EC/OKP's `d` and the
+/// RSA primes and exponents, a symmetric key's `k`).
+const PRIVATE_MEMBERS: &[&str] = &["d", "p", "q", "dp", "dq", "qi", "oth", "k"];
+
+/// A JWKS verifies tokens with public keys only: one that carries a private part is
+/// refused (it would be stored, and a private key has no business there).
+fn no_private_parts(jwks: &str) -> anyhow::Result<()> {
+    let set: serde_json::Value = serde_json::from_str(jwks).context("the JWKS")?;
+    let keys = set["keys"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (i, key) in keys.iter().enumerate() {
+        if let Some(m) = PRIVATE_MEMBERS.iter().find(|m| key.get(**m).is_some()) {
+            anyhow::bail!(
+                "the JWKS: key {i} has the private member {m:?}: give the public keys only"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_jwks_with_a_private_part_is_refused() {
+        let public = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"k1","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+        assert!(no_private_parts(public).is_ok());
+        let private = public.replace(
+            "\"kid\"",
+            "\"d\":\"jpsQnnGQmL-YBIffH1136cspYG6-0iY7X1fCE9-E9LI\",\"kid\"",
+        );
+        let e = no_private_parts(&private).unwrap_err().to_string();
+        assert!(e.contains("key 0 has the private member \"d\""), "{e}");
+        assert!(no_private_parts(r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#).is_err());
+    }
 
     #[test]
     fn a_limit_is_a_number_or_default() {

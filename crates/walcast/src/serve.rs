@@ -12,6 +12,7 @@ use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
 use walcast_bus::Bus;
 use walcast_realtime::admin::Admin;
+use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
@@ -20,22 +21,23 @@ use crate::front::FrontArgs;
 
 /// Run until `signal` fires and the front has drained (or the pipeline hits an error the
 /// operator must fix).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     db: &DbArgs,
     cdc: &CdcArgs,
+    keys: Arc<SecretKeys>,
     front_args: &FrontArgs,
     bus: Bus,
     listener: crate::server::Listening,
     metrics: PrometheusHandle,
     signal: CancellationToken,
 ) -> anyhow::Result<()> {
-    // Migrations first: the front asks the database (its project directory, through the
-    // in-process admin handler) from its start, and a fresh database has no tables yet.
-    crate::cdc_worker::migrate(&db.database_url).await?;
+    // Migrations and the stored secrets first: the front asks the database (its project
+    // directory, through the in-process admin handler) from its start, and a fresh
+    // database has no tables yet; the check login before the front answers anything that
+    // runs a tenant's policies.
     let roles = front_args.roles.policy();
-    // Before the front answers anything that runs a tenant's policies.
-    crate::database::check_login(&db.database_url, db.check_database_url.as_deref(), &roles)
-        .await?;
+    crate::database::prepare_control(db, &keys, &roles).await?;
     let cancel = CancellationToken::new();
     let origin = crate::cdc_worker::instance_id();
     let registrar = Registrar::new(
@@ -48,8 +50,12 @@ pub async fn run(
     // The front's admin requests (project directory, REST API) need only the database,
     // which this process has: answered in process whoever leads.
     let check_url = db.check_database_url.as_deref().unwrap_or_default();
-    let admin: Arc<dyn AdminHandler> =
-        Arc::new(Admin::new(db.database_url.clone(), check_url, roles));
+    let admin: Arc<dyn AdminHandler> = Arc::new(Admin::new(
+        db.database_url.clone(),
+        check_url,
+        roles,
+        keys.clone(),
+    ));
     let admin_client = AdminClient::new(&bus, Some(admin.clone()))?;
     let front_id = format!("front-{origin}");
     let presence = front_args.presence(&bus, &front_id, &cancel);
@@ -67,6 +73,7 @@ pub async fn run(
     let result = crate::cdc_worker::run(
         db,
         cdc,
+        keys,
         bus,
         registrar,
         admin,

@@ -20,6 +20,8 @@ pub struct SourceArgs {
         hide_env_values = true
     )]
     pub control_url: String,
+    #[command(flatten)]
+    pub secrets: crate::config::SecretsArgs,
     #[command(subcommand)]
     pub action: SourceAction,
 }
@@ -90,7 +92,8 @@ pub enum SourceAction {
 }
 
 pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
-    crate::cdc_worker::migrate(&args.control_url).await?;
+    let keys = args.secrets.keys()?;
+    crate::secrets::prepare_cli(&args.control_url, &keys).await?;
     let mut control = walcast_pipeline::connect(&args.control_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.control_url)))?;
@@ -114,7 +117,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 check_url: Some(check_url),
             }
             .checked()?;
-            if if_missing && already_there(&control, &new).await? {
+            if if_missing && already_there(&control, &keys, &new).await? {
                 return Ok(());
             }
             let slot = new.slot_name.clone().unwrap_or_default();
@@ -125,11 +128,11 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 not_the_control_database(&control, &new).await?;
                 check(&new, allow_unbounded_wal).await?;
             }
-            let added = sources::add(&control, &new).await?;
+            let added = sources::add(&control, &keys, &new).await?;
             println!("{}", serde_json::to_string_pretty(&added.view())?);
         }
         SourceAction::List => {
-            let list: Vec<serde_json::Value> = sources::list(&control)
+            let list: Vec<serde_json::Value> = sources::list(&control, &keys)
                 .await?
                 .iter()
                 .map(Source::view)
@@ -141,7 +144,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
             check_url,
             skip_check,
         } => {
-            let Some(old) = sources::get(&control, &name).await? else {
+            let Some(old) = sources::get(&control, &keys, &name).await? else {
                 bail!("no source named {name:?}");
             };
             if let (false, Some(db)) = (skip_check, old.database_url.as_deref()) {
@@ -150,12 +153,12 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("source {name:?}: its check login"))?;
             }
-            let set = sources::set_check_url(&control, &name, &check_url).await?;
+            let set = sources::set_check_url(&control, &keys, &name, &check_url).await?;
             eprintln!("source {name:?}: check login set; its worker uses it from its next start of the source");
             println!("{}", serde_json::to_string_pretty(&set.view())?);
         }
         SourceAction::Remove { name, drop_slot } => {
-            let removed = sources::remove(&mut control, &name).await?;
+            let removed = sources::remove(&mut control, &keys, &name).await?;
             eprintln!("removed source {name:?}: its worker stops reading it within seconds");
             if drop_slot {
                 drop_its_slot(&removed).await?;
@@ -167,8 +170,12 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
 
 /// Whether `new` is stored already, as it is (`add --if-missing`); an error if a source
 /// of that name differs.
-async fn already_there(control: &tokio_postgres::Client, new: &NewSource) -> anyhow::Result<bool> {
-    let Some(old) = sources::get(control, &new.name).await? else {
+async fn already_there(
+    control: &tokio_postgres::Client,
+    keys: &walcast_realtime::secrets::SecretKeys,
+    new: &NewSource,
+) -> anyhow::Result<bool> {
+    let Some(old) = sources::get(control, keys, &new.name).await? else {
         return Ok(false);
     };
     let same = old.database_url.as_deref() == Some(new.database_url.as_str())
@@ -352,6 +359,8 @@ mod tests {
             "shop",
             "--database-url",
             "postgres://shop",
+            "--check-url",
+            "postgres://check@shop",
             "--skip-check",
         ])
         .unwrap();

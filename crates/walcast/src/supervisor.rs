@@ -25,6 +25,7 @@ use walcast_bus::Bus;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
 use walcast_pipeline::PipelineHealth;
 use walcast_realtime::roles::RolePolicy;
+use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::source_projects::SourceProjects;
 
 use crate::config::{redact_url, CdcArgs, SourceSpec};
@@ -171,6 +172,8 @@ pub struct Context {
     pub bus: Bus,
     pub origin: String,
     pub roles: RolePolicy,
+    /// The keys of the sources' URLs (and of the projects' secrets).
+    pub keys: Arc<SecretKeys>,
     pub known_fronts: KnownFronts,
     pub mode: LeaseMode,
     pub workers: Arc<Workers>,
@@ -235,8 +238,8 @@ pub async fn run(ctx: Context, cancel: CancellationToken) {
         }
         if Instant::now() >= next_read {
             next_read = Instant::now() + REFRESH;
-            match list(&ctx.control_url).await {
-                Ok(specs) => apply(&ctx, &tracker, &mut running, specs, &cancel),
+            match list(&ctx.control_url, &ctx.keys).await {
+                Ok(listed) => apply(&ctx, &tracker, &mut running, listed, &cancel),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the sources (walcast.sources); keeping the ones running")
                 }
@@ -252,17 +255,19 @@ pub async fn run(ctx: Context, cancel: CancellationToken) {
 }
 
 /// Start the sources listed that do not run, stop those no longer listed (or changed).
+/// One whose URLs cannot be read now is left as it is (running or not).
 fn apply(
     ctx: &Context,
     tracker: &TaskTracker,
     running: &mut BTreeMap<String, (SourceSpec, CancellationToken)>,
-    specs: Vec<SourceSpec>,
+    listed: Listed,
     cancel: &CancellationToken,
 ) {
+    let Listed { specs, unreadable } = listed;
     let listed: BTreeMap<String, SourceSpec> =
         specs.into_iter().map(|s| (s.name.clone(), s)).collect();
     running.retain(|name, (spec, stop)| {
-        let keep = listed.get(name) == Some(spec);
+        let keep = listed.get(name) == Some(spec) || unreadable.contains(name);
         if !keep {
             tracing::info!(source = %name, "source removed or changed: stopping its pipeline");
             crate::telemetry::source_removed(name);
@@ -374,6 +379,7 @@ async fn elect(
         spec.database_url.clone(),
         spec.check_url.as_deref().unwrap_or_default(),
         ctx.roles.clone(),
+        ctx.keys.clone(),
         projects.clone(),
     ));
     let (leader, _outbox) = crate::leader::Leader::build(
@@ -437,23 +443,42 @@ async fn lead_term(state: Arc<SourceState>, leader: Arc<crate::leader::Leader>, 
 }
 
 /// The sources of the control database (not the default one).
-async fn list(control_url: &str) -> anyhow::Result<Vec<SourceSpec>> {
+struct Listed {
+    specs: Vec<SourceSpec>,
+    /// Those whose URLs cannot be read (logged, counted).
+    unreadable: std::collections::BTreeSet<String>,
+}
+
+/// The sources of the control database (not the default one); a URL of a key that is
+/// not configured fails the list.
+async fn list(control_url: &str, keys: &SecretKeys) -> anyhow::Result<Listed> {
     let client = walcast_pipeline::connect(control_url).await?;
-    let sources = walcast_realtime::sources::list(&client).await?;
-    Ok(sources
-        .into_iter()
-        .filter(|s| !s.is_default())
-        .map(|s| {
-            let urls = s.urls(control_url, None, None);
-            SourceSpec {
-                slot_name: s
-                    .slot(walcast_pipeline::config::DEFAULT_SLOT_NAME)
-                    .to_string(),
-                name: s.name,
-                database_url: urls.database_url,
-                replication_url: urls.replication_url,
-                check_url: urls.check_url,
+    let rows = walcast_realtime::sources::list_rows(&client, keys).await?;
+    let mut listed = Listed {
+        specs: Vec::new(),
+        unreadable: Default::default(),
+    };
+    for (name, s) in rows {
+        let s = match s {
+            Ok(s) if s.is_default() => continue,
+            Ok(s) => s,
+            Err(e) if e.is_unknown_key() => return Err(e.into()),
+            Err(e) => {
+                walcast_realtime::secrets::left_out("sources", &e);
+                listed.unreadable.insert(name);
+                continue;
             }
-        })
-        .collect())
+        };
+        let urls = s.urls(control_url, None, None);
+        listed.specs.push(SourceSpec {
+            slot_name: s
+                .slot(walcast_pipeline::config::DEFAULT_SLOT_NAME)
+                .to_string(),
+            name: s.name,
+            database_url: urls.database_url,
+            replication_url: urls.replication_url,
+            check_url: urls.check_url,
+        });
+    }
+    Ok(listed)
 }

@@ -74,9 +74,25 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* Whether the chart writes the Secret: no existingSecret, and some value given. */}}
 {{- define "walcast.createSecret" -}}
 {{- $s := .Values.secrets -}}
-{{- if and (not $s.existingSecret) (or $s.jwtSecret $s.databaseUrl $s.replicationUrl $s.checkDatabaseUrl $s.postgresPassword $s.checkPassword $s.natsUrl) -}}
+{{- if and (not $s.existingSecret) (or $s.jwtSecret $s.databaseUrl $s.replicationUrl $s.checkDatabaseUrl $s.postgresPassword $s.checkPassword $s.natsUrl $s.secretsKey $s.secretsKeyPrevious) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* SECRETS_KEY and SECRETS_KEY_PREVIOUS (optional) from the Secret, as env entries. */}}
+{{- define "walcast.secretsKeyEnv" -}}
+- name: SECRETS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "walcast.secretName" . }}
+      key: {{ .Values.secrets.keys.secretsKey }}
+# Optional: set only while the key rotates.
+- name: SECRETS_KEY_PREVIOUS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "walcast.secretName" . }}
+      key: {{ .Values.secrets.keys.secretsKeyPrevious }}
+      optional: true
 {{- end -}}
 
 {{/* The Secret the pods read: yours, else the one named like the release. */}}

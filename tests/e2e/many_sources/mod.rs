@@ -10,7 +10,8 @@ use serde_json::Value;
 use walcast_bus::ChangeEvent;
 use walcast_testkit::Postgres;
 
-use crate::support::{rec, shared, Collector, Stack, Worker};
+use crate::support::{rec, sealed, shared, Collector, Stack, Worker};
+use walcast_realtime::secrets::Place;
 
 mod takeover;
 
@@ -42,19 +43,19 @@ impl Source {
     /// Register the source and its project in the control database, migrate the
     /// source's database, and create and enable the project's table there.
     pub fn register(&self, stack: &Stack) {
-        let slot = format!("walcast_src_{}", self.name);
+        let secret = sealed(
+            Place::project("jwt_secret", self.project),
+            &format!("secret-{}", self.project),
+        );
         stack.sql(&format!(
             "INSERT INTO walcast.sources (name, database_url, slot_name, check_url)
-             VALUES ('{}', '{}', '{slot}', '{}');
+             VALUES {};
              INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
-             VALUES ('{}', '{}', '{}', 'secret-{}', '{}')",
-            self.name,
-            self.pg.url(),
-            self.pg.check_url(),
+             VALUES ('{}', '{}', '{}', '{secret}', '{}')",
+            source_row(self.name, &self.pg.url(), &self.pg.check_url()),
             self.project,
             self.project,
             self.schema(),
-            self.project,
             self.name
         ));
         migrate(&self.pg.url());
@@ -69,6 +70,16 @@ impl Source {
             self.project
         ));
     }
+}
+
+/// The values of a `walcast.sources` row (name, URLs encrypted as walcast stores them,
+/// slot `walcast_src_<name>`), for an `INSERT`.
+pub fn source_row(name: &str, database_url: &str, check_url: &str) -> String {
+    format!(
+        "('{name}', '{}', 'walcast_src_{name}', '{}')",
+        sealed(Place::source("database_url", name), database_url),
+        sealed(Place::source("check_url", name), check_url)
+    )
 }
 
 /// `walcast migrate` on a database.
@@ -313,12 +324,13 @@ async fn sources_come_and_go_at_run_time_and_a_broken_one_stops_nothing_else() {
         .start()
         .expect("start postgres without logical decoding");
     stack.sql(&format!(
-        "INSERT INTO walcast.sources (name, database_url, slot_name, check_url) VALUES
-           ('replica', '{}', 'walcast_src_replica', '{}'),
-           ('down', 'postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2', 'walcast_src_down',
-            'postgres://walcast_check@127.0.0.1:1/postgres?connect_timeout=2')",
-        no_logical.url(),
-        no_logical.check_url()
+        "INSERT INTO walcast.sources (name, database_url, slot_name, check_url) VALUES {}, {}",
+        source_row("replica", &no_logical.url(), &no_logical.check_url()),
+        source_row(
+            "down",
+            "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2",
+            "postgres://walcast_check@127.0.0.1:1/postgres?connect_timeout=2"
+        )
     ));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -17,6 +17,16 @@ pub mod outbox;
 pub mod projects;
 pub mod ws;
 
+pub use walcast_testkit::SECRETS_KEY;
+
+/// `plain` encrypted for its place with [`SECRETS_KEY`], as walcast stores it: for the
+/// tests that write `walcast.projects` and `walcast.sources` rows directly.
+pub fn sealed(place: walcast_realtime::secrets::Place<'_>, plain: &str) -> String {
+    walcast_realtime::secrets::SecretKeys::new(SECRETS_KEY, None)
+        .and_then(|k| k.seal(place, plain))
+        .expect("seal a secret")
+}
+
 /// The end-to-end tests run in one binary, two at a time, and share two cores. A test
 /// whose assertions depend on timing under load (a fast reader beside a slow one, a drain
 /// deadline, a thousand joins on one socket) runs alone: it holds [`alone`] while every
@@ -215,8 +225,12 @@ impl Worker {
             cmd.env(k, v);
         }
         // The check login every kit cluster has, on the same database, unless the test
-        // sets CHECK_DATABASE_URL itself (empty: none).
+        // sets CHECK_DATABASE_URL itself (empty: none); the same for the key of the
+        // secrets at rest.
         let all = || base.iter().chain(extra);
+        if !all().any(|(k, _)| *k == "SECRETS_KEY") {
+            cmd.env("SECRETS_KEY", SECRETS_KEY);
+        }
         if let Some((_, db)) = all().find(|(k, _)| *k == "DATABASE_URL") {
             if !all().any(|(k, _)| *k == "CHECK_DATABASE_URL") {
                 cmd.env("CHECK_DATABASE_URL", walcast_testkit::as_check_login(db));

@@ -23,6 +23,7 @@ pub fn walcast(stack: &Stack, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_walcast"))
         .args(args)
         .env("DATABASE_URL", stack.pg.url())
+        .env("SECRETS_KEY", super::SECRETS_KEY)
         .output()
         .unwrap_or_else(|e| panic!("run walcast {args:?}: {e}"))
 }

@@ -129,6 +129,7 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
       PATH: process.env.PATH,
       DATABASE_URL: env.database_url,
       CHECK_DATABASE_URL: env.check_database_url,
+      SECRETS_KEY: env.secrets_key,
       JWT_SECRET: SECRET,
       PORT: String(port),
       HOST: '127.0.0.1',

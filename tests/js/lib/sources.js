@@ -10,14 +10,16 @@ const run = promisify(execFile)
 /** `walcast <args>` against the control database; its stdout as JSON. */
 export async function walcast(env, args) {
   const { stdout } = await run(bin('walcast'), args, {
-    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url },
+    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url, SECRETS_KEY: env.secrets_key },
   })
   return JSON.parse(stdout)
 }
 
 /** `walcast migrate` on the control database. */
 export async function migrate(env) {
-  await run(bin('walcast'), ['migrate'], { env: { PATH: process.env.PATH, DATABASE_URL: env.database_url } })
+  await run(bin('walcast'), ['migrate'], {
+    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url, SECRETS_KEY: env.secrets_key },
+  })
 }
 
 /** A pg client of `url` whose connection errors (a stopped instance) are ignored. */

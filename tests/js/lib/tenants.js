@@ -10,7 +10,7 @@ const run = promisify(execFile)
 /** `walcast project create --name <name>`: `{ id, schema, jwt_secret, anon_key, service_role_key }`. */
 export async function createProject(env, name) {
   const { stdout } = await run(bin('walcast'), ['project', 'create', '--name', name], {
-    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url },
+    env: { PATH: process.env.PATH, DATABASE_URL: env.database_url, SECRETS_KEY: env.secrets_key },
   })
   return JSON.parse(stdout)
 }

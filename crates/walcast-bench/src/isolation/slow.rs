@@ -41,7 +41,8 @@ async fn create_noisy(
     members: usize,
     subs: usize,
 ) -> anyhow::Result<(String, String, String)> {
-    let p = walcast_realtime::projects::create(admin, &format!("noisy-{n}")).await?;
+    let keys = crate::env::secret_keys()?;
+    let p = walcast_realtime::projects::create(admin, &keys, &format!("noisy-{n}")).await?;
     let s = walcast_core::sql::quote_ident(&p.schema);
     admin
         .batch_execute(&format!(

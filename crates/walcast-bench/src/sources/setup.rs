@@ -117,29 +117,35 @@ async fn prepare(src: &Src) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Register the sources and their projects in the control database, in one transaction.
+/// Register the sources and their projects in the control database, in one transaction,
+/// their URLs and secrets encrypted with the key the workers are given.
 pub(super) async fn register(control: &tokio_postgres::Client, srcs: &[Src]) -> anyhow::Result<()> {
-    let mut sql = String::from("BEGIN;");
+    use walcast_realtime::secrets::Place;
+    let keys = crate::env::secret_keys()?;
+    control.batch_execute("BEGIN").await?;
     for s in srcs {
-        sql.push_str(&format!(
-            "INSERT INTO walcast.sources (name, database_url, slot_name, check_url) VALUES ('{}', '{}', '{}', '{}');
-             INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
-             VALUES ('{}', '{}', 'project_{}', 'secret-{}', '{}');",
-            s.name,
-            s.url,
-            s.slot(),
-            walcast_testkit::as_check_login(&s.url),
-            s.project,
-            s.project,
-            s.project,
-            s.project,
-            s.name
-        ));
+        let check = walcast_testkit::as_check_login(&s.url);
+        let db = keys.seal(Place::source("database_url", &s.name), &s.url)?;
+        let check = keys.seal(Place::source("check_url", &s.name), &check)?;
+        let secret = format!("secret-{}", s.project);
+        let secret = keys.seal(Place::project("jwt_secret", &s.project), &secret)?;
+        control
+            .execute(
+                "INSERT INTO walcast.sources (name, database_url, slot_name, check_url)
+                 VALUES ($1, $2, $3, $4)",
+                &[&s.name, &db, &s.slot(), &check],
+            )
+            .await
+            .context("registering a source")?;
+        control
+            .execute(
+                "INSERT INTO walcast.projects (id, name, schema_name, jwt_secret, source)
+                 VALUES ($1, $1, 'project_' || $1, $2, $3)",
+                &[&s.project, &secret, &s.name],
+            )
+            .await
+            .context("registering a project")?;
     }
-    sql.push_str("COMMIT;");
-    control
-        .batch_execute(&sql)
-        .await
-        .context("registering the sources")?;
+    control.batch_execute("COMMIT").await?;
     Ok(())
 }

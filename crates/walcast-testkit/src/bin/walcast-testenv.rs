@@ -6,7 +6,8 @@
 //! only, see `walcast_testkit::fake_kube`); its URL is `kube_api_url`.
 //! `WALCAST_TESTENV_EXTRA_POSTGRES=N` also starts N more Postgres instances (other
 //! databases for walcast's sources); their URLs are `extra_database_urls`, their check
-//! logins' `extra_check_urls`. `check_database_url` is walcast's `CHECK_DATABASE_URL`.
+//! logins' `extra_check_urls`. `check_database_url` is walcast's `CHECK_DATABASE_URL`,
+//! `secrets_key` its `SECRETS_KEY` ([`walcast_testkit::SECRETS_KEY`]).
 //! Commands on stdin, one a line, each answered by a line `ok` or `error: …`:
 //! `restart-postgres` (immediate shutdown, then start: a crash restart) and
 //! `restart-nats` (SIGKILL, then start on the same port and store), and
@@ -72,9 +73,10 @@ fn main() {
         checks.join(",")
     );
     let line = format!(
-        "{{\"database_url\":\"{}\",\"check_database_url\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}{kube_url}}}",
+        "{{\"database_url\":\"{}\",\"check_database_url\":\"{}\",\"secrets_key\":\"{}\",\"nats_url\":\"{}\",\"pg_port\":{},\"nats_port\":{}{kube_url}}}",
         pg.url(),
         pg.check_url(),
+        walcast_testkit::SECRETS_KEY,
         nats.url(),
         pg.port(),
         nats.port()

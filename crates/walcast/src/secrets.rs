@@ -1,0 +1,91 @@
+//! `walcast secrets rotate|status` and `walcast migrate`: the secrets stored in the
+//! control database (the projects' JWT secrets, the sources' URLs), encrypted with
+//! SECRETS_KEY (see `walcast_realtime::secrets`).
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use walcast_realtime::secrets::at_rest;
+use walcast_realtime::secrets::SecretKeys;
+
+use crate::config::{redact_url, SecretsArgs};
+
+#[derive(Args, Debug, Clone)]
+pub struct SecretsCmd {
+    /// The control database (the deployment's own DATABASE_URL).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: String,
+    #[command(flatten)]
+    pub keys: SecretsArgs,
+    #[command(subcommand)]
+    pub action: SecretsAction,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum SecretsAction {
+    /// Rewrite every stored secret under SECRETS_KEY: plain text encrypted, values of
+    /// SECRETS_KEY_PREVIOUS re-encrypted (a cdc-worker does the same at each start).
+    /// Prints what it did (JSON); once no value is under the previous key, that key can
+    /// be dropped.
+    Rotate,
+    /// Count the stored secrets by the key that made them (JSON; nothing written).
+    Status,
+}
+
+pub async fn secrets(cmd: SecretsCmd) -> anyhow::Result<()> {
+    let keys = cmd.keys.keys()?;
+    crate::cdc_worker::migrate(&cmd.database_url).await?;
+    let report = match cmd.action {
+        SecretsAction::Rotate => crate::database::seal_secrets(&cmd.database_url, &keys).await?,
+        SecretsAction::Status => {
+            let client = walcast_pipeline::connect(&cmd.database_url)
+                .await
+                .with_context(|| format!("connecting to {}", redact_url(&cmd.database_url)))?;
+            at_rest::status(&client, &keys).await?
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    anyhow::ensure!(
+        report.unreadable.is_empty(),
+        "{} stored secret(s) cannot be read ({}): set them again (walcast project rotate, \
+         walcast project keys, walcast source set-check-url, or remove and add the source)",
+        report.unreadable.len(),
+        report.unreadable.join("; ")
+    );
+    Ok(())
+}
+
+/// What the commands on projects and sources do first: the migrations, then the stored
+/// secrets encrypted (see `crate::database::seal_secrets`); a value that cannot be read
+/// is said on stderr (its row is left out of what the command reads).
+pub async fn prepare_cli(database_url: &str, keys: &SecretKeys) -> anyhow::Result<()> {
+    crate::database::migrate(database_url).await?;
+    let report = crate::database::seal_secrets(database_url, keys).await?;
+    for why in &report.unreadable {
+        eprintln!("warning: {why}; its row is left out");
+    }
+    Ok(())
+}
+
+/// `walcast migrate`: the migrations, then the secrets encrypted when a key is given; with
+/// none, refused while any secret is stored in plain text (it says which key to give).
+pub async fn migrate_command(database_url: &str, keys: Option<&SecretKeys>) -> anyhow::Result<()> {
+    crate::database::migrate(database_url).await?;
+    if let Some(keys) = keys {
+        let r = crate::database::seal_secrets(database_url, keys).await?;
+        eprintln!(
+            "migrations applied; {} stored secret(s) under key {} ({} encrypted now, {} re-encrypted)",
+            r.values, r.key_id, r.encrypted, r.reencrypted
+        );
+        return Ok(());
+    }
+    let client = walcast_pipeline::connect(database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
+    let plain = at_rest::plain_text(&client).await?;
+    anyhow::ensure!(
+        plain == 0,
+        "migrations applied, but {plain} secret(s) of walcast.projects and walcast.sources are stored in plain text: \
+         run it again with SECRETS_KEY set (the key walcast's processes are given) to encrypt them"
+    );
+    Ok(())
+}
