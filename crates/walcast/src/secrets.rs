@@ -12,7 +12,7 @@ use crate::config::{redact_url, SecretsArgs};
 #[derive(Args, Debug, Clone)]
 pub struct SecretsCmd {
     /// The control database (the deployment's own DATABASE_URL).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     #[command(flatten)]
     pub keys: SecretsArgs,
