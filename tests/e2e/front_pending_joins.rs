@@ -15,17 +15,17 @@ use crate::support::{Stack, Worker};
 use serde_json::{json, Value};
 use walcast_testkit::phoenix::{pg_config, PhoenixClient};
 
-const STARTUP: Duration = Duration::from_secs(60);
+pub(crate) const STARTUP: Duration = Duration::from_secs(60);
 /// How soon what does not wait for the worker must be answered.
-const PROMPT: Duration = Duration::from_secs(1);
+pub(crate) const PROMPT: Duration = Duration::from_secs(1);
 /// The front's channel limit per socket, for the bound on joins in flight.
 const MAX_CHANNELS: usize = 3;
 /// Frames a socket may have waiting behind its joins in flight (`channel::pending`).
-const MAX_WAITING: usize = 16;
+pub(crate) const MAX_WAITING: usize = 16;
 
 /// Read frames until one satisfies `pred`, within [`PROMPT`] of `since`; the frames
 /// skipped on the way are returned too.
-async fn prompt(
+pub(crate) async fn prompt(
     c: &mut PhoenixClient,
     since: Instant,
     what: &str,
@@ -38,19 +38,19 @@ async fn prompt(
             Some(m) if pred(m.frame()) => return (m.frame().clone(), skipped),
             Some(m) => skipped.push(m.frame().clone()),
             None => panic!(
-                "{what}: not answered within {PROMPT:?} while a join waits for the worker; \
+                "{what}: not answered within {PROMPT:?} while a command waits for the worker; \
                  got meanwhile {skipped:?}"
             ),
         }
     }
 }
 
-fn reply_to(r: &str) -> impl Fn(&Value) -> bool + '_ {
+pub(crate) fn reply_to(r: &str) -> impl Fn(&Value) -> bool + '_ {
     move |f| f[3] == "phx_reply" && f[1] == r
 }
 
 /// The next frames of `topic` (others skipped), `n` of them.
-async fn frames_of(c: &mut PhoenixClient, topic: &str, n: usize) -> Vec<Value> {
+pub(crate) async fn frames_of(c: &mut PhoenixClient, topic: &str, n: usize) -> Vec<Value> {
     let mut got = Vec::new();
     while got.len() < n {
         let f = c.recv_frame().await;
@@ -61,7 +61,7 @@ async fn frames_of(c: &mut PhoenixClient, topic: &str, n: usize) -> Vec<Value> {
     got
 }
 
-fn binding(table: &str, filter: Option<&str>) -> Value {
+pub(crate) fn binding(table: &str, filter: Option<&str>) -> Value {
     let mut b = json!({"event": "INSERT", "schema": "public", "table": table});
     if let Some(f) = filter {
         b["filter"] = json!(f);
@@ -69,7 +69,7 @@ fn binding(table: &str, filter: Option<&str>) -> Value {
     json!([b])
 }
 
-async fn send_join(c: &mut PhoenixClient, topic: &str, config: Value) -> String {
+pub(crate) async fn send_join(c: &mut PhoenixClient, topic: &str, config: Value) -> String {
     let r = c.next_ref();
     c.send(
         Some(&r),

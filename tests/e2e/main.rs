@@ -14,6 +14,7 @@ mod fenced_consumers;
 mod front_exhaust;
 mod front_gaps;
 mod front_hostile;
+mod front_pending_commands;
 mod front_pending_joins;
 mod front_slow;
 mod hostile_classes;

@@ -8,7 +8,8 @@ pub struct FrontConfig {
     /// This front's instance id (prefix of its subscription ids and its `Walcast-Origin`).
     /// `None` = `front-<random hex>`. Must be unique across replicas.
     pub front_id: Option<String>,
-    /// How long a join waits for the cdc-worker to confirm its subscriptions.
+    /// How long a join, a token refresh or a private channel's check waits for the
+    /// cdc-worker.
     pub register_timeout: Duration,
     /// Frames queued per connection before it is closed as a slow consumer.
     pub outbound_queue: usize,

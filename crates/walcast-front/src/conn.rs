@@ -2,8 +2,10 @@
 //! decoding.
 //!
 //! The read loop owns the connection's [`Session`] (its channels) and hands it client
-//! frames one at a time (see [`crate::channel`]); a join that waits for the cdc-worker
-//! runs beside them, polled by the same loop, so nothing else on the socket waits for it. Everything for the client — replies and
+//! frames one at a time (see [`crate::channel`]); a command that waits for the
+//! cdc-worker (a join, a token refresh, a private channel's write check) runs beside
+//! them, polled by the same loop, so nothing else on the socket waits for it.
+//! Everything for the client — replies and
 //! fan-out alike — goes through the connection's bounded queue to the writer task, which
 //! batches writes and closes the socket with the recorded close code when the connection
 //! is killed.
@@ -155,7 +157,7 @@ async fn run(
                 }
             },
             done = conn.session.pending.next(), if conn.session.pending.is_running() => {
-                Box::pin(conn.session.join_done(done)).await;
+                Box::pin(conn.session.done(done)).await;
             }
         }
     }

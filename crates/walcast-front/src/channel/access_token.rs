@@ -4,13 +4,22 @@
 //! verified again at each check (every `token_check_interval` and at `exp`) and whenever
 //! its project's keys change, so a secret rotated (once its window ends), a project
 //! suspended or deleted ends the channels no key accepts any more.
+//!
+//! A refresh that waits for the cdc-worker (a private channel's read check, the
+//! subscriptions' registration) runs on a [`Refresh`] — what it needs of the channel,
+//! owned — beside the socket's other frames ([`super::pending`]); the frames of its
+//! channel wait behind it, and its outcome applies once it is answered. The checks pass
+//! over a channel with a command in flight; it is checked once that is answered.
+
+use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::time::Instant;
-use walcast_protocol::channel_name;
 use walcast_protocol::server::{self, SystemStatus};
+use walcast_protocol::{channel_name, Frame};
 
-use super::{subscribed_message, Session};
+use super::pending::{Answer, Done, Refreshed, Taken};
+use super::{subscribed_message, Services, Session};
 use crate::auth::AuthError;
 use crate::registry::{Removed, COLLISION};
 use crate::subscribe;
@@ -26,88 +35,139 @@ pub(super) async fn apply(s: &mut Session, topic: &str, token: Option<String>) {
     if ch.token == token {
         return;
     }
-    let projects = &s.services.projects;
-    let verified = subscribe::verify_subscriber(projects, &s.project, &token, &[]).await;
-    let auth = match verified {
-        Ok(v) => v,
-        Err(e) => return s.shut(topic, &e.to_string()).await,
+    let id = ch.id;
+    let refresh = Refresh {
+        services: s.services.clone(),
+        project: s.project.clone(),
+        topic: topic.to_string(),
+        private: ch.key.private,
+        subs: ch.has_bindings.then(|| ch.subs.clone()),
+        join_ref: ch.join_ref.clone(),
     };
-    let exp = auth.exp().unwrap_or(i64::MAX);
-    let claims = Value::Object(auth.claims);
-    if !still_may_read(s, topic, &claims).await {
-        let name = channel_name(topic).to_string();
-        return s.shut(topic, &crate::private::read_refused(&name)).await;
+    let command = async move {
+        let topic = refresh.topic.clone();
+        let outcome = refresh.run(token).await;
+        Done {
+            topic,
+            answer: Answer::Refresh { id, outcome },
+        }
+    };
+    s.run(topic.to_string(), false, Box::pin(command)).await;
+}
+
+/// A refresh answered: the channel numbered `id`, if still open on `topic`, takes the
+/// new token (and is told how its subscriptions were registered again), or is shut.
+pub(super) async fn answered(s: &mut Session, topic: &str, id: u64, outcome: Refreshed) {
+    if s.channels.get(topic).is_none_or(|c| c.id != id) {
+        return;
     }
+    let Taken {
+        token,
+        exp,
+        claims,
+        said,
+    } = match outcome {
+        Refreshed::Refused(why) => return s.shut(topic, &why).await,
+        Refreshed::Taken(taken) => *taken,
+    };
     let check_at = s.check_at(exp);
+    let said = said.and_then(|m| s.out(&m));
     let Some(ch) = s.channels.get_mut(topic) else {
         return;
     };
     ch.token = token;
     ch.exp = exp;
     ch.check_at = check_at;
-    ch.claims = ch.key.private.then(|| claims.clone());
+    ch.claims = ch.key.private.then_some(claims);
+    // New claims: a private channel's policies are asked again at its next send.
     ch.may_write = None;
-    if !ch.has_bindings {
-        return;
-    }
-    let subs = ch.subs.clone();
-    let jr = ch.join_ref.clone();
-    let out = ch.out.clone();
-    let msg = resubscribe(s, &subs, &claims, jr.as_deref(), topic).await;
-    if let Some(o) = s.out(&msg) {
-        out.deliver(o);
+    if let Some(o) = said {
+        ch.out.deliver(o);
     }
 }
 
-/// Register a channel's subscriptions again with new claims; the `system` message that
-/// tells the client how it went.
-async fn resubscribe(
-    s: &Session,
-    subs: &[u64],
-    claims: &Value,
-    jr: Option<&str>,
-    topic: &str,
-) -> walcast_protocol::Frame {
-    let registrar = &s.services.registrar;
-    let (specs, collided) = registrar.registry().set_claims(subs, claims);
-    if !collided.is_empty() {
-        // Out of the map already; the worker forgets them too.
-        let source = registrar
-            .source_of(&s.project)
-            .unwrap_or_else(|| walcast_bus::source::DEFAULT_SOURCE.to_string());
-        let removed = Removed {
-            ids: collided.clone(),
-            sources: vec![source; collided.len()],
-            ..Default::default()
+/// What a token refresh needs of its channel, owned: it may run beside the socket's
+/// other frames.
+struct Refresh {
+    services: Arc<Services>,
+    project: String,
+    topic: String,
+    private: bool,
+    /// Its accepted subscriptions, if it asked for `postgres_changes`.
+    subs: Option<Vec<u64>>,
+    join_ref: Option<String>,
+}
+
+impl Refresh {
+    /// Verify `token`, ask a private channel's policies whether its claims may still
+    /// read, register the subscriptions again with them.
+    async fn run(self, token: String) -> Refreshed {
+        let projects = &self.services.projects;
+        let verified = subscribe::verify_subscriber(projects, &self.project, &token, &[]).await;
+        let auth = match verified {
+            Ok(v) => v,
+            Err(e) => return Refreshed::Refused(e.to_string()),
         };
-        registrar.unregister(removed).await;
-    }
-    match registrar.register(specs).await {
-        Ok(mut refused) => {
-            let why = COLLISION.to_string();
-            refused.extend(collided.into_iter().map(|id| (id, why.clone())));
-            subscribed_message(jr, topic, &refused)
+        let exp = auth.exp().unwrap_or(i64::MAX);
+        let claims = Value::Object(auth.claims);
+        if !self.still_may_read(&claims).await {
+            let name = channel_name(&self.topic);
+            return Refreshed::Refused(crate::private::read_refused(name));
         }
-        Err(e) => {
-            let why = e.to_string();
-            server::system(jr, topic, "postgres_changes", SystemStatus::Error, &why)
-        }
+        let said = match &self.subs {
+            Some(subs) => Some(self.resubscribe(subs, &claims).await),
+            None => None,
+        };
+        Refreshed::Taken(Box::new(Taken {
+            token,
+            exp,
+            claims,
+            said,
+        }))
     }
-}
 
-/// A refreshed token of a private channel: are its new claims still allowed to read?
-/// (Public channels: always.) A failure to ask counts as no.
-async fn still_may_read(s: &Session, topic: &str, claims: &Value) -> bool {
-    if !s.channels.get(topic).is_some_and(|c| c.key.private) {
-        return true;
+    /// Register the channel's subscriptions again with new claims; the `system` message
+    /// that tells the client how it went.
+    async fn resubscribe(&self, subs: &[u64], claims: &Value) -> Frame {
+        let (jr, topic) = (self.join_ref.as_deref(), self.topic.as_str());
+        let registrar = &self.services.registrar;
+        let (specs, collided) = registrar.registry().set_claims(subs, claims);
+        if !collided.is_empty() {
+            // Out of the map already; the worker forgets them too.
+            let source = registrar
+                .source_of(&self.project)
+                .unwrap_or_else(|| walcast_bus::source::DEFAULT_SOURCE.to_string());
+            let removed = Removed {
+                ids: collided.clone(),
+                sources: vec![source; collided.len()],
+                ..Default::default()
+            };
+            registrar.unregister(removed).await;
+        }
+        match registrar.register(specs).await {
+            Ok(mut refused) => {
+                let why = COLLISION.to_string();
+                refused.extend(collided.into_iter().map(|id| (id, why.clone())));
+                subscribed_message(jr, topic, &refused)
+            }
+            Err(e) => {
+                let why = e.to_string();
+                server::system(jr, topic, "postgres_changes", SystemStatus::Error, &why)
+            }
+        }
     }
-    let name = channel_name(topic);
-    let asked = s
-        .services
-        .policies
-        .may(&s.project, name, claims, false)
-        .await;
-    asked.unwrap_or(false)
+
+    /// A refreshed token of a private channel: are its new claims still allowed to
+    /// read? (Public channels: always.) A failure to ask counts as no.
+    async fn still_may_read(&self, claims: &Value) -> bool {
+        if !self.private {
+            return true;
+        }
+        let name = channel_name(&self.topic);
+        let policies = &self.services.policies;
+        let asked = policies.may(&self.project, name, claims, false).await;
+        asked.unwrap_or(false)
+    }
 }
 
 /// Token expiry: channels whose check time passed are closed if their token expired or
@@ -116,7 +176,7 @@ pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
     let due: Vec<String> = s
         .channels
         .iter()
-        .filter(|(_, c)| c.check_at <= now)
+        .filter(|(t, c)| c.check_at <= now && !s.pending.holds(t))
         .map(|(t, _)| t.clone())
         .collect();
     check(s, due).await;
@@ -124,8 +184,18 @@ pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
 
 /// Check every channel's token now (its project's keys changed).
 pub(super) async fn check_all(s: &mut Session) {
-    let all: Vec<String> = s.channels.keys().cloned().collect();
+    let all: Vec<String> = s
+        .channels
+        .keys()
+        .filter(|t| !s.pending.holds(t))
+        .cloned()
+        .collect();
     check(s, all).await;
+}
+
+/// Check one channel's token now (its command in flight was answered).
+pub(super) async fn check_one(s: &mut Session, topic: &str) {
+    check(s, vec![topic.to_string()]).await;
 }
 
 /// Close each of these channels whose token no key accepts now (expired, or its key

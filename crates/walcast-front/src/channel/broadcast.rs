@@ -12,7 +12,7 @@ use crate::telemetry;
 use crate::usage::{MessageRefused, TOO_MANY_MESSAGES};
 
 pub(super) async fn apply(s: &mut Session, f: &Frame, b: BroadcastPush) {
-    if !s.may_write(&f.topic).await {
+    if !s.may_write(&f.topic) {
         // Dropped, as Supabase drops a send its policies refuse.
         return;
     }

@@ -11,7 +11,6 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures_util::FutureExt;
 use serde_json::Value;
 use walcast_bus::admin::StoredBroadcast;
 use walcast_protocol::message::TOPIC_PREFIX;
@@ -21,7 +20,7 @@ use walcast_protocol::{
     UserBroadcast, Vsn,
 };
 
-use super::pending::JoinDone;
+use super::pending::{Answer, Done};
 use super::{subscribed_message, Channel, Services, Session};
 use crate::outbound::{ChanOut, ConnHandle, Out};
 use crate::registration::Refused;
@@ -70,13 +69,9 @@ pub(super) async fn apply(s: &mut Session, f: Frame, req: JoinRequest) {
         ..f
     };
     let topic = f.topic.clone();
-    let mut join = Box::pin(joiner.run(f, req));
     // Most joins need nothing from the worker (no bindings, or a class this front
     // receives already) and are answered here, in the order they came.
-    match (&mut join).now_or_never() {
-        Some(done) => s.join_answered(done),
-        None => s.pending.start(topic, join),
-    }
+    s.run(topic, true, Box::pin(joiner.run(f, req))).await;
 }
 
 /// What a join in flight needs of its socket, owned: it runs beside the socket's other
@@ -91,13 +86,12 @@ pub(super) struct Joiner {
 }
 
 impl Joiner {
-    async fn run(self, f: Frame, req: JoinRequest) -> JoinDone {
+    async fn run(self, f: Frame, req: JoinRequest) -> Done {
         let mut user = None;
         let channel = self.checked(&f, req, &mut user).await;
-        JoinDone {
+        Done {
             topic: f.topic,
-            channel,
-            user,
+            answer: Answer::Join { channel, user },
         }
     }
 
@@ -392,7 +386,7 @@ fn join_rate(s: &mut Session) -> Result<(), &'static str> {
 fn join_limits(s: &Session, bindings: usize) -> Result<(), (&'static str, String)> {
     let cfg = &s.services.cfg;
     let max_channels = s.services.usage.quotas(&s.project).channels_per_client;
-    if (s.channels.len() + s.pending.len()) as u64 >= max_channels {
+    if (s.channels.len() + s.pending.joins()) as u64 >= max_channels {
         let (code, text) = ("ChannelRateLimitReached", "Too many channels");
         s.services.usage.refuse(&s.project, "channels", code, text);
         return Err((code, text.to_string()));

@@ -5,8 +5,9 @@
 //! A [`Session`] holds the connection's channels and the front's [`Services`] its
 //! commands use. What every command shares (replies, closing a channel, the write
 //! check of private channels) is a method of the session; a command is a function of
-//! its module. A join that must wait for the cdc-worker runs beside the other frames
-//! (see [`pending`]): the socket never waits on one channel.
+//! its module. A command that must wait for the cdc-worker (a join, a token refresh, a
+//! private channel's write check) runs beside the other frames (see [`pending`]): the
+//! socket never waits on one channel.
 
 mod access_token;
 mod broadcast;
@@ -20,13 +21,15 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::time::{Duration, Instant};
 use walcast_protocol::message::events;
 use walcast_protocol::server::{self, SystemStatus};
-use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, Vsn};
+use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, PresenceAction, Vsn};
 
-use pending::JoinDone;
+use pending::{Answer, Done};
 
 use crate::auth::now_secs;
 use crate::broadcast::Broadcasts;
@@ -43,6 +46,7 @@ use crate::projects::Projects;
 use crate::registration::{Refused, Registrar};
 use crate::telemetry;
 use crate::topics::TopicKey;
+use crate::usage::UserSlot;
 
 /// `system` message after a successful subscription.
 pub const SUBSCRIBED: &str = "Subscribed to PostgreSQL";
@@ -103,7 +107,7 @@ pub(crate) struct Session {
     pub presence_events: TokenBucket,
     /// The socket as one of its project's connected users (from its first join).
     pub user: Option<crate::usage::UserSlot>,
-    /// Its joins in flight, and the frames of their topics that wait behind them.
+    /// Its commands in flight, and the frames of their topics that wait behind them.
     pub pending: pending::Pending,
 }
 
@@ -130,13 +134,17 @@ impl Session {
         }
     }
 
-    /// Handle one client frame (`size` bytes on the wire). A frame of a topic whose join
-    /// is in flight waits behind it.
+    /// Handle one client frame (`size` bytes on the wire). A frame of a topic whose
+    /// command is in flight waits behind it, as a broadcast or track does behind the
+    /// write check it needs.
     pub(crate) async fn apply(&mut self, f: Frame, size: usize) {
         if self.pending.holds(&f.topic) {
             return self.wait(f, size);
         }
         let msg = ClientMessage::parse(&f);
+        if writes(&msg) && self.write_unknown(&f.topic) && self.check_write(&f.topic).await {
+            return self.wait(f, size);
+        }
         match msg {
             Ok(ClientMessage::Heartbeat) => self.reply_ok(&f),
             Ok(ClientMessage::Join(j)) => join::apply(self, f, j).await,
@@ -174,43 +182,81 @@ impl Session {
         }
     }
 
-    /// Keep a frame until its topic's join is answered; refused (an error reply) when
-    /// the socket has too many waiting.
+    /// Keep a frame until its topic's command is answered; refused (an error reply)
+    /// when the socket has too many waiting.
     fn wait(&mut self, f: Frame, size: usize) {
-        let max = self.services.cfg.max_frame_bytes;
-        if let Err(full) = self.pending.room(size, max) {
-            telemetry::limit("waiting_frames");
-            let text = format!(
-                "this channel's join is not answered yet, and {} (at most {} frames of {max} \
-                 bytes in all) already wait for it or the socket's other joins",
-                match full {
-                    pending::Full::Frames => "too many messages",
-                    pending::Full::Bytes => "too many bytes",
-                },
-                pending::MAX_WAITING,
-            );
-            return self.reply_error(&f, &server::error_reason("ChannelBusy", &text));
+        match self.pending.room(size, self.services.cfg.max_frame_bytes) {
+            Ok(()) => self.pending.wait(f, size),
+            Err(full) => self.busy(&f, full),
         }
-        self.pending.wait(f, size);
     }
 
-    /// A join in flight was answered: its channel joins the session, then the frames
-    /// that waited behind it are handled, in order.
-    pub(crate) async fn join_done(&mut self, done: JoinDone) {
+    /// Refuse a frame that cannot wait behind its topic's command: too many already do.
+    fn busy(&self, f: &Frame, full: pending::Full) {
+        telemetry::limit("waiting_frames");
+        let text = format!(
+            "this channel's last command (a join, a token refresh or a write check) waits \
+             for the cdc-worker, and {} (at most {} frames of {} bytes in all) already wait \
+             for it or the socket's other commands",
+            match full {
+                pending::Full::Frames => "too many messages",
+                pending::Full::Bytes => "too many bytes",
+            },
+            pending::MAX_WAITING,
+            self.services.cfg.max_frame_bytes,
+        );
+        self.reply_error(f, &server::error_reason("ChannelBusy", &text));
+    }
+
+    /// Run a command that may wait for the cdc-worker: answered here if it does not
+    /// (most do not), else in flight beside the socket's other frames.
+    async fn run(&mut self, topic: String, join: bool, mut command: BoxFuture<'static, Done>) {
+        match (&mut command).now_or_never() {
+            Some(done) => self.answered(done).await,
+            None => self.pending.start(topic, join, command),
+        }
+    }
+
+    /// A command in flight was answered: its outcome applies, then the frames that
+    /// waited behind it are handled, in order.
+    pub(crate) async fn done(&mut self, done: Done) {
         let topic = done.topic.clone();
-        self.join_answered(done);
+        let join = matches!(done.answer, Answer::Join { .. });
+        self.answered(done).await;
+        if !join {
+            // The project's keys may have changed meanwhile: the checks pass over a
+            // channel with a command in flight.
+            access_token::check_one(self, &topic).await;
+        }
         for (f, size) in self.pending.finish(&topic) {
             self.apply(f, size).await;
         }
     }
 
+    /// A command's outcome: a join's channel joins the session, a refresh's token (or
+    /// refusal) and a write check's answer apply to their channel if it is still open.
+    async fn answered(&mut self, done: Done) {
+        let topic = done.topic;
+        match done.answer {
+            Answer::Join { channel, user } => self.join_answered(channel, user),
+            Answer::Refresh { id, outcome } => {
+                access_token::answered(self, &topic, id, outcome).await;
+            }
+            Answer::Write { id, allowed } => {
+                if let Some(ch) = self.channels.get_mut(&topic).filter(|c| c.id == id) {
+                    ch.may_write = Some(allowed);
+                }
+            }
+        }
+    }
+
     /// An answered join's channel (if it opened one) joins the session; the socket's
     /// user slot, if the join admitted it, is kept.
-    fn join_answered(&mut self, done: JoinDone) {
+    fn join_answered(&mut self, channel: Option<Box<Channel>>, user: Option<UserSlot>) {
         if self.user.is_none() {
-            self.user = done.user;
+            self.user = user;
         }
-        let Some(ch) = done.channel else {
+        let Some(ch) = channel else {
             return;
         };
         self.services.connections.channel_joined();
@@ -223,10 +269,12 @@ impl Session {
     }
 
     /// The earliest token or replication readiness check of the channels (no later
-    /// than `limit`).
+    /// than `limit`). A channel with a command in flight is checked once it is answered.
     pub(crate) fn next_check(&self, limit: Instant) -> Instant {
         self.channels
-            .values()
+            .iter()
+            .filter(|(t, _)| !self.pending.holds(t))
+            .map(|(_, c)| c)
             .flat_map(|c| [Some(c.check_at), c.ready_wait.as_ref().map(|w| w.poll_at)])
             .flatten()
             .fold(limit, Instant::min)
@@ -312,13 +360,15 @@ impl Session {
         self.close_channel(ch, last).await;
     }
 
-    /// Close every channel (the connection ended). Its joins in flight are answered
-    /// first (each within its own timeouts), and what they opened is closed too.
+    /// Close every channel (the connection ended). Its commands in flight are answered
+    /// first (each within its own timeouts), and what its joins opened is closed too.
     pub(crate) async fn teardown(&mut self) {
         while self.pending.is_running() {
             let done = self.pending.next().await;
             self.pending.finish(&done.topic);
-            self.join_answered(done);
+            if let Answer::Join { channel, user } = done.answer {
+                self.join_answered(channel, user);
+            }
         }
         let topics: Vec<String> = self.channels.keys().cloned().collect();
         for t in topics {
@@ -329,32 +379,58 @@ impl Session {
     }
 
     /// Whether the channel may send (broadcast, or track presence): public channels
-    /// always; a private one if its policies allow it (asked once, kept for the
-    /// channel's life).
-    async fn may_write(&mut self, topic: &str) -> bool {
+    /// always; a private one if its policies allow it (asked once, at its first send,
+    /// and kept for the channel's life: see [`Session::check_write`]).
+    fn may_write(&self, topic: &str) -> bool {
+        self.channels
+            .get(topic)
+            .is_some_and(|ch| !ch.key.private || ch.may_write == Some(true))
+    }
+
+    /// Whether the channel is private and its policies were not asked yet whether it
+    /// may send.
+    fn write_unknown(&self, topic: &str) -> bool {
+        self.channels
+            .get(topic)
+            .is_some_and(|ch| ch.key.private && ch.may_write.is_none() && ch.claims.is_some())
+    }
+
+    /// Ask a private channel's policies whether it may send (the worker evaluates them;
+    /// a failure to ask counts as no). True while the answer is awaited: the frame that
+    /// needs it waits behind it.
+    async fn check_write(&mut self, topic: &str) -> bool {
         let Some(ch) = self.channels.get(topic) else {
             return false;
         };
-        if !ch.key.private {
-            return true;
-        }
-        if let Some(known) = ch.may_write {
-            return known;
-        }
         let Some(claims) = ch.claims.clone() else {
             return false;
         };
-        let name = channel_name(topic).to_string();
-        let policies = &self.services.policies;
-        let allowed = policies
-            .may(&self.project, &name, &claims, true)
-            .await
-            .unwrap_or(false);
-        if let Some(ch) = self.channels.get_mut(topic) {
-            ch.may_write = Some(allowed);
-        }
-        allowed
+        let (id, topic) = (ch.id, topic.to_string());
+        let (policies, project) = (self.services.policies.clone(), self.project.clone());
+        let asked_for = topic.clone();
+        let check = async move {
+            let name = channel_name(&asked_for);
+            let asked = policies.may(&project, name, &claims, true).await;
+            Done {
+                answer: Answer::Write {
+                    id,
+                    allowed: asked.unwrap_or(false),
+                },
+                topic: asked_for,
+            }
+        };
+        self.run(topic.clone(), false, Box::pin(check)).await;
+        self.pending.holds(&topic)
     }
+}
+
+/// Whether the command sends on its channel (a broadcast, a presence track), which a
+/// private channel may do only if its policies allow it.
+fn writes(msg: &Result<ClientMessage, MessageError>) -> bool {
+    matches!(
+        msg,
+        Ok(ClientMessage::Broadcast(_) | ClientMessage::Presence(PresenceAction::Track { .. }))
+    )
 }
 
 /// When to check a token expiring at `exp` next.

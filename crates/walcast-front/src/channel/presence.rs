@@ -15,7 +15,7 @@ pub(super) async fn apply(s: &mut Session, f: &Frame, action: PresenceAction) {
     if let Err(why) = admit(&usage, entry, &mut s.presence_events, &action) {
         return s.shut(&f.topic, why.message()).await;
     }
-    if matches!(action, PresenceAction::Track { .. }) && !s.may_write(&f.topic).await {
+    if matches!(action, PresenceAction::Track { .. }) && !s.may_write(&f.topic) {
         // Tracking on a private channel needs the write policy, as sending does.
         return s.reply_error(
             f,

@@ -85,12 +85,13 @@ pub(super) fn at_join(
 }
 
 /// Answer the waits due by `now`: the message if the stream runs, the error (and the
-/// channel closed) past the deadline, else look again in [`POLL`].
+/// channel closed) past the deadline, else look again in [`POLL`]. A channel with a
+/// command in flight is looked at once it is answered.
 pub(super) async fn check(s: &mut Session, now: Instant) {
     let due: Vec<String> = s
         .channels
         .iter()
-        .filter(|(_, c)| c.ready_wait.is_some_and(|w| w.poll_at <= now))
+        .filter(|(t, c)| c.ready_wait.is_some_and(|w| w.poll_at <= now) && !s.pending.holds(t))
         .map(|(t, _)| t.clone())
         .collect();
     if due.is_empty() {
