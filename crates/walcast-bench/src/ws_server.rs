@@ -65,10 +65,12 @@ pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
     // Logs after the port line (the parent forwards them to its stderr).
     walcast::telemetry::init_logs(&cfg.log);
     let cancel = walcast::shutdown::on_signal();
-    walcast::serve::run(
-        &cfg.db, &cfg.cdc, &cfg.front, bus, listener, metrics, cancel,
-    )
-    .await
+    let ops = walcast::http::OpsHttp {
+        listener,
+        metrics,
+        key: cfg.front.operator.key(),
+    };
+    walcast::serve::run(&cfg.db, &cfg.cdc, &cfg.front, bus, ops, cancel).await
 }
 
 #[derive(Args, Debug)]

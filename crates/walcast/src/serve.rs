@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
@@ -25,8 +24,7 @@ pub async fn run(
     cdc: &CdcArgs,
     front_args: &FrontArgs,
     bus: Bus,
-    listener: crate::server::Listening,
-    metrics: PrometheusHandle,
+    ops: crate::http::OpsHttp,
     signal: CancellationToken,
 ) -> anyhow::Result<()> {
     // Migrations first: the front asks the database (its project directory, through the
@@ -73,8 +71,7 @@ pub async fn run(
         front_args.roles.policy(),
         Some(front),
         origin,
-        listener,
-        metrics,
+        ops,
         cancel.clone(),
     )
     .await;
