@@ -170,7 +170,15 @@ CRD_SCHEMAS = {
                         "type": "object", "additionalProperties": False,
                         "properties": {"port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
                                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                                       "scheme": {"enum": ["http", "https"]}}}},
+                                       "scheme": {"enum": ["http", "https"]},
+                                       "authorization": {
+                                           "type": "object", "additionalProperties": False, "required": ["credentials"],
+                                           "properties": {
+                                               "type": {"type": "string"},
+                                               "credentials": {"type": "object", "additionalProperties": False,
+                                                               "required": ["name", "key"],
+                                                               "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                                                                              "optional": {"type": "boolean"}}}}}}}},
                 },
             },
         },
@@ -342,6 +350,8 @@ def check_rendered(label: str, values: dict, docs: list[tuple[str, dict]], env_n
                 continue
             env = check_walcast_container(c, spec, where, env_names)
             binary = Path(c["command"][0]).name
+            R.check(any(e["name"] == "METRICS_API_KEY" for e in c.get("env", [])),
+                    f"{where}: no METRICS_API_KEY: nobody could read its /metrics")
             if binary == "ws-front":
                 check_front(o, spec, c, env, where)
             if binary == "cdc-worker":
@@ -377,6 +387,7 @@ def check_rendered(label: str, values: dict, docs: list[tuple[str, dict]], env_n
     for sm in by_kind.get("ServiceMonitor", []):
         R.check(any(selects(sm["spec"]["selector"], s["metadata"]["labels"]) for s in by_kind.get("Service", [])),
                 f"[{label}] ServiceMonitor selects no Service")
+        check_scrape_key(label, sm, secrets, existing or fullname)
     for ing in by_kind.get("Ingress", []):
         paths = [p["path"] for r in ing["spec"]["rules"] for p in r["http"]["paths"]]
         R.check(not any("/metrics".startswith(p.rstrip("/") + "/") or p == "/" for p in paths),
@@ -395,6 +406,20 @@ def check_rendered(label: str, values: dict, docs: list[tuple[str, dict]], env_n
                     R.check(True, "")
                 except ValueError as e:
                     R.fail(f"[{label}] ConfigMap {cm['metadata']['name']} {key}: not JSON: {e}")
+
+
+def check_scrape_key(label: str, sm: dict, secrets: dict[str, dict], secret_name: str | None) -> None:
+    """/metrics answers the figures key only: every endpoint sends it, from a key of the
+    release's Secret that the walcast containers read as METRICS_API_KEY."""
+    for ep in sm["spec"]["endpoints"]:
+        cred = ep.get("authorization", {}).get("credentials", {})
+        if not R.check(bool(cred), f"[{label}] ServiceMonitor endpoint {ep.get('path')} sends no key (/metrics needs METRICS_API_KEY)"):
+            continue
+        R.check(cred.get("name") == secret_name, f"[{label}] ServiceMonitor reads Secret {cred.get('name')}, not the release's {secret_name}")
+        if cred.get("name") in secrets:
+            secret = secrets[cred["name"]]
+            R.check(cred.get("key") in {**secret.get("data", {}), **secret.get("stringData", {})},
+                    f"[{label}] ServiceMonitor reads key {cred.get('key')} missing from Secret {cred['name']}")
 
 
 def check_front(deploy: dict, spec: dict, c: dict, env: dict[str, str], where: str) -> None:
@@ -461,6 +486,8 @@ def check_chart(env_names: dict[str, set[str]], known_metrics: set[str]) -> None
             ({"secrets": {"jwtSecret": "x", "databaseUrl": "postgres://u@h/d", "checkDatabaseUrl": "postgres://c@h/d"}}, "secrets.secretsKey is required"),
             ({"secrets": {"jwtSecret": "x", "postgresPassword": "p", "secretsKey": "k" * 32}, "postgresql": {"enabled": True}}, "checkPassword is required"),
             ({"secrets": {"secretsKey": "short"}}, "secretsKey"),
+            ({"secrets": {"jwtSecret": "x", "databaseUrl": "postgres://u@h/d", "checkDatabaseUrl": "postgres://c@h/d", "secretsKey": "k" * 32},
+              "metrics": {"serviceMonitor": {"enabled": True}}}, "secrets.metricsApiKey is required"),
             ({"nats": {"enabled": False}}, "anyOf"),
             ({"worker": {"lease": {"mode": "none"}}}, "kubernetes"),
             ({"postgresql": {"maxSlotWalKeepSize": "-1"}}, "maxSlotWalKeepSize"),

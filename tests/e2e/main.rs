@@ -26,6 +26,7 @@ mod many_sources;
 mod nats_outage;
 mod nats_permissions;
 mod operator_figures;
+mod ops_figures;
 mod outbox;
 mod outbox_failover;
 mod outbox_naive;

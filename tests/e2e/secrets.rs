@@ -33,6 +33,7 @@ fn secret_env() -> Vec<(&'static str, String)> {
         ("JWT_SECRET_PREVIOUS", long("jwt-previous")),
         ("JWT_JWKS", format!("{{\"keys\":[{{\"kid\":\"{MARK}\"}}]}}")),
         ("MANAGEMENT_API_KEY", long("management")),
+        ("METRICS_API_KEY", long("metrics")),
         (
             "LEASE_KUBE_API_URL",
             format!("https://127.0.0.1:1/?token={MARK}-kube"),

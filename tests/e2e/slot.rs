@@ -15,8 +15,9 @@ fn failing_worker(pg: Postgres, extra: &[(&str, &str)]) -> (bool, String) {
     worker.wait_exit(EXIT)
 }
 
-/// Without wal2json the worker does not exit: it waits, unready (`/readyz` 503 naming
-/// the package to install, `/livez` 200), and starts by itself once wal2json is there.
+/// Without wal2json the worker does not exit: it waits, unready (`/readyz` 503, naming
+/// the package to install to the operator's key, `/livez` 200), and starts by itself
+/// once wal2json is there.
 #[test]
 fn missing_wal2json_says_which_package_to_install_and_is_waited_for() {
     // Postgres looks the plugin up in dynamic_library_path: an empty directory hides it.
@@ -30,8 +31,12 @@ fn missing_wal2json_says_which_package_to_install_and_is_waited_for() {
     let mut worker = stack.worker(&[]);
     worker.wait_http(EXIT);
     let deadline = std::time::Instant::now() + EXIT;
+    // The reason's detail (the pipeline's error) is the operator's.
+    let auth = format!("Bearer {}", support::FIGURES_KEY);
+    let operator = [("Authorization", auth.as_str())];
     let (status, why) = loop {
-        let Some((status, why)) = support::http_request(worker.port, "GET", "/readyz", &[], None)
+        let Some((status, why)) =
+            support::http_request(worker.port, "GET", "/readyz", &operator, None)
         else {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -48,6 +53,12 @@ fn missing_wal2json_says_which_package_to_install_and_is_waited_for() {
     };
     assert_eq!(status, 503, "{why}");
     assert!(why.contains("install postgresql-15-wal2json"), "{why}");
+    let (status, public) = worker.status("/readyz");
+    assert_eq!(status, 503, "{public}");
+    assert!(
+        !public.contains("wal2json"),
+        "the error to anyone: {public}"
+    );
     assert_eq!(worker.status("/livez").0, 200);
     assert!(worker.log_text().contains("install postgresql-15-wal2json"));
     // "Install" it: the server finds it at the next attempt.

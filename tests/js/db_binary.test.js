@@ -28,7 +28,7 @@ const bytesOf = (m) => {
 
 async function sample(proc, line) {
   // `name{labels}` as given, whatever labels follow (a worker's series carry `source`).
-  const text = await (await fetch(`${proc.url}/metrics`)).text()
+  const text = await (await fetch(`${proc.url}/metrics`, proc.figures)).text()
   const prefix = line.endsWith('}') ? line.slice(0, -1) : line
   const hit = text.split('\n').find((l) => l.startsWith(`${line} `) || l.startsWith(`${prefix},`))
   return hit ? Number(hit.split(' ').at(-1)) : 0
@@ -187,7 +187,7 @@ describe('realtime.send_binary', () => {
       await new Promise((r) => setTimeout(r, 300))
       assert.deepEqual(got.items.map((m) => bytesOf(m).toString('hex')), ['01'])
       assert.equal(await sample(st.server, skipped), before + 1)
-      const health = await (await fetch(`${st.server.url}/health`)).json()
+      const health = await (await fetch(`${st.server.url}/health`, st.server.figures)).json()
       assert.match(JSON.stringify(health), /realtime\.messages/)
     } finally {
       rt.disconnect()

@@ -77,7 +77,7 @@ for (const source of ['stream', 'poll']) {
         await gotB.wait(2, 'rows 2 and 3 at client B')
         assert.deepEqual(gotB.items, [2, 3])
         await until('client B registered with the worker in the background', async () => {
-          const text = await (await fetch(`${front.url}/metrics`)).text()
+          const text = await (await fetch(`${front.url}/metrics`, front.figures)).text()
           return /walcast_front_registrations_total\{path="ready_class"\} 1\b/.test(text)
         })
         assert.deepEqual(gotA.items, [1], 'client A left before rows 2 and 3')

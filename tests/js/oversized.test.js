@@ -82,7 +82,7 @@ for (const sc of SCENARIOS) {
           assert.equal(health.skipped_changes_total, 0, JSON.stringify(health))
           assert.equal(health.last_skipped_change.table, 'public.big')
           assert.equal(health.last_skipped_change.reason, 'payload_too_large')
-          const metrics = await (await fetch(`${worker.url}/metrics`)).text()
+          const metrics = await (await fetch(`${worker.url}/metrics`, worker.figures)).text()
           assert.match(metrics, /walcast_cdc_changes_oversized_total(\{source="default"\})? 2/)
         } finally {
           await worker.stop()

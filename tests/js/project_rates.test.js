@@ -568,7 +568,7 @@ test('/metrics/projects: per-project rate series on both fronts; only the noisy 
   } finally {
     await load.stop()
   }
-  const limits = (await Promise.all([front1, front2].map(async (f) => (await fetch(`${f.url}/metrics`)).text()))).join('\n')
+  const limits = (await Promise.all([front1, front2].map(async (f) => (await fetch(`${f.url}/metrics`, f.figures)).text()))).join('\n')
   for (const kind of ['project_messages', 'project_joins', 'channels', 'payload_size', 'presence_events', 'project_presence']) {
     assert.match(limits, new RegExp(`^walcast_front_limit_rejections_total\\{[^}]*limit="${kind}"[^}]*\\} [1-9]`, 'm'), kind)
   }

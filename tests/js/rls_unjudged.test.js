@@ -70,7 +70,7 @@ async function user(n, team, table) {
 
 /** The value of one series of a metric (`labels` as in the exposition), 0 when absent. */
 async function series(name, labels) {
-  const text = await (await fetch(`${st.server.url}/metrics`)).text()
+  const text = await (await fetch(`${st.server.url}/metrics`, st.server.figures)).text()
   const line = text.split('\n').find((l) => l.startsWith(`${name}{`) && labels.every((x) => l.includes(x)))
   return line ? Number(line.split(' ').pop()) : 0
 }

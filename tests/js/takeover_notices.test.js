@@ -28,7 +28,7 @@ const FRESH_MS = 5000
 
 /** `/health`, or `{}` when the process does not answer within a second (frozen). */
 const healthOf = (w) =>
-  fetch(`${w.url}/health`, { signal: AbortSignal.timeout(1000) })
+  fetch(`${w.url}/health`, { ...w.figures, signal: AbortSignal.timeout(1000) })
     .then((r) => r.json())
     .catch(() => ({}))
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))

@@ -149,6 +149,7 @@ async fn start_stack(mode: &str, initplan: bool) -> anyhow::Result<Stack> {
         .env("CHECK_DATABASE_URL", env.pg.check_url())
         .env("JWT_SECRET", SECRET)
         .env("SECRETS_KEY", walcast_testkit::SECRETS_KEY)
+        .env("METRICS_API_KEY", crate::ws::FIGURES_KEY)
         .env("CDC_RLS_MODE", mode)
         // The throughput phase queues its whole backlog at once and measures how fast it
         // drains: the project lag bound (fault isolation, 10 s by default) would skip the

@@ -114,6 +114,7 @@ impl Proc {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("JWT_SECRET", crate::ws::SECRET)
             .env("SECRETS_KEY", walcast_testkit::SECRETS_KEY)
+            .env("METRICS_API_KEY", crate::ws::FIGURES_KEY)
             .env("HOST", "127.0.0.1")
             .env("PORT", port.to_string())
             .env("LOG_FORMAT", "text")

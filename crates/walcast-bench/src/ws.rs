@@ -376,6 +376,7 @@ impl Server {
                     .env("CHECK_DATABASE_URL", pg.check_url())
                     .env("JWT_SECRET", SECRET)
                     .env("SECRETS_KEY", walcast_testkit::SECRETS_KEY)
+                    .env("METRICS_API_KEY", FIGURES_KEY)
                     .env("OUTBOUND_QUEUE", args.outbound_queue.to_string())
                     // One project holds every client: its per-project limits (a policy,
                     // not a capacity) are lifted, so the run measures the server.
@@ -452,14 +453,20 @@ impl Server {
     }
 }
 
+/// `METRICS_API_KEY` of every server the benchmarks start: [`http_get`] reads their
+/// `/metrics` and full `/health` with it.
+pub(crate) const FIGURES_KEY: &str = "walcast-bench-figures-key-0123456789abcdef";
+
+/// GET `path` of a server the benchmarks started, with [`FIGURES_KEY`]: the body.
 pub(crate) async fn http_get(port: u16, path: &str) -> Option<String> {
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
+        let head = format!(
+            "GET {path} HTTP/1.0\r\nHost: bench\r\nAuthorization: Bearer {FIGURES_KEY}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).await.ok()?;
         out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())

@@ -68,10 +68,12 @@ pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
     walcast::telemetry::init_logs(&cfg.log);
     let cancel = walcast::shutdown::on_signal();
     let keys = cfg.secrets.keys()?;
-    walcast::serve::run(
-        &cfg.db, &cfg.cdc, keys, &cfg.front, bus, listener, metrics, cancel,
-    )
-    .await
+    let ops = walcast::http::OpsHttp {
+        listener,
+        metrics,
+        key: cfg.front.operator.key(),
+    };
+    walcast::serve::run(&cfg.db, &cfg.cdc, keys, &cfg.front, bus, ops, cancel).await
 }
 
 #[derive(Args, Debug)]

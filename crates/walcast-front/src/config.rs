@@ -66,6 +66,8 @@ pub struct FrontConfig {
     pub gap_max_held: usize,
     /// The operator key of the management API (`None`: the API is not served).
     pub management_api_key: Option<String>,
+    /// The figures key: reads `/metrics/projects`, never manages (`None`: none).
+    pub metrics_api_key: Option<String>,
     /// How long a rotated secret's predecessor stays valid, unless a rotation says.
     pub rotation_window: Duration,
 }
@@ -202,6 +204,7 @@ impl Default for FrontConfig {
             gap_recovery: Duration::from_millis(DEFAULT_GAP_RECOVERY_MS),
             gap_max_held: DEFAULT_GAP_MAX_HELD,
             management_api_key: None,
+            metrics_api_key: None,
             rotation_window: Duration::from_secs(DEFAULT_ROTATION_WINDOW_SECS),
         }
     }

@@ -86,7 +86,7 @@ pub mod kv_presence;
 mod limits;
 mod listen;
 pub mod management;
-mod operator;
+pub mod operator;
 mod outbound;
 pub mod presence;
 mod private;
@@ -404,7 +404,8 @@ impl Parts {
             inspector,
             management,
             figures: Arc::new(operator::Figures {
-                key: operator::OperatorKey::new(self.cfg.management_api_key.as_deref()),
+                key: operator::OperatorKey::new(self.cfg.management_api_key.as_deref())
+                    .with_reader(self.cfg.metrics_api_key.as_deref()),
                 usage: self.usage.clone(),
             }),
         };

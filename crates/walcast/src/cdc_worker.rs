@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,7 +17,7 @@ use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{redact_url, CdcArgs, DbArgs, HttpArgs, LogArgs};
-use crate::http::{ops_router, serve, OpsState};
+use crate::http::{ops_router, serve, OpsHttp, OpsState};
 use crate::leader::{Leader, Parts};
 use crate::server::Listening;
 use crate::share::Workers;
@@ -45,6 +44,8 @@ pub struct CdcWorkerConfig {
     pub nats_auth: crate::config::NatsAuthArgs,
     #[command(flatten)]
     pub http: HttpArgs,
+    #[command(flatten)]
+    pub operator: crate::operator::OperatorArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -114,8 +115,7 @@ pub async fn run(
     roles: walcast_realtime::roles::RolePolicy,
     front: Option<walcast_front::Front>,
     origin: String,
-    listener: Listening,
-    metrics: PrometheusHandle,
+    ops: OpsHttp,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     preflight(db, cdc).await?;
@@ -147,7 +147,7 @@ pub async fn run(
     let status = Arc::new(LeaseStatus::default());
     let process = front
         .as_ref()
-        .map_or_else(|| format!("worker-{origin}"), |f| f.id().to_string());
+        .map_or(format!("worker-{origin}"), |f| f.id().to_string());
     let ctx = supervisor::Context {
         cdc: cdc.clone(),
         control_url: db.database_url.clone(),
@@ -168,12 +168,13 @@ pub async fn run(
         outbox: outbox_health,
         front: front.clone(),
         bus: bus.clone(),
-        metrics,
+        metrics: ops.metrics,
         lease_mode: describe_mode(mode),
         lease: (mode != LeaseMode::None).then(|| status.clone()),
+        key: ops.key,
     };
     crate::beacon::spawn(&tracker, process, state.clone(), cancel.clone());
-    spawn_http(&tracker, listener, front.as_ref(), state, cancel.clone());
+    spawn_http(&tracker, ops.listener, front.as_ref(), state, &cancel);
     tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
 
     let election = lead_default(mode, db, cdc, tag, status, &cancel, &leader).await;
@@ -256,8 +257,9 @@ fn spawn_http(
     listener: Listening,
     front: Option<&walcast_front::Front>,
     state: OpsState,
-    cancel: CancellationToken,
+    cancel: &CancellationToken,
 ) {
+    let cancel = cancel.clone();
     let router = match front {
         Some(f) => f.router().merge(ops_router(state)),
         None => ops_router(state),
@@ -274,11 +276,14 @@ fn spawn_http(
 pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
     let keys = cfg.secrets.keys()?;
+    cfg.operator.validate(None)?;
     let mut described = describe(&cfg.db, &cfg.cdc, Some(&cfg.nats_url), &cfg.http);
     described["nats_auth"] = cfg.nats_auth.describe();
     described["secrets"] = crate::config::SecretsArgs::describe(&keys);
+    described["operator_keys"] = cfg.operator.describe();
     described["allowed_roles"] = serde_json::json!(cfg.roles.allowed_roles);
     tracing::info!(config = %described, "cdc-worker starting");
+    cfg.operator.warn_if_none();
     let metrics = crate::telemetry::init_metrics()?;
     let origin = instance_id();
     let name = format!("walcast-cdc-worker-{origin}");
@@ -304,9 +309,13 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         keys.clone(),
     ));
     let roles = cfg.roles.policy();
+    let ops = OpsHttp {
+        listener,
+        metrics,
+        key: cfg.operator.key(),
+    };
     run(
-        &cfg.db, &cfg.cdc, keys, bus, registrar, admin, roles, None, origin, listener, metrics,
-        cancel,
+        &cfg.db, &cfg.cdc, keys, bus, registrar, admin, roles, None, origin, ops, cancel,
     )
     .await
 }

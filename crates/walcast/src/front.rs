@@ -91,11 +91,8 @@ pub struct FrontArgs {
     /// any other: it shows only what the key pasted into it may see.
     #[arg(long, env = "INSPECTOR", default_value_t = walcast_front::config::DEFAULT_INSPECTOR, action = clap::ArgAction::Set)]
     pub inspector: bool,
-    /// The operator key of the management API (`/management/v1/projects`, README
-    /// "Running a platform"), at least 32 bytes; unset: the API is not served. Distinct
-    /// from every project key: no JWT is ever accepted in its place.
-    #[arg(long, env = "MANAGEMENT_API_KEY", hide_env_values = true)]
-    pub management_api_key: Option<String>,
+    #[command(flatten)]
+    pub operator: crate::operator::OperatorArgs,
     /// After a secret rotation through the management API, how long the previous secret
     /// stays valid, in seconds (a rotation may say otherwise).
     #[arg(long, env = "SECRET_ROTATION_WINDOW_SECS", default_value_t = walcast_front::config::DEFAULT_ROTATION_WINDOW_SECS)]
@@ -174,7 +171,8 @@ impl FrontArgs {
             inspector: self.inspector,
             gap_recovery: Duration::from_millis(self.gap_recovery_ms),
             gap_max_held: self.gap_max_held,
-            management_api_key: self.management_api_key.clone().filter(|k| !k.is_empty()),
+            management_api_key: self.operator.management().map(String::from),
+            metrics_api_key: self.operator.metrics().map(String::from),
             rotation_window: Duration::from_secs(self.secret_rotation_window_secs),
             ..FrontConfig::default()
         }
@@ -200,7 +198,7 @@ impl FrontArgs {
             }
         };
         check_secret("JWT_SECRET", &self.jwt_secret)?;
-        self.check_management_key()?;
+        self.operator.validate(Some(&self.jwt_secret))?;
         if let Some(previous) = self
             .jwt_secret_previous
             .as_deref()
@@ -210,29 +208,6 @@ impl FrontArgs {
         }
         let previous = self.jwt_secret_previous.as_deref().map(str::as_bytes);
         Ok(ProjectKeys::secret(&self.jwt_secret).with(previous, jwks))
-    }
-
-    /// `MANAGEMENT_API_KEY`, if set: long enough, and not a JWT (a project key must never
-    /// be the operator key).
-    fn check_management_key(&self) -> anyhow::Result<()> {
-        let Some(key) = self.management_api_key.as_deref().filter(|k| !k.is_empty()) else {
-            return Ok(());
-        };
-        let min = walcast_front::config::MIN_MANAGEMENT_KEY_BYTES;
-        anyhow::ensure!(
-            key.len() >= min,
-            "MANAGEMENT_API_KEY is {} bytes long: it must be at least {min} bytes (e.g. `openssl rand -hex 32`)",
-            key.len()
-        );
-        anyhow::ensure!(
-            walcast_front::auth::peek_claims(key).is_err(),
-            "MANAGEMENT_API_KEY looks like a JWT: the operator key must not be a project key"
-        );
-        anyhow::ensure!(
-            key != self.jwt_secret,
-            "MANAGEMENT_API_KEY must differ from JWT_SECRET"
-        );
-        Ok(())
     }
 
     /// The default project (its keys) plus the stored ones, learnt through `admin`;
@@ -286,7 +261,7 @@ impl FrontArgs {
             "inspector": self.inspector,
             "gap_recovery_ms": self.gap_recovery_ms,
             "gap_max_held": self.gap_max_held,
-            "management_api_key": self.management_api_key.as_ref().map(|_| "***"),
+            "operator_keys": self.operator.describe(),
             "secret_rotation_window_secs": self.secret_rotation_window_secs,
             "allowed_roles": self.roles.allowed_roles,
         })

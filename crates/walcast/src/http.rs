@@ -1,17 +1,24 @@
 //! The operational HTTP surface: `/health` (JSON), `/livez` and `/readyz` (probes) and
 //! `/metrics`. A front adds its own routes, among them the operator's `/metrics/projects`
 //! (per-project figures, behind the operator key: `walcast_front::Front::router`).
+//!
+//! The figures name projects (lagging delivery lanes, series labelled by project),
+//! tables (the last skipped change) and error texts: `/metrics` and the full `/health` go
+//! to the operator's keys only (`Authorization: Bearer <MANAGEMENT_API_KEY or
+//! METRICS_API_KEY>`). Anyone else gets the public `/health` (up, leader, streaming, bus,
+//! lag), `/livez`, and `/readyz` with a reason that names no source nor error.
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use walcast_bus::Bus;
+use walcast_front::operator::OperatorKey;
 use walcast_front::Front;
 use walcast_lease::LeaseStatus;
 use walcast_pipeline::{PipelineHealth, PipelineHealthReport};
@@ -33,6 +40,16 @@ pub struct OpsState {
     pub lease_mode: String,
     /// The elector's view, in processes that elect a leader.
     pub lease: Option<Arc<LeaseStatus>>,
+    /// Who reads the figures (`/metrics`, the full `/health`, `/readyz`'s reasons).
+    pub key: OperatorKey,
+}
+
+/// What a process serves its operational routes with.
+pub struct OpsHttp {
+    pub listener: crate::server::Listening,
+    pub metrics: PrometheusHandle,
+    /// The operator's keys (`MANAGEMENT_API_KEY`, `METRICS_API_KEY`).
+    pub key: OperatorKey,
 }
 
 /// The lease as this process sees it.
@@ -66,8 +83,56 @@ struct HealthBody {
     bus_connected: bool,
 }
 
-async fn health(State(s): State<OpsState>) -> impl IntoResponse {
-    Json(HealthBody {
+/// What `/health` tells anyone (a load balancer, a client): whether the process is up,
+/// leads and streams, its bus, its slot's lag. No project, table, source or error text.
+#[derive(Serialize)]
+struct PublicHealth {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cdc_active: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leader: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag_bytes: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draining: Option<bool>,
+    bus: &'static str,
+    bus_connected: bool,
+    /// Where the rest is.
+    detail: &'static str,
+}
+
+/// Said by the public `/health`.
+const MORE_DETAIL: &str =
+    "the full health needs Authorization: Bearer <MANAGEMENT_API_KEY or METRICS_API_KEY>";
+
+fn public_health(s: &OpsState) -> PublicHealth {
+    let cdc = s.cdc.as_ref().map(|c| c.report());
+    PublicHealth {
+        cdc_active: cdc.as_ref().map(|c| c.cdc_active),
+        leader: cdc.as_ref().map(|c| c.leader),
+        lag_bytes: cdc.as_ref().map(|c| c.lag_bytes),
+        draining: s.front.as_ref().map(|f| f.health().draining),
+        bus: s.bus.kind(),
+        bus_connected: s.bus.is_connected(),
+        detail: MORE_DETAIL,
+    }
+}
+
+/// `/health`: the public body without an `Authorization` header; the full one to the
+/// operator's keys; any other credential refused (401/403), never answered in part.
+async fn health(State(s): State<OpsState>, headers: HeaderMap) -> Response {
+    if !headers.contains_key(header::AUTHORIZATION) {
+        return Json(public_health(&s)).into_response();
+    }
+    if let Some(refused) = s.key.refuse_figures(&headers, "health") {
+        crate::telemetry::figures_refused("health");
+        return refused;
+    }
+    Json(full_health(&s)).into_response()
+}
+
+fn full_health(s: &OpsState) -> HealthBody {
+    HealthBody {
         cdc: s.cdc.as_ref().map(|c| c.report()),
         outbox: s
             .outbox
@@ -88,7 +153,7 @@ async fn health(State(s): State<OpsState>) -> impl IntoResponse {
         sources: s.sources.as_ref().map(|s| s.health()).unwrap_or_default(),
         bus: s.bus.kind(),
         bus_connected: s.bus.is_connected(),
-    })
+    }
 }
 
 /// `/livez`: the process runs and its HTTP server answers.
@@ -96,8 +161,9 @@ async fn livez() -> &'static str {
     "ok"
 }
 
-/// `/readyz`: 200 `ready`, or 503 with the reason (see [`readiness`]).
-async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
+/// `/readyz`: 200 `ready`, or 503 with the reason (see [`readiness`]): its public form,
+/// or its detail (error text, source) to the operator's keys.
+async fn readyz(State(s): State<OpsState>, headers: HeaderMap) -> impl IntoResponse {
     let front = s.front.as_ref().map(Front::health);
     let cdc = s.cdc.as_ref().map(|c| c.report());
     let sources = s.sources.as_ref().map(|s| s.health()).unwrap_or_default();
@@ -105,7 +171,25 @@ async fn readyz(State(s): State<OpsState>) -> impl IntoResponse {
         .and_then(|()| sources_ready(&sources));
     match ready {
         Ok(()) => (StatusCode::OK, "ready".to_string()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        Err(why) if s.key.reads_figures(&headers) => (StatusCode::SERVICE_UNAVAILABLE, why.detail),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.public.to_string()),
+    }
+}
+
+/// Why a process is not ready: `public` for anyone (a probe, a load balancer), `detail`
+/// (with the pipeline's error and the source's name) for the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotReady {
+    pub public: &'static str,
+    pub detail: String,
+}
+
+impl NotReady {
+    fn plain(reason: &'static str) -> NotReady {
+        NotReady {
+            public: reason,
+            detail: reason.to_string(),
+        }
     }
 }
 
@@ -117,37 +201,52 @@ pub fn readiness(
     bus_connected: bool,
     front: Option<&walcast_front::Health>,
     cdc: Option<&PipelineHealthReport>,
-) -> Result<(), String> {
+) -> Result<(), NotReady> {
     if !bus_connected {
-        return Err("not ready: the bus (NATS) is not connected".into());
+        return Err(NotReady::plain(
+            "not ready: the bus (NATS) is not connected",
+        ));
     }
     if front.is_some_and(|f| f.draining) {
-        return Err("not ready: shutting down (draining sockets)".into());
+        return Err(NotReady::plain(
+            "not ready: shutting down (draining sockets)",
+        ));
     }
     if let Some(c) = cdc.filter(|c| c.leader && !c.cdc_active) {
         let why = c.last_error.as_deref().unwrap_or("starting");
-        return Err(format!(
-            "not ready: leader, but the pipeline is not active: {why}"
-        ));
+        return Err(NotReady {
+            public: "not ready: leader, but the pipeline is not active (why: the full /health)",
+            detail: format!("not ready: leader, but the pipeline is not active: {why}"),
+        });
     }
     Ok(())
 }
 
 /// Every source this worker leads streams (a source it only stands by for is ready).
-pub fn sources_ready(sources: &[crate::supervisor::SourceHealth]) -> Result<(), String> {
+pub fn sources_ready(sources: &[crate::supervisor::SourceHealth]) -> Result<(), NotReady> {
     for s in sources {
         if let Err(why) = readiness(true, None, Some(&s.pipeline)) {
-            return Err(format!("{why} (source {})", s.name));
+            return Err(NotReady {
+                public:
+                    "not ready: a source's pipeline is not active (which and why: the full /health)",
+                detail: format!("{} (source {})", why.detail, s.name),
+            });
         }
     }
     Ok(())
 }
 
-async fn metrics(State(s): State<OpsState>) -> impl IntoResponse {
+/// `/metrics`: to the operator's keys only (series are labelled by project).
+async fn metrics(State(s): State<OpsState>, headers: HeaderMap) -> Response {
+    if let Some(refused) = s.key.refuse_figures(&headers, "metrics") {
+        crate::telemetry::figures_refused("metrics");
+        return refused;
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::telemetry::render(&s.metrics),
     )
+        .into_response()
 }
 
 pub fn ops_router(state: OpsState) -> Router {
@@ -195,15 +294,37 @@ mod tests {
         assert_eq!(readiness(true, Some(&front(false)), None), Ok(()));
         assert!(readiness(false, Some(&front(false)), None)
             .unwrap_err()
+            .public
             .contains("NATS"));
         assert!(readiness(true, Some(&front(true)), None)
             .unwrap_err()
+            .public
             .contains("draining"));
         assert_eq!(readiness(true, None, Some(&cdc(true, true))), Ok(()));
-        assert!(readiness(true, None, Some(&cdc(true, false)))
-            .unwrap_err()
-            .contains("wal2json"));
+        let why = readiness(true, None, Some(&cdc(true, false))).unwrap_err();
+        assert!(why.detail.contains("wal2json"), "{why:?}");
+        // The error text is the operator's: the public reason names none.
+        assert!(!why.public.contains("wal2json"), "{why:?}");
         // A standby cannot read before it leads: it is a ready member of the set.
         assert_eq!(readiness(true, None, Some(&cdc(false, false))), Ok(()));
+    }
+
+    #[test]
+    fn a_sources_name_and_error_are_the_operators() {
+        let sources = [crate::supervisor::SourceHealth {
+            name: "acme-payroll".into(),
+            pipeline: cdc(true, false),
+            lease_holder: None,
+            lease_term: None,
+        }];
+        let why = sources_ready(&sources).unwrap_err();
+        assert!(
+            why.detail.contains("acme-payroll") && why.detail.contains("wal2json"),
+            "{why:?}"
+        );
+        assert!(
+            !why.public.contains("acme-payroll") && !why.public.contains("wal2json"),
+            "{why:?}"
+        );
     }
 }

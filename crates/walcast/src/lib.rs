@@ -11,6 +11,7 @@ mod election;
 pub mod front;
 pub mod http;
 mod leader;
+pub mod operator;
 pub mod outbox;
 pub mod project;
 pub mod secrets;

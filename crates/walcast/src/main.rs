@@ -79,6 +79,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     walcast::telemetry::init_logs(&cfg.log);
     cfg.front.validate()?;
     let keys = cfg.secrets.keys()?;
+    cfg.front.operator.warn_if_none();
     let mut described =
         walcast::cdc_worker::describe(&cfg.db, &cfg.cdc, cfg.nats_url.as_deref(), &cfg.http);
     described["front"] = cfg.front.describe();
@@ -97,12 +98,13 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to NATS at {}", walcast::config::redact_url(url)))?,
         None => Bus::local(cfg.bus_capacity),
     };
-    let listener = cfg.http.bind().await?;
+    let ops = walcast::http::OpsHttp {
+        listener: cfg.http.bind().await?,
+        metrics,
+        key: cfg.front.operator.key(),
+    };
     let cancel = walcast::shutdown::on_signal();
-    walcast::serve::run(
-        &cfg.db, &cfg.cdc, keys, &cfg.front, bus, listener, metrics, cancel,
-    )
-    .await
+    walcast::serve::run(&cfg.db, &cfg.cdc, keys, &cfg.front, bus, ops, cancel).await
 }
 
 #[tokio::main]

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
@@ -28,8 +27,7 @@ pub async fn run(
     keys: Arc<SecretKeys>,
     front_args: &FrontArgs,
     bus: Bus,
-    listener: crate::server::Listening,
-    metrics: PrometheusHandle,
+    ops: crate::http::OpsHttp,
     signal: CancellationToken,
 ) -> anyhow::Result<()> {
     // Migrations and the stored secrets first: the front asks the database (its project
@@ -80,8 +78,7 @@ pub async fn run(
         front_args.roles.policy(),
         Some(front),
         origin,
-        listener,
-        metrics,
+        ops,
         cancel.clone(),
     )
     .await;

@@ -23,6 +23,14 @@ pub const HTTP_TIMED_OUT: &str = "walcast_http_connections_timed_out_total";
 /// Counter (label `reason`: `too_large`, `malformed`): request heads refused.
 pub const HTTP_REFUSED: &str = "walcast_http_heads_refused_total";
 
+/// Counter (label `route`: `health`, `metrics`): requests for the figures refused (no
+/// key of the operator's).
+pub const FIGURES_REFUSED: &str = "walcast_http_figures_refused_total";
+
+pub(crate) fn figures_refused(route: &'static str) {
+    metrics::counter!(FIGURES_REFUSED, "route" => route).increment(1);
+}
+
 pub(crate) fn http_pending(n: usize) {
     metrics::gauge!(HTTP_PENDING).set(n as f64);
 }
@@ -55,6 +63,10 @@ fn describe() {
     metrics::describe_counter!(
         HTTP_REFUSED,
         "HTTP request heads refused (reason: too_large, malformed)"
+    );
+    metrics::describe_counter!(
+        FIGURES_REFUSED,
+        "Requests for /metrics or the full /health refused: no MANAGEMENT_API_KEY nor METRICS_API_KEY (route: health, metrics)"
     );
     metrics::describe_counter!(
         SOURCES_GIVEN_UP,

@@ -32,6 +32,7 @@ pub struct WsFrontConfig {
 pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
     crate::telemetry::init_logs(&cfg.log);
     cfg.front.validate()?;
+    cfg.front.operator.warn_if_none();
     let mut described = cfg.front.describe();
     described["nats_url"] = redact_url(&cfg.nats_url).into();
     described["nats_auth"] = cfg.nats_auth.describe();
@@ -72,6 +73,7 @@ pub async fn main(cfg: WsFrontConfig) -> anyhow::Result<()> {
         metrics,
         lease_mode: String::new(),
         lease: None,
+        key: cfg.front.operator.key(),
     };
     let tracker = tokio_util::task::TaskTracker::new();
     crate::beacon::spawn(&tracker, id, state.clone(), cancel.clone());

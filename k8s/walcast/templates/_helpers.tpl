@@ -74,7 +74,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* Whether the chart writes the Secret: no existingSecret, and some value given. */}}
 {{- define "walcast.createSecret" -}}
 {{- $s := .Values.secrets -}}
-{{- if and (not $s.existingSecret) (or $s.jwtSecret $s.databaseUrl $s.replicationUrl $s.checkDatabaseUrl $s.postgresPassword $s.checkPassword $s.natsUrl $s.secretsKey $s.secretsKeyPrevious) -}}
+{{- if and (not $s.existingSecret) (or $s.jwtSecret $s.databaseUrl $s.replicationUrl $s.checkDatabaseUrl $s.postgresPassword $s.checkPassword $s.natsUrl $s.secretsKey $s.secretsKeyPrevious $s.metricsApiKey) -}}
 true
 {{- end -}}
 {{- end -}}

@@ -121,6 +121,10 @@ impl Stack {
     }
 }
 
+/// `METRICS_API_KEY` of every process the tests start, unless a test sets its own: what
+/// [`Worker::get`] (its `/metrics`, its full `/health`) reads the figures with.
+pub const FIGURES_KEY: &str = "e2e-figures-key-0123456789abcdef0123456789";
+
 /// A `cdc-worker` child process, killed on drop.
 pub struct Worker {
     pub child: Child,
@@ -128,6 +132,8 @@ pub struct Worker {
     pub source: Option<&'static str>,
     pub port: u16,
     pub log: PathBuf,
+    /// The key it reads its figures with (`METRICS_API_KEY`, else `MANAGEMENT_API_KEY`).
+    pub figures_key: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -226,10 +232,14 @@ impl Worker {
         }
         // The check login every kit cluster has, on the same database, unless the test
         // sets CHECK_DATABASE_URL itself (empty: none); the same for the key of the
-        // secrets at rest.
+        // secrets at rest and the key that reads the figures.
         let all = || base.iter().chain(extra);
         if !all().any(|(k, _)| *k == "SECRETS_KEY") {
             cmd.env("SECRETS_KEY", SECRETS_KEY);
+        }
+        let figures_key = figures_key(all());
+        if !all().any(|(k, _)| *k == "METRICS_API_KEY") {
+            cmd.env("METRICS_API_KEY", FIGURES_KEY);
         }
         if let Some((_, db)) = all().find(|(k, _)| *k == "DATABASE_URL") {
             if !all().any(|(k, _)| *k == "CHECK_DATABASE_URL") {
@@ -244,6 +254,7 @@ impl Worker {
             source: None,
             port,
             log,
+            figures_key,
             _dir: dir,
         }
     }
@@ -272,9 +283,13 @@ impl Worker {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// GET a path of the worker's HTTP server.
+    /// GET a path of the worker's HTTP server, as the operator (with its figures key:
+    /// `/metrics` and the full `/health`).
     pub fn get(&self, path: &str) -> Option<String> {
-        http_get(self.port, path)
+        let auth = self.figures_key.as_ref().map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        http_request(self.port, "GET", path, &headers, None).map(|(_, body)| body)
     }
 
     pub fn health(&self) -> Option<serde_json::Value> {
@@ -343,6 +358,18 @@ impl Worker {
     pub fn metric(&self, selector: &str) -> Option<f64> {
         sample_sum(&self.get("/metrics")?, selector)
     }
+}
+
+/// The key a process started with `env` reads its figures with: its `METRICS_API_KEY`
+/// ([`FIGURES_KEY`] when unset), else its `MANAGEMENT_API_KEY`; empty ones are unset.
+fn figures_key<'a>(env: impl Iterator<Item = &'a (&'a str, &'a str)> + Clone) -> Option<String> {
+    let find = |name: &str| env.clone().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    let metrics = find("METRICS_API_KEY").unwrap_or(FIGURES_KEY);
+    let management = find("MANAGEMENT_API_KEY").unwrap_or_default();
+    [metrics, management]
+        .into_iter()
+        .find(|k| !k.is_empty())
+        .map(String::from)
 }
 
 impl Drop for Worker {

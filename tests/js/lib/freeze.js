@@ -35,7 +35,7 @@ const lsnValue = (lsn) => {
 }
 /** `/health`, or `{}` when the process does not answer within a second (it may be frozen). */
 const healthOf = (w) =>
-  fetch(`${w.url}/health`, { signal: AbortSignal.timeout(1000) })
+  fetch(`${w.url}/health`, { ...w.figures, signal: AbortSignal.timeout(1000) })
     .then((r) => r.json())
     .catch(() => ({}))
 const before_ = (a, b) => {
@@ -182,7 +182,7 @@ export function freezeSuite(mode) {
         if (staleDeliveries > 0) {
           let dropped = 0
           for (const f of [front1, front2]) {
-            const text = await (await fetch(`${f.url}/metrics`)).text()
+            const text = await (await fetch(`${f.url}/metrics`, f.figures)).text()
             const line = text.split('\n').find((l) => l.startsWith('walcast_front_stale_term_dropped_total'))
             dropped += line ? Number(line.split(' ').at(-1)) : 0
           }
@@ -202,7 +202,7 @@ export function freezeSuite(mode) {
           const during = s.got.filter((g) => g.at > frozen)
           if (during.length) gapMs = Math.max(gapMs, during[0].at - frozen)
         }
-        const metrics = await (await fetch(`${old.url}/metrics`)).text()
+        const metrics = await (await fetch(`${old.url}/metrics`, old.figures)).text()
         const fenced = metrics.split('\n').filter((l) => l.startsWith('walcast_lease_fenced_total')).join(', ') || 'none'
         console.log(`# ${mode}/${source}: changes on NATS from the new leader ${Math.round(takeoverMs)} ms after SIGSTOP (${stale.length} late message(s) of the old term, dropped by the fronts), first row at the clients after ${Math.round(gapMs)} ms; old leader stepped down ${Math.round(steppedDownMs)} ms after SIGCONT (fenced actions: ${fenced}); ${expected.length} rows`)
       })

@@ -19,6 +19,12 @@ export const bin = (name) => path.join(targetDir, 'debug', name)
 
 export const SECRET = 'walcast-js-test-secret-0123456789abcdef'
 
+/**
+ * `METRICS_API_KEY` of every process `startProcess` starts, unless its env sets one: a
+ * process's `/metrics` and full `/health` are read with it (`proc.figures`).
+ */
+export const FIGURES_KEY = 'walcast-js-figures-key-0123456789abcdef'
+
 const b64url = (buf) => Buffer.from(buf).toString('base64url')
 
 /** An HS256 JWT, or with `alg` 'none' an unsigned one. */
@@ -123,6 +129,9 @@ export async function startEnv({ natsMaxPayload, fakeKube = false, extraPostgres
  */
 export async function startProcess(env, name, args, extraEnv = {}, { standby = false } = {}) {
   const port = await freePort()
+  // The key this process's figures are read with: its METRICS_API_KEY, else its
+  // MANAGEMENT_API_KEY (empty ones are unset).
+  const figuresKey = [extraEnv.METRICS_API_KEY ?? FIGURES_KEY, extraEnv.MANAGEMENT_API_KEY].find((k) => k)
   const child = spawn(bin(name), args, {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: {
@@ -136,6 +145,7 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
       CDC_POLL_IDLE_MS: '20',
       ...(process.env.WALCAST_TEST_LOG_LEVEL ? { LOG_LEVEL: process.env.WALCAST_TEST_LOG_LEVEL } : {}),
       LOG_FORMAT: 'json',
+      METRICS_API_KEY: FIGURES_KEY,
       ...extraEnv,
     },
   })
@@ -145,8 +155,10 @@ export async function startProcess(env, name, args, extraEnv = {}, { standby = f
     child,
     log: () => log.text(),
     url: `http://127.0.0.1:${port}`,
+    /** fetch options that present the operator's figures key (`/metrics`, the full `/health`). */
+    figures: { headers: figuresKey ? { authorization: `Bearer ${figuresKey}` } : {} },
     async health() {
-      const r = await fetch(`http://127.0.0.1:${port}/health`)
+      const r = await fetch(`http://127.0.0.1:${port}/health`, this.figures)
       return r.json()
     },
     async stop() {
@@ -273,7 +285,7 @@ export async function subscribed(channel, ms = 15000) {
 
 /** A Prometheus metric of a process (`startProcess`'s), summed over its labels; 0 when absent. */
 export async function metric(proc, name) {
-  const text = await (await fetch(`${proc.url}/metrics`)).text()
+  const text = await (await fetch(`${proc.url}/metrics`, proc.figures)).text()
   let sum = 0
   for (const m of text.matchAll(new RegExp(`^${name}(\\{[^}]*\\})? (\\S+)`, 'gm'))) sum += Number(m[2])
   return sum
