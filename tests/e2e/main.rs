@@ -19,6 +19,7 @@ mod front_pending_joins;
 mod front_slow;
 mod hostile_classes;
 mod hostile_limits;
+mod hostile_matching;
 mod hostile_messages;
 mod lease;
 mod management;

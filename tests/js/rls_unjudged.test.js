@@ -151,3 +151,30 @@ test('a policy that raises, or reads a system column, tells its subscribers; its
   assert.equal(c.rows.size, 0)
   assert.ok((await series('walcast_realtime_unjudged_total', ['project="default"', 'reason="failed"'])) >= 3)
 })
+
+test("a notice says nothing of the row: every subscription with the withheld one's claims is told, whatever its filter", async () => {
+  // Two channels of one audit user, one filtering on the row's id, one on an id never
+  // written. Told only where the filter matched, the notice would say what the row holds.
+  const token = jwt({ role: 'authenticated', sub: uid(700), team: 'audit' })
+  const rt = client(st.server, { apikey: token })
+  clients.push(rt)
+  const channel = (filter) => {
+    const u = { rows: new Set(), errors: [] }
+    const ch = rt
+      .channel(uniq(`docs-filtered-${filter}`))
+      .on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'docs', filter }, (p) => u.rows.add(Number(p.new.id)))
+      .on('system', {}, (m) => {
+        if (m.status === 'error') u.errors.push(m.message)
+      })
+    return { u, ch }
+  }
+  const hit = channel('id=eq.7777')
+  const miss = channel('id=eq.-1')
+  await subscribed(hit.ch, 30000)
+  await subscribed(miss.ch, 30000)
+  await st.env.db.query('INSERT INTO docs (id, owner, at) VALUES (7777, $1, 0)', [uid(1)])
+  await until('the matching channel told', () => hit.u.errors.length > 0, 30000)
+  await until('the other channel told too', () => miss.u.errors.length > 0, 10000)
+  assert.match(miss.u.errors[0], /could not be judged/)
+  assert.equal(hit.u.rows.size + miss.u.rows.size, 0)
+})

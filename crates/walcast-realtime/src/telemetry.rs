@@ -94,6 +94,10 @@ pub const CLASS_COLLISIONS: &str = "walcast_cdc_class_collisions_total";
 pub const CLASSES_REFUSED: &str = "walcast_cdc_classes_refused_total";
 /// Counter: Subscription filters that could not be evaluated against a change (the change is not delivered to them).
 pub const FILTER_ERRORS: &str = "walcast_cdc_filter_errors_total";
+/// Classes whose filter a change was not evaluated against by its lag bound.
+pub const FILTERS_UNEVALUATED: &str = "walcast_cdc_filters_unevaluated_total";
+/// Memory of the compiled patterns of the classes kept.
+pub const FILTER_BYTES: &str = "walcast_cdc_filter_bytes";
 /// Counter: (change, subscriber) pairs withheld because the subscription's filter reads a
 /// column its role may not `SELECT` at that change.
 pub const FILTER_UNREADABLE: &str = "walcast_cdc_filter_unreadable_total";
@@ -328,6 +332,8 @@ fn describe_pipeline() {
         "Subscriptions handled together in one registration batch"
     );
     metrics::describe_counter!(FILTER_ERRORS, "Subscription filters that could not be evaluated against a change (the change is not delivered to them)");
+    metrics::describe_counter!(FILTERS_UNEVALUATED, "Classes whose filter a change was not evaluated against before its project's lag bound (their subscribers told the change could not be judged)");
+    metrics::describe_gauge!(FILTER_BYTES, metrics::Unit::Bytes, "Memory of the compiled filter patterns of the subscription classes kept (bounded per project by CDC_MAX_FILTER_BYTES_PER_PROJECT and in all by CDC_MAX_FILTER_BYTES)");
     metrics::describe_counter!(
         FILTER_UNREADABLE,
         "Deliveries withheld because the subscription's filter reads a column its role may not \

@@ -82,6 +82,8 @@ pub fn describe(
         "allow_unbounded_wal": cdc.allow_unbounded_wal,
         "max_classes_per_project": cdc.max_classes_per_project,
         "max_classes_per_front": cdc.max_classes_per_front,
+        "max_filter_bytes_per_project": cdc.max_filter_bytes_per_project,
+        "max_filter_bytes": cdc.max_filter_bytes,
         "lease_mode": cdc.lease.lease_mode.to_string(),
         "lease_name": cdc.lease.lease_name,
         "lease_duration_secs": cdc.lease.lease_duration_secs,

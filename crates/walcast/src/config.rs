@@ -258,6 +258,14 @@ pub struct CdcArgs {
     /// Distinct subscription classes with a subscription of one front.
     #[arg(long, env = "CDC_MAX_CLASSES_PER_FRONT", default_value_t = walcast_realtime::subscriptions::matcher::DEFAULT_MAX_CLASSES_PER_FRONT)]
     pub max_classes_per_front: usize,
+    /// Bytes of compiled filter patterns (`like`, `ilike`, `match`, `imatch`: each its
+    /// automata and search cache) the worker keeps for one project's classes: a join
+    /// that would add more is refused with an error.
+    #[arg(long, env = "CDC_MAX_FILTER_BYTES_PER_PROJECT", default_value_t = walcast_realtime::subscriptions::matcher::DEFAULT_MAX_FILTER_BYTES_PER_PROJECT)]
+    pub max_filter_bytes_per_project: usize,
+    /// The same, for every project's classes together.
+    #[arg(long, env = "CDC_MAX_FILTER_BYTES", default_value_t = walcast_realtime::subscriptions::matcher::DEFAULT_MAX_FILTER_BYTES)]
+    pub max_filter_bytes: usize,
     /// Start even when max_slot_wal_keep_size is -1 (a stalled slot can then fill the disk).
     #[arg(long, env = "CDC_ALLOW_UNBOUNDED_WAL", default_value_t = false)]
     pub allow_unbounded_wal: bool,
@@ -415,6 +423,8 @@ impl CdcArgs {
         walcast_realtime::subscriptions::matcher::ClassLimits {
             per_project: self.max_classes_per_project,
             per_front: self.max_classes_per_front,
+            filter_bytes_per_project: self.max_filter_bytes_per_project,
+            filter_bytes: self.max_filter_bytes,
         }
     }
 

@@ -48,6 +48,7 @@ use walcast_bus::ChangeEvent;
 
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::MatchedClass;
+use crate::subscriptions::row_view::OwnedRow;
 use crate::telemetry;
 use check::{CheckOptions, GroupCheck, GroupOutcome, TableCheck, TableOutcome, Version};
 use policy::Rule;
@@ -76,6 +77,13 @@ pub type Audience = Vec<FrontAudience>;
 #[derive(Debug)]
 pub struct PendingChange {
     pub event: ChangeEvent,
+    /// The classes of its table ([`crate::subscriptions::matcher::Matcher::candidates`]):
+    /// whom its table's notices concern, whatever their filters.
+    pub candidates: Vec<MatchedClass>,
+    /// Its row as filters see it (see `crate::subscriptions::narrow`); empty without
+    /// candidates.
+    pub filter_row: OwnedRow,
+    /// The classes it matches: its candidates narrowed on its lane.
     pub matched: Vec<MatchedClass>,
     /// The new row's columns as Postgres text (INSERT and UPDATE; empty for DELETE),
     /// with unchanged TOASTed values taken from the old row.
@@ -211,15 +219,7 @@ impl Pass {
                 metrics::counter!(telemetry::FILTER_UNREADABLE).increment(n.count() as u64);
                 continue;
             }
-            let mut cols: BTreeSet<String> = event_cols
-                .iter()
-                .filter(|c| access.columns.contains(**c))
-                .map(|c| c.to_string())
-                .collect();
-            if let Some(select) = &m.class.select {
-                // The binding's `select`: those columns and the key, as Supabase sends.
-                cols.retain(|c| select.contains(c) || pk.contains(c));
-            }
+            let cols = shown_columns(&event_cols, access, m.class.select.as_ref(), &pk);
             if !rls_on || access.bypass_rls {
                 // The role sees every version: the whole class gets it, named once per front.
                 for (front, _) in &m.fronts {
@@ -304,6 +304,25 @@ impl Pass {
                 });
         }
     }
+}
+
+/// The columns of a change a class's subscriber gets: those its role may read, and of
+/// those, with a binding's `select`, the selected ones and the key (as Supabase sends).
+fn shown_columns(
+    event_cols: &BTreeSet<&str>,
+    access: &Access,
+    select: Option<&BTreeSet<String>>,
+    pk: &[String],
+) -> BTreeSet<String> {
+    let mut cols: BTreeSet<String> = event_cols
+        .iter()
+        .filter(|c| access.columns.contains(**c))
+        .map(|c| c.to_string())
+        .collect();
+    if let Some(select) = select {
+        cols.retain(|c| select.contains(c) || pk.contains(c));
+    }
+    cols
 }
 
 /// Judge the gathered versions: each role's policies, read now, make a rule per table;

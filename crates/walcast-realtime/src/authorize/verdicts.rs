@@ -39,6 +39,9 @@ pub enum Unjudged {
     /// A deleted row lacking a value its policies read (a replica identity other than
     /// `FULL`): nothing holds it any more to judge it by.
     Incomplete,
+    /// Its filter was not evaluated before the project's lag bound (the project's
+    /// filters cost more than its lane could evaluate in time).
+    Filters,
 }
 
 impl Unjudged {
@@ -51,6 +54,7 @@ impl Unjudged {
             Unjudged::Catalog => "catalog",
             Unjudged::Superseded => "superseded",
             Unjudged::Incomplete => "incomplete",
+            Unjudged::Filters => "filters",
         }
     }
 

@@ -31,7 +31,8 @@ use crate::delivery::lanes::Lanes;
 use crate::delivery::links::FrontLinks;
 use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
-use crate::subscriptions::matcher::{Matcher, RowView};
+use crate::subscriptions::matcher::Matcher;
+use crate::subscriptions::row_view::OwnedRow;
 use walcast_pipeline::consumer::{Consumer, Handled, Item, Refresh};
 use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::TxnContext;
@@ -262,34 +263,24 @@ impl RealtimeConsumer {
         if !self.outlet.fit_record(&mut event)? {
             return Ok(Handled::Continue);
         }
-        // Filters see the old row for a DELETE; otherwise the new one, with unchanged
-        // TOASTed values taken from the old row.
-        let view = if kind == ChangeKind::Delete {
-            RowView::new(row.identity.iter(), &self.types)
-        } else {
-            let extra = row
-                .identity
-                .iter()
-                .filter(|old| !row.columns.iter().any(|c| c.name == old.name));
-            RowView::new(row.columns.iter().chain(extra), &self.types)
-        };
-        let matched = self.matcher.matches(
-            project,
-            &row.schema,
-            &row.table,
-            kind,
-            txn.commit_lsn,
-            &view,
-        );
-        drop(view);
-        let (row_text, old_text) = match matched.is_empty() {
-            true => (Vec::new(), Vec::new()),
-            false => versions_text(kind, row),
+        // The classes of the table: their filters are evaluated on the project's lane.
+        let at = txn.commit_lsn;
+        let candidates = self
+            .matcher
+            .candidates(project, &row.schema, &row.table, at);
+        let (filter_row, row_text, old_text) = match candidates.is_empty() {
+            true => (OwnedRow::default(), Vec::new(), Vec::new()),
+            false => {
+                let (new, old) = versions_text(kind, row);
+                (filter_row(kind, row, &self.types), new, old)
+            }
         };
         self.seq += 1;
         self.hold(PendingChange {
             event,
-            matched,
+            candidates,
+            filter_row,
+            matched: Vec::new(),
             row: row_text,
             old: old_text,
         })
@@ -319,6 +310,8 @@ impl RealtimeConsumer {
         self.seq += 1;
         self.hold(PendingChange {
             event,
+            candidates: Vec::new(),
+            filter_row: OwnedRow::default(),
             matched: Vec::new(),
             row: Vec::new(),
             old: Vec::new(),
@@ -429,6 +422,19 @@ impl RealtimeConsumer {
         self.set_tables(&tables);
         Ok(self.decode_schemas() || when == Refresh::Start)
     }
+}
+
+/// The row filters see: the old row for a DELETE; otherwise the new one, with unchanged
+/// TOASTed values taken from the old row.
+fn filter_row(kind: ChangeKind, row: &RowChange<'_>, types: &TypeCache) -> OwnedRow {
+    if kind == ChangeKind::Delete {
+        return OwnedRow::new(row.identity.iter(), types);
+    }
+    let extra = row
+        .identity
+        .iter()
+        .filter(|old| !row.columns.iter().any(|c| c.name == old.name));
+    OwnedRow::new(row.columns.iter().chain(extra), types)
 }
 
 /// The versions of a matched change row checks may judge, as Postgres text: the new row

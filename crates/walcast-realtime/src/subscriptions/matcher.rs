@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use walcast_bus::subs::{ClassFields, SubscriptionSpec, FRONT_EXPIRY};
 use walcast_bus::ChangeKind;
-use walcast_protocol::filter::{CompiledFilter, RecordView};
+use walcast_protocol::filter::CompiledFilter;
 use walcast_wal2json::Lsn;
 
 pub use super::row_view::RowView;
@@ -44,6 +44,10 @@ pub struct Sub {
 pub const DEFAULT_MAX_CLASSES_PER_PROJECT: usize = 10_000;
 /// Default of [`ClassLimits::per_front`].
 pub const DEFAULT_MAX_CLASSES_PER_FRONT: usize = 50_000;
+/// Default of [`ClassLimits::filter_bytes_per_project`]: 16 MiB of compiled patterns.
+pub const DEFAULT_MAX_FILTER_BYTES_PER_PROJECT: usize = 16 << 20;
+/// Default of [`ClassLimits::filter_bytes`]: 256 MiB of compiled patterns in all.
+pub const DEFAULT_MAX_FILTER_BYTES: usize = 256 << 20;
 
 /// How many classes the matcher keeps: every class costs a filter evaluation per change
 /// of its tables, on the path every project shares, so one tenant (or one socket) must
@@ -55,6 +59,11 @@ pub struct ClassLimits {
     pub per_project: usize,
     /// Classes with a subscription of one front.
     pub per_front: usize,
+    /// Memory of the compiled patterns of one project's classes (each pattern's automata
+    /// and search cache, see `walcast_protocol::filter::Pattern::heap_bytes`).
+    pub filter_bytes_per_project: usize,
+    /// The same, of every project's classes together.
+    pub filter_bytes: usize,
 }
 
 impl Default for ClassLimits {
@@ -62,6 +71,8 @@ impl Default for ClassLimits {
         ClassLimits {
             per_project: DEFAULT_MAX_CLASSES_PER_PROJECT,
             per_front: DEFAULT_MAX_CLASSES_PER_FRONT,
+            filter_bytes_per_project: DEFAULT_MAX_FILTER_BYTES_PER_PROJECT,
+            filter_bytes: DEFAULT_MAX_FILTER_BYTES,
         }
     }
 }
@@ -105,7 +116,9 @@ pub struct Class {
     pub fields: ClassFields,
     /// The JWT `role` claim (empty when there is none).
     pub role: String,
-    filter: Option<CompiledFilter>,
+    pub(super) filter: Option<CompiledFilter>,
+    /// What its filter's compiled patterns hold in memory.
+    heap: usize,
     kinds: [bool; 3],
     /// The binding's `select`: only these columns (and the key) are sent.
     pub select: Option<BTreeSet<String>>,
@@ -121,6 +134,7 @@ impl Class {
             fields: f.clone(),
             role: f.role.clone(),
             filter: sub.filter.clone(),
+            heap: sub.filter.as_ref().map_or(0, CompiledFilter::heap_bytes),
             select: f.select.as_ref().map(|c| c.iter().cloned().collect()),
             kinds: [
                 all || e == "INSERT",
@@ -130,12 +144,18 @@ impl Class {
         }
     }
 
+    /// Whether its filter has patterns (`like`, `match`, …): the filters whose evaluation
+    /// may cost more than a comparison.
+    pub fn has_patterns(&self) -> bool {
+        self.heap > 0
+    }
+
     /// The columns its filter reads (none without a filter).
     pub fn filter_columns(&self) -> impl Iterator<Item = &str> {
         self.filter.iter().flat_map(|f| f.filter().columns())
     }
 
-    fn wants(&self, kind: ChangeKind) -> bool {
+    pub(super) fn wants(&self, kind: ChangeKind) -> bool {
         match kind {
             ChangeKind::Insert => self.kinds[0],
             ChangeKind::Update => self.kinds[1],
@@ -189,6 +209,9 @@ struct State {
     /// Classes per project, and classes with a subscription of each front.
     per_project: HashMap<String, usize>,
     per_front: HashMap<String, usize>,
+    /// Memory of the compiled patterns, per project and in all.
+    filter_bytes: HashMap<String, usize>,
+    filter_bytes_total: usize,
 }
 
 fn key_of(spec: &SubscriptionSpec) -> Key {
@@ -229,6 +252,12 @@ impl State {
                     class: Arc::new(Class::of(&sub)),
                     fronts: BTreeMap::new(),
                 };
+                let heap = entry.class.heap;
+                *self
+                    .filter_bytes
+                    .entry(sub.spec.project.clone())
+                    .or_default() += heap;
+                self.filter_bytes_total += heap;
                 self.classes.insert(sub.class.clone(), entry);
                 *self
                     .per_project
@@ -262,6 +291,7 @@ impl State {
             );
         }
         metrics::gauge!(crate::telemetry::SUBSCRIPTIONS).set(self.by_id.len() as f64);
+        metrics::gauge!(crate::telemetry::FILTER_BYTES).set(self.filter_bytes_total as f64);
         refused
     }
 
@@ -294,6 +324,9 @@ impl State {
                 format!("project {project:?}"),
             );
         }
+        if entry.is_none() {
+            self.admit_filter(sub)?;
+        }
         let pair = (sub.class.clone(), front.clone());
         let new_for_front =
             entry.is_none_or(|e| !e.fronts.contains_key(front)) && !added.contains_key(&pair);
@@ -301,6 +334,39 @@ impl State {
             return full("front", self.limits.per_front, "this front".to_string());
         }
         Ok(())
+    }
+
+    /// Whether the compiled patterns of `sub`'s filter (a new class's) fit what its project
+    /// and the worker may hold: every change of its table runs them, on the project's lane.
+    fn admit_filter(&self, sub: &Sub) -> Result<(), String> {
+        let heap = sub.filter.as_ref().map_or(0, CompiledFilter::heap_bytes);
+        if heap == 0 {
+            return Ok(());
+        }
+        let project = &sub.spec.project;
+        let used = self.filter_bytes.get(project).copied().unwrap_or(0);
+        let (limit, max, what) = if used + heap > self.limits.filter_bytes_per_project {
+            (
+                "filter_bytes_project",
+                self.limits.filter_bytes_per_project,
+                format!("project {project:?}"),
+            )
+        } else if self.filter_bytes_total + heap > self.limits.filter_bytes {
+            (
+                "filter_bytes",
+                self.limits.filter_bytes,
+                "this worker".to_string(),
+            )
+        } else {
+            return Ok(());
+        };
+        metrics::counter!(crate::telemetry::CLASSES_REFUSED, "limit" => limit).increment(1);
+        tracing::warn!(id = %sub.spec.id, limit, max, heap, "subscription refused: its filter's patterns do not fit");
+        Err(format!(
+            "Unable to subscribe to changes: the patterns of {what}'s filters would hold more than {} KiB (this filter's: {} KiB); use fewer or simpler like/match patterns",
+            max / 1024,
+            heap.div_ceil(1024)
+        ))
     }
 
     /// Whether `sub`'s key names a class whose fields are not `sub`'s (a collision, or a
@@ -347,6 +413,14 @@ impl State {
                 return;
             };
             decrement(&mut self.per_project, &entry.class.fields.project);
+            let heap = entry.class.heap;
+            if let Some(n) = self.filter_bytes.get_mut(&entry.class.fields.project) {
+                *n = n.saturating_sub(heap);
+                if *n == 0 {
+                    self.filter_bytes.remove(&entry.class.fields.project);
+                }
+            }
+            self.filter_bytes_total = self.filter_bytes_total.saturating_sub(heap);
             for keys in self.by_key.values_mut() {
                 keys.retain(|k| k != class);
             }
@@ -526,18 +600,19 @@ impl Matcher {
         self.len() == 0
     }
 
-    /// The classes a change matches, each with the fronts that have a subscription in
-    /// effect at `commit_lsn`. `row` is the new row for INSERT and UPDATE, the old row
-    /// (replica identity) for DELETE. A filter that cannot be evaluated on this row
-    /// denies that class only. The work is per class, not per subscription.
-    pub fn matches(
+    /// The classes of a change's table (its project's, for that table or its schema or
+    /// every table), each with the fronts that have a subscription in effect at
+    /// `commit_lsn`: what the change may match. Taken under the lock, which is held for
+    /// nothing more (a clone of a few shared pointers per class): the filters are
+    /// evaluated afterwards, on the project's delivery lane (see
+    /// `crate::subscriptions::narrow`), so that no project's filters hold the decoding of
+    /// the others' changes or any registration.
+    pub fn candidates(
         &self,
         project: &str,
         schema: &str,
         table: &str,
-        kind: ChangeKind,
         commit_lsn: Lsn,
-        row: &impl RecordView,
     ) -> Vec<MatchedClass> {
         let st = self.read();
         if st.by_id.is_empty() {
@@ -558,10 +633,6 @@ impl Matcher {
                 continue;
             };
             for entry in classes.iter().filter_map(|k| st.classes.get(k)) {
-                let class = &entry.class;
-                if !class.wants(kind) || !passes(class, row) {
-                    continue;
-                }
                 let fronts: Vec<(String, Bucket)> = entry
                     .fronts
                     .iter()
@@ -570,7 +641,7 @@ impl Matcher {
                     .collect();
                 if !fronts.is_empty() {
                     out.push(MatchedClass {
-                        class: class.clone(),
+                        class: entry.class.clone(),
                         fronts,
                         at: commit_lsn,
                     });
@@ -579,19 +650,12 @@ impl Matcher {
         }
         out
     }
-}
 
-fn passes(class: &Class, row: &impl RecordView) -> bool {
-    match &class.filter {
-        None => true,
-        Some(f) => match f.matches(row) {
-            Ok(b) => b,
-            Err(e) => {
-                metrics::counter!(crate::telemetry::FILTER_ERRORS).increment(1);
-                tracing::debug!(class = %class.key, error = %e, "filter could not be evaluated; not delivered");
-                false
-            }
-        },
+    /// Memory of the compiled patterns of `project`'s classes, and of every project's.
+    pub fn filter_bytes(&self, project: &str) -> (usize, usize) {
+        let st = self.read();
+        let own = st.filter_bytes.get(project).copied().unwrap_or(0);
+        (own, st.filter_bytes_total)
     }
 }
 

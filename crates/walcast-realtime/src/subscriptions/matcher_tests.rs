@@ -164,6 +164,7 @@ fn classes_are_capped_per_project_and_per_front() {
     let m = Matcher::with_limits(ClassLimits {
         per_project: 3,
         per_front: 4,
+        ..ClassLimits::default()
     });
     let sub = |id: &str, front: &str, project: &str, n: u32| {
         let filter = format!("id=eq.{n}");
@@ -232,4 +233,48 @@ fn a_filter_is_compiled_once_and_a_hostile_pattern_stays_cheap() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[test]
+fn the_memory_of_patterns_is_capped_per_project_and_returned_when_classes_go() {
+    let one = CompiledFilter::new(Filter::parse("v=match.a.{100}c").unwrap())
+        .unwrap()
+        .heap_bytes();
+    let m = Matcher::with_limits(ClassLimits {
+        filter_bytes_per_project: one * 3 + one / 2,
+        filter_bytes: one * 5,
+        ..ClassLimits::default()
+    });
+    let sub = |id: &str, project: &str, n: u32| {
+        let filter = format!("v=match.a.{{{}}}c", 100 + n);
+        let spec = SubscriptionSpec {
+            project: project.into(),
+            ..spec(id, Some("t"), "*", Some(&filter))
+        };
+        let f = CompiledFilter::new(Filter::parse(&filter).unwrap()).unwrap();
+        Sub::new(spec, Some(f), Lsn(0))
+    };
+    // Three patterns of about that size fit the project; a fourth is refused, saying why.
+    let refused = m.insert_all((0..2).map(|n| sub(&format!("a{n}"), "a", n)).collect());
+    assert!(refused.is_empty(), "{refused:?}");
+    let r = m.insert_all(vec![sub("a9", "a", 9), sub("a8", "a", 8)]);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(r[0].1.contains("would hold more than"), "{}", r[0].1);
+    // Joining a class whose patterns are counted already costs nothing.
+    assert!(m.insert(sub("a3", "a", 0)));
+    let (own, all) = m.filter_bytes("a");
+    assert!(own >= 3 * one && all == own, "{own} {all}");
+    // Another project has its own budget, under the worker's.
+    assert!(m.insert(sub("b0", "b", 0)));
+    assert!(!m.insert(sub("b1", "b", 1)), "the worker's budget is full");
+    // Classes gone, their memory with them.
+    m.remove(&[
+        "a0".into(),
+        "a1".into(),
+        "a3".into(),
+        "a9".into(),
+        "a8".into(),
+    ]);
+    assert_eq!(m.filter_bytes("a").0, 0);
+    assert!(m.insert(sub("b1", "b", 1)));
 }

@@ -1,8 +1,10 @@
 //! The subscriptions the fronts register: validated against the realtime tables and
-//! their columns ([`registrar`]), matched against each change ([`matcher`], on the rows
-//! [`row_view`] presents), and the fronts they come from ([`fronts`]).
+//! their columns ([`registrar`]), kept by class ([`matcher`]: a change's candidate
+//! classes), matched against each change ([`narrow`], on the rows [`row_view`]
+//! presents, on the project's delivery lane), and the fronts they come from ([`fronts`]).
 
 pub mod fronts;
 pub mod matcher;
+pub mod narrow;
 pub mod registrar;
 pub mod row_view;

@@ -37,3 +37,42 @@ impl RecordView for RowView<'_> {
             })
     }
 }
+
+/// A row as the filter evaluator sees it, owning its texts: handed from the decoding task
+/// to a project's delivery lane, where its filters are evaluated.
+#[derive(Debug, Clone, Default)]
+pub struct OwnedRow {
+    cols: Vec<(String, String, Option<String>)>,
+}
+
+impl OwnedRow {
+    pub fn new<'a>(columns: impl Iterator<Item = &'a Column<'a>>, types: &TypeCache) -> OwnedRow {
+        OwnedRow {
+            cols: columns
+                .map(|c| {
+                    let typname = c
+                        .type_oid
+                        .and_then(|o| types.get(o))
+                        .unwrap_or(c.type_name.as_ref());
+                    (
+                        c.name.to_string(),
+                        typname.to_string(),
+                        c.text().map(|t| t.into_owned()),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+impl RecordView for OwnedRow {
+    fn column(&self, name: &str) -> Option<ColumnText<'_>> {
+        self.cols
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, t, v)| ColumnText {
+                typname: t,
+                value: v.as_deref(),
+            })
+    }
+}

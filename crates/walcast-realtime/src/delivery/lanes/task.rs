@@ -14,11 +14,13 @@ use walcast_wal2json::Lsn;
 
 use super::{lock, Batch, Progress, Work, MAX_UNCONFIRMED};
 use crate::authorize::rls::RlsChecker;
-use crate::authorize::{authorize_batch, Audience, Judged, Unjudged};
+use crate::authorize::{authorize_batch, Audience, Judged, PendingChange, Unjudged, Withheld};
 use crate::catalog::change::View;
 use crate::config::{LaneLimits, RlsMode, RlsOptions};
 use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
+use crate::subscriptions::matcher::Sub;
+use crate::subscriptions::narrow::{narrow, Narrowed};
 use crate::telemetry;
 
 /// A subscription is told of skipped changes at most this often.
@@ -225,30 +227,20 @@ impl LaneTask {
         Ok(())
     }
 
-    /// Authorize and publish a batch, or skip it if it waited too long.
+    /// Narrow, authorize and publish a batch, or skip it if it waited too long.
     async fn batch(&mut self, mut batch: Batch) -> Result<(), RealtimeError> {
-        let checked = batch.changes.iter().any(|c| !c.matched.is_empty());
         let now = Instant::now();
         if batch.sent.elapsed() > LAGGING_AFTER {
             self.lagging_until = Some(now + LAGGING_FOR);
         }
-        // Held while this batch is checked, when its project lags.
-        let lagging = self.lagging_until.is_some_and(|t| t > now);
-        let _slot = match checked && lagging {
-            true => self.lagging.clone().acquire_owned().await.ok(),
-            false => None,
-        };
         let late = batch.sent.elapsed() > self.limits.max_lag;
         if batch.overflow || late {
             self.skip(&mut batch, if late { "lag" } else { "bytes" })
                 .await?;
-        } else if let Some(judged) = self.authorize(&batch, checked).await? {
-            for (change, audience) in batch.changes.iter_mut().zip(&judged.audiences) {
-                self.outlet.publish(&mut change.event, audience).await?;
-            }
-            self.unjudged(&batch, judged.unjudged).await?;
         } else {
-            self.skip(&mut batch, "lag").await?;
+            let deadline = batch.sent + self.limits.max_lag;
+            let unevaluated = narrow_batch(&mut batch, deadline).await;
+            self.judge(&mut batch, unevaluated).await?;
         }
         let p = &self.progress;
         p.done.fetch_max(batch.through.0, Ordering::AcqRel);
@@ -258,6 +250,34 @@ impl LaneTask {
             waiting.pop_front();
         }
         Ok(())
+    }
+
+    /// Authorize and publish a narrowed batch (or skip it when its checks ran past its
+    /// bound); tell those who could not be judged, `unevaluated` among them.
+    async fn judge(
+        &mut self,
+        batch: &mut Batch,
+        unevaluated: Vec<Vec<Withheld>>,
+    ) -> Result<(), RealtimeError> {
+        let checked = batch.changes.iter().any(|c| !c.matched.is_empty());
+        // Held while this batch is checked, when its project lags.
+        let lagging = self.lagging_until.is_some_and(|t| t > Instant::now());
+        let _slot = match checked && lagging {
+            true => self.lagging.clone().acquire_owned().await.ok(),
+            false => None,
+        };
+        let Some(judged) = self.authorize(batch, checked).await? else {
+            return self.skip(batch, "lag").await;
+        };
+        for (change, audience) in batch.changes.iter_mut().zip(&judged.audiences) {
+            self.outlet.publish(&mut change.event, audience).await?;
+        }
+        let mut unjudged = judged.unjudged;
+        unjudged.resize_with(batch.changes.len(), Vec::new);
+        for (u, mut more) in unjudged.iter_mut().zip(unevaluated) {
+            u.append(&mut more);
+        }
+        self.unjudged(batch, unjudged).await
     }
 
     /// Who may see each change of `batch`, and who could not be judged; `None` when its
@@ -321,7 +341,9 @@ impl LaneTask {
         );
         let mut by_front: HashMap<String, Vec<String>> = HashMap::new();
         for change in &batch.changes {
-            for m in &change.matched {
+            // Every subscription of the table, whatever its filter and event: told only
+            // those a change matched, a notice would say what a row it may not see held.
+            for m in &change.candidates {
                 for (front, bucket) in &m.fronts {
                     let ids = bucket
                         .iter()
@@ -357,6 +379,7 @@ impl LaneTask {
         // (project, front, why) → subscription ids.
         let mut told: HashMap<(&str, String, Unjudged), Vec<String>> = HashMap::new();
         for (change, withheld) in batch.changes.iter().zip(unjudged) {
+            let withheld = widen(change, withheld);
             let project = change.event.project.as_str();
             let mut counts: HashMap<Unjudged, u64> = HashMap::new();
             for (front, id, why) in withheld {
@@ -425,6 +448,99 @@ impl LaneTask {
     }
 }
 
+/// Narrow each change of `batch` to the classes it matches (see
+/// [`crate::subscriptions::narrow`]) by `deadline`; returns, per change, the subscribers
+/// of the classes whose filters were not evaluated by then. Patterns run on a blocking
+/// thread, not on the runtime every lane and the decoder share.
+async fn narrow_batch(batch: &mut Batch, deadline: Instant) -> Vec<Vec<Withheld>> {
+    let costly = batch
+        .changes
+        .iter()
+        .any(|c| c.candidates.iter().any(|m| m.class.has_patterns()));
+    let changes = std::mem::take(&mut batch.changes);
+    let (changes, unevaluated) = match costly {
+        false => narrow_all(changes, deadline),
+        true => match tokio::task::spawn_blocking(move || narrow_all(changes, deadline)).await {
+            Ok(done) => done,
+            // `narrow_all` catches a panic of one change's filters itself.
+            Err(e) => {
+                tracing::error!(error = %e, "narrowing a batch failed");
+                (Vec::new(), Vec::new())
+            }
+        },
+    };
+    batch.changes = changes;
+    unevaluated
+}
+
+fn narrow_all(
+    mut changes: Vec<PendingChange>,
+    deadline: Instant,
+) -> (Vec<PendingChange>, Vec<Vec<Withheld>>) {
+    let mut unevaluated = Vec::with_capacity(changes.len());
+    for c in &mut changes {
+        let run = std::panic::AssertUnwindSafe(|| {
+            let kind = c.event.kind;
+            narrow(c.candidates.clone(), kind, &c.filter_row, Some(deadline))
+        });
+        let n = match std::panic::catch_unwind(run) {
+            Ok(n) => n,
+            Err(_) => {
+                metrics::counter!(telemetry::FILTER_ERRORS).increment(1);
+                tracing::error!(table = %c.event.table, "a filter's evaluation panicked: the change's candidates are told");
+                Narrowed {
+                    matched: Vec::new(),
+                    unevaluated: c.candidates.clone(),
+                }
+            }
+        };
+        if !n.unevaluated.is_empty() {
+            metrics::counter!(telemetry::FILTERS_UNEVALUATED).increment(n.unevaluated.len() as u64);
+        }
+        let told = n.unevaluated.iter().flat_map(|m| {
+            m.subs()
+                .map(|s| (s.spec.front.clone(), s.spec.id.clone(), Unjudged::Filters))
+        });
+        unevaluated.push(told.collect());
+        c.matched = n.matched;
+    }
+    (changes, unevaluated)
+}
+
+/// The subscriptions a change's unjudged verdicts concern: every subscription of its
+/// table (a candidate's, in effect at the change) with the role and claims of one
+/// withheld, whatever its filter and event. The withheld alone are those the change
+/// matched: telling only them would say that a row they may not see matched their filter.
+fn widen(change: &PendingChange, withheld: Vec<Withheld>) -> Vec<Withheld> {
+    if withheld.is_empty() {
+        return withheld;
+    }
+    let subs: HashMap<&str, &Sub> = change
+        .candidates
+        .iter()
+        .flat_map(|m| m.subs())
+        .map(|s| (s.spec.id.as_str(), s.as_ref()))
+        .collect();
+    let mut groups: HashMap<(Option<&str>, &str), Unjudged> = HashMap::new();
+    let mut out = Vec::new();
+    for (front, id, why) in withheld {
+        match subs.get(id.as_str()) {
+            Some(s) => {
+                groups
+                    .entry((s.role(), s.claims_json.as_str()))
+                    .or_insert(why);
+            }
+            None => out.push((front, id, why)),
+        }
+    }
+    for s in subs.values() {
+        if let Some(why) = groups.get(&(s.role(), s.claims_json.as_str())) {
+            out.push((s.spec.front.clone(), s.spec.id.clone(), *why));
+        }
+    }
+    out
+}
+
 /// What a subscriber withheld a change its checks could not judge is told (never the
 /// error itself: a policy's error may quote the row).
 fn unjudged_message(why: Unjudged) -> String {
@@ -438,6 +554,9 @@ fn unjudged_message(why: Unjudged) -> String {
         Unjudged::Superseded => "its row changed again before its row-level security check",
         Unjudged::Incomplete => {
             "the deleted row lacks a value its policies read (the table's replica identity is not FULL)"
+        }
+        Unjudged::Filters => {
+            "this project's filters could not all be evaluated before its lag bound"
         }
     };
     format!(
