@@ -68,15 +68,33 @@ pub struct PgDateTime {
 }
 
 impl PgDateTime {
-    /// Microseconds since the Unix epoch in UTC; a missing offset counts as UTC.
+    /// Microseconds since the Unix epoch in UTC; a missing offset counts as UTC. `None` when
+    /// the instant is beyond what microseconds in an `i64` hold (about 292,000 years either
+    /// side of 1970, past Postgres's own timestamp range).
+    pub fn checked_unix_micros(&self) -> Option<i64> {
+        self.checked_local_micros()?
+            .checked_sub(self.offset_secs.unwrap_or(0) * 1_000_000)
+    }
+
+    /// [`Self::checked_unix_micros`], clamped to the `i64` range: ordering is kept for every
+    /// instant Postgres can store, and a far-out literal compares past all of them.
     pub fn unix_micros(&self) -> i64 {
-        self.days * MICROS_PER_DAY + self.micros_of_day - self.offset_secs.unwrap_or(0) * 1_000_000
+        self.checked_unix_micros()
+            .unwrap_or(if self.days < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    fn checked_local_micros(&self) -> Option<i64> {
+        self.days
+            .checked_mul(MICROS_PER_DAY)?
+            .checked_add(self.micros_of_day)
     }
 
     /// Microseconds since 1970-01-01 00:00 of the local (written) date and time, ignoring
-    /// any offset (`timestamp without time zone` semantics).
+    /// any offset (`timestamp without time zone` semantics); clamped like
+    /// [`Self::unix_micros`].
     pub fn local_micros(&self) -> i64 {
-        self.days * MICROS_PER_DAY + self.micros_of_day
+        self.checked_local_micros()
+            .unwrap_or(if self.days < 0 { i64::MIN } else { i64::MAX })
     }
 }
 
@@ -244,7 +262,10 @@ pub fn format_rfc3339_micros(unix_micros: i64) -> String {
 /// is taken as UTC.
 pub fn pg_to_rfc3339_millis(text: &str) -> Result<String, TimestampError> {
     let dt = parse_pg_datetime(text)?;
-    Ok(format_rfc3339_millis(dt.unix_micros()))
+    let micros = dt
+        .checked_unix_micros()
+        .ok_or_else(|| TimestampError::OutOfRange(text.to_owned()))?;
+    Ok(format_rfc3339_millis(micros))
 }
 
 #[cfg(test)]
@@ -283,6 +304,8 @@ mod tests {
             "2026-01-01 00:00:00 BC",
             "infinity",
             "2026-01-01x",
+            "300000-1-1 ",
+            "999999999-12-31 23:59:59+00",
         ] {
             assert!(pg_to_rfc3339_millis(bad).is_err(), "{bad}");
         }
