@@ -365,13 +365,38 @@ impl Projects {
             Some(_) => return Err(AuthError::Malformed("`ref` must be a string".into())),
         };
         let entry = self.resolve(&project).await?;
-        let v = verify_with(project, &entry.schema, entry.keys_now(), token)?;
+        let v = match verify_with(project.clone(), &entry.schema, entry.keys_now(), token) {
+            Err(AuthError::Signature | AuthError::UnknownKey { .. }) => {
+                self.verify_after_refresh(project, token).await?
+            }
+            other => other?,
+        };
         self.check_role(&v)?;
         if entry.status.suspended {
             crate::telemetry::error("project_suspended");
             return Err(AuthError::Suspended(v.project));
         }
         Ok(v)
+    }
+
+    /// A token whose signature did not verify may be signed with keys this front has not
+    /// learnt yet (a rotation made through another front): verify it once more after a
+    /// refresh of the directory, which is shared and rate-limited like a miss's.
+    async fn verify_after_refresh(
+        &self,
+        project: String,
+        token: &str,
+    ) -> Result<Verified, AuthError> {
+        let Some(dir) = &self.inner.directory else {
+            return Err(AuthError::Signature);
+        };
+        let _ = dir
+            .refresh_after_miss(&self.inner.table, &self.inner.events)
+            .await;
+        let entry = self
+            .entry(&project)
+            .ok_or_else(|| AuthError::UnknownProject(project.clone()))?;
+        verify_with(project, &entry.schema, entry.keys_now(), token)
     }
 
     /// Whether a session of `project` may keep acting with `token`: verified again with the
