@@ -1,4 +1,5 @@
--- Only walcast writes what walcast trusts (docs/security.md, issue 22):
+-- Only walcast writes what walcast trusts (docs/security.md, "What the database may tell
+-- walcast"):
 --   * catalog notices (`walcast.ddl`) and outbox events (`walcast.outbox`) are written
 --     through walcast.emit_signed (0012): the pipeline honours a `walcast.*` logical
 --     message only when its MAC verifies, so a role calling pg_logical_emit_message

@@ -1,4 +1,4 @@
--- Which tables each catalog epoch touched (issue 24): a worker reading table facts in a
+-- Which tables each catalog epoch touched: a worker reading table facts in a
 -- snapshot whose epoch is ahead of the WAL position it judges (DDL on other tables keeps
 -- moving the epoch, e.g. a burst of enables) may keep the read when no epoch in between
 -- touched the tables read. Without this, every read during DDL churn was refused and the

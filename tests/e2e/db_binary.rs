@@ -1,4 +1,4 @@
-//! `realtime.send_binary` on the wire (issue 25), through a raw socket: the bytes arrive as
+//! `realtime.send_binary` on the wire, through a raw socket: the bytes arrive as
 //! binary kind 4 exactly as Supabase frames it — kind, sizes of topic, event and meta,
 //! payload encoding 0 (binary), then topic, event, meta `{"id": …}` and the bytes
 //! untouched — live and replayed (`meta.replayed`), and only to the writing project's

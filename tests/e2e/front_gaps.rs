@@ -1,5 +1,5 @@
-//! A front's NATS link cut for a moment under load (issue #24, "no silent loss between the
-//! leader and a front"): a `ws-front` reaching NATS through a [`TcpProxy`], a second one
+//! A front's NATS link cut for a moment under load (no silent loss between the
+//! leader and a front): a `ws-front` reaching NATS through a [`TcpProxy`], a second one
 //! reaching it directly, a `cdc-worker`, a writer at 50 rows/s; the link is cut for 3 s,
 //! restored, later cut for 1 s. The client of the cut front gets every row once and in
 //! order (the leader resends what NATS dropped), or, when the leader no longer has it, a

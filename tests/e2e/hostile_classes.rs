@@ -1,4 +1,4 @@
-//! Class identity under hostile bindings (issue #22, attack 1): an anon subscription and
+//! Class identity under hostile bindings: an anon subscription and
 //! a `service_role` one with the same other fields, on a table with row-level security,
 //! through a real worker and front on NATS. Their classes differ (the key is a SHA-256 of
 //! the full fields, and worker and front compare the fields before anything joins a

@@ -1,4 +1,4 @@
-//! The failures that made a team rewrite its outbox relay (issue 13, "Why"), reproduced
+//! The failures that made a team rewrite its outbox relay, reproduced
 //! against naive relays written here, on the very workload walcast relays at the same
 //! time:
 //! - polling by timestamp (`occurred_at > last_seen`, `occurred_at` = `now()`, the start

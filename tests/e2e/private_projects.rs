@@ -1,5 +1,5 @@
-//! Hostile tenants on private channels and database broadcasts (issue #22, attacks 4
-//! and 5): everything in `realtime.messages` belongs to one project, so another
+//! Hostile tenants on private channels and database broadcasts: everything in
+//! `realtime.messages` belongs to one project, so another
 //! project's key gets none of it, replayed or live; a login role writes only for the
 //! projects it is mapped to; tokens act only as allowed roles; `nbf` is honoured; a
 //! short `JWT_SECRET` is refused at start; an oversized database broadcast is skipped

@@ -1,4 +1,4 @@
-// A front whose link to NATS is cut (issue 24): realtime-js clients of a front that
+// A front whose link to NATS is cut: realtime-js clients of a front that
 // reaches NATS through a TCP proxy, cut for 3 s and then for 1 s while a writer inserts
 // 50 rows/s, get every row once and in order — the leader numbers what it sends each
 // front, the front asks again for what NATS dropped — or, past the leader's resend

@@ -1,4 +1,4 @@
-// Per-project limits across fronts (issue 25): a project's connected users are counted on
+// Per-project limits across fronts: a project's connected users are counted on
 // every front (each front announces its counts in its health beacon) and, at the limit,
 // a further join on any front is refused with Supabase's `ConnectionRateLimitReached:
 // Too many connected users`, while another project on the same fronts is unaffected; a

@@ -1,4 +1,4 @@
-// Per-project rates and sizes across fronts (issue 25), through the unmodified realtime-js
+// Per-project rates and sizes across fronts, through the unmodified realtime-js
 // client: one cdc-worker and two ws-fronts started with small defaults, a noisy project
 // driven over each limit and a quiet project on the same fronts at the same moment.
 // Each limit: the noisy client gets Supabase's text as realtime-js surfaces it (the

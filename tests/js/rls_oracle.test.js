@@ -1,4 +1,4 @@
-// Row-level security against an oracle (issue 17), through the unmodified client, against
+// Row-level security against an oracle, through the unmodified client, against
 // both CDC sources: 50 users, each a client with its own JWT, on `items` with the policies
 // `owner = auth.uid() OR shared` and one joining a membership table; several writers doing
 // thousands of random inserts, updates (moving rows in and out of users' sight) and
@@ -24,7 +24,7 @@
 // checked). "At commit": walcast checks only once every transaction decoded before the
 // version is visible; a commit is in the WAL before it is visible, and backends become
 // visible in any order, so a check that did not wait could read a state older than the
-// version's commit (issue 22: a removed member got an item of the group it had just
+// version's commit (a removed member could get an item of the group it had just
 // left, only on a busy machine).
 //
 // Run with every core busy (`busyLoops`), as CI runs beside other jobs: the races this
@@ -41,8 +41,8 @@ const OPS_PER_WRITER = 1000
 const IDS = 400
 /**
  * One membership change per this many item transactions: often, so that many commit right
- * beside an item of their group (the old code failed 1 run in 3 under load at 4, none in 8
- * at 20).
+ * beside an item of their group (a check that did not wait for visibility fails about 1 run
+ * in 3 under load at 4, none in 8 at 20).
  */
 const CHURN_EVERY = 4
 /** Writers wait while more changes than this are committed but not yet delivered. */

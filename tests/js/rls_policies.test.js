@@ -1,5 +1,5 @@
 // Each kind of row-level-security policy judges a version as a SELECT of that very version
-// would (issue 17), through the unmodified client, against both CDC sources: a restrictive
+// would, through the unmodified client, against both CDC sources: a restrictive
 // policy, a policy `TO authenticated` only (anon gets nothing, a member role of
 // authenticated gets it), `FORCE ROW LEVEL SECURITY` with the table owner subscribed, a
 // table owner without FORCE (sees every version), a policy over the whole row. Each

@@ -1,4 +1,4 @@
-// Row-level security judges each version by its own values (issue 17), through the
+// Row-level security judges each version by its own values, through the
 // unmodified client. An app inserts a row owned by Alice and updates its status right
 // after, as chat and order apps do, 1,000 times, while another table takes a steady
 // stream of unrelated writes. With the policy `owner = auth.uid()`, Alice receives all

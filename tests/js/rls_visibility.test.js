@@ -1,5 +1,5 @@
 // A policy reading another table must see every transaction committed before the change
-// it judges (issue 22, attack 6). Postgres writes a commit to the WAL (where the slot
+// it judges. Postgres writes a commit to the WAL (where the slot
 // decodes it) before the committing backend leaves the process array (where snapshots see
 // it); in between, a later transaction can commit and be decoded, and a check run then
 // sees the older state. Seen under CPU load in `rls_oracle.test.js`: a membership removed

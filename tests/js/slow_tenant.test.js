@@ -1,4 +1,4 @@
-// A slow tenant starves no one (issue 24): four projects whose table's SELECT policy is
+// A slow tenant starves no one: four projects whose table's SELECT policy is
 // slow (a correlated subquery on an unindexed 100,000-row membership table, the most
 // common RLS mistake), each written at 30 rows/s with 10 subscribers (authenticated users
 // who may see every row, so every check really runs), beside the default project's plain

@@ -1,5 +1,5 @@
 //! The baseline of the `outbox` benchmark: an outbox relay that polls a table by `xid8`
-//! offset below the snapshot horizon (the Watermill-style design, issue 13 "Why" 3).
+//! offset below the snapshot horizon (the Watermill-style design).
 //!
 //! Each row records the id of the transaction that wrote it (`pg_current_xact_id()`).
 //! A poll reads the rows past the offset `(tx, id)` whose transaction is older than

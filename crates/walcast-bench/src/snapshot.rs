@@ -2,8 +2,8 @@
 //! stream while a writer runs single-row transactions at `--writer-rate` — inserts of new
 //! keys, and (`--update-share` of them) updates and deletes of the table's rows, all over
 //! the key range the snapshot reads. Prints the snapshot's rows/s and the writer's p99
-//! latency without and with the snapshot running, and their ratio (the issue asks for it
-//! under 2). With `--check` (default), a mirror of the stream applied by position must end
+//! latency without and with the snapshot running, and their ratio (the bound is 2).
+//! With `--check` (default), a mirror of the stream applied by position must end
 //! equal to the table ([`crate::snapshot_check`]); else the benchmark fails.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The snapshot benchmark's check (issue 27's acceptance: "the consumer's copy equals the
+//! The snapshot benchmark's check (what snapshots promise: "the consumer's copy equals the
 //! table at the end; no row twice at the seam"): the table's change stream consumed into
 //! an in-memory mirror applied by position, as the README's consumer does — a message at
 //! or before the position that last set its row (`(commit_lsn, seq)`) is dropped — then

@@ -174,8 +174,8 @@ async fn health(State(s): State<Arc<Baseline>>) -> Json<Value> {
 const BASELINE_WRITE_BUFFER: usize = 8 * 1024;
 
 async fn upgrade(State(s): State<Arc<Baseline>>, ws: WebSocketUpgrade) -> Response {
-    // The front's read buffer; tungstenite's write buffer at the 8 KB the front used
-    // before it wrote its frames itself.
+    // The front's read buffer; tungstenite's write buffer at 8 KB, as an axum server
+    // writing through tungstenite would have (the front writes its frames itself).
     ws.read_buffer_size(walcast_front::SOCKET_READ_BUFFER)
         .write_buffer_size(BASELINE_WRITE_BUFFER)
         .on_upgrade(move |socket| conn(s, socket))

@@ -1,7 +1,7 @@
 //! The driver: one loop, shared by both sources, between a [`Source`] of wal2json lines and
 //! the [`Consumer`]s of decoded transactions.
 //!
-//! It owns what both sources used to repeat: framing lines into transactions
+//! It owns what both sources share: framing lines into transactions
 //! ([`crate::txn`]), the table filter (the union of the consumers' tables), the initial
 //! load and the periodic re-check of the consumers' state, slot statistics, `/health`,
 //! the fence checks, and the acknowledgement rule: the slot is acknowledged at the lowest

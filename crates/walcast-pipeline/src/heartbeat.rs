@@ -5,7 +5,7 @@
 //! The sources already acknowledge every position the server says was read (the
 //! stream's keepalives, the poller's flush position), so WAL written elsewhere — other
 //! tables, other databases of the instance, a managed service's own writes — does not
-//! pile up behind an idle slot today (measured in `tests/pipeline.rs`). The heartbeat is
+//! pile up behind an idle slot (measured by the pipeline's `idle` tests). The heartbeat is
 //! the belt to those braces, as Debezium and Sequin write one: it does not depend on the
 //! server sending keepalives at the right moments, and each beat is a commit in the
 //! slot's own database that moves `confirmed_flush_lsn` whatever else happens.

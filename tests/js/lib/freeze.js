@@ -1,4 +1,4 @@
-// A frozen leader is replaced and fenced (issue #11). While a writer commits one row after
+// A frozen leader is replaced and fenced. While a writer commits one row after
 // another, the leading cdc-worker is stopped with SIGSTOP for 30 s (a long stall, a paused
 // VM, a stuck network path: it keeps its sockets and sessions), in both lease modes
 // (Postgres lease row; Kubernetes Lease against the test kit's fake API server) and both

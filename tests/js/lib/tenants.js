@@ -1,4 +1,4 @@
-// Helpers of the fault-isolation tests (issue 24): projects made with `walcast project
+// Helpers of the fault-isolation tests: projects made with `walcast project
 // create`, rows written at a steady rate, INSERT→client latencies and their percentiles.
 import { execFile } from 'node:child_process'
 import { promisify } from 'node:util'

@@ -1,4 +1,4 @@
-//! Fault isolation between tenants (issue 24): what one project's slow work costs the
+//! Fault isolation between tenants: what one project's slow work costs the
 //! others. Two phases, each on its own throwaway Postgres and nats-server, with one
 //! cdc-worker and one ws-front (the real entry points, children of this process) over
 //! NATS, as a shared deployment runs them:

@@ -1,4 +1,4 @@
-//! Many sources (issue 26): what each source read by the cdc-workers costs, on many small
+//! Many sources: what each source read by the cdc-workers costs, on many small
 //! databases. `--sources` databases spread round robin over `--instances` Postgres
 //! instances (several databases per instance, each its own source with its own slot),
 //! besides the control database (the default source) on an instance of its own, read by

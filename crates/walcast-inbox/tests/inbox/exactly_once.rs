@@ -14,7 +14,7 @@ use walcast_inbox::{headers, Event, Outcome, SettleHook};
 
 use crate::support::*;
 
-/// Issue #13's crash window "consumer after its side effect before its ack", injected
+/// The crash window "consumer after its side effect before its ack", injected
 /// three times: the consumer commits an event's side effect and is killed (its task
 /// aborted: its Postgres and NATS connections go with it) before acking it. JetStream
 /// delivers the event again to the next consumer, whose inbox says it was applied: no

@@ -30,7 +30,8 @@ use walcast_pipeline::{
 use walcast_testkit::{Nats, Postgres};
 use walcast_wal2json::Change;
 
-/// How long the tables stay idle under the other writes (the number).
+/// How long the tables stay idle under the other writes (a minute: four of the 15 s
+/// intervals between running-transactions records, so a held slot shows).
 const IDLE: Duration = Duration::from_secs(60);
 /// The other writes: this many bytes every 200 ms (about 5 MB/s).
 const WRITE_BYTES_PER_TICK: usize = 1_000_000;
