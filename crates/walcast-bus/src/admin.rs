@@ -226,7 +226,7 @@ pub struct ProjectRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt_secret_previous_until_ms: Option<i64>,
     /// Its own limits (each absent: the fronts' default), top-level fields of the record
-    /// (`max_concurrent_users`, … as before they were grouped).
+    /// (`max_concurrent_users`, …), not a nested object.
     #[serde(flatten)]
     pub limits: ProjectLimits,
 }

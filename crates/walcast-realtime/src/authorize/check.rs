@@ -20,8 +20,8 @@
 //! ```
 //!
 //! A version is judged by its own values ([`crate::authorize::sql::own_values_sql`]) unless it
-//! lacks a value its policies read ([`crate::authorize::policy::judged_by`]); then, as before
-//! this existed, by the row's current state: visible by primary key for the role *and*
+//! lacks a value its policies read ([`crate::authorize::policy::judged_by`]); then by
+//! the row's current state: visible by primary key for the role *and*
 //! still holding the version's values in the same snapshot (a version whose row changed
 //! since cannot be judged, and is withheld: "superseded"). The savepoints confine a
 //! failing check (a policy that raises, the timeout) to its own group; `ROLLBACK TO`
