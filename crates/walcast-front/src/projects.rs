@@ -366,8 +366,8 @@ impl Projects {
         };
         let entry = self.resolve(&project).await?;
         let v = match verify_with(project.clone(), &entry.schema, entry.keys_now(), token) {
-            Err(AuthError::Signature | AuthError::UnknownKey { .. }) => {
-                self.verify_after_refresh(project, token).await?
+            Err(e @ (AuthError::Signature | AuthError::UnknownKey { .. })) => {
+                self.verify_after_refresh(project, token).await.ok_or(e)?
             }
             other => other?,
         };
@@ -381,22 +381,15 @@ impl Projects {
 
     /// A token whose signature did not verify may be signed with keys this front has not
     /// learnt yet (a rotation made through another front): verify it once more after a
-    /// refresh of the directory, which is shared and rate-limited like a miss's.
-    async fn verify_after_refresh(
-        &self,
-        project: String,
-        token: &str,
-    ) -> Result<Verified, AuthError> {
-        let Some(dir) = &self.inner.directory else {
-            return Err(AuthError::Signature);
-        };
+    /// refresh of the directory, which is shared and rate-limited like a miss's. `None`:
+    /// still refused (the caller answers with the first refusal).
+    async fn verify_after_refresh(&self, project: String, token: &str) -> Option<Verified> {
+        let dir = self.inner.directory.as_ref()?;
         let _ = dir
             .refresh_after_miss(&self.inner.table, &self.inner.events)
             .await;
-        let entry = self
-            .entry(&project)
-            .ok_or_else(|| AuthError::UnknownProject(project.clone()))?;
-        verify_with(project, &entry.schema, entry.keys_now(), token)
+        let entry = self.entry(&project)?;
+        verify_with(project, &entry.schema, entry.keys_now(), token).ok()
     }
 
     /// Whether a session of `project` may keep acting with `token`: verified again with the
