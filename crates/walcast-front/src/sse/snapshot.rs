@@ -28,7 +28,6 @@ use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
 use walcast_bus::admin::{AdminError, AdminErrorKind, AdminRequest, SnapshotRows};
 use walcast_core::pg_snapshot::{Cut, PgSnapshot};
 
-use super::events::{after_cut, snapshot_start};
 use super::stream::{Item, Pos, SseChannel};
 use super::SseHub;
 use crate::config::{FrontConfig, SSE_SNAPSHOTS_HELD, SSE_SNAPSHOT_ROW_OVERHEAD};
@@ -110,6 +109,40 @@ impl Pending {
             None => self.after.pop_front(),
         }
     }
+}
+
+/// A snapshot stream's start: `ready`, the live receiver, and every change the history
+/// holds (taken together under the channel's lock); the rows are read after this, and
+/// these changes are then kept or dropped by the read's cut ([`after_cut`]).
+fn snapshot_start(
+    chan: &SseChannel,
+    name: &str,
+) -> (
+    VecDeque<Event>,
+    broadcast::Receiver<Arc<Item>>,
+    Vec<Arc<Item>>,
+) {
+    let first = VecDeque::from([chan.ready_event(name)]);
+    let g = chan.lock();
+    let rx = chan.live.subscribe();
+    let held = g.ring.iter().cloned().collect();
+    (first, rx, held)
+}
+
+/// The changes of `held` a reader of rows read at `cut` lacks, as events, and the
+/// position of the last one.
+fn after_cut(held: &[Arc<Item>], cut: &Cut) -> (Vec<Event>, Option<Pos>) {
+    let mut last = None;
+    let mut events = Vec::new();
+    for item in held {
+        if cut.delivers(item.pos.0, item.xid) {
+            events.push(item.event());
+            last = Some(item.pos);
+        } else {
+            metrics::counter!(telemetry::SSE_SNAPSHOT_SKIPPED).increment(1);
+        }
+    }
+    (events, last)
 }
 
 fn refuse(outcome: &'static str, status: StatusCode, message: &str) -> Response {
