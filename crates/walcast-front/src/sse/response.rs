@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use walcast_core::pg_snapshot::Cut;
 
-use super::snapshot::Pending;
+use super::snapshot::Unsent;
 use super::stream::{Item, Pos, Reader, SseChannel};
 use crate::auth::now_secs;
 use crate::connection::open::SseSlot;
@@ -53,7 +53,7 @@ pub(super) fn first_events(
 pub(super) struct StreamState {
     pub first: VecDeque<Event>,
     /// A snapshot's rows and what follows them, sent after `first`.
-    pub rows: Option<Pending>,
+    pub rows: Option<Unsent>,
     pub rx: broadcast::Receiver<Arc<Item>>,
     pub last: Option<Pos>,
     pub expires: Instant,

@@ -15,7 +15,7 @@
 //! totals and digest at the end) and counted against the front's budget of held rows
 //! ([`SnapshotBudget`]) before it is kept: a snapshot is complete or refused before its
 //! stream starts, never cut short. The rows stay counted until the stream has sent them
-//! ([`Pending`]).
+//! ([`Unsent`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -35,11 +35,11 @@ use crate::reply::error_response;
 use crate::telemetry;
 
 /// What a snapshot stream starts with: its first event (`ready`), the rows and what
-/// follows them ([`Pending`]), its live receiver, the last position sent, and the cut that
+/// follows them ([`Unsent`]), its live receiver, the last position sent, and the cut that
 /// filters the live changes.
 pub(super) type Start = (
     VecDeque<Event>,
-    Pending,
+    Unsent,
     broadcast::Receiver<Arc<Item>>,
     Option<Pos>,
     Cut,
@@ -89,7 +89,7 @@ impl SnapshotBudget {
 
 /// A snapshot stream's rows not yet sent, then `snapshot_done` and the held changes the
 /// rows lack; its rows' share of the [`SnapshotBudget`], given back once all are sent.
-pub(crate) struct Pending {
+pub(crate) struct Unsent {
     /// Each row event's data up to its record.
     head: String,
     rows: std::vec::IntoIter<String>,
@@ -97,7 +97,7 @@ pub(crate) struct Pending {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-impl Pending {
+impl Unsent {
     /// The next event, or `None` once everything was sent.
     pub(super) fn next_event(&mut self) -> Option<Event> {
         match self.rows.next() {
@@ -221,15 +221,15 @@ pub(super) async fn start(
     metrics::counter!(telemetry::SSE_SNAPSHOTS, "outcome" => "ok").increment(1);
     metrics::counter!(telemetry::SSE_SNAPSHOT_ROWS).increment(rows.rows.len() as u64);
     let (held_events, last) = after_cut(&held_changes, &cut);
-    let mut pending = pending(chan, rows);
-    pending.after.extend(held_events);
-    pending._budget = held.into_inner().unwrap_or_else(|p| p.into_inner());
-    Ok((first, pending, rx, last, cut))
+    let mut unsent = unsent(chan, rows);
+    unsent.after.extend(held_events);
+    unsent._budget = held.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok((first, unsent, rx, last, cut))
 }
 
 /// `event: snapshot` per row (no `id`: see the module docs of [`super`]), then
 /// `event: snapshot_done`.
-fn pending(chan: &SseChannel, rows: SnapshotRows) -> Pending {
+fn unsent(chan: &SseChannel, rows: SnapshotRows) -> Unsent {
     let b = &chan.binding;
     let columns = serde_json::to_string(&rows.columns).unwrap_or_else(|_| "[]".into());
     let head = format!(
@@ -243,7 +243,7 @@ fn pending(chan: &SseChannel, rows: SnapshotRows) -> Pending {
         rows.rows.len(),
         Value::from(rows.lsn.to_string())
     );
-    Pending {
+    Unsent {
         head,
         rows: rows.rows.into_iter(),
         after: VecDeque::from([Event::default().event("snapshot_done").data(done)]),

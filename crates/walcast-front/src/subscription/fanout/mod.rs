@@ -35,7 +35,7 @@ pub(crate) mod sequence;
 
 use encode::encode;
 use guards::{ReplayGuard, TermGuard};
-use sequence::{Loss, Out, Sequencers, Step, StreamId};
+use sequence::{InOrder, Loss, Sequencers, Step, StreamId};
 
 use crate::cluster::listen::next_message;
 use crate::projects::Projects;
@@ -111,7 +111,7 @@ impl Fanout {
         let Some(n) = m.header(HEADER_FRONT_SEQ).and_then(|v| v.parse().ok()) else {
             // From a worker that does not number its messages.
             let mut step = Step::default();
-            step.out.push(Out::Deliver(m));
+            step.out.push(InOrder::Deliver(m));
             return step;
         };
         let stream = StreamId {
@@ -166,8 +166,8 @@ impl Fanout {
         }
         for out in step.out {
             match out {
-                Out::Deliver(m) => self.handle(m).await,
-                Out::Lost(loss) => self.lost(&loss),
+                InOrder::Deliver(m) => self.handle(m).await,
+                InOrder::Lost(loss) => self.lost(&loss),
             }
         }
     }

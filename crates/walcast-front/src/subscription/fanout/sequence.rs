@@ -37,7 +37,7 @@ pub(crate) struct Loss {
 
 /// One thing to pass on, in order.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Out<T> {
+pub(crate) enum InOrder<T> {
     Deliver(T),
     Lost(Loss),
 }
@@ -46,7 +46,7 @@ pub(crate) enum Out<T> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Step<T> {
     /// Deliver or report these, in this order.
-    pub out: Vec<Out<T>>,
+    pub out: Vec<InOrder<T>>,
     /// Ask the leader of this stream for `from..=to` again.
     pub ask: Option<(StreamId, u64, u64)>,
     /// Messages that arrived again (already delivered): dropped.
@@ -194,7 +194,7 @@ impl<T> Sequencer<T> {
     fn settle(&mut self, now: Instant, step: &mut Step<T>) {
         loop {
             if let Some(item) = self.held.remove(&self.next) {
-                step.out.push(Out::Deliver(item));
+                step.out.push(InOrder::Deliver(item));
                 self.next += 1;
             } else if let Some((to, why)) = self.gone.remove(&self.next) {
                 self.give_up(to, why, step);
@@ -269,7 +269,7 @@ impl<T> Sequencer<T> {
         let held = std::mem::replace(&mut self.held, later);
         let missing = (to - from + 1) - held.len() as u64;
         if missing > 0 {
-            step.out.push(Out::Lost(Loss {
+            step.out.push(InOrder::Lost(Loss {
                 source: source.unwrap_or_default(),
                 from,
                 to,
@@ -277,7 +277,7 @@ impl<T> Sequencer<T> {
                 why,
             }));
         }
-        step.out.extend(held.into_values().map(Out::Deliver));
+        step.out.extend(held.into_values().map(InOrder::Deliver));
         self.next = to + 1;
         self.gap = None;
     }

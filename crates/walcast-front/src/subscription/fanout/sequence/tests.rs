@@ -17,8 +17,8 @@ fn outs(step: &Step<u64>) -> Vec<(u64, u64, u64)> {
     step.out
         .iter()
         .map(|o| match o {
-            Out::Deliver(n) => (*n, *n, 0),
-            Out::Lost(l) => (l.from, l.to, l.missing),
+            InOrder::Deliver(n) => (*n, *n, 0),
+            InOrder::Lost(l) => (l.from, l.to, l.missing),
         })
         .collect()
 }
@@ -27,8 +27,8 @@ fn delivered(step: &Step<u64>) -> Vec<u64> {
     step.out
         .iter()
         .filter_map(|o| match o {
-            Out::Deliver(n) => Some(*n),
-            Out::Lost(_) => None,
+            InOrder::Deliver(n) => Some(*n),
+            InOrder::Lost(_) => None,
         })
         .collect()
 }
@@ -184,8 +184,8 @@ fn a_loss_names_its_source_and_a_tick_concerns_only_the_waiting_one() {
         .out
         .iter()
         .filter_map(|o| match o {
-            Out::Lost(l) => Some(l),
-            Out::Deliver(_) => None,
+            InOrder::Lost(l) => Some(l),
+            InOrder::Deliver(_) => None,
         })
         .collect();
     assert_eq!(lost.len(), 1);
