@@ -21,9 +21,9 @@ pub struct FrontConfig {
     pub max_bindings_per_channel: usize,
     /// WebSocket connections this front accepts at once.
     pub max_connections: usize,
-    /// Connected users per project across the fronts (see [`crate::usage`]).
+    /// Connected users per project across the fronts (see [`crate::limits::usage`]).
     pub project_max_users: u64,
-    /// A project's default rate limits across the fronts (see [`crate::usage`]); each
+    /// A project's default rate limits across the fronts (see [`crate::limits::usage`]); each
     /// project may have its own (the management API).
     pub project_rates: ProjectRateDefaults,
     /// Joins one socket may send in a burst …

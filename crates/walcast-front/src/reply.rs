@@ -7,8 +7,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use walcast_bus::admin::{AdminError, AdminErrorKind};
 
-use crate::auth::AuthError;
-
 /// A refused or failed request of the realtime REST API or the management API.
 #[derive(Debug)]
 pub(crate) struct ApiError {
@@ -89,15 +87,6 @@ impl From<AdminError> for ApiError {
 /// `{"error": msg}` with a status.
 pub(crate) fn error_response(status: StatusCode, msg: &str) -> Response {
     (status, Json(serde_json::json!({ "error": msg }))).into_response()
-}
-
-/// 503 when the project directory could not be asked, else 401.
-pub(crate) fn auth_status(e: &AuthError) -> StatusCode {
-    match e {
-        AuthError::DirectoryUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        AuthError::Suspended(_) => StatusCode::FORBIDDEN,
-        _ => StatusCode::UNAUTHORIZED,
-    }
 }
 
 /// 503 while the front shuts down: the client reconnects (to another replica).

@@ -19,13 +19,13 @@ use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::{channel_name, Frame};
 
 use super::pending::{Answer, Done, Refreshed, Taken};
-use super::{subscribed_message, Services, Session};
+use super::{subscribed_message, Channels, Services};
 use crate::auth::AuthError;
-use crate::registry::{Removed, COLLISION};
-use crate::subscribe;
+use crate::subscription::registry::{Removed, COLLISION};
+use crate::subscription::subscribe;
 use crate::telemetry;
 
-pub(super) async fn apply(s: &mut Session, topic: &str, token: Option<String>) {
+pub(super) async fn apply(s: &mut Channels, topic: &str, token: Option<String>) {
     let Some(token) = token.filter(|t| !t.is_empty() && !t.starts_with("sb_")) else {
         return;
     };
@@ -57,7 +57,7 @@ pub(super) async fn apply(s: &mut Session, topic: &str, token: Option<String>) {
 
 /// A refresh answered: the channel numbered `id`, if still open on `topic`, takes the
 /// new token (and is told how its subscriptions were registered again), or is shut.
-pub(super) async fn answered(s: &mut Session, topic: &str, id: u64, outcome: Refreshed) {
+pub(super) async fn answered(s: &mut Channels, topic: &str, id: u64, outcome: Refreshed) {
     if s.channels.get(topic).is_none_or(|c| c.id != id) {
         return;
     }
@@ -112,7 +112,7 @@ impl Refresh {
         let claims = Value::Object(auth.claims);
         if !self.still_may_read(&claims).await {
             let name = channel_name(&self.topic);
-            return Refreshed::Refused(crate::private::read_refused(name));
+            return Refreshed::Refused(crate::auth::private::read_refused(name));
         }
         let said = match &self.subs {
             Some(subs) => Some(self.resubscribe(subs, &claims).await),
@@ -130,11 +130,11 @@ impl Refresh {
     /// that tells the client how it went.
     async fn resubscribe(&self, subs: &[u64], claims: &Value) -> Frame {
         let (jr, topic) = (self.join_ref.as_deref(), self.topic.as_str());
-        let registrar = &self.services.registrar;
-        let (specs, collided) = registrar.registry().set_claims(subs, claims);
+        let registration = &self.services.registration;
+        let (specs, collided) = registration.registry().set_claims(subs, claims);
         if !collided.is_empty() {
             // Out of the map already; the worker forgets them too.
-            let source = registrar
+            let source = registration
                 .source_of(&self.project)
                 .unwrap_or_else(|| walcast_bus::source::DEFAULT_SOURCE.to_string());
             let removed = Removed {
@@ -142,9 +142,9 @@ impl Refresh {
                 sources: vec![source; collided.len()],
                 ..Default::default()
             };
-            registrar.unregister(removed).await;
+            registration.unregister(removed).await;
         }
-        match registrar.register(specs).await {
+        match registration.register(specs).await {
             Ok(mut refused) => {
                 let why = COLLISION.to_string();
                 refused.extend(collided.into_iter().map(|id| (id, why.clone())));
@@ -172,7 +172,7 @@ impl Refresh {
 
 /// Token expiry: channels whose check time passed are closed if their token expired or
 /// no longer verifies, else checked again later.
-pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
+pub(super) async fn check_expiry(s: &mut Channels, now: Instant) {
     let due: Vec<String> = s
         .channels
         .iter()
@@ -183,7 +183,7 @@ pub(super) async fn check_expiry(s: &mut Session, now: Instant) {
 }
 
 /// Check every channel's token now (its project's keys changed).
-pub(super) async fn check_all(s: &mut Session) {
+pub(super) async fn check_all(s: &mut Channels) {
     let all: Vec<String> = s
         .channels
         .keys()
@@ -194,13 +194,13 @@ pub(super) async fn check_all(s: &mut Session) {
 }
 
 /// Check one channel's token now (its command in flight was answered).
-pub(super) async fn check_one(s: &mut Session, topic: &str) {
+pub(super) async fn check_one(s: &mut Channels, topic: &str) {
     check(s, vec![topic.to_string()]).await;
 }
 
 /// Close each of these channels whose token no key accepts now (expired, or its key
 /// gone); check the others again later.
-async fn check(s: &mut Session, topics: Vec<String>) {
+async fn check(s: &mut Channels, topics: Vec<String>) {
     for topic in topics {
         let Some((token, exp)) = s.channels.get(&topic).map(|c| (c.token.clone(), c.exp)) else {
             continue;

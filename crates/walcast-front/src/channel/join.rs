@@ -6,7 +6,7 @@
 //! checked at once. The rest may wait for the cdc-worker (a private channel's check, the
 //! registration, a replay), so it runs as a join in flight ([`super::pending`]) on a
 //! [`Joiner`] — what it needs of the socket, owned — beside the socket's other frames;
-//! its channel joins the session once it is answered.
+//! its channel joins the connection's channels once it is answered.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,16 +21,16 @@ use walcast_protocol::{
 };
 
 use super::pending::{Answer, Done};
-use super::{subscribed_message, Channel, Services, Session};
-use crate::outbound::{ChanOut, ConnHandle, Out};
-use crate::registration::Refused;
-use crate::sink::SinkRef;
-use crate::subscribe::{self, Subscribed};
+use super::{subscribed_message, Channel, Channels, Services};
+use crate::connection::topics::TopicKey;
+use crate::connection::{ChanOut, ConnHandle, Out};
+use crate::limits::usage::{TooManyUsers, UserSlot};
+use crate::subscription::registration::Refused;
+use crate::subscription::sink::SinkRef;
+use crate::subscription::subscribe::{self, Subscribed};
 use crate::telemetry;
-use crate::topics::TopicKey;
-use crate::usage::{TooManyUsers, UserSlot};
 
-pub(super) async fn apply(s: &mut Session, f: Frame, req: JoinRequest) {
+pub(super) async fn apply(s: &mut Channels, f: Frame, req: JoinRequest) {
     let topic = f.topic.as_str();
     let Some(name) = topic.strip_prefix(TOPIC_PREFIX) else {
         telemetry::error("unmatched_topic");
@@ -75,13 +75,13 @@ pub(super) async fn apply(s: &mut Session, f: Frame, req: JoinRequest) {
 }
 
 /// What a join in flight needs of its socket, owned: it runs beside the socket's other
-/// frames, and its channel joins the session once answered.
+/// frames, and its channel joins the connection's channels once answered.
 pub(super) struct Joiner {
     services: Arc<Services>,
     handle: Arc<ConnHandle>,
     vsn: Vsn,
     project: String,
-    /// The join's token: its `access_token`, else the socket's (see [`crate::credentials`]).
+    /// The join's token: its `access_token`, else the socket's (see [`crate::auth::credentials`]).
     token: String,
 }
 
@@ -159,7 +159,7 @@ impl Joiner {
         match policies.may(&self.project, name, claims, false).await {
             Ok(true) => true,
             Ok(false) => {
-                self.refuse(f, "Unauthorized", &crate::private::read_refused(name));
+                self.refuse(f, "Unauthorized", &crate::auth::private::read_refused(name));
                 false
             }
             Err(e) => {
@@ -345,11 +345,12 @@ impl Joiner {
         bindings: &[PgChangeBinding],
         claims: &Value,
     ) -> Result<Subscribed, String> {
-        let topics = &self.services.delivery.topics;
+        let topics = &self.services.topics;
         topics.add(key, out.clone());
         let sink: SinkRef = out.clone();
-        let registrar = &self.services.registrar;
-        let result = subscribe::subscribe(registrar, &self.project, bindings, claims, sink).await;
+        let registration = &self.services.registration;
+        let result =
+            subscribe::subscribe(registration, &self.project, bindings, claims, sink).await;
         if result.is_err() {
             out.close(Vec::new());
             topics.remove(key, out.id);
@@ -370,12 +371,12 @@ const JOIN_RATE: (&str, &str) = ("ClientJoinRateLimitReached", "Too many joins p
 
 /// The socket's joins per second, then its project's across the fronts; `Err`: the
 /// `walcast_limits_total` kind of the limit reached.
-fn join_rate(s: &mut Session) -> Result<(), &'static str> {
+fn join_rate(s: &mut Channels) -> Result<(), &'static str> {
     if !s.joins.take() {
         return Err("join_rate");
     }
     let usage = &s.services.usage;
-    match usage.take(&s.project, &[(crate::rates::Rate::Joins, 1)]) {
+    match usage.take(&s.project, &[(crate::limits::rates::Rate::Joins, 1)]) {
         Ok(()) => Ok(()),
         Err(_) => Err("project_joins"),
     }
@@ -383,7 +384,7 @@ fn join_rate(s: &mut Session) -> Result<(), &'static str> {
 
 /// The socket's channel limit (its project's `max_channels_per_client`; joins in flight
 /// count, so they are bounded by it too) and the channel's binding limit.
-fn join_limits(s: &Session, bindings: usize) -> Result<(), (&'static str, String)> {
+fn join_limits(s: &Channels, bindings: usize) -> Result<(), (&'static str, String)> {
     let cfg = &s.services.cfg;
     let max_channels = s.services.usage.quotas(&s.project).channels_per_client;
     if (s.channels.len() + s.pending.joins()) as u64 >= max_channels {

@@ -3,10 +3,10 @@
 
 use walcast_protocol::{server, Frame};
 
-use super::Session;
-use crate::outbound::Out;
+use super::Channels;
+use crate::connection::Out;
 
-pub(super) async fn apply(s: &mut Session, f: &Frame) {
+pub(super) async fn apply(s: &mut Channels, f: &Frame) {
     let reply = server::reply_ok(f.join_ref.as_deref(), f.ref_.as_deref(), &f.topic, None);
     match s.channels.remove(&f.topic) {
         None => s.push(&reply),

@@ -1,21 +1,32 @@
-//! Channels on one WebSocket connection: the Phoenix commands a client sends, one module
-//! per command (`join`, `leave`, `access_token`, `broadcast`, `presence`), each applied
-//! to the connection's [`Session`] by [`Session::apply`]; heartbeats are answered here.
+//! Channels: the topics a WebSocket connection joined, and the Phoenix commands its
+//! client sends on them.
 //!
-//! A [`Session`] holds the connection's channels and the front's [`Services`] its
-//! commands use. What every command shares (replies, closing a channel, the write
-//! check of private channels) is a method of the session; a command is a function of
-//! its module. A command that must wait for the cdc-worker (a join, a token refresh, a
-//! private channel's write check) runs beside the other frames (see [`pending`]): the
-//! socket never waits on one channel.
+//! * `websocket`: the WebSocket route — the upgrade, then the connection's read loop,
+//!   which hands each client frame to the connection's [`Channels`].
+//! * here: [`Channels`] — one connection's joined channels and the front's [`Services`]
+//!   their commands use — [`Channels::apply`], which dispatches a frame to its command,
+//!   and what every command shares (replies, closing a channel, the write check of
+//!   private channels). Heartbeats are answered here.
+//! * one module per command, each a function of it: `join` (`phx_join`), `leave`
+//!   (`phx_leave`), `access_token` (a token refreshed, and the expiry and revocation
+//!   checks), `send` (`broadcast`: a client's message to its topic), `track`
+//!   (`presence`: track, untrack).
+//! * `pending`: a command that must wait for the cdc-worker (a join, a token refresh, a
+//!   private channel's write check) runs beside the other frames: the socket never
+//!   waits on one channel.
+//! * `ready`: `replication_ready`, a channel told once the change stream runs.
+//!
+//! What a channel is beneath its commands — its gate into the connection's queue, the
+//! channels by topic — is `crate::connection`'s.
 
 mod access_token;
-mod broadcast;
 mod join;
 mod leave;
 mod pending;
-mod presence;
 mod ready;
+mod send;
+mod track;
+pub(crate) mod websocket;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -31,22 +42,20 @@ use walcast_protocol::{channel_name, ClientMessage, Frame, MessageError, Presenc
 
 use pending::{Answer, Done};
 
+use crate::auth::credentials::Credentials;
 use crate::auth::now_secs;
+use crate::auth::private::Policies;
 use crate::broadcast::Broadcasts;
 use crate::cluster::Heard;
 use crate::config::FrontConfig;
-use crate::connections::Connections;
-use crate::credentials::Credentials;
-use crate::delivery::Delivery;
+use crate::connection::{ChanOut, ConnHandle, Connections, Out, TopicKey, Topics};
+use crate::limits::usage::{Usage, UserSlot};
 use crate::limits::TokenBucket;
-use crate::outbound::{ChanOut, ConnHandle, Out};
-use crate::presence::{PresenceStore, EVENTS_BURST, EVENTS_PER_SECOND};
-use crate::private::Policies;
+use crate::presence::admit::{EVENTS_BURST, EVENTS_PER_SECOND};
+use crate::presence::{send_diff, PresenceStore};
 use crate::projects::Projects;
-use crate::registration::{Refused, Registrar};
+use crate::subscription::registration::{Refused, Registration};
 use crate::telemetry;
-use crate::topics::TopicKey;
-use crate::usage::UserSlot;
 
 /// `system` message after a successful subscription.
 pub const SUBSCRIBED: &str = "Subscribed to PostgreSQL";
@@ -57,12 +66,13 @@ pub(crate) struct Services {
     pub front_id: String,
     pub projects: Projects,
     pub policies: Policies,
-    pub delivery: Arc<Delivery>,
-    pub registrar: Arc<Registrar>,
+    /// This front's channels by topic.
+    pub topics: Arc<Topics>,
+    pub registration: Arc<Registration>,
     pub presence: Arc<dyn PresenceStore>,
     pub broadcasts: Arc<Broadcasts>,
     pub connections: Arc<Connections>,
-    pub usage: Arc<crate::usage::Usage>,
+    pub usage: Arc<Usage>,
     /// The processes heard from: whether the change stream runs (`replication_ready`).
     pub heard: Arc<Heard>,
 }
@@ -93,34 +103,34 @@ pub(crate) struct Channel {
 }
 
 /// One connection's channels, and what its commands need.
-pub(crate) struct Session {
+pub(crate) struct Channels {
     pub services: Arc<Services>,
     pub handle: Arc<ConnHandle>,
     pub vsn: Vsn,
     pub project: String,
     /// The upgrade request's credentials (a join without its own token acts with them).
     pub creds: Credentials,
-    /// Boxed: a session usually has one channel, and the map allocates room for a few.
+    /// Boxed: a connection usually has one channel, and the map allocates room for a few.
     pub channels: HashMap<String, Box<Channel>>,
     pub joins: TokenBucket,
-    /// Presence track/untrack events of this socket (see [`crate::presence`]).
+    /// Presence track/untrack events of this socket (see [`crate::presence::admit`]).
     pub presence_events: TokenBucket,
     /// The socket as one of its project's connected users (from its first join).
-    pub user: Option<crate::usage::UserSlot>,
+    pub user: Option<UserSlot>,
     /// Its commands in flight, and the frames of their topics that wait behind them.
     pub pending: pending::Pending,
 }
 
-impl Session {
+impl Channels {
     pub(crate) fn new(
         services: Arc<Services>,
         handle: Arc<ConnHandle>,
         vsn: Vsn,
         project: String,
         creds: Credentials,
-    ) -> Session {
+    ) -> Channels {
         let cfg = &services.cfg;
-        Session {
+        Channels {
             joins: TokenBucket::new(cfg.join_burst, cfg.joins_per_second),
             presence_events: TokenBucket::new(EVENTS_BURST, EVENTS_PER_SECOND),
             services,
@@ -162,8 +172,8 @@ impl Session {
                 self.reply_error(&f, "unmatched topic");
             }
             Ok(ClientMessage::AccessToken(t)) => access_token::apply(self, &f.topic, t).await,
-            Ok(ClientMessage::Broadcast(b)) => broadcast::apply(self, &f, b).await,
-            Ok(ClientMessage::Presence(a)) => presence::apply(self, &f, a).await,
+            Ok(ClientMessage::Broadcast(b)) => send::apply(self, &f, b).await,
+            Ok(ClientMessage::Presence(a)) => track::apply(self, &f, a).await,
             Ok(ClientMessage::Unknown(ev)) => {
                 telemetry::error("unknown_event");
                 self.reply_error(
@@ -233,7 +243,7 @@ impl Session {
         }
     }
 
-    /// A command's outcome: a join's channel joins the session, a refresh's token (or
+    /// A command's outcome: a join's channel joins the others, a refresh's token (or
     /// refusal) and a write check's answer apply to their channel if it is still open.
     async fn answered(&mut self, done: Done) {
         let topic = done.topic;
@@ -250,7 +260,7 @@ impl Session {
         }
     }
 
-    /// An answered join's channel (if it opened one) joins the session; the socket's
+    /// An answered join's channel (if it opened one) joins the others; the socket's
     /// user slot, if the join admitted it, is kept.
     fn join_answered(&mut self, channel: Option<Box<Channel>>, user: Option<UserSlot>) {
         if self.user.is_none() {
@@ -327,13 +337,13 @@ impl Session {
     async fn close_channel(&mut self, ch: Box<Channel>, last: Vec<Out>) {
         ch.out.close(last);
         let sv = self.services.clone();
-        sv.delivery.topics.remove(&ch.key, ch.id);
-        let removed = sv.delivery.registry.remove(&ch.subs);
-        sv.registrar.unregister(removed).await;
+        sv.topics.remove(&ch.key, ch.id);
+        let removed = sv.registration.registry().remove(&ch.subs);
+        sv.registration.unregister(removed).await;
         if ch.tracked {
             let owner = format!("{}:{}", sv.front_id, ch.id);
             if let Some(d) = sv.presence.untrack(ch.key.clone(), owner).await {
-                crate::presence::send_diff(&sv.delivery.topics, &sv.usage, &ch.key, &d);
+                send_diff(&sv.topics, &sv.usage, &ch.key, &d);
             }
         }
         sv.connections.channel_closed();
@@ -380,7 +390,7 @@ impl Session {
 
     /// Whether the channel may send (broadcast, or track presence): public channels
     /// always; a private one if its policies allow it (asked once, at its first send,
-    /// and kept for the channel's life: see [`Session::check_write`]).
+    /// and kept for the channel's life: see [`Channels::check_write`]).
     fn may_write(&self, topic: &str) -> bool {
         self.channels
             .get(topic)

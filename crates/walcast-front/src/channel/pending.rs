@@ -25,7 +25,7 @@ use sync_wrapper::SyncWrapper;
 use walcast_protocol::Frame;
 
 use super::Channel;
-use crate::usage::UserSlot;
+use crate::limits::usage::UserSlot;
 
 /// Frames a socket may have waiting behind its commands in flight.
 pub const MAX_WAITING: usize = 16;

@@ -10,7 +10,7 @@ use tokio::time::{Duration, Instant};
 use walcast_protocol::server::{self, SystemStatus};
 use walcast_protocol::Frame;
 
-use super::{Services, Session};
+use super::{Channels, Services};
 
 /// The message, as Supabase words it.
 pub const READY: &str = "Replication connection established";
@@ -40,9 +40,9 @@ fn stream_runs(sv: &Services, project: &str, now: Instant) -> bool {
 }
 
 /// Why `project` gets no changes while no leader of its source is heard streaming
-/// ([`crate::source_watch::not_streaming`]).
+/// ([`crate::subscription::source_watch::not_streaming`]).
 pub(super) fn not_streaming(sv: &Services, project: &str) -> Option<(String, bool)> {
-    crate::source_watch::not_streaming(&sv.heard, &sv.projects, project)
+    crate::subscription::source_watch::not_streaming(&sv.heard, &sv.projects, project)
 }
 
 /// At a join with `postgres_changes` accepted while a worker reports that its source
@@ -87,7 +87,7 @@ pub(super) fn at_join(
 /// Answer the waits due by `now`: the message if the stream runs, the error (and the
 /// channel closed) past the deadline, else look again in [`POLL`]. A channel with a
 /// command in flight is looked at once it is answered.
-pub(super) async fn check(s: &mut Session, now: Instant) {
+pub(super) async fn check(s: &mut Channels, now: Instant) {
     let due: Vec<String> = s
         .channels
         .iter()
@@ -116,7 +116,7 @@ pub(super) async fn check(s: &mut Session, now: Instant) {
         if runs {
             ch.ready_wait = None;
             let f = ready_message(ch.join_ref.as_deref(), &topic);
-            if let Some(o) = crate::outbound::Out::frame(&f, vsn) {
+            if let Some(o) = crate::connection::Out::frame(&f, vsn) {
                 ch.out.deliver(o);
             }
         } else if now >= wait.deadline {

@@ -13,9 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use walcast_protocol::server::{self, SystemStatus};
 
-use crate::connections::Connections;
-use crate::delivery::Delivery;
-use crate::outbound::{ConnHandle, Out};
+use crate::connection::{ConnHandle, Connections, Out, Topics};
 use crate::projects::{ProjectEvent, Projects};
 use crate::sse::SseHub;
 use crate::telemetry;
@@ -29,7 +27,7 @@ pub(crate) async fn notice_loop(
     mut notices: walcast_bus::Subscription,
     cancel: CancellationToken,
 ) {
-    while crate::listen::next_message(&mut notices, &cancel, "project notices")
+    while crate::cluster::listen::next_message(&mut notices, &cancel, "project notices")
         .await
         .is_some()
     {
@@ -40,7 +38,7 @@ pub(crate) async fn notice_loop(
 /// End what the directory's events say may no longer stay, until `cancel` fires.
 pub(crate) async fn events_loop(
     projects: Projects,
-    (delivery, connections, sse): (Arc<Delivery>, Arc<Connections>, Arc<SseHub>),
+    (topics, connections, sse): (Arc<Topics>, Arc<Connections>, Arc<SseHub>),
     cancel: CancellationToken,
 ) {
     let mut events = projects.events();
@@ -52,7 +50,7 @@ pub(crate) async fn events_loop(
         match e {
             Ok(ProjectEvent::KeysChanged(p)) => recheck(&connections, &sse, Some(&p)),
             Ok(e) => {
-                end(&delivery, &connections, &e);
+                end(&topics, &connections, &e);
                 if !e.public_only() {
                     let n = sse.end_project(e.project(), e.message());
                     tracing::info!(
@@ -89,9 +87,9 @@ fn recheck(connections: &Connections, sse: &SseHub, project: Option<&str>) {
 
 /// Tell each affected channel (`system` error, `phx_close`), then close its socket —
 /// and, for a deleted or suspended project, every other socket of it.
-fn end(delivery: &Delivery, connections: &Connections, e: &ProjectEvent) {
+fn end(topics: &Topics, connections: &Connections, e: &ProjectEvent) {
     let mut sockets: HashMap<u64, Arc<ConnHandle>> = HashMap::new();
-    for c in delivery.topics.of_project(e.project(), e.public_only()) {
+    for c in topics.of_project(e.project(), e.public_only()) {
         let system = server::system(None, &c.topic, "system", SystemStatus::Error, e.message());
         for f in [system, server::phx_close(None, &c.topic)] {
             if let Some(out) = Out::frame(&f, c.vsn) {

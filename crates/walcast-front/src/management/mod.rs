@@ -39,6 +39,7 @@ pub(crate) use ending::{events_loop, notice_loop};
 pub use view::{created_view, mint_keys, project_view, with_effective_limits, KEY_LIFETIME_SECS};
 pub use walcast_bus::admin::SUBJECT_PROJECTS_CHANGED;
 
+use crate::auth::operator::OperatorKey;
 use crate::projects::Projects;
 use crate::reply::ApiError;
 use crate::telemetry;
@@ -51,7 +52,7 @@ pub(crate) struct Management {
     pub projects: Projects,
     pub bus: Bus,
     /// The operator key.
-    pub key: crate::operator::OperatorKey,
+    pub key: OperatorKey,
     /// How long a rotated secret stays valid by default.
     pub rotation_window: Duration,
     /// A project's limits where it has none of its own (every field set; see
@@ -69,7 +70,7 @@ impl Management {
         Management {
             projects,
             bus,
-            key: crate::operator::OperatorKey::new(Some(key)),
+            key: OperatorKey::new(Some(key)),
             rotation_window: window,
             defaults,
         }
@@ -133,7 +134,7 @@ fn respond(e: ApiError, op: &'static str) -> Response {
     e.into_response()
 }
 
-/// The operator key (see [`crate::operator`]): a project's key (a JWT) is refused with
+/// The operator key (see [`crate::auth::operator`]): a project's key (a JWT) is refused with
 /// 403, anything else with 401.
 fn authorize(m: &Management, headers: &HeaderMap) -> Result<AdminClient, ApiError> {
     m.key.check(headers)?;

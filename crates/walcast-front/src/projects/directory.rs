@@ -12,8 +12,8 @@ use walcast_bus::admin::{AdminClient, AdminError, ProjectRecord};
 
 use super::status::{ProjectEvent, Status};
 use super::{Entry, Table};
+use crate::auth::keys::ProjectKeys;
 use crate::auth::DEFAULT_PROJECT;
-use crate::keys::ProjectKeys;
 
 /// How the directory keeps up with the worker's project list.
 #[derive(Clone, Debug)]
@@ -219,7 +219,7 @@ fn keys_tag(p: &ProjectRecord) -> [u8; 32] {
 /// A stored project's keys: its secret, its previous one, its JWKS (a JWKS that does not
 /// parse is left out, with an error in the log: the secrets still work).
 fn record_keys(p: &ProjectRecord) -> ProjectKeys {
-    let jwks = match p.jwks.as_deref().map(crate::keys::parse_jwks) {
+    let jwks = match p.jwks.as_deref().map(crate::auth::keys::parse_jwks) {
         None => Vec::new(),
         Some(Ok(keys)) => keys,
         Some(Err(e)) => {

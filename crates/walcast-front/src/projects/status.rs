@@ -7,7 +7,7 @@
 
 use walcast_bus::admin::ProjectLimits;
 
-use crate::keys::ProjectKeys;
+use crate::auth::keys::ProjectKeys;
 
 /// A stored project's switches.
 #[derive(Clone, Default)]

@@ -9,7 +9,7 @@
 //! | name | meaning | default |
 //! |---|---|---|
 //! | `apikey` | the project's JWT (anon or service_role key); also accepted as the `apikey` header or `Authorization: Bearer` | — |
-//! | `access_token` | the user's JWT whose claims (`role`, …) the worker uses for RLS; needs `role` and `exp` | `Authorization: Bearer`, else the key ([`crate::credentials`]) |
+//! | `access_token` | the user's JWT whose claims (`role`, …) the worker uses for RLS; needs `role` and `exp` | `Authorization: Bearer`, else the key ([`crate::auth::credentials`]) |
 //! | `channel` | a name for the stream (echoed in `ready`); streams with the same name, parameters and claims share one subscription and one history | `sse` |
 //! | `event` | `*`, `INSERT`, `UPDATE` or `DELETE` | `*` |
 //! | `schema` | schema name (`*` = all) | `public` |
@@ -58,8 +58,13 @@
 //! ```sh
 //! curl -N "http://localhost:4000/realtime/v1/sse?apikey=$ANON_KEY&table=todos"
 //! ```
+//!
+//! Here: the route ([`handler`]), its parameters, and [`SseHub`], the front's streams.
+//! `stream`: one shared subscription (its history, its live readers) and the map of every
+//! stream by key; `snapshot`: a `snapshot=true` stream's rows and what follows them;
+//! `response`: what a response sends, from its first events to its end.
 
-mod events;
+mod response;
 mod snapshot;
 mod stream;
 
@@ -77,26 +82,26 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use walcast_protocol::{PgChangeBinding, RawValue};
 
+use crate::auth::credentials::Credentials;
 use crate::auth::{now_secs, AuthError, Verified};
 use crate::cluster::Heard;
 use crate::config::FrontConfig;
-use crate::connections::{Connections, SseSlot};
-use crate::credentials::Credentials;
+use crate::connection::open::{Connections, SseSlot};
+use crate::limits::usage::{TooManyUsers, Usage};
 use crate::limits::OpenRate;
 use crate::projects::Projects;
-use crate::registration::Registrar;
-use crate::reply::{auth_status, draining_response, error_response};
-use crate::sink::SinkRef;
-use crate::subscribe;
-use crate::usage::{TooManyUsers, Usage};
-use events::{first_events, next_event, StreamState};
+use crate::reply::{draining_response, error_response};
+use crate::subscription::registration::Registration;
+use crate::subscription::sink::SinkRef;
+use crate::subscription::subscribe;
+use response::{first_events, next_event, StreamState};
 use stream::{Pos, Reader, SseChannel, SseKey, Streams};
 
 /// The SSE route's state: the front's streams, and what opening one takes.
 pub(crate) struct SseHub {
     cfg: FrontConfig,
     projects: Projects,
-    registrar: Arc<Registrar>,
+    registration: Arc<Registration>,
     connections: Arc<Connections>,
     usage: Arc<Usage>,
     /// What the health beacons say: why a project's source does not stream.
@@ -114,7 +119,7 @@ impl SseHub {
     pub(crate) fn new(
         cfg: FrontConfig,
         projects: Projects,
-        registrar: Arc<Registrar>,
+        registration: Arc<Registration>,
         connections: Arc<Connections>,
         (usage, heard): (Arc<Usage>, Arc<Heard>),
         cancel: CancellationToken,
@@ -124,7 +129,7 @@ impl SseHub {
             snapshot_budget: snapshot::SnapshotBudget::new(&cfg),
             cfg,
             projects,
-            registrar,
+            registration,
             connections,
             usage,
             heard,
@@ -271,7 +276,7 @@ pub(crate) async fn handler(
     };
     let claims = Value::Object(user.claims.clone());
     let (chan, guard) = open_channel(&hub, key, &binding);
-    if let Err((status, why)) = subscribe(&hub.registrar, &chan, &claims).await {
+    if let Err((status, why)) = subscribe(&hub.registration, &chan, &claims).await {
         drop(guard);
         discard(&hub, &chan).await;
         let why = refusal(&hub, &chan.key.project, status, why);
@@ -313,7 +318,7 @@ pub(crate) async fn handler(
 fn serve(hub: &SseHub, state: StreamState) -> Response {
     let (projects, project, token) = &state.session;
     if let Err(e) = projects.check_session(project, token) {
-        return error_response(auth_status(&e), &e.to_string());
+        return error_response(e.http_status(), &e.to_string());
     }
     let stream = futures_util::stream::unfold(state, next_event);
     Sse::new(stream)
@@ -327,7 +332,7 @@ fn too_many_users(e: &TooManyUsers) -> Response {
     error_response(StatusCode::TOO_MANY_REQUESTS, &text)
 }
 
-/// The project's key and the subscriber's token (see [`crate::credentials`]) verified
+/// The project's key and the subscriber's token (see [`crate::auth::credentials`]) verified
 /// (the token too, kept to be verified again when the project's keys change), and the
 /// binding asked for (in a schema the project may use).
 async fn subscriber(
@@ -336,7 +341,7 @@ async fn subscriber(
     query: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<(Verified, (Verified, String), PgChangeBinding), Response> {
-    let refuse = |e: AuthError| error_response(auth_status(&e), &e.to_string());
+    let refuse = |e: AuthError| error_response(e.http_status(), &e.to_string());
     let creds = Credentials::from_request(query, headers);
     let socket = projects
         .verify(creds.key().unwrap_or(""))
@@ -387,7 +392,7 @@ fn refusal(hub: &SseHub, project: &str, status: StatusCode, why: String) -> Stri
     if status != StatusCode::SERVICE_UNAVAILABLE {
         return why;
     }
-    crate::source_watch::not_streaming(&hub.heard, &hub.projects, project)
+    crate::subscription::source_watch::not_streaming(&hub.heard, &hub.projects, project)
         .map_or(why, |(reason, _)| {
             format!("Unable to subscribe to changes: {reason}")
         })
@@ -397,7 +402,7 @@ fn refusal(hub: &SseHub, project: &str, status: StatusCode, why: String) -> Stri
 /// for the same answer). A refusal is the client's error (400), a failed registration
 /// the server's (503).
 async fn subscribe(
-    registrar: &Arc<Registrar>,
+    registration: &Arc<Registration>,
     chan: &Arc<SseChannel>,
     claims: &Value,
 ) -> Result<(), (StatusCode, String)> {
@@ -406,7 +411,7 @@ async fn subscribe(
             let bindings = std::slice::from_ref(&chan.binding);
             let sink: SinkRef = chan.clone();
             let project = &chan.key.project;
-            match subscribe::subscribe(registrar, project, bindings, claims, sink).await {
+            match subscribe::subscribe(registration, project, bindings, claims, sink).await {
                 Ok(s) => match (s.subs.first(), s.refused.into_values().next()) {
                     (Some(n), _) => Ok(*n),
                     (None, why) => Err((StatusCode::BAD_REQUEST, why.unwrap_or_default())),
@@ -422,8 +427,8 @@ async fn subscribe(
 /// Drop a channel and its subscription.
 async fn discard(hub: &SseHub, chan: &Arc<SseChannel>) {
     if hub.streams.remove_if(chan) {
-        let removed = hub.registrar.registry().remove(chan.sub().as_slice());
-        hub.registrar.unregister(removed).await;
+        let removed = hub.registration.registry().remove(chan.sub().as_slice());
+        hub.registration.unregister(removed).await;
     }
 }
 
@@ -449,8 +454,8 @@ pub(crate) async fn reaper(hub: Arc<SseHub>, cancel: CancellationToken) {
             keys.iter().filter_map(|k| streams.remove(k)).collect()
         };
         for c in idle {
-            let removed = hub.registrar.registry().remove(c.sub().as_slice());
-            hub.registrar.unregister(removed).await;
+            let removed = hub.registration.registry().remove(c.sub().as_slice());
+            hub.registration.unregister(removed).await;
         }
     }
 }

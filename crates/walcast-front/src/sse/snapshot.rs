@@ -15,7 +15,7 @@
 //! totals and digest at the end) and counted against the front's budget of held rows
 //! ([`SnapshotBudget`]) before it is kept: a snapshot is complete or refused before its
 //! stream starts, never cut short. The rows stay counted until the stream has sent them
-//! ([`Pending`]).
+//! ([`Unsent`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,6 @@ use tokio::sync::{broadcast, OwnedSemaphorePermit, Semaphore};
 use walcast_bus::admin::{AdminError, AdminErrorKind, AdminRequest, SnapshotRows};
 use walcast_core::pg_snapshot::{Cut, PgSnapshot};
 
-use super::events::{after_cut, snapshot_start};
 use super::stream::{Item, Pos, SseChannel};
 use super::SseHub;
 use crate::config::{FrontConfig, SSE_SNAPSHOTS_HELD, SSE_SNAPSHOT_ROW_OVERHEAD};
@@ -36,11 +35,11 @@ use crate::reply::error_response;
 use crate::telemetry;
 
 /// What a snapshot stream starts with: its first event (`ready`), the rows and what
-/// follows them ([`Pending`]), its live receiver, the last position sent, and the cut that
+/// follows them ([`Unsent`]), its live receiver, the last position sent, and the cut that
 /// filters the live changes.
 pub(super) type Start = (
     VecDeque<Event>,
-    Pending,
+    Unsent,
     broadcast::Receiver<Arc<Item>>,
     Option<Pos>,
     Cut,
@@ -90,7 +89,7 @@ impl SnapshotBudget {
 
 /// A snapshot stream's rows not yet sent, then `snapshot_done` and the held changes the
 /// rows lack; its rows' share of the [`SnapshotBudget`], given back once all are sent.
-pub(crate) struct Pending {
+pub(crate) struct Unsent {
     /// Each row event's data up to its record.
     head: String,
     rows: std::vec::IntoIter<String>,
@@ -98,7 +97,7 @@ pub(crate) struct Pending {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-impl Pending {
+impl Unsent {
     /// The next event, or `None` once everything was sent.
     pub(super) fn next_event(&mut self) -> Option<Event> {
         match self.rows.next() {
@@ -110,6 +109,40 @@ impl Pending {
             None => self.after.pop_front(),
         }
     }
+}
+
+/// A snapshot stream's start: `ready`, the live receiver, and every change the history
+/// holds (taken together under the channel's lock); the rows are read after this, and
+/// these changes are then kept or dropped by the read's cut ([`after_cut`]).
+fn snapshot_start(
+    chan: &SseChannel,
+    name: &str,
+) -> (
+    VecDeque<Event>,
+    broadcast::Receiver<Arc<Item>>,
+    Vec<Arc<Item>>,
+) {
+    let first = VecDeque::from([chan.ready_event(name)]);
+    let g = chan.lock();
+    let rx = chan.live.subscribe();
+    let held = g.ring.iter().cloned().collect();
+    (first, rx, held)
+}
+
+/// The changes of `held` a reader of rows read at `cut` lacks, as events, and the
+/// position of the last one.
+fn after_cut(held: &[Arc<Item>], cut: &Cut) -> (Vec<Event>, Option<Pos>) {
+    let mut last = None;
+    let mut events = Vec::new();
+    for item in held {
+        if cut.delivers(item.pos.0, item.xid) {
+            events.push(item.event());
+            last = Some(item.pos);
+        } else {
+            metrics::counter!(telemetry::SSE_SNAPSHOT_SKIPPED).increment(1);
+        }
+    }
+    (events, last)
 }
 
 fn refuse(outcome: &'static str, status: StatusCode, message: &str) -> Response {
@@ -188,15 +221,15 @@ pub(super) async fn start(
     metrics::counter!(telemetry::SSE_SNAPSHOTS, "outcome" => "ok").increment(1);
     metrics::counter!(telemetry::SSE_SNAPSHOT_ROWS).increment(rows.rows.len() as u64);
     let (held_events, last) = after_cut(&held_changes, &cut);
-    let mut pending = pending(chan, rows);
-    pending.after.extend(held_events);
-    pending._budget = held.into_inner().unwrap_or_else(|p| p.into_inner());
-    Ok((first, pending, rx, last, cut))
+    let mut unsent = unsent(chan, rows);
+    unsent.after.extend(held_events);
+    unsent._budget = held.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok((first, unsent, rx, last, cut))
 }
 
 /// `event: snapshot` per row (no `id`: see the module docs of [`super`]), then
 /// `event: snapshot_done`.
-fn pending(chan: &SseChannel, rows: SnapshotRows) -> Pending {
+fn unsent(chan: &SseChannel, rows: SnapshotRows) -> Unsent {
     let b = &chan.binding;
     let columns = serde_json::to_string(&rows.columns).unwrap_or_else(|_| "[]".into());
     let head = format!(
@@ -210,7 +243,7 @@ fn pending(chan: &SseChannel, rows: SnapshotRows) -> Pending {
         rows.rows.len(),
         Value::from(rows.lsn.to_string())
     );
-    Pending {
+    Unsent {
         head,
         rows: rows.rows.into_iter(),
         after: VecDeque::from([Event::default().event("snapshot_done").data(done)]),

@@ -5,13 +5,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 
 use axum::http::StatusCode;
+use axum::response::sse::Event;
+use serde_json::Value;
 use tokio::sync::{broadcast, OnceCell};
 use tokio::time::Instant;
 use walcast_bus::ChangeEvent;
 use walcast_core::Lsn;
 use walcast_protocol::{EncodedChange, PgChangeBinding};
 
-use crate::sink::{Change, Sink};
+use crate::subscription::sink::{Change, Sink};
 
 pub(super) type Pos = (Lsn, u32);
 
@@ -59,7 +61,27 @@ pub(crate) struct SseChannel {
     streams: Weak<Streams>,
 }
 
+impl Item {
+    /// Its `postgres_changes` event (with its position as the `id`).
+    pub(super) fn event(&self) -> Event {
+        Event::default()
+            .id(&self.id)
+            .event("postgres_changes")
+            .data(&self.data)
+    }
+}
+
 impl SseChannel {
+    /// `event: ready`: the channel's name and its binding with its `id`.
+    pub(super) fn ready_event(&self, name: &str) -> Event {
+        let ready_data = format!(
+            "{{\"channel\":{},\"postgres_changes\":[{}]}}",
+            Value::from(name),
+            self.binding.reply_entry()
+        );
+        Event::default().event("ready").data(ready_data)
+    }
+
     /// A new stream for `key` in `streams`, keeping `cap` changes of history and
     /// `live_cap` for live readers not yet caught up.
     pub(super) fn new(
