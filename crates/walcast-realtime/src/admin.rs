@@ -2,7 +2,7 @@
 //! the fronts' key verification, and enabling realtime per table for their REST API.
 //!
 //! Private-channel checks and SSE snapshot reads evaluate the tenants' policies: those
-//! run on the check login's sessions ([`crate::check_login`]), never on walcast's own.
+//! run on the check login's sessions ([`walcast_control::check_login`]), never on walcast's own.
 //!
 //! A table is always looked up in its project's schema (`public` for the default
 //! project, `project_<hex>` for the others), so a project can never enable, disable or
@@ -19,13 +19,13 @@ use walcast_bus::admin::{
 use walcast_bus::subs::BoxFuture;
 
 use crate::authorize::channel::Channel;
-use crate::catalog::tables::{self, RealtimeTablesError};
-use crate::check_login::CheckSessions;
 use crate::error::RealtimeError;
-use crate::projects::{self, ProjectError};
-use crate::roles::RolePolicy;
-use crate::secrets::SecretKeys;
-use crate::source_projects::SourceProjects;
+use walcast_control::check_login::CheckSessions;
+use walcast_control::projects;
+use walcast_control::roles::RolePolicy;
+use walcast_control::secrets::SecretKeys;
+use walcast_control::source_projects::SourceProjects;
+use walcast_control::tables::{self, RealtimeTablesError};
 
 /// Every admin session: a statement waits at most 3 s for a table lock and runs at most
 /// 5 s (a slow policy on `realtime.messages` fails its own check, never holds the others).
@@ -233,32 +233,6 @@ fn internal(e: impl std::fmt::Display) -> AdminError {
     AdminError::new(AdminErrorKind::Internal, e.to_string())
 }
 
-impl From<ProjectError> for AdminError {
-    fn from(e: ProjectError) -> AdminError {
-        internal(e)
-    }
-}
-
-impl From<RealtimeTablesError> for AdminError {
-    fn from(e: RealtimeTablesError) -> AdminError {
-        match e {
-            RealtimeTablesError::UnknownTable(_) => {
-                AdminError::new(AdminErrorKind::UnknownTable, e.to_string())
-            }
-            RealtimeTablesError::NoPrimaryKey(_) => {
-                AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
-            }
-            RealtimeTablesError::Partitioned(_) => {
-                AdminError::new(AdminErrorKind::PartitionedTable, e.to_string())
-            }
-            RealtimeTablesError::OtherProject { .. } => internal(e),
-            RealtimeTablesError::Db(d) => {
-                internal(format!("database: {}", walcast_pgtls::db_message(&d)))
-            }
-        }
-    }
-}
-
 async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError> {
     projects::schema_of(client, project).await?.ok_or_else(|| {
         AdminError::new(
@@ -349,8 +323,8 @@ async fn run(
     req: AdminRequest,
     schema: Option<String>,
 ) -> Result<AdminReply, AdminError> {
-    if crate::manage::is_management(&req) {
-        return crate::manage::run(client, keys, req).await;
+    if walcast_control::manage::is_management(&req) {
+        return walcast_control::manage::run(client, keys, req).await;
     }
     if crate::snapshot::manage::is_snapshot(&req) {
         return crate::snapshot::manage::run(client, req).await;
@@ -427,7 +401,7 @@ async fn project_list(client: &Client, keys: &SecretKeys) -> Result<AdminReply, 
     let projects = projects::list(client, keys)
         .await?
         .into_iter()
-        .map(crate::manage::record)
+        .map(walcast_control::manage::record)
         .collect();
     Ok(AdminReply::Projects { projects })
 }

@@ -49,7 +49,7 @@ pub struct RealtimeConfig {
     /// For the catalog (types, the realtime tables): `DATABASE_URL`, walcast's own login.
     pub database_url: String,
     /// For the RLS checks, run as each subscriber: `CHECK_DATABASE_URL`, the check login
-    /// (see [`crate::check_login`]).
+    /// (see [`walcast_control::check_login`]).
     pub check_url: String,
     /// How row-level security is checked (batching, shards, timeout).
     pub rls: RlsOptions,
@@ -61,7 +61,7 @@ pub struct RealtimeConfig {
     pub links: LinkOptions,
     /// The projects this pipeline's source holds (README "Sources"): anything read for
     /// another project is dropped. `None`: every project (a single-database tool).
-    pub projects: Option<std::sync::Arc<crate::source_projects::SourceProjects>>,
+    pub projects: Option<std::sync::Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 /// How far a project's delivery lane may fall behind (see `delivery/lanes.rs`).
@@ -178,7 +178,7 @@ pub struct ChangeStreamConfig {
     /// A change whose values are larger is stored without them (`Error 413`).
     pub max_record_bytes: usize,
     /// The projects of this source (`None`: all).
-    pub projects: Option<std::sync::Arc<crate::source_projects::SourceProjects>>,
+    pub projects: Option<std::sync::Arc<walcast_control::source_projects::SourceProjects>>,
     /// Where this process's snapshotter hands chunks to the consumer (`None`: snapshots
     /// do not run here, the watermarks are not read).
     pub board: Option<std::sync::Arc<crate::snapshot::Board>>,

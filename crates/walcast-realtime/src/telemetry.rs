@@ -5,13 +5,6 @@
 pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
 /// Counter: broadcasts from the database published to the fronts (label `payload`:
 /// `json` for `realtime.send`, `binary` for `realtime.send_binary`).
-/// Changes and broadcasts read from a source's database for a project not on that
-/// source, dropped (label `what`: change, broadcast, registration, admin).
-pub const FOREIGN_PROJECT_DROPPED: &str = "walcast_source_foreign_project_dropped_total";
-/// Counter: stored secrets that could not be decrypted (altered, moved to another row or
-/// column, plain text), their row left out of what was read (label `table`: projects,
-/// sources).
-pub const SECRETS_UNREADABLE: &str = "walcast_secrets_unreadable_total";
 pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
 /// Counter: changes whose audience was split over several messages to fit the bus.
 pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
@@ -290,14 +283,6 @@ fn describe_publishing() {
 }
 
 fn describe_pipeline() {
-    metrics::describe_counter!(
-        SECRETS_UNREADABLE,
-        "Stored secrets (a project's JWT secret, a source's URL) that could not be decrypted with SECRETS_KEY: altered, moved to another row or column, or plain text; the row is left out (label table)"
-    );
-    metrics::describe_counter!(
-        FOREIGN_PROJECT_DROPPED,
-        "Things a source's database named for a project not on that source, dropped (label what: change, broadcast, registration, admin)"
-    );
     metrics::describe_counter!(
         DB_BROADCASTS,
         "Broadcasts from the database published to the fronts (label payload: json for realtime.send and realtime.broadcast_changes, binary for realtime.send_binary)"

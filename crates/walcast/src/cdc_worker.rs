@@ -11,8 +11,8 @@ use walcast_bus::admin::AdminHandler;
 use walcast_bus::subs::KnownFronts;
 use walcast_bus::Bus;
 
+use walcast_control::secrets::SecretKeys;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
-use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
@@ -23,7 +23,7 @@ use crate::server::Listening;
 use crate::share::Workers;
 use crate::supervisor;
 use walcast_bus::source::DEFAULT_SOURCE;
-use walcast_realtime::source_projects::SourceProjects;
+use walcast_control::source_projects::SourceProjects;
 
 /// Reads the WAL through a wal2json slot and publishes every change to NATS.
 #[derive(Parser, Debug, Clone)]
@@ -114,7 +114,7 @@ pub async fn run(
     bus: Bus,
     registrar: Registrar,
     admin: Arc<dyn AdminHandler>,
-    roles: walcast_realtime::roles::RolePolicy,
+    roles: walcast_control::roles::RolePolicy,
     front: Option<walcast_front::Front>,
     origin: String,
     ops: OpsHttp,

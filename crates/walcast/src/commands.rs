@@ -5,8 +5,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use walcast_bus::Bus;
+use walcast_control::tables as realtime_tables;
 use walcast_core::sql::parse_qualified_name;
-use walcast_realtime::catalog::tables as realtime_tables;
 
 use crate::config::redact_url;
 

@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use walcast_control::secrets::SecretKeys;
 use walcast_lease::LeaseMode;
 use walcast_pipeline::config as pipeline;
 use walcast_pipeline::{PipelineConfig, ReadConfig, SourceKind};
-use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::{RealtimeConfig, RlsMode, RlsOptions};
 
 /// How to trust and authenticate to NATS beyond `NATS_URL` (which may carry a user and
@@ -58,7 +58,7 @@ impl NatsAuthArgs {
 }
 
 /// The key the projects' secrets and the sources' URLs are stored encrypted with (see
-/// `walcast_realtime::secrets`), and during a rotation the previous one.
+/// `walcast_control::secrets`), and during a rotation the previous one.
 #[derive(Args, Clone, Default)]
 pub struct SecretsArgs {
     /// Key of the secrets stored in the database (the projects' JWT secrets, the sources'
@@ -86,7 +86,7 @@ impl SecretsArgs {
             .secrets_key
             .as_deref()
             .filter(|k| !k.is_empty())
-            .ok_or(walcast_realtime::secrets::SecretError::NoKey)?;
+            .ok_or(walcast_control::secrets::SecretError::NoKey)?;
         let keys = SecretKeys::new(key, self.secrets_key_previous.as_deref())?;
         Ok(std::sync::Arc::new(keys))
     }
@@ -128,8 +128,8 @@ pub struct RolesArgs {
 
 impl RolesArgs {
     /// The worker's policy.
-    pub fn policy(&self) -> walcast_realtime::roles::RolePolicy {
-        walcast_realtime::roles::RolePolicy::new(self.allowed_roles.iter().cloned())
+    pub fn policy(&self) -> walcast_control::roles::RolePolicy {
+        walcast_control::roles::RolePolicy::new(self.allowed_roles.iter().cloned())
     }
 }
 

@@ -2,8 +2,8 @@
 //! operator must change), walcast's migrations, and its stored secrets encrypted.
 
 use anyhow::Context;
-use walcast_realtime::secrets::at_rest::{self, Report};
-use walcast_realtime::secrets::SecretKeys;
+use walcast_control::secrets::at_rest::{self, Report};
+use walcast_control::secrets::SecretKeys;
 
 use crate::config::{redact_url, CdcArgs, DbArgs};
 
@@ -12,14 +12,14 @@ pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
     let mut client = walcast_pipeline::connect(database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
-    walcast_realtime::migrate::migrate(&mut client)
+    walcast_control::migrate::migrate(&mut client)
         .await
         .context("applying migrations")?;
     Ok(())
 }
 
 /// The control database's secrets at rest: plain-text values encrypted, the previous
-/// key's rewritten under the current one (see `walcast_realtime::secrets::at_rest`).
+/// key's rewritten under the current one (see `walcast_control::secrets::at_rest`).
 /// Refused, naming the key, when a value was made with a key not configured; values
 /// that cannot be read are logged and left as they are.
 pub async fn seal_secrets(database_url: &str, keys: &SecretKeys) -> anyhow::Result<Report> {
@@ -48,7 +48,7 @@ pub async fn seal_secrets(database_url: &str, keys: &SecretKeys) -> anyhow::Resu
 pub async fn prepare_control(
     db: &DbArgs,
     keys: &SecretKeys,
-    roles: &walcast_realtime::roles::RolePolicy,
+    roles: &walcast_control::roles::RolePolicy,
 ) -> anyhow::Result<()> {
     migrate(&db.database_url).await?;
     seal_secrets(&db.database_url, keys).await?;
@@ -85,17 +85,17 @@ pub async fn preflight(db: &DbArgs, cdc: &CdcArgs) -> anyhow::Result<()> {
 }
 
 /// Check the check login of `check_url` against walcast's own login of `database_url`
-/// (see `walcast_realtime::check_login`): refuse a missing or over-privileged one, grant
+/// (see `walcast_control::check_login`): refuse a missing or over-privileged one, grant
 /// it the allowed roles checks run as, record it. Returns its name.
 pub async fn check_login(
     database_url: &str,
     check_url: Option<&str>,
-    roles: &walcast_realtime::roles::RolePolicy,
+    roles: &walcast_control::roles::RolePolicy,
 ) -> anyhow::Result<String> {
     let own = walcast_pipeline::connect(database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
-    let login = walcast_realtime::check_login::prepare(&own, check_url, roles).await?;
+    let login = walcast_control::check_login::prepare(&own, check_url, roles).await?;
     tracing::info!(login = %login, "check login ready: tenant SQL runs as it");
     Ok(login)
 }

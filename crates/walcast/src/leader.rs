@@ -15,7 +15,7 @@ use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
 use crate::config::{CdcArgs, SourceSpec};
-use walcast_realtime::source_projects::{SourceProjects, REFRESH};
+use walcast_control::source_projects::{SourceProjects, REFRESH};
 
 /// Everything only the leader does, one term at a time: answer subscription
 /// registrations and admin requests, read the slot.

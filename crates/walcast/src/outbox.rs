@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use walcast_control::projects;
 use walcast_core::DEFAULT_PROJECT;
 use walcast_outbox::replay::{Position, Replay};
-use walcast_realtime::projects;
 
 use crate::config::{redact_url, NatsAuthArgs, OutboxStreamArgs};
 

@@ -5,8 +5,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use walcast_bus::admin::{AdminReply, AdminRequest, LimitChanges, ProjectLimits, MAX_LIMIT};
+use walcast_control::{manage, projects};
 use walcast_front::management;
-use walcast_realtime::{manage, projects};
 
 use crate::config::redact_url;
 
@@ -247,7 +247,7 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
 }
 
 /// `walcast project …`: the management API's operations, run by the same code
-/// ([`walcast_realtime::manage`]) on this process's own database session; the fronts
+/// ([`walcast_control::manage`]) on this process's own database session; the fronts
 /// see a change at their next directory refresh (30 s; the management API tells them
 /// at once).
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
@@ -315,7 +315,7 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
 /// before it is stored; the previous secret stored encrypted.
 async fn set_keys(
     client: &tokio_postgres::Client,
-    keys: &walcast_realtime::secrets::SecretKeys,
+    keys: &walcast_control::secrets::SecretKeys,
     id: &str,
     previous: Option<&str>,
     jwks: Option<&str>,

@@ -1,11 +1,11 @@
 //! `walcast secrets rotate|status` and `walcast migrate`: the secrets stored in the
 //! control database (the projects' JWT secrets, the sources' URLs), encrypted with
-//! SECRETS_KEY (see `walcast_realtime::secrets`).
+//! SECRETS_KEY (see `walcast_control::secrets`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use walcast_realtime::secrets::at_rest;
-use walcast_realtime::secrets::SecretKeys;
+use walcast_control::secrets::at_rest;
+use walcast_control::secrets::SecretKeys;
 
 use crate::config::{redact_url, SecretsArgs};
 

@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use walcast_bus::admin::{AdminClient, AdminHandler};
 use walcast_bus::subs::{SubsClient, SubsHandler};
 use walcast_bus::Bus;
+use walcast_control::secrets::SecretKeys;
 use walcast_realtime::admin::Admin;
-use walcast_realtime::secrets::SecretKeys;
 use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use tokio_postgres::error::SqlState;
-use walcast_realtime::sources::{self, redact_url, NewSource, Source};
+use walcast_control::sources::{self, redact_url, NewSource, Source};
 
 use crate::config::DEFAULT_SLOT_NAME;
 
@@ -148,7 +148,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
                 bail!("no source named {name:?}");
             };
             if let (false, Some(db)) = (skip_check, old.database_url.as_deref()) {
-                let roles = walcast_realtime::roles::RolePolicy::default();
+                let roles = walcast_control::roles::RolePolicy::default();
                 crate::database::check_login(db, Some(&check_url), &roles)
                     .await
                     .with_context(|| format!("source {name:?}: its check login"))?;
@@ -172,7 +172,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
 /// of that name differs.
 async fn already_there(
     control: &tokio_postgres::Client,
-    keys: &walcast_realtime::secrets::SecretKeys,
+    keys: &walcast_control::secrets::SecretKeys,
     new: &NewSource,
 ) -> anyhow::Result<bool> {
     let Some(old) = sources::get(control, keys, &new.name).await? else {
@@ -230,10 +230,10 @@ async fn check(new: &NewSource, allow_unbounded_wal: bool) -> anyhow::Result<()>
                 redact_url(&new.database_url)
             )
         })?;
-    walcast_realtime::migrate::migrate(&mut db)
+    walcast_control::migrate::migrate(&mut db)
         .await
         .with_context(|| format!("source {name:?}: applying walcast's migrations"))?;
-    let roles = walcast_realtime::roles::RolePolicy::default();
+    let roles = walcast_control::roles::RolePolicy::default();
     let login = crate::database::check_login(&new.database_url, new.check_url.as_deref(), &roles)
         .await
         .with_context(|| format!("source {name:?}: its check login"))?;

@@ -22,11 +22,11 @@ use tokio_util::task::TaskTracker;
 use walcast_bus::beacon::WorkerBeacon;
 use walcast_bus::subs::KnownFronts;
 use walcast_bus::Bus;
+use walcast_control::roles::RolePolicy;
+use walcast_control::secrets::SecretKeys;
+use walcast_control::source_projects::SourceProjects;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
 use walcast_pipeline::PipelineHealth;
-use walcast_realtime::roles::RolePolicy;
-use walcast_realtime::secrets::SecretKeys;
-use walcast_realtime::source_projects::SourceProjects;
 
 use crate::config::{redact_url, CdcArgs, SourceSpec};
 use crate::share::{self, Workers};
@@ -453,7 +453,7 @@ struct Listed {
 /// not configured fails the list.
 async fn list(control_url: &str, keys: &SecretKeys) -> anyhow::Result<Listed> {
     let client = walcast_pipeline::connect(control_url).await?;
-    let rows = walcast_realtime::sources::list_rows(&client, keys).await?;
+    let rows = walcast_control::sources::list_rows(&client, keys).await?;
     let mut listed = Listed {
         specs: Vec::new(),
         unreadable: Default::default(),
@@ -464,7 +464,7 @@ async fn list(control_url: &str, keys: &SecretKeys) -> anyhow::Result<Listed> {
             Ok(s) => s,
             Err(e) if e.is_unknown_key() => return Err(e.into()),
             Err(e) => {
-                walcast_realtime::secrets::left_out("sources", &e);
+                walcast_control::secrets::left_out("sources", &e);
                 listed.unreadable.insert(name);
                 continue;
             }

@@ -127,6 +127,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
         .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
     walcast_pipeline::telemetry::describe();
     walcast_realtime::telemetry::describe();
+    walcast_control::telemetry::describe();
     walcast_lease::telemetry::describe();
     walcast_front::telemetry::describe();
     describe();

@@ -27,7 +27,7 @@
 //! failing check (a policy that raises, the timeout) to its own group; `ROLLBACK TO`
 //! also undoes its `set_config`.
 //!
-//! The check connection's session user is the check login ([`crate::check_login`]): a
+//! The check connection's session user is the check login ([`walcast_control::check_login`]): a
 //! policy that resets the role gains nothing. That login may read no table, so the
 //! current-row comparison runs on walcast's own connection ([`Connections::own`]), which
 //! imports the check transaction's snapshot (`pg_export_snapshot`, one round trip more,

@@ -35,7 +35,7 @@ const VISIBLE_WAIT: Duration = Duration::from_secs(2);
 pub struct RlsChecker {
     /// walcast's own login: the catalog, and the current-row comparisons.
     database_url: String,
-    /// The check login ([`crate::check_login`]): every statement run as a subscriber.
+    /// The check login ([`walcast_control::check_login`]): every statement run as a subscriber.
     check_url: String,
     client: Option<Client>,
     /// Transactions known to be visible to new snapshots (the last batch's).
@@ -88,7 +88,7 @@ SELECT q.n, p.polname::text, p.polpermissive, pg_get_expr(p.polqual, p.polrelid)
  ORDER BY q.n, p.polname";
 
 /// `$1 < epoch <= $2` all logged and none touching a table of `$3`/`$4` (schema, table
-/// pairs) or every table (see `sql/0015_catalog_log.sql`).
+/// pairs) or every table (see `walcast-control/sql/0015_catalog_log.sql`).
 const UNTOUCHED_SQL: &str = "
 SELECT count(*) = $2::int8 - $1::int8
    AND NOT coalesce(bool_or(l.tables IS NULL OR EXISTS (

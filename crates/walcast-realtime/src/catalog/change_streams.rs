@@ -4,8 +4,8 @@
 use tokio_postgres::GenericClient;
 use walcast_core::sql::qualified;
 
-use crate::catalog::tables::{delete_row, inspect, list_rows, TableRef};
-use crate::error::RealtimeTablesError;
+use walcast_control::tables::{delete_row, inspect, list_rows, TableRef};
+use walcast_control::RealtimeTablesError;
 
 /// The change-stream tables' own table, always decoded by the change-stream consumer
 /// (so an edit takes effect at its WAL position).

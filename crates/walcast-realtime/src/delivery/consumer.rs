@@ -20,7 +20,6 @@ pub use catalog::CatalogTracking;
 use crate::authorize::check::Version;
 use crate::authorize::{PendingChange, RlsMode};
 use crate::catalog::change::NOTICE_PREFIX;
-use crate::catalog::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
 use crate::catalog::tables_drift;
 use crate::catalog::types::TypeCache;
 use crate::config::LaneLimits;
@@ -33,6 +32,7 @@ use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::Matcher;
 use crate::subscriptions::row_view::OwnedRow;
+use walcast_control::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
 use walcast_pipeline::consumer::{Consumer, Handled, Item, Refresh};
 use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::TxnContext;
@@ -51,7 +51,7 @@ pub fn shard_of(project: &str, shards: usize) -> usize {
 pub struct RealtimeOptions {
     /// For the RLS checkers' catalog connections (walcast's own login).
     pub database_url: String,
-    /// For the RLS checks themselves (the check login, see [`crate::check_login`]).
+    /// For the RLS checks themselves (the check login, see [`walcast_control::check_login`]).
     pub check_url: String,
     pub rls: RlsOptions,
     /// Values larger than this are dropped from a change (`Error 413`).
@@ -69,7 +69,7 @@ pub struct RealtimeOptions {
     /// How far a project's delivery may fall behind.
     pub limits: LaneLimits,
     /// The projects of this source (`None`: all).
-    pub projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    pub projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 /// While stopping, how often the lanes are looked at.
@@ -102,7 +102,7 @@ pub struct RealtimeConsumer {
     seq: u32,
     slot: String,
     ddl: CatalogTracking,
-    projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 impl RealtimeConsumer {

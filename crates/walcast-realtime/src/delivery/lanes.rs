@@ -139,7 +139,7 @@ pub struct Lanes {
     by_project: HashMap<String, usize>,
     max: usize,
     database_url: String,
-    /// The check login's URL (see [`crate::check_login`]).
+    /// The check login's URL (see [`walcast_control::check_login`]).
     check_url: String,
     rls: RlsOptions,
     limits: LaneLimits,

@@ -70,7 +70,7 @@ pub struct SnapshotConfig {
     /// How often to look for a queued snapshot.
     pub poll: Duration,
     /// The projects of this source (`None`: all).
-    pub projects: Option<std::sync::Arc<crate::source_projects::SourceProjects>>,
+    pub projects: Option<std::sync::Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 impl SnapshotConfig {

@@ -1,4 +1,4 @@
-//! `walcast.snapshots` (`sql/0022_snapshots.sql`): the queue of snapshots and their
+//! `walcast.snapshots` (`walcast-control/sql/0022_snapshots.sql`): the queue of snapshots and their
 //! progress, in the source database, read and written by walcast's own role only.
 
 use tokio_postgres::GenericClient;

@@ -14,11 +14,11 @@ use walcast_core::source_scope;
 use walcast_protocol::filter::{CompiledFilter, Filter};
 use walcast_wal2json::Lsn;
 
-use crate::catalog::tables as realtime_tables;
 use crate::error::RealtimeError;
-use crate::roles::{RolePolicy, RoleRefused};
 use crate::subscriptions::fronts::FrontsRecord;
 use crate::subscriptions::matcher::{Matcher, Sub};
+use walcast_control::roles::{RolePolicy, RoleRefused};
+use walcast_control::tables as realtime_tables;
 
 #[derive(Clone)]
 pub struct Registrar {
@@ -43,7 +43,7 @@ struct Inner {
     /// The roles a subscription's token may act as.
     roles: RolePolicy,
     /// The projects of this registrar's source (`None`: all).
-    projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 impl Registrar {
@@ -67,7 +67,7 @@ impl Registrar {
         matcher: Arc<Matcher>,
         database_url: String,
         roles: RolePolicy,
-        projects: Arc<crate::source_projects::SourceProjects>,
+        projects: Arc<walcast_control::source_projects::SourceProjects>,
     ) -> Registrar {
         let mut r = Registrar::new(matcher, database_url, roles);
         if let Some(inner) = Arc::get_mut(&mut r.inner) {

@@ -35,7 +35,6 @@ use walcast_pipeline::{
 use walcast_wal2json::{Change, Lsn, RowChange};
 
 use crate::catalog::change_streams::{self, STREAMS_SCHEMA, STREAMS_TABLE};
-use crate::catalog::tables::tables_row;
 use crate::catalog::types::TypeCache;
 use crate::config::ChangeStreamConfig;
 use crate::delivery::event::{build_event, truncate_event};
@@ -43,6 +42,7 @@ use crate::delivery::outlet;
 use crate::error::RealtimeError;
 use crate::telemetry;
 use sender::{SenderHandle, Stored, StreamMessage};
+use walcast_control::tables::tables_row;
 
 /// The change-stream consumer's factory (the leader adds it when NATS is the bus).
 pub fn factory(cfg: ChangeStreamConfig) -> Arc<dyn ConsumerFactory> {

@@ -1,4 +1,4 @@
-//! Our SQL migrations (`sql/` at the repository root), embedded in the binary, versioned,
+//! Our SQL migrations (`sql/` in this crate), embedded in the binary, versioned,
 //! idempotent, and applied under an advisory lock so two processes never race.
 
 use tokio_postgres::Client;
@@ -7,105 +7,93 @@ pub use crate::error::MigrateError;
 
 /// (version, name, sql). Append only; never edit an applied migration.
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (
-        1,
-        "registry",
-        include_str!("../../../sql/0001_registry.sql"),
-    ),
+    (1, "registry", include_str!("../sql/0001_registry.sql")),
     (
         2,
         "supabase_helpers",
-        include_str!("../../../sql/0002_supabase_helpers.sql"),
+        include_str!("../sql/0002_supabase_helpers.sql"),
     ),
-    (
-        3,
-        "projects",
-        include_str!("../../../sql/0003_projects.sql"),
-    ),
+    (3, "projects", include_str!("../sql/0003_projects.sql")),
     (
         4,
         "one_project_per_table",
-        include_str!("../../../sql/0004_one_project_per_table.sql"),
+        include_str!("../sql/0004_one_project_per_table.sql"),
     ),
-    (5, "leases", include_str!("../../../sql/0005_leases.sql")),
-    (6, "fronts", include_str!("../../../sql/0006_fronts.sql")),
+    (5, "leases", include_str!("../sql/0005_leases.sql")),
+    (6, "fronts", include_str!("../sql/0006_fronts.sql")),
     (
         7,
         "catalog_changes",
-        include_str!("../../../sql/0007_catalog_changes.sql"),
+        include_str!("../sql/0007_catalog_changes.sql"),
     ),
-    (8, "outbox", include_str!("../../../sql/0008_outbox.sql")),
+    (8, "outbox", include_str!("../sql/0008_outbox.sql")),
     (
         9,
         "realtime_messages",
-        include_str!("../../../sql/0009_realtime_messages.sql"),
+        include_str!("../sql/0009_realtime_messages.sql"),
     ),
     (
         10,
         "supabase_realtime_publication",
-        include_str!("../../../sql/0010_supabase_realtime_publication.sql"),
+        include_str!("../sql/0010_supabase_realtime_publication.sql"),
     ),
     (
         11,
         "project_keys",
-        include_str!("../../../sql/0011_project_keys.sql"),
+        include_str!("../sql/0011_project_keys.sql"),
     ),
-    (12, "trust", include_str!("../../../sql/0012_trust.sql")),
+    (12, "trust", include_str!("../sql/0012_trust.sql")),
     (
         13,
         "signed_messages",
-        include_str!("../../../sql/0013_signed_messages.sql"),
+        include_str!("../sql/0013_signed_messages.sql"),
     ),
     (
         14,
         "project_messages",
-        include_str!("../../../sql/0014_project_messages.sql"),
+        include_str!("../sql/0014_project_messages.sql"),
     ),
     (
         15,
         "catalog_log",
-        include_str!("../../../sql/0015_catalog_log.sql"),
+        include_str!("../sql/0015_catalog_log.sql"),
     ),
     (
         16,
         "send_binary",
-        include_str!("../../../sql/0016_send_binary.sql"),
+        include_str!("../sql/0016_send_binary.sql"),
     ),
     (
         17,
         "project_management",
-        include_str!("../../../sql/0017_project_management.sql"),
+        include_str!("../sql/0017_project_management.sql"),
     ),
     (
         18,
         "project_limits",
-        include_str!("../../../sql/0018_project_limits.sql"),
+        include_str!("../sql/0018_project_limits.sql"),
     ),
     (
         19,
         "project_rate_limits",
-        include_str!("../../../sql/0019_project_rate_limits.sql"),
+        include_str!("../sql/0019_project_rate_limits.sql"),
     ),
-    (20, "sources", include_str!("../../../sql/0020_sources.sql")),
+    (20, "sources", include_str!("../sql/0020_sources.sql")),
     (
         21,
         "change_streams",
-        include_str!("../../../sql/0021_change_streams.sql"),
+        include_str!("../sql/0021_change_streams.sql"),
     ),
-    (
-        22,
-        "snapshots",
-        include_str!("../../../sql/0022_snapshots.sql"),
-    ),
+    (22, "snapshots", include_str!("../sql/0022_snapshots.sql")),
     (
         23,
         "auth_claim_settings",
-        include_str!("../../../sql/0023_auth_claim_settings.sql"),
+        include_str!("../sql/0023_auth_claim_settings.sql"),
     ),
     (
         24,
         "check_login",
-        include_str!("../../../sql/0024_check_login.sql"),
+        include_str!("../sql/0024_check_login.sql"),
     ),
 ];
 

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::catalog::tables::DEFAULT_PROJECT;
-use crate::error::RealtimeError;
+use crate::error::ControlError;
+use crate::tables::DEFAULT_PROJECT;
 
 /// How often a leading source reads its projects again.
 pub const REFRESH: Duration = Duration::from_secs(5);
@@ -101,7 +101,7 @@ impl SourceProjects {
     }
 
     /// Read the set again from the control database.
-    pub async fn refresh(&self) -> Result<(), RealtimeError> {
+    pub async fn refresh(&self) -> Result<(), ControlError> {
         let mut read_at = self.read_at.lock().await;
         self.load().await?;
         self.absent
@@ -112,7 +112,7 @@ impl SourceProjects {
         Ok(())
     }
 
-    async fn load(&self) -> Result<(), RealtimeError> {
+    async fn load(&self) -> Result<(), ControlError> {
         if self.control_url.is_empty() {
             return Ok(());
         }
@@ -137,7 +137,7 @@ impl SourceProjects {
     /// The schema of `project` if it is on this source. One not known is looked up again
     /// (reads at most every [`MISS_REFRESH`]: a second miss waits for the next one), once
     /// until the next periodic read.
-    pub async fn schema_of(&self, project: &str) -> Result<Option<String>, RealtimeError> {
+    pub async fn schema_of(&self, project: &str) -> Result<Option<String>, ControlError> {
         if let Some(s) = self.read().get(project) {
             return Ok(Some(s.clone()));
         }
@@ -174,7 +174,7 @@ impl SourceProjects {
     /// Whether something read from this source for `project` may pass: the project is on
     /// the source (read again at once, at most every [`MISS_REFRESH`], when it is not
     /// known: it may be new). Else it is counted and logged as `what`.
-    pub async fn admits(&self, project: &str, what: &'static str) -> Result<bool, RealtimeError> {
+    pub async fn admits(&self, project: &str, what: &'static str) -> Result<bool, ControlError> {
         if self.contains(project) || self.schema_of(project).await?.is_some() {
             return Ok(true);
         }

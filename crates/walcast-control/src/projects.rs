@@ -8,8 +8,8 @@
 use tokio_postgres::{Client, GenericClient, Row};
 use walcast_bus::admin::{LimitChanges, ProjectLimits, MAX_LIMIT};
 
-use crate::catalog::tables::DEFAULT_PROJECT;
 use crate::secrets::{Place, SecretError, SecretKeys};
+use crate::tables::DEFAULT_PROJECT;
 use walcast_bus::source::DEFAULT_SOURCE;
 use walcast_core::sql::quote_ident;
 
@@ -447,7 +447,7 @@ pub async fn delete(
     client: &mut Client,
     keys: &SecretKeys,
     id: &str,
-) -> Result<Option<Vec<crate::catalog::tables::TableRef>>, ProjectError> {
+) -> Result<Option<Vec<crate::tables::TableRef>>, ProjectError> {
     let tx = client.transaction().await?;
     let source: Option<String> = tx
         .query_opt(
@@ -478,8 +478,8 @@ pub async fn delete(
 async fn disable_all<C: GenericClient>(
     client: &C,
     id: &str,
-) -> Result<Vec<crate::catalog::tables::TableRef>, ProjectError> {
-    use crate::catalog::tables;
+) -> Result<Vec<crate::tables::TableRef>, ProjectError> {
+    use crate::tables;
     let streamed = tables::list(client, Some(id)).await.map_err(table_error)?;
     for t in &streamed {
         tables::disable(client, id, &t.schema, &t.table)
@@ -489,9 +489,9 @@ async fn disable_all<C: GenericClient>(
     Ok(streamed)
 }
 
-fn table_error(e: crate::catalog::tables::RealtimeTablesError) -> ProjectError {
+fn table_error(e: crate::tables::RealtimeTablesError) -> ProjectError {
     match e {
-        crate::catalog::tables::RealtimeTablesError::Db(d) => ProjectError::Db(d),
+        crate::tables::RealtimeTablesError::Db(d) => ProjectError::Db(d),
         other => ProjectError::Tables(other.to_string()),
     }
 }

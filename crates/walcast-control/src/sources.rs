@@ -48,7 +48,7 @@ pub struct NewSource {
     pub replication_url: Option<String>,
     /// `None`: [`default_slot_name`].
     pub slot_name: Option<String>,
-    /// The URL of its check login (see `walcast_realtime::check_login`).
+    /// The URL of its check login (see [`crate::check_login`]).
     pub check_url: Option<String>,
 }
 
@@ -412,5 +412,4 @@ pub async fn remove(
 }
 
 #[cfg(test)]
-#[path = "sources_tests.rs"]
 mod tests;

@@ -11,6 +11,7 @@ use walcast_bus::source::DEFAULT_SOURCE;
 
 use crate::projects::{self, Project, ProjectChanges, ProjectError};
 use crate::secrets::SecretKeys;
+use crate::RealtimeTablesError;
 
 /// The wire form of a stored project (with its secrets: the bus is trusted).
 pub fn record(p: Project) -> ProjectRecord {
@@ -27,6 +28,35 @@ pub fn record(p: Project) -> ProjectRecord {
         jwt_secret_previous_until_ms: p.jwt_secret_previous_until_ms,
         limits: p.limits,
         source: p.source,
+    }
+}
+
+impl From<ProjectError> for AdminError {
+    fn from(e: ProjectError) -> AdminError {
+        AdminError::new(AdminErrorKind::Internal, e.to_string())
+    }
+}
+
+impl From<RealtimeTablesError> for AdminError {
+    fn from(e: RealtimeTablesError) -> AdminError {
+        match e {
+            RealtimeTablesError::UnknownTable(_) => {
+                AdminError::new(AdminErrorKind::UnknownTable, e.to_string())
+            }
+            RealtimeTablesError::NoPrimaryKey(_) => {
+                AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
+            }
+            RealtimeTablesError::Partitioned(_) => {
+                AdminError::new(AdminErrorKind::PartitionedTable, e.to_string())
+            }
+            RealtimeTablesError::OtherProject { .. } => {
+                AdminError::new(AdminErrorKind::Internal, e.to_string())
+            }
+            RealtimeTablesError::Db(d) => AdminError::new(
+                AdminErrorKind::Internal,
+                format!("database: {}", walcast_pgtls::db_message(&d)),
+            ),
+        }
     }
 }
 

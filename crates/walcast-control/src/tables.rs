@@ -160,7 +160,7 @@ pub async fn list<C: GenericClient>(
 
 /// Deletes a table's row from one of walcast's per-table catalogs (`catalog`: a constant
 /// of ours, never input). Returns how many rows went.
-pub(crate) async fn delete_row<C: GenericClient>(
+pub async fn delete_row<C: GenericClient>(
     client: &C,
     catalog: &'static str,
     project: &str,
@@ -175,7 +175,7 @@ pub(crate) async fn delete_row<C: GenericClient>(
 
 /// The rows of one of walcast's per-table catalogs (`catalog`: a constant of ours),
 /// optionally of one project, sorted.
-pub(crate) async fn list_rows<C: GenericClient>(
+pub async fn list_rows<C: GenericClient>(
     client: &C,
     catalog: &'static str,
     project: Option<&str>,
@@ -196,7 +196,7 @@ pub(crate) async fn list_rows<C: GenericClient>(
 }
 
 /// A realtime-tables row (`project_id`, `schema_name`, `table_name`) from decoded columns.
-pub(crate) fn tables_row(cols: &[walcast_wal2json::Column<'_>]) -> Option<TableRef> {
+pub fn tables_row(cols: &[walcast_wal2json::Column<'_>]) -> Option<TableRef> {
     let get = |name: &str| {
         cols.iter()
             .find(|c| c.name == name)

@@ -205,7 +205,7 @@ impl CheckSessions {
     }
 
     /// A free session (else the next in turn, waited for), connected.
-    pub async fn session(&self) -> Result<CheckSession<'_>, crate::RealtimeError> {
+    pub async fn session(&self) -> Result<CheckSession<'_>, crate::ControlError> {
         let free = self.sessions.iter().find_map(|m| m.try_lock().ok());
         let mut guard = match free {
             Some(g) => g,
