@@ -3,6 +3,7 @@
 //! answers the fronts' management API with it, and `walcast project …` calls it directly
 //! on its own database session.
 
+use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 use walcast_bus::admin::{
     AdminError, AdminErrorKind, AdminReply, AdminRequest, LimitChanges, ProjectRecord, TableName,
@@ -12,6 +13,21 @@ use walcast_bus::source::DEFAULT_SOURCE;
 use crate::projects::{self, Project, ProjectChanges, ProjectError};
 use crate::secrets::SecretKeys;
 use crate::RealtimeTablesError;
+
+/// A part of walcast that answers some admin requests on the worker's database session
+/// (walcast's own login), after the worker's admin has checked them (the project is on
+/// the source): snapshots are answered by `walcast-changes` this way, without the
+/// worker's admin (in `walcast-realtime`) depending on it.
+pub trait AdminPart: Send + Sync {
+    /// Whether `req` is one of this part's requests.
+    fn answers(&self, req: &AdminRequest) -> bool;
+    /// Answer `req` (one of this part's) on `client`.
+    fn answer<'a>(
+        &'a self,
+        client: &'a mut Client,
+        req: AdminRequest,
+    ) -> BoxFuture<'a, Result<AdminReply, AdminError>>;
+}
 
 /// The wire form of a stored project (with its secrets: the bus is trusted).
 pub fn record(p: Project) -> ProjectRecord {

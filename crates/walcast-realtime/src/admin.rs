@@ -21,6 +21,7 @@ use walcast_bus::subs::BoxFuture;
 use crate::authorize::channel::Channel;
 use crate::error::RealtimeError;
 use walcast_control::check_login::CheckSessions;
+use walcast_control::manage::AdminPart;
 use walcast_control::projects;
 use walcast_control::roles::RolePolicy;
 use walcast_control::secrets::SecretKeys;
@@ -39,6 +40,8 @@ const READ_SESSIONS: usize = 4;
 #[derive(Clone)]
 pub struct Admin {
     inner: Arc<Inner>,
+    /// The requests other parts answer (snapshots), see [`Admin::answering`].
+    parts: Arc<Vec<Arc<dyn AdminPart>>>,
 }
 
 struct Inner {
@@ -76,7 +79,14 @@ impl Admin {
                 keys,
                 projects: None,
             }),
+            parts: Arc::default(),
         }
+    }
+
+    /// Also answer `part`'s requests (on the same sessions, after the same checks).
+    pub fn answering(mut self, part: Arc<dyn AdminPart>) -> Admin {
+        Arc::make_mut(&mut self.parts).push(part);
+        self
     }
 
     /// The admin of a source other than the default: it answers only for the projects
@@ -187,16 +197,7 @@ impl Admin {
                 "no database session",
             ));
         };
-        let inner = &*self.inner;
-        let result = run(
-            client,
-            &inner.checks,
-            &inner.roles,
-            &inner.keys,
-            req,
-            schema,
-        )
-        .await;
+        let result = run(client, &self.inner, &self.parts, req, schema).await;
         if let Err(e) = &result {
             if e.kind == AdminErrorKind::Internal {
                 // The session is suspect: reconnect next time.
@@ -317,20 +318,20 @@ fn project_of(req: &AdminRequest) -> Option<&str> {
 /// source's admin), else read here.
 async fn run(
     client: &mut Client,
-    checks: &CheckSessions,
-    roles: &RolePolicy,
-    keys: &SecretKeys,
+    inner: &Inner,
+    parts: &[Arc<dyn AdminPart>],
     req: AdminRequest,
     schema: Option<String>,
 ) -> Result<AdminReply, AdminError> {
+    let (checks, roles) = (&inner.checks, &inner.roles);
     if walcast_control::manage::is_management(&req) {
-        return walcast_control::manage::run(client, keys, req).await;
+        return walcast_control::manage::run(client, &inner.keys, req).await;
     }
-    if crate::snapshot::manage::is_snapshot(&req) {
-        return crate::snapshot::manage::run(client, req).await;
+    if let Some(part) = parts.iter().find(|p| p.answers(&req)) {
+        return part.answer(client, req).await;
     }
     match req {
-        AdminRequest::Projects => project_list(client, keys).await,
+        AdminRequest::Projects => project_list(client, &inner.keys).await,
         AdminRequest::SetRealtime {
             project,
             table,

@@ -4,6 +4,7 @@
 
 use walcast_control::{ControlError, RealtimeTablesError};
 use walcast_pgtls::db_message;
+use walcast_pipeline::change_event::EventError;
 use walcast_pipeline::{ConsumerError, PipelineError, PublishError, Retry};
 
 #[derive(Debug, thiserror::Error)]
@@ -75,19 +76,4 @@ impl From<RealtimeError> for ConsumerError {
     fn from(e: RealtimeError) -> ConsumerError {
         ConsumerError::new(e.retry(), e)
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EventError {
-    #[error("column {column:?} of {schema}.{table}: value is not valid JSON for type {type_name}: {source}")]
-    Value {
-        schema: String,
-        table: String,
-        column: String,
-        type_name: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("serialising event: {0}")]
-    Json(#[from] serde_json::Error),
 }

@@ -25,7 +25,6 @@ pub mod config;
 pub mod delivery;
 pub mod error;
 pub mod session;
-pub mod snapshot;
 pub mod subscriptions;
 pub mod telemetry;
 

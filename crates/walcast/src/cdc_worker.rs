@@ -304,12 +304,17 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         cfg.db.database_url.clone(),
         roles.clone(),
     );
-    let admin = Arc::new(walcast_realtime::admin::Admin::new(
-        cfg.db.database_url.clone(),
-        cfg.db.check_database_url.as_deref().unwrap_or_default(),
-        roles,
-        keys.clone(),
-    ));
+    let admin = Arc::new(
+        walcast_realtime::admin::Admin::new(
+            cfg.db.database_url.clone(),
+            cfg.db.check_database_url.as_deref().unwrap_or_default(),
+            roles,
+            keys.clone(),
+        )
+        .answering(Arc::new(
+            walcast_changes::snapshot::manage::SnapshotRequests,
+        )),
+    );
     let roles = cfg.roles.policy();
     let ops = OpsHttp {
         listener,

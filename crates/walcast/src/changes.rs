@@ -3,8 +3,8 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use walcast_changes::tables as change_streams;
 use walcast_core::sql::parse_qualified_name;
-use walcast_realtime::catalog::change_streams;
 
 use crate::config::redact_url;
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use walcast_realtime::config::{self as rc, ChangeStreamConfig};
-use walcast_realtime::snapshot::SnapshotConfig;
+use walcast_changes::config::{self as rc, ChangeStreamConfig};
+use walcast_changes::snapshot::SnapshotConfig;
 
 /// The change streams' JetStream stream and the consumer storing changes in it.
 #[derive(Args, Clone, Debug)]
@@ -42,10 +42,10 @@ pub struct ChangeStreamArgs {
     pub changes_max_queued: usize,
     /// Snapshot rows read per second, at most, per source (`walcast snapshot`); 0: no
     /// limit. Bounds the load a snapshot puts on the database next to its writers.
-    #[arg(long = "snapshot-rows-per-sec", env = "SNAPSHOT_ROWS_PER_SEC", default_value_t = walcast_realtime::snapshot::DEFAULT_ROWS_PER_SEC)]
+    #[arg(long = "snapshot-rows-per-sec", env = "SNAPSHOT_ROWS_PER_SEC", default_value_t = walcast_changes::snapshot::DEFAULT_ROWS_PER_SEC)]
     pub snapshot_rows_per_sec: u32,
     /// Rows per snapshot chunk (one short statement between two watermarks).
-    #[arg(long = "snapshot-chunk-rows", env = "SNAPSHOT_CHUNK_ROWS", default_value_t = walcast_realtime::snapshot::DEFAULT_CHUNK_ROWS)]
+    #[arg(long = "snapshot-chunk-rows", env = "SNAPSHOT_CHUNK_ROWS", default_value_t = walcast_changes::snapshot::DEFAULT_CHUNK_ROWS)]
     pub snapshot_chunk_rows: u32,
 }
 

@@ -96,8 +96,8 @@ pub(crate) struct Leader {
     /// The snapshotter run by each term, and the board it shares with the change-stream
     /// consumer (when change streams are on).
     snapshots: Option<(
-        walcast_realtime::snapshot::SnapshotConfig,
-        Arc<walcast_realtime::snapshot::Board>,
+        walcast_changes::snapshot::SnapshotConfig,
+        Arc<walcast_changes::snapshot::Board>,
     )>,
     /// The outbox tables' partition maintenance, run by each term.
     maintenance: Option<walcast_outbox::maintain::Maintenance>,
@@ -274,7 +274,7 @@ impl Leader {
     /// This term's snapshotter (`walcast snapshot`), until the term ends.
     fn spawn_snapshots(&self, term: &CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
         let (cfg, board) = self.snapshots.clone()?;
-        let runner = walcast_realtime::snapshot::Snapshotter::new(cfg, board, self.health.clone());
+        let runner = walcast_changes::snapshot::Snapshotter::new(cfg, board, self.health.clone());
         Some(walcast_core::source_scope::spawn(runner.run(term.clone())))
     }
 
@@ -383,8 +383,8 @@ fn outbox_consumer(
 
 /// A snapshotter's settings and the board it shares with the change-stream consumer.
 type Snapshots = (
-    walcast_realtime::snapshot::SnapshotConfig,
-    Arc<walcast_realtime::snapshot::Board>,
+    walcast_changes::snapshot::SnapshotConfig,
+    Arc<walcast_changes::snapshot::Board>,
 );
 
 /// The change-stream consumer, when enabled and the bus is NATS (README "Change streams"),
@@ -408,13 +408,10 @@ fn change_stream(
     config.projects = Some(projects.clone());
     let snapshots = cdc.changes.snapshot_config(&cfg.database_url).map(|mut s| {
         s.projects = Some(projects.clone());
-        (s, Arc::new(walcast_realtime::snapshot::Board::default()))
+        (s, Arc::new(walcast_changes::snapshot::Board::default()))
     });
     config.board = snapshots.as_ref().map(|(_, b)| b.clone());
-    Some((
-        walcast_realtime::delivery::changes::factory(config),
-        snapshots,
-    ))
+    Some((walcast_changes::factory(config), snapshots))
 }
 
 /// Partition maintenance of the outbox tables and of `realtime.messages` (always:

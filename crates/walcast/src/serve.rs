@@ -48,12 +48,11 @@ pub async fn run(
     // The front's admin requests (project directory, REST API) need only the database,
     // which this process has: answered in process whoever leads.
     let check_url = db.check_database_url.as_deref().unwrap_or_default();
-    let admin: Arc<dyn AdminHandler> = Arc::new(Admin::new(
-        db.database_url.clone(),
-        check_url,
-        roles,
-        keys.clone(),
-    ));
+    let admin: Arc<dyn AdminHandler> = Arc::new(
+        Admin::new(db.database_url.clone(), check_url, roles, keys.clone()).answering(Arc::new(
+            walcast_changes::snapshot::manage::SnapshotRequests,
+        )),
+    );
     let admin_client = AdminClient::new(&bus, Some(admin.clone()))?;
     let front_id = format!("front-{origin}");
     let presence = front_args.presence(&bus, &front_id, &cancel);

@@ -1,10 +1,10 @@
 //! Snapshots (README "Change streams"): the operator's `walcast snapshot
 //! start|status|cancel`. The source's leader reads a queued snapshot and publishes the
-//! table's rows on its change stream as `READ` events (`walcast_realtime::snapshot`).
+//! table's rows on its change stream as `READ` events (`walcast_changes::snapshot`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use walcast_realtime::snapshot::store::{self, Snapshot};
+use walcast_changes::snapshot::store::{self, Snapshot};
 
 use crate::config::redact_url;
 

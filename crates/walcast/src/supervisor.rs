@@ -375,13 +375,18 @@ async fn elect(
         ctx.roles.clone(),
         projects.clone(),
     );
-    let admin = Arc::new(walcast_realtime::admin::Admin::for_source(
-        spec.database_url.clone(),
-        spec.check_url.as_deref().unwrap_or_default(),
-        ctx.roles.clone(),
-        ctx.keys.clone(),
-        projects.clone(),
-    ));
+    let admin = Arc::new(
+        walcast_realtime::admin::Admin::for_source(
+            spec.database_url.clone(),
+            spec.check_url.as_deref().unwrap_or_default(),
+            ctx.roles.clone(),
+            ctx.keys.clone(),
+            projects.clone(),
+        )
+        .answering(Arc::new(
+            walcast_changes::snapshot::manage::SnapshotRequests,
+        )),
+    );
     let (leader, _outbox) = crate::leader::Leader::build(
         spec,
         crate::leader::Parts {

@@ -128,6 +128,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     walcast_pipeline::telemetry::describe();
     walcast_realtime::telemetry::describe();
     walcast_control::telemetry::describe();
+    walcast_changes::telemetry::describe();
     walcast_lease::telemetry::describe();
     walcast_front::telemetry::describe();
     describe();

@@ -29,7 +29,8 @@ use tokio_postgres::Client;
 use walcast_wal2json::Lsn;
 
 use crate::catalog::facts::{Access, TableInfo};
-use crate::error::{EventError, RealtimeError};
+use crate::error::RealtimeError;
+use walcast_pipeline::change_event::EventError;
 
 /// Prefix of the notices' logical messages (the only prefix wal2json is asked for).
 pub const NOTICE_PREFIX: &str = "walcast.ddl";

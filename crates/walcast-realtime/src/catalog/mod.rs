@@ -1,13 +1,11 @@
 //! What realtime delivery knows of the database's catalog: the realtime tables
-//! (`walcast_control::tables`), column types ([`types`]), the facts the authorizer reads about a table
+//! (`walcast_control::tables`), column types (`walcast_pipeline::change_event::TypeCache`), the facts the authorizer reads about a table
 //! and a role ([`read`], of the types in [`facts`]), and privilege and schema changes at
 //! their WAL position ([`change`]).
 
 pub mod change;
-pub mod change_streams;
 pub mod facts;
 pub mod read;
-pub mod types;
 
 use tokio_postgres::Client;
 use walcast_wal2json::Lsn;

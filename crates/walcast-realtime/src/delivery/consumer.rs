@@ -21,10 +21,8 @@ use crate::authorize::check::Version;
 use crate::authorize::{PendingChange, RlsMode};
 use crate::catalog::change::NOTICE_PREFIX;
 use crate::catalog::tables_drift;
-use crate::catalog::types::TypeCache;
 use crate::config::LaneLimits;
 use crate::config::RlsOptions;
-use crate::delivery::event::build_event;
 use crate::delivery::filter_watch::FilterWatch;
 use crate::delivery::lanes::Lanes;
 use crate::delivery::links::FrontLinks;
@@ -33,6 +31,8 @@ use crate::error::RealtimeError;
 use crate::subscriptions::matcher::Matcher;
 use crate::subscriptions::row_view::OwnedRow;
 use walcast_control::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
+use walcast_pipeline::change_event::build_event;
+use walcast_pipeline::change_event::TypeCache;
 use walcast_pipeline::consumer::{Consumer, Handled, Item, Refresh};
 use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::TxnContext;
@@ -306,7 +306,8 @@ impl RealtimeConsumer {
             }
         }
         metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
-        let event = crate::delivery::event::truncate_event(project, schema, table, txn, self.seq);
+        let event =
+            walcast_pipeline::change_event::truncate_event(project, schema, table, txn, self.seq);
         self.seq += 1;
         self.hold(PendingChange {
             event,
@@ -442,11 +443,11 @@ fn filter_row(kind: ChangeKind, row: &RowChange<'_>, types: &TypeCache) -> Owned
 fn versions_text(kind: ChangeKind, row: &RowChange<'_>) -> (Version, Version) {
     let new = match kind {
         ChangeKind::Delete => Vec::new(),
-        _ => crate::delivery::event::new_row_text(row),
+        _ => walcast_pipeline::change_event::new_row_text(row),
     };
     let old = match kind {
         ChangeKind::Insert => Vec::new(),
-        _ => crate::delivery::event::old_row_text(row),
+        _ => walcast_pipeline::change_event::old_row_text(row),
     };
     (new, old)
 }

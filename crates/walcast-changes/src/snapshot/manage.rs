@@ -7,6 +7,23 @@ use walcast_bus::admin::{AdminError, AdminErrorKind, AdminReply, AdminRequest, M
 
 use super::store::{self, SnapshotError};
 
+/// The snapshot requests, answered on the worker's admin session.
+pub struct SnapshotRequests;
+
+impl walcast_control::manage::AdminPart for SnapshotRequests {
+    fn answers(&self, req: &AdminRequest) -> bool {
+        is_snapshot(req)
+    }
+
+    fn answer<'a>(
+        &'a self,
+        client: &'a mut Client,
+        req: AdminRequest,
+    ) -> futures_util::future::BoxFuture<'a, Result<AdminReply, AdminError>> {
+        Box::pin(run(client, req))
+    }
+}
+
 /// Whether `req` is a snapshot request ([`run`] answers it).
 pub fn is_snapshot(req: &AdminRequest) -> bool {
     matches!(

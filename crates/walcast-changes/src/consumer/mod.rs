@@ -5,7 +5,7 @@
 //! the slot be acknowledged past a transaction only once JetStream acknowledged every
 //! change of it.
 //!
-//! The events are realtime's ([`crate::delivery::event`]), without an audience, and a
+//! The events are realtime's ([`walcast_pipeline::change_event`]), without an audience, and a
 //! `TRUNCATE` is one too ([`walcast_bus::ChangeKind::Truncate`]). `seq` counts the
 //! streaming tables' changes of the transaction, so a replay numbers them the same.
 //!
@@ -34,15 +34,13 @@ use walcast_pipeline::{
 };
 use walcast_wal2json::{Change, Lsn, RowChange};
 
-use crate::catalog::change_streams::{self, STREAMS_SCHEMA, STREAMS_TABLE};
-use crate::catalog::types::TypeCache;
 use crate::config::ChangeStreamConfig;
-use crate::delivery::event::{build_event, truncate_event};
-use crate::delivery::outlet;
-use crate::error::RealtimeError;
+use crate::error::ChangesError;
+use crate::tables::{self as change_streams, STREAMS_SCHEMA, STREAMS_TABLE};
 use crate::telemetry;
 use sender::{SenderHandle, Stored, StreamMessage};
 use walcast_control::tables::tables_row;
+use walcast_pipeline::change_event::{budget, build_event, fit, truncate_event, TypeCache};
 
 /// The change-stream consumer's factory (the leader adds it when NATS is the bus).
 pub fn factory(cfg: ChangeStreamConfig) -> Arc<dyn ConsumerFactory> {
@@ -61,10 +59,10 @@ impl ConsumerFactory for Factory {
         Box::pin(async move {
             let catalog = walcast_pgtls::connect(&self.0.database_url)
                 .await
-                .map_err(RealtimeError::from)?;
+                .map_err(ChangesError::from)?;
             let types = TypeCache::load(&catalog)
                 .await
-                .map_err(RealtimeError::from)?;
+                .map_err(ChangesError::from)?;
             let publisher = session.publisher("change_stream");
             let health = session.health.clone();
             let mut c = ChangeStream::new(self.0.clone(), publisher, health, catalog, types);
@@ -146,7 +144,7 @@ impl ChangeStream {
     }
 
     /// The project of a streaming table, if its project may pass on this source.
-    async fn route(&self, schema: &str, table: &str) -> Result<Option<String>, RealtimeError> {
+    async fn route(&self, schema: &str, table: &str) -> Result<Option<String>, ChangesError> {
         let key = (schema.to_string(), table.to_string());
         let Some(project) = self.routes.get(&key) else {
             return Ok(None);
@@ -164,7 +162,7 @@ impl ChangeStream {
         txn: &TxnContext,
         kind: ChangeKind,
         row: &RowChange<'_>,
-    ) -> Result<Handled, RealtimeError> {
+    ) -> Result<Handled, ChangesError> {
         if row.schema == STREAMS_SCHEMA && row.table == STREAMS_TABLE {
             return Ok(match self.edit(kind, row) {
                 true => Handled::TablesChanged,
@@ -205,7 +203,7 @@ impl ChangeStream {
         txn: &TxnContext,
         schema: &str,
         table: &str,
-    ) -> Result<(), RealtimeError> {
+    ) -> Result<(), ChangesError> {
         let Some(project) = self.route(schema, table).await? else {
             return Ok(());
         };
@@ -218,15 +216,15 @@ impl ChangeStream {
     }
 
     /// Fit the event to a message and keep it for the transaction's commit.
-    fn add(&mut self, mut event: ChangeEvent) -> Result<(), RealtimeError> {
+    fn add(&mut self, mut event: ChangeEvent) -> Result<(), ChangesError> {
         metrics::counter!(telemetry::CHANGE_STREAM_CHANGES, "kind" => event.kind.as_str())
             .increment(1);
-        let budget = outlet::budget(self.publisher.max_payload());
-        if !outlet::fit(&mut event, self.cfg.max_record_bytes, budget, &self.health)? {
+        let budget = budget(self.publisher.max_payload());
+        if !fit(&mut event, self.cfg.max_record_bytes, budget, &self.health)? {
             return Ok(());
         }
         let payload =
-            serde_json::to_vec(&event).map_err(crate::delivery::event::EventError::Json)?;
+            serde_json::to_vec(&event).map_err(walcast_pipeline::change_event::EventError::Json)?;
         self.txn.push(StreamMessage {
             subject: changes_subject(&event.project, &event.schema, &event.table),
             id: ChangeId {
@@ -326,7 +324,7 @@ impl ChangeStream {
         Ok(())
     }
 
-    async fn on_item(&mut self, item: Item<'_>) -> Result<Handled, RealtimeError> {
+    async fn on_item(&mut self, item: Item<'_>) -> Result<Handled, ChangesError> {
         match item {
             Item::Begin(txn) => {
                 self.txn.clear();
@@ -399,7 +397,7 @@ impl Consumer for ChangeStream {
             }
             let tables = change_streams::list(&self.catalog, None)
                 .await
-                .map_err(RealtimeError::from)?;
+                .map_err(ChangesError::from)?;
             self.routes = tables
                 .into_iter()
                 .map(|t| ((t.schema, t.table), t.project))

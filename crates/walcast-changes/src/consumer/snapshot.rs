@@ -11,7 +11,7 @@ use walcast_pipeline::TxnContext;
 use walcast_wal2json::Message;
 
 use super::ChangeStream;
-use crate::error::RealtimeError;
+use crate::error::ChangesError;
 use crate::snapshot::board::{ChunkMeta, ChunkRow};
 use crate::snapshot::{Mark, Watermark, PREFIX};
 use crate::telemetry;
@@ -29,7 +29,7 @@ impl ChangeStream {
         &mut self,
         txn: &TxnContext,
         m: &Message<'_>,
-    ) -> Result<(), RealtimeError> {
+    ) -> Result<(), ChangesError> {
         let Some(board) = self.cfg.board.clone() else {
             return Ok(());
         };

@@ -1,15 +1,40 @@
-//! wal2json row change → the bus's [`ChangeEvent`] JSON.
+//! wal2json row change → the bus's [`ChangeEvent`] JSON, for every consumer that
+//! publishes changes (realtime delivery, change streams): the event ([`build_event`],
+//! [`truncate_event`]), column types as the realtime protocol names them ([`TypeCache`]),
+//! and fitting a change to what one message can carry ([`fit`]).
+
+mod fit;
+mod types;
 
 use std::collections::HashSet;
 
 use serde_json::value::RawValue;
 use walcast_bus::{ChangeEvent, ChangeKind, ColumnInfo};
-use walcast_pipeline::TxnContext;
-
-pub use crate::error::EventError;
 use walcast_wal2json::{Column, RowChange};
 
-use crate::catalog::types::TypeCache;
+use crate::TxnContext;
+pub use fit::{budget, fit};
+pub use types::TypeCache;
+
+/// Default of a consumer's `max_record_bytes`: 1 MiB, as Supabase's `max_record_bytes`
+/// (a change whose values are larger is published without them, `Error 413`).
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 1024 * 1024;
+
+/// A row change that cannot be turned into an event.
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("column {column:?} of {schema}.{table}: value is not valid JSON for type {type_name}: {source}")]
+    Value {
+        schema: String,
+        table: String,
+        column: String,
+        type_name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("serialising event: {0}")]
+    Json(#[from] serde_json::Error),
+}
 
 const JSON_OID: u32 = 114;
 const JSONB_OID: u32 = 3802;
@@ -198,7 +223,7 @@ pub fn truncate_event(
 
 /// The new row's columns as Postgres text, with unchanged TOASTed values taken from the
 /// old row (what RLS checks compare a row's current state with).
-pub(crate) fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
+pub fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
     let mut cols: Vec<(String, Option<String>)> = row
         .columns
         .iter()
@@ -214,7 +239,7 @@ pub(crate) fn new_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)>
 
 /// The old row's columns as Postgres text (UPDATE, DELETE: the replica identity, every
 /// column with `REPLICA IDENTITY FULL`), what RLS checks judge the old version by.
-pub(crate) fn old_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
+pub fn old_row_text(row: &RowChange<'_>) -> Vec<(String, Option<String>)> {
     row.identity
         .iter()
         .map(|c| (c.name.to_string(), c.text().map(|t| t.into_owned())))
