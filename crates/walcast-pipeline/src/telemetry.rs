@@ -4,7 +4,7 @@
 //! keep working.
 
 /// Counter: changes published without their large values, with `Error 413` (see
-/// [`crate::change_event::fit`]).
+/// `change_event/fit.rs`).
 pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
 /// Counter: changes no retry can deliver, skipped (label `reason`).
 pub const CHANGES_SKIPPED: &str = "walcast_cdc_changes_skipped_total";

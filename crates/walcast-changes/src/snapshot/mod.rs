@@ -6,7 +6,7 @@
 //! The DBLog method: the [`runner`] on the source's leader reads the table in primary-key
 //! chunks ([`query`]), each in its own short statement between two signed watermarks
 //! (`walcast.snapshot` logical messages, [`Watermark`]), and hands the rows in process
-//! ([`board`]) to the change-stream consumer ([`crate::consumer`]), which drops, at the
+//! ([`board`]) to the change-stream consumer (`consumer/`), which drops, at the
 //! high watermark, the rows whose key changed between the two and publishes the rest at
 //! the high watermark's position. Progress and the resume point are in
 //! `walcast.snapshots` ([`store`]).
