@@ -11,6 +11,7 @@ use walcast_bus::admin::AdminHandler;
 use walcast_bus::subs::KnownFronts;
 use walcast_bus::Bus;
 
+use walcast_control::roles::RolePolicy;
 use walcast_control::secrets::SecretKeys;
 use walcast_lease::{Fence, LeaseMode, LeaseStatus};
 use walcast_realtime::subscriptions::matcher::Matcher;
@@ -104,32 +105,41 @@ pub fn instance_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
+/// What a cdc-worker runs with, besides its options: made by the process (`cdc-worker`,
+/// or `walcast serve` with its front beside it).
+pub struct Worker<'a> {
+    pub db: &'a DbArgs,
+    pub cdc: &'a CdcArgs,
+    /// The keys of the secrets stored in the control database.
+    pub keys: Arc<SecretKeys>,
+    pub bus: Bus,
+    /// The default source's subscription registry.
+    pub registrar: Registrar,
+    /// The default source's answers to the fronts' admin requests.
+    pub admin: Arc<dyn AdminHandler>,
+    /// The roles a token may act as.
+    pub roles: RolePolicy,
+    /// The front served beside the worker, in one process (`walcast serve`).
+    pub front: Option<walcast_front::Front>,
+    /// This process's id ([`instance_id`]).
+    pub origin: String,
+    pub ops: OpsHttp,
+}
+
 /// Run migrations, the pipeline and the ops HTTP server until `cancel` fires or the
 /// pipeline hits an error that needs the operator.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    db: &DbArgs,
-    cdc: &CdcArgs,
-    keys: Arc<SecretKeys>,
-    bus: Bus,
-    registrar: Registrar,
-    admin: Arc<dyn AdminHandler>,
-    roles: walcast_control::roles::RolePolicy,
-    front: Option<walcast_front::Front>,
-    origin: String,
-    ops: OpsHttp,
-    cancel: CancellationToken,
-) -> anyhow::Result<()> {
+pub async fn run(w: Worker<'_>, cancel: CancellationToken) -> anyhow::Result<()> {
+    let (db, cdc) = (w.db, w.cdc);
     preflight(db, cdc).await?;
-    crate::database::prepare_control(db, &keys, &roles).await?;
-    let tag = session_tag(&origin);
+    crate::database::prepare_control(db, &w.keys, &w.roles).await?;
+    let tag = session_tag(&w.origin);
     let known_fronts = KnownFronts::default();
     let parts = Parts {
         cdc,
-        origin: &origin,
-        bus: &bus,
-        registrar,
-        admin,
+        origin: &w.origin,
+        bus: &w.bus,
+        registrar: w.registrar,
+        admin: w.admin,
         known_fronts: known_fronts.clone(),
         projects: Arc::new(SourceProjects::new(DEFAULT_SOURCE, &db.database_url)),
         root: Some(cancel.clone()),
@@ -144,19 +154,25 @@ pub async fn run(
         leader.registrar().matcher().clone(),
         cancel.clone(),
     );
-    spawn_front_listener(&tracker, known_fronts.clone(), bus.clone(), cancel.clone());
+    spawn_front_listener(
+        &tracker,
+        known_fronts.clone(),
+        w.bus.clone(),
+        cancel.clone(),
+    );
     let mode = lease_mode(cdc);
     let status = Arc::new(LeaseStatus::default());
-    let process = front
+    let process = w
+        .front
         .as_ref()
-        .map_or(format!("worker-{origin}"), |f| f.id().to_string());
+        .map_or(format!("worker-{}", w.origin), |f| f.id().to_string());
     let ctx = supervisor::Context {
         cdc: cdc.clone(),
         control_url: db.database_url.clone(),
-        bus: bus.clone(),
-        origin: origin.clone(),
-        roles,
-        keys,
+        bus: w.bus.clone(),
+        origin: w.origin.clone(),
+        roles: w.roles,
+        keys: w.keys,
         known_fronts,
         mode,
         workers: Arc::new(Workers::new(process.clone())),
@@ -165,22 +181,22 @@ pub async fn run(
     };
     let sources = spawn_sources(&tracker, ctx, cancel.clone());
     let state = OpsState {
-        cdc: Some(health.clone()),
+        cdc: Some(health),
         sources: Some(sources),
         outbox: outbox_health,
-        front: front.clone(),
-        bus: bus.clone(),
-        metrics: ops.metrics,
+        front: w.front.clone(),
+        bus: w.bus.clone(),
+        metrics: w.ops.metrics,
         lease_mode: describe_mode(mode),
         lease: (mode != LeaseMode::None).then(|| status.clone()),
-        key: ops.key,
+        key: w.ops.key,
     };
     crate::beacon::spawn(&tracker, process, state.clone(), cancel.clone());
-    spawn_http(&tracker, ops.listener, front.as_ref(), state, &cancel);
-    tracing::info!(front = front.is_some(), lease = %mode, "serving HTTP");
+    spawn_http(&tracker, w.ops.listener, w.front.as_ref(), state, &cancel);
+    tracing::info!(front = w.front.is_some(), lease = %mode, "serving HTTP");
 
     let election = lead_default(mode, db, cdc, tag, status, &cancel, &leader).await;
-    stop_all(&cancel, tracker, front).await;
+    stop_all(&cancel, tracker, w.front).await;
     election.context("Kubernetes leader election")?;
     match leader.take_failure() {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
@@ -321,8 +337,17 @@ pub async fn main(cfg: CdcWorkerConfig) -> anyhow::Result<()> {
         metrics,
         key: cfg.operator.key(),
     };
-    run(
-        &cfg.db, &cfg.cdc, keys, bus, registrar, admin, roles, None, origin, ops, cancel,
-    )
-    .await
+    let worker = Worker {
+        db: &cfg.db,
+        cdc: &cfg.cdc,
+        keys,
+        bus,
+        registrar,
+        admin,
+        roles,
+        front: None,
+        origin,
+        ops,
+    };
+    run(worker, cancel).await
 }

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 use walcast_changes::tables as change_streams;
 use walcast_core::sql::parse_qualified_name;
 
-use crate::config::redact_url;
+use walcast_worker::config::redact_url;
 
 #[derive(Args, Debug, Clone)]
 pub struct ChangesArgs {
@@ -33,7 +33,7 @@ pub enum ChangesAction {
 
 /// `walcast changes …`.
 pub async fn changes(args: ChangesArgs) -> anyhow::Result<()> {
-    crate::cdc_worker::migrate(&args.database_url).await?;
+    walcast_worker::database::migrate(&args.database_url).await?;
     let client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;

@@ -6,7 +6,7 @@ use walcast_control::projects;
 use walcast_core::DEFAULT_PROJECT;
 use walcast_outbox::replay::{Position, Replay};
 
-use crate::config::{redact_url, NatsAuthArgs, OutboxStreamArgs};
+use walcast_worker::config::{redact_url, NatsAuthArgs, OutboxStreamArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct OutboxCmd {
@@ -125,7 +125,7 @@ pub async fn outbox(cmd: OutboxCmd) -> anyhow::Result<()> {
 
 /// Migrations applied, then a connection.
 async fn database(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    crate::cdc_worker::migrate(url).await?;
+    walcast_worker::database::migrate(url).await?;
     walcast_pipeline::connect(url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use walcast_changes::snapshot::store::{self, Snapshot};
 
-use crate::config::redact_url;
+use walcast_worker::config::redact_url;
 
 #[derive(Args, Debug, Clone)]
 pub struct SnapshotArgs {
@@ -47,7 +47,7 @@ pub enum SnapshotAction {
 
 /// `walcast snapshot …`.
 pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
-    crate::cdc_worker::migrate(&args.database_url).await?;
+    walcast_worker::database::migrate(&args.database_url).await?;
     let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;

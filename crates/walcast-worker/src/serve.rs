@@ -18,18 +18,29 @@ use walcast_realtime::subscriptions::registrar::Registrar;
 use crate::config::{CdcArgs, DbArgs};
 use crate::front::FrontArgs;
 
+/// What the all-in-one process runs with, besides its signal.
+pub struct Serve<'a> {
+    pub db: &'a DbArgs,
+    pub cdc: &'a CdcArgs,
+    /// The keys of the secrets stored in the control database.
+    pub keys: Arc<SecretKeys>,
+    pub front: &'a FrontArgs,
+    /// The NATS bus, or the in-process one.
+    pub bus: Bus,
+    pub ops: crate::http::OpsHttp,
+}
+
 /// Run until `signal` fires and the front has drained (or the pipeline hits an error the
 /// operator must fix).
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    db: &DbArgs,
-    cdc: &CdcArgs,
-    keys: Arc<SecretKeys>,
-    front_args: &FrontArgs,
-    bus: Bus,
-    ops: crate::http::OpsHttp,
-    signal: CancellationToken,
-) -> anyhow::Result<()> {
+pub async fn run(s: Serve<'_>, signal: CancellationToken) -> anyhow::Result<()> {
+    let Serve {
+        db,
+        cdc,
+        keys,
+        front: front_args,
+        bus,
+        ops,
+    } = s;
     // Migrations and the stored secrets first: the front asks the database (its project
     // directory, through the in-process admin handler) from its start, and a fresh
     // database has no tables yet; the check login before the front answers anything that
@@ -67,20 +78,19 @@ pub async fn run(
     .await
     .context("starting the front")?;
     crate::shutdown::drain_then_stop(signal, front.clone(), cancel.clone());
-    let result = crate::cdc_worker::run(
+    let worker = crate::cdc_worker::Worker {
         db,
         cdc,
         keys,
         bus,
         registrar,
         admin,
-        front_args.roles.policy(),
-        Some(front),
+        roles: front_args.roles.policy(),
+        front: Some(front),
         origin,
         ops,
-        cancel.clone(),
-    )
-    .await;
+    };
+    let result = crate::cdc_worker::run(worker, cancel.clone()).await;
     cancel.cancel();
     result
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
-use crate::config::{redact_url, DbArgs, DEFAULT_SLOT_NAME};
+use walcast_worker::config::{redact_url, DbArgs, DEFAULT_SLOT_NAME};
 
 #[derive(Args, Debug, Clone)]
 pub struct SlotArgs {

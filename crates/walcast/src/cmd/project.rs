@@ -8,7 +8,7 @@ use walcast_bus::admin::{AdminReply, AdminRequest, LimitChanges, ProjectLimits, 
 use walcast_control::{manage, projects};
 use walcast_front::management;
 
-use crate::config::redact_url;
+use walcast_worker::config::redact_url;
 
 #[derive(Args, Debug, Clone)]
 pub struct ProjectArgs {
@@ -16,7 +16,7 @@ pub struct ProjectArgs {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     #[command(flatten)]
-    pub secrets: crate::config::SecretsArgs,
+    pub secrets: walcast_worker::config::SecretsArgs,
     /// The fronts' default connected-users limit of a project (shown as the limit in
     /// force of a project without its own).
     #[arg(long, env = "PROJECT_MAX_USERS", default_value_t = walcast_front::config::DEFAULT_PROJECT_MAX_USERS)]
@@ -28,7 +28,7 @@ pub struct ProjectArgs {
     /// The fronts' default rate limits of a project (shown as the limits in force of a
     /// project without its own).
     #[command(flatten)]
-    pub project_rates: crate::front::ProjectRateArgs,
+    pub project_rates: walcast_worker::front::ProjectRateArgs,
     #[command(subcommand)]
     pub action: ProjectAction,
 }
@@ -97,11 +97,6 @@ pub enum ProjectAction {
         #[arg(long)]
         jwks: Option<String>,
     },
-}
-
-/// The two keys of a project: `(anon, service_role)`, valid ten years.
-pub fn project_keys(id: &str, secret: &str) -> anyhow::Result<(String, String)> {
-    Ok(management::mint_keys(id, secret)?)
 }
 
 /// A project's limits at its creation (each omitted: the fronts' default).
@@ -252,7 +247,7 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
 /// at once).
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     let keys = args.secrets.keys()?;
-    crate::secrets::prepare_cli(&args.database_url, &keys).await?;
+    super::secrets::prepare_cli(&args.database_url, &keys).await?;
     let mut client = walcast_pipeline::connect(&args.database_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;

@@ -128,7 +128,7 @@ pub struct ProjectRateArgs {
 }
 
 impl ProjectRateArgs {
-    pub(crate) fn config(&self) -> walcast_front::config::ProjectRateDefaults {
+    pub fn config(&self) -> walcast_front::config::ProjectRateDefaults {
         walcast_front::config::ProjectRateDefaults {
             joins_per_second: self.project_max_joins_per_second,
             events_per_second: self.project_max_events_per_second,

@@ -1,13 +1,13 @@
-//! `walcast secrets rotate|status` and `walcast migrate`: the secrets stored in the
-//! control database (the projects' JWT secrets, the sources' URLs), encrypted with
-//! SECRETS_KEY (see `walcast_control::secrets`).
+//! `walcast secrets rotate|status`: the secrets stored in the control database (the
+//! projects' JWT secrets, the sources' URLs), encrypted with SECRETS_KEY (see
+//! `walcast_control::secrets`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use walcast_control::secrets::at_rest;
 use walcast_control::secrets::SecretKeys;
 
-use crate::config::{redact_url, SecretsArgs};
+use walcast_worker::config::{redact_url, SecretsArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct SecretsCmd {
@@ -33,9 +33,11 @@ pub enum SecretsAction {
 
 pub async fn secrets(cmd: SecretsCmd) -> anyhow::Result<()> {
     let keys = cmd.keys.keys()?;
-    crate::cdc_worker::migrate(&cmd.database_url).await?;
+    walcast_worker::database::migrate(&cmd.database_url).await?;
     let report = match cmd.action {
-        SecretsAction::Rotate => crate::database::seal_secrets(&cmd.database_url, &keys).await?,
+        SecretsAction::Rotate => {
+            walcast_worker::database::seal_secrets(&cmd.database_url, &keys).await?
+        }
         SecretsAction::Status => {
             let client = walcast_pipeline::connect(&cmd.database_url)
                 .await
@@ -55,37 +57,13 @@ pub async fn secrets(cmd: SecretsCmd) -> anyhow::Result<()> {
 }
 
 /// What the commands on projects and sources do first: the migrations, then the stored
-/// secrets encrypted (see `crate::database::seal_secrets`); a value that cannot be read
+/// secrets encrypted (see `walcast_worker::database::seal_secrets`); a value that cannot be read
 /// is said on stderr (its row is left out of what the command reads).
 pub async fn prepare_cli(database_url: &str, keys: &SecretKeys) -> anyhow::Result<()> {
-    crate::database::migrate(database_url).await?;
-    let report = crate::database::seal_secrets(database_url, keys).await?;
+    walcast_worker::database::migrate(database_url).await?;
+    let report = walcast_worker::database::seal_secrets(database_url, keys).await?;
     for why in &report.unreadable {
         eprintln!("warning: {why}; its row is left out");
     }
-    Ok(())
-}
-
-/// `walcast migrate`: the migrations, then the secrets encrypted when a key is given; with
-/// none, refused while any secret is stored in plain text (it says which key to give).
-pub async fn migrate_command(database_url: &str, keys: Option<&SecretKeys>) -> anyhow::Result<()> {
-    crate::database::migrate(database_url).await?;
-    if let Some(keys) = keys {
-        let r = crate::database::seal_secrets(database_url, keys).await?;
-        eprintln!(
-            "migrations applied; {} stored secret(s) under key {} ({} encrypted now, {} re-encrypted)",
-            r.values, r.key_id, r.encrypted, r.reencrypted
-        );
-        return Ok(());
-    }
-    let client = walcast_pipeline::connect(database_url)
-        .await
-        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
-    let plain = at_rest::plain_text(&client).await?;
-    anyhow::ensure!(
-        plain == 0,
-        "migrations applied, but {plain} secret(s) of walcast.projects and walcast.sources are stored in plain text: \
-         run it again with SECRETS_KEY set (the key walcast's processes are given) to encrypt them"
-    );
     Ok(())
 }

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use tokio_postgres::error::SqlState;
 use walcast_control::sources::{self, redact_url, NewSource, Source};
 
-use crate::config::DEFAULT_SLOT_NAME;
+use walcast_worker::config::DEFAULT_SLOT_NAME;
 
 #[derive(Args, Debug, Clone)]
 pub struct SourceArgs {
@@ -21,7 +21,7 @@ pub struct SourceArgs {
     )]
     pub control_url: String,
     #[command(flatten)]
-    pub secrets: crate::config::SecretsArgs,
+    pub secrets: walcast_worker::config::SecretsArgs,
     #[command(subcommand)]
     pub action: SourceAction,
 }
@@ -93,7 +93,7 @@ pub enum SourceAction {
 
 pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
     let keys = args.secrets.keys()?;
-    crate::secrets::prepare_cli(&args.control_url, &keys).await?;
+    super::secrets::prepare_cli(&args.control_url, &keys).await?;
     let mut control = walcast_pipeline::connect(&args.control_url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(&args.control_url)))?;
@@ -149,7 +149,7 @@ pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
             };
             if let (false, Some(db)) = (skip_check, old.database_url.as_deref()) {
                 let roles = walcast_control::roles::RolePolicy::default();
-                crate::database::check_login(db, Some(&check_url), &roles)
+                walcast_worker::database::check_login(db, Some(&check_url), &roles)
                     .await
                     .with_context(|| format!("source {name:?}: its check login"))?;
             }
@@ -234,9 +234,10 @@ async fn check(new: &NewSource, allow_unbounded_wal: bool) -> anyhow::Result<()>
         .await
         .with_context(|| format!("source {name:?}: applying walcast's migrations"))?;
     let roles = walcast_control::roles::RolePolicy::default();
-    let login = crate::database::check_login(&new.database_url, new.check_url.as_deref(), &roles)
-        .await
-        .with_context(|| format!("source {name:?}: its check login"))?;
+    let login =
+        walcast_worker::database::check_login(&new.database_url, new.check_url.as_deref(), &roles)
+            .await
+            .with_context(|| format!("source {name:?}: its check login"))?;
     eprintln!(
         "source {name:?} checked: Postgres {}, role {}, check login {login}, migrations applied",
         report.server_version, report.role
