@@ -41,6 +41,7 @@ pub mod signed;
 pub mod slot;
 pub mod source;
 pub mod telemetry;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod txn;
 

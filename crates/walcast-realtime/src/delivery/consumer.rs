@@ -37,16 +37,6 @@ use walcast_pipeline::consumer::{Consumer, Handled, Item, Refresh};
 use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::TxnContext;
 
-/// A stable shard for a project (FNV-1a), so routing survives restarts.
-pub fn shard_of(project: &str, shards: usize) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in project.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % shards.max(1) as u64) as usize
-}
-
 /// What a [`RealtimeConsumer`] is built with besides its connections.
 pub struct RealtimeOptions {
     /// For the RLS checkers' catalog connections (walcast's own login).

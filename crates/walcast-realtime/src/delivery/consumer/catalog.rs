@@ -221,7 +221,7 @@ impl RealtimeConsumer {
         for (front, id) in specs {
             by_front.entry(front).or_default().push(id);
         }
-        let message = crate::subscriptions::registrar::dropped_message(&t.schema, &t.table);
+        let message = crate::subscriptions::validate::dropped_message(&t.schema, &t.table);
         let at = Position::commit(self.txn.as_ref().map(|x| x.commit_lsn).unwrap_or_default());
         let key = (t.schema.clone(), t.table.clone());
         let project = self

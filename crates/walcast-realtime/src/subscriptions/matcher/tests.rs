@@ -1,6 +1,9 @@
 //! Tests of the matcher: matching, classes (fields, collisions, limits), sync.
 
 use super::*;
+use walcast_bus::subs::SubscriptionSpec;
+use walcast_bus::ChangeKind;
+use walcast_protocol::filter::CompiledFilter;
 use walcast_protocol::filter::{Filter, SliceRecord};
 
 fn ids(v: Vec<MatchedClass>) -> Vec<String> {
