@@ -11,8 +11,8 @@
 //! - [`subscriptions`]: what the fronts register, validated, matched per change;
 //! - [`authorize`]: who may see which change and which of its columns (privileges and
 //!   row-level security, checked as each subscriber), and private channels;
-//! - [`catalog`]: column types, and the catalog facts at a WAL position (the realtime
-//!   tables themselves are the control plane's, `walcast_control::tables`);
+//! - [`catalog`]: the catalog facts at a WAL position (the realtime tables themselves
+//!   are the control plane's, `walcast_control::tables`);
 //! - [`admin`]: the worker's side of the fronts' admin requests;
 //! - [`config`], [`error`], [`telemetry`].
 
