@@ -1,6 +1,6 @@
 //! Logical messages and outbox rows from a hostile database login: any role may call
 //! `pg_logical_emit_message`, so a `walcast.ddl` notice or a
-//! `walcast.outbox` event is trusted only when signed by walcast (`sql/0013`); `walcast.emit`
+//! `walcast.outbox` event is trusted only when signed by walcast (`walcast-control/sql/0013`); `walcast.emit`
 //! writes only for projects the caller is mapped to; and an outbox row whose header text
 //! NATS cannot carry is skipped and counted while the worker stays up.
 

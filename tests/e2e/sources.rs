@@ -168,9 +168,9 @@ async fn sources_are_checked_listed_and_refused() {
         stored.starts_with("enc:v1:") && !stored.contains("hunter2"),
         "{stored}"
     );
-    let keys = walcast_realtime::secrets::SecretKeys::new(crate::support::SECRETS_KEY, None)
-        .expect("keys");
-    let place = walcast_realtime::secrets::Place::source("database_url", "vault-2");
+    let keys =
+        walcast_control::secrets::SecretKeys::new(crate::support::SECRETS_KEY, None).expect("keys");
+    let place = walcast_control::secrets::Place::source("database_url", "vault-2");
     assert_eq!(keys.open(place, &stored).expect("decrypts"), vault_db);
 
     refusals(&control, &shop);

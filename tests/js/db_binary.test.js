@@ -1,4 +1,4 @@
-// Binary broadcasts from the database (`realtime.send_binary`, sql/0016) through the
+// Binary broadcasts from the database (`realtime.send_binary`, walcast-control/sql/0016) through the
 // unmodified client, as Supabase's own e2e suite expects them: a vsn 2.0.0 client gets
 // the bytes exactly, as an ArrayBuffer (kind 4, binary payload encoding) with `meta.id`;
 // a vsn 1.0.0 socket cannot carry bytes and gets nothing of them (its JSON broadcasts

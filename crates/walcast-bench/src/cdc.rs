@@ -118,9 +118,8 @@ pub async fn run(args: CdcBench) -> anyhow::Result<()> {
 /// Drain the `raw` slot with one `pg_logical_slot_get_changes` call, counting inserts in
 /// Postgres; returns changes/s.
 async fn raw_drain(admin: &tokio_postgres::Client, rows: usize) -> anyhow::Result<f64> {
-    let filter = walcast_realtime::catalog::tables::table_filter(
-        &walcast_realtime::catalog::tables::list(admin, None).await?,
-    );
+    let filter =
+        walcast_control::tables::table_filter(&walcast_control::tables::list(admin, None).await?);
     let t = Instant::now();
     let row = admin
         .query_one(
@@ -202,9 +201,8 @@ async fn recvlogical_drain(
     rows: usize,
     max_wait: u64,
 ) -> anyhow::Result<f64> {
-    let filter = walcast_realtime::catalog::tables::table_filter(
-        &walcast_realtime::catalog::tables::list(admin, None).await?,
-    );
+    let filter =
+        walcast_control::tables::table_filter(&walcast_control::tables::list(admin, None).await?);
     let end: String = admin
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?

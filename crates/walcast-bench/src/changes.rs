@@ -11,8 +11,8 @@ use std::time::Duration;
 use clap::Args;
 use futures_util::StreamExt;
 use walcast_bus::Bus;
+use walcast_changes::config::ChangeStreamConfig;
 use walcast_pipeline::{ConsumerFactory, PipelineConfig};
-use walcast_realtime::config::ChangeStreamConfig;
 use walcast_realtime::{Matcher, RealtimeConfig};
 
 #[derive(Args)]
@@ -29,7 +29,7 @@ pub async fn run(args: ChangesBench) -> anyhow::Result<()> {
     anyhow::ensure!(args.rows > 0, "--rows must be at least 1");
     let crate::env::BenchEnv { pg, nats, admin } =
         crate::env::start(crate::env::LOAD_TABLE_SQL, "bench").await?;
-    walcast_realtime::catalog::change_streams::enable(&admin, "default", "public", "bench").await?;
+    walcast_changes::tables::enable(&admin, "default", "public", "bench").await?;
     crate::env::create_slots(&admin, &["core", "jetstream"]).await?;
     let secs = crate::env::load(&admin, args.rows).await?;
     println!("loaded {} single-row transactions in {secs:.2}s", args.rows);
@@ -95,7 +95,7 @@ async fn stream_drain(db: &str, nats: &str, args: &ChangesBench) -> anyhow::Resu
     let done = async move {
         loop {
             if let Ok(mut s) = js
-                .get_stream(walcast_realtime::config::DEFAULT_CHANGES_STREAM)
+                .get_stream(walcast_changes::config::DEFAULT_CHANGES_STREAM)
                 .await
             {
                 if s.info().await?.state.messages >= expect {
@@ -105,8 +105,6 @@ async fn stream_drain(db: &str, nats: &str, args: &ChangesBench) -> anyhow::Resu
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    let consumers = vec![walcast_realtime::delivery::changes::factory(
-        ChangeStreamConfig::new(db),
-    )];
+    let consumers = vec![walcast_changes::factory(ChangeStreamConfig::new(db))];
     drain(db, nats, "jetstream", consumers, done, args.max_wait).await
 }

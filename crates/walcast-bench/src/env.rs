@@ -12,8 +12,8 @@ pub struct BenchEnv {
 
 /// The keys of the secrets the benchmarks store ([`walcast_testkit::SECRETS_KEY`], which
 /// they give walcast's processes).
-pub fn secret_keys() -> anyhow::Result<walcast_realtime::secrets::SecretKeys> {
-    Ok(walcast_realtime::secrets::SecretKeys::new(
+pub fn secret_keys() -> anyhow::Result<walcast_control::secrets::SecretKeys> {
+    Ok(walcast_control::secrets::SecretKeys::new(
         walcast_testkit::SECRETS_KEY,
         None,
     )?)
@@ -22,7 +22,7 @@ pub fn secret_keys() -> anyhow::Result<walcast_realtime::secrets::SecretKeys> {
 /// Start the services, apply migrations, run `setup_sql` and enable `public.<table>`.
 pub async fn start(setup_sql: &str, table: &str) -> anyhow::Result<BenchEnv> {
     let env = start_without_table(setup_sql).await?;
-    walcast_realtime::catalog::tables::enable(&env.admin, "default", "public", table).await?;
+    walcast_control::tables::enable(&env.admin, "default", "public", table).await?;
     Ok(env)
 }
 
@@ -32,7 +32,7 @@ pub async fn start_without_table(setup_sql: &str) -> anyhow::Result<BenchEnv> {
     let nats = Nats::start().context("starting nats-server")?;
     let admin = pg.connect().await?;
     let mut migr = walcast_pipeline::connect(&pg.url()).await?;
-    walcast_realtime::migrate::migrate(&mut migr).await?;
+    walcast_control::migrate::migrate(&mut migr).await?;
     admin.batch_execute(setup_sql).await?;
     Ok(BenchEnv { pg, nats, admin })
 }

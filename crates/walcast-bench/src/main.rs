@@ -73,10 +73,10 @@ enum Bench {
     /// (internal) the `cdc-worker` entry point, run as the `scale` leader and the
     /// `outbox` relay.
     #[command(hide = true)]
-    ScaleWorker(Box<walcast::cdc_worker::CdcWorkerConfig>),
+    ScaleWorker(Box<walcast_worker::cdc_worker::CdcWorkerConfig>),
     /// (internal) the `ws-front` entry point, run as a `scale` front.
     #[command(hide = true)]
-    ScaleFront(Box<walcast::ws_front::WsFrontConfig>),
+    ScaleFront(Box<walcast_worker::ws_front::WsFrontConfig>),
 }
 
 #[tokio::main]
@@ -94,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
         Bench::WsBaselineServer(args) => ws_server::serve_baseline(args).await,
         Bench::Scale(args) => scale::run(args).await,
         Bench::Sources(args) => sources::run(args).await,
-        Bench::ScaleWorker(cfg) => walcast::cdc_worker::main(*cfg).await,
-        Bench::ScaleFront(cfg) => walcast::ws_front::main(*cfg).await,
+        Bench::ScaleWorker(cfg) => walcast_worker::cdc_worker::main(*cfg).await,
+        Bench::ScaleFront(cfg) => walcast_worker::ws_front::main(*cfg).await,
     }
 }

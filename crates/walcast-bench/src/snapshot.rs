@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 use walcast_bus::Bus;
+use walcast_changes::config::ChangeStreamConfig;
+use walcast_changes::snapshot::{store, Board, SnapshotConfig, Snapshotter};
 use walcast_lease::Fence;
 use walcast_pipeline::{PipelineConfig, PipelineHealth};
-use walcast_realtime::config::ChangeStreamConfig;
-use walcast_realtime::snapshot::{store, Board, SnapshotConfig, Snapshotter};
 
 #[derive(Args)]
 pub struct SnapshotBench {
@@ -29,10 +29,10 @@ pub struct SnapshotBench {
     #[arg(long, default_value_t = 10)]
     baseline_secs: u64,
     /// `SNAPSHOT_ROWS_PER_SEC` (0: no limit).
-    #[arg(long, default_value_t = walcast_realtime::snapshot::DEFAULT_ROWS_PER_SEC)]
+    #[arg(long, default_value_t = walcast_changes::snapshot::DEFAULT_ROWS_PER_SEC)]
     rows_per_sec: u32,
     /// `SNAPSHOT_CHUNK_ROWS`.
-    #[arg(long, default_value_t = walcast_realtime::snapshot::DEFAULT_CHUNK_ROWS)]
+    #[arg(long, default_value_t = walcast_changes::snapshot::DEFAULT_CHUNK_ROWS)]
     chunk_rows: u32,
     /// Fail when the snapshot has not ended within this many seconds.
     #[arg(long, default_value_t = 1_800)]
@@ -67,7 +67,7 @@ pub async fn run(args: SnapshotBench) -> anyhow::Result<()> {
         args.rows
     ))
     .await?;
-    walcast_realtime::catalog::change_streams::enable(&admin, "default", "public", "bench").await?;
+    walcast_changes::tables::enable(&admin, "default", "public", "bench").await?;
     let db = pg.url();
     let cancel = CancellationToken::new();
     let health = Arc::new(PipelineHealth::new("walcast"));
@@ -182,7 +182,7 @@ async fn spawn_pipeline(
     cfg.origin = "bench".into();
     let mut changes = ChangeStreamConfig::new(db);
     changes.board = Some(board.clone());
-    let consumers = vec![walcast_realtime::delivery::changes::factory(changes)];
+    let consumers = vec![walcast_changes::factory(changes)];
     Ok(tokio::spawn(walcast_pipeline::run(
         cfg,
         bus,

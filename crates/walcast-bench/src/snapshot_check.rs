@@ -111,7 +111,7 @@ pub async fn consume(
     quiet: Duration,
 ) -> anyhow::Result<Mirror> {
     let js = async_nats::jetstream::new(async_nats::connect(nats.as_str()).await?);
-    let stream = walcast_realtime::config::DEFAULT_CHANGES_STREAM;
+    let stream = walcast_changes::config::DEFAULT_CHANGES_STREAM;
     let s = loop {
         match js.get_stream(stream).await {
             Ok(s) => break s,

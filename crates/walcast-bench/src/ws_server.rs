@@ -29,9 +29,9 @@ use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use walcast::config::{CdcArgs, DbArgs, HttpArgs, LogArgs};
-use walcast::front::FrontArgs;
 use walcast_bus::Bus;
+use walcast_worker::config::{CdcArgs, DbArgs, HttpArgs, LogArgs};
+use walcast_worker::front::FrontArgs;
 
 #[derive(Args, Debug)]
 pub struct ServerArgs {
@@ -40,7 +40,7 @@ pub struct ServerArgs {
     #[command(flatten)]
     cdc: CdcArgs,
     #[command(flatten)]
-    secrets: walcast::config::SecretsArgs,
+    secrets: walcast_worker::config::SecretsArgs,
     /// In-process bus queue size per subscriber.
     #[arg(long, env = "BUS_CAPACITY", default_value_t = 65_536)]
     bus_capacity: usize,
@@ -58,22 +58,30 @@ fn announce(port: u16) {
     let _ = out.flush();
 }
 
-/// `walcast serve` with the in-process bus ([`walcast::serve::run`]).
+/// `walcast serve` with the in-process bus ([`walcast_worker::serve::run`]).
 pub async fn serve_walcast(cfg: ServerArgs) -> anyhow::Result<()> {
-    let metrics = walcast::telemetry::init_metrics()?;
+    let metrics = walcast_worker::telemetry::init_metrics()?;
     let bus = Bus::local(cfg.bus_capacity);
     let listener = cfg.http.bind().await?;
     announce(listener.local_addr()?.port());
     // Logs after the port line (the parent forwards them to its stderr).
-    walcast::telemetry::init_logs(&cfg.log);
-    let cancel = walcast::shutdown::on_signal();
+    walcast_worker::telemetry::init_logs(&cfg.log);
+    let cancel = walcast_worker::shutdown::on_signal();
     let keys = cfg.secrets.keys()?;
-    let ops = walcast::http::OpsHttp {
+    let ops = walcast_worker::http::OpsHttp {
         listener,
         metrics,
         key: cfg.front.operator.key(),
     };
-    walcast::serve::run(&cfg.db, &cfg.cdc, keys, &cfg.front, bus, ops, cancel).await
+    let serve = walcast_worker::serve::Serve {
+        db: &cfg.db,
+        cdc: &cfg.cdc,
+        keys,
+        front: &cfg.front,
+        bus,
+        ops,
+    };
+    walcast_worker::serve::run(serve, cancel).await
 }
 
 #[derive(Args, Debug)]

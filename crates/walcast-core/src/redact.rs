@@ -230,5 +230,4 @@ fn percent_decode(s: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "redact_tests.rs"]
 mod tests;

@@ -54,7 +54,7 @@
 //! ```
 //!
 //! Any server works; the sockets write fastest when the upgrade yields the `TcpStream`
-//! itself, as the `walcast` binaries' own accept loop (`walcast::http::serve`) does and
+//! itself, as the `walcast` binaries' own accept loop (`walcast_worker::http::serve`) does and
 //! `axum::serve` does not.
 
 #![forbid(unsafe_code)]

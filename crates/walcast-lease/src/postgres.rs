@@ -1,5 +1,5 @@
 //! Leadership through a lease row in Postgres (`walcast.leases`, see
-//! `sql/0005_leases.sql`), renewed by its holder and judged by the database's clock.
+//! `walcast-control/sql/0005_leases.sql`), renewed by its holder and judged by the database's clock.
 //!
 //! A session-bound advisory lock is not enough: a frozen process keeps its session, so
 //! its lock never expires. The row has a holder, a renew time written with the

@@ -332,5 +332,4 @@ pub fn partition_outbox(name: &str) -> Option<i32> {
 }
 
 #[cfg(test)]
-#[path = "event_tests.rs"]
 mod tests;

@@ -204,7 +204,6 @@ pub struct Replay {
 }
 
 #[cfg(test)]
-#[path = "replay_tests.rs"]
 mod tests;
 
 impl Replay {

@@ -579,5 +579,4 @@ fn report_forged(health: &PipelineHealth, txn: &TxnContext, m: &Message<'_>, why
 }
 
 #[cfg(test)]
-#[path = "driver_tests.rs"]
 mod tests;

@@ -19,11 +19,15 @@
 //! - beside the session, the [`heartbeat`] (when on) writes a logical message on the
 //!   source database at each interval, for the term only.
 //!
+//! Consumers that publish changes share [`change_event`]: a decoded row as the bus's
+//! `ChangeEvent`, fitted to what one message carries.
+//!
 //! Adding a consumer: implement [`Consumer`] (and [`ConsumerFactory`], or wrap a closure
 //! with [`factory`]) and pass it to [`run`]; `tests/pipeline.rs` is a complete example.
 
 #![forbid(unsafe_code)]
 
+pub mod change_event;
 pub mod config;
 pub mod consumer;
 pub mod driver;
@@ -37,6 +41,7 @@ pub mod signed;
 pub mod slot;
 pub mod source;
 pub mod telemetry;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod txn;
 

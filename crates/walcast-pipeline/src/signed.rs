@@ -1,4 +1,4 @@
-//! Signed logical messages (`sql/0012_trust.sql`, `sql/0013_signed_messages.sql`).
+//! Signed logical messages (`walcast-control/sql/0012_trust.sql`, `walcast-control/sql/0013_signed_messages.sql`).
 //!
 //! Any role may call `pg_logical_emit_message`, so the content of a `walcast.*` message
 //! proves nothing by itself. walcast's own functions write theirs through

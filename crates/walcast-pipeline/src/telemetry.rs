@@ -3,6 +3,9 @@
 //! names keep their `walcast_cdc_` prefix: dashboards and alerts written against them
 //! keep working.
 
+/// Counter: changes published without their large values, with `Error 413` (see
+/// `change_event/fit.rs`).
+pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
 /// Counter: changes no retry can deliver, skipped (label `reason`).
 pub const CHANGES_SKIPPED: &str = "walcast_cdc_changes_skipped_total";
 /// Gauge: 1 while this worker reads the slot.
@@ -42,6 +45,10 @@ pub const SOURCE_RESTARTS: &str = "walcast_cdc_source_restarts_total";
 
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
+    metrics::describe_counter!(
+        CHANGES_OVERSIZED,
+        "Changes delivered with Error 413: values over MAX_RECORD_BYTES or the bus's max_payload dropped"
+    );
     metrics::describe_gauge!(
         CONSUMER_LAG,
         "Bytes of WAL between what the pipeline read and what a consumer made durable (label consumer); the slot is acknowledged at the lowest"

@@ -2,7 +2,7 @@
 //! the fronts' key verification, and enabling realtime per table for their REST API.
 //!
 //! Private-channel checks and SSE snapshot reads evaluate the tenants' policies: those
-//! run on the check login's sessions ([`crate::check_login`]), never on walcast's own.
+//! run on the check login's sessions ([`walcast_control::check_login`]), never on walcast's own.
 //!
 //! A table is always looked up in its project's schema (`public` for the default
 //! project, `project_<hex>` for the others), so a project can never enable, disable or
@@ -19,13 +19,14 @@ use walcast_bus::admin::{
 use walcast_bus::subs::BoxFuture;
 
 use crate::authorize::channel::Channel;
-use crate::catalog::tables::{self, RealtimeTablesError};
-use crate::check_login::CheckSessions;
 use crate::error::RealtimeError;
-use crate::projects::{self, ProjectError};
-use crate::roles::RolePolicy;
-use crate::secrets::SecretKeys;
-use crate::source_projects::SourceProjects;
+use walcast_control::check_login::CheckSessions;
+use walcast_control::manage::AdminPart;
+use walcast_control::projects;
+use walcast_control::roles::RolePolicy;
+use walcast_control::secrets::SecretKeys;
+use walcast_control::source_projects::SourceProjects;
+use walcast_control::tables::{self, RealtimeTablesError};
 
 /// Every admin session: a statement waits at most 3 s for a table lock and runs at most
 /// 5 s (a slow policy on `realtime.messages` fails its own check, never holds the others).
@@ -39,6 +40,8 @@ const READ_SESSIONS: usize = 4;
 #[derive(Clone)]
 pub struct Admin {
     inner: Arc<Inner>,
+    /// The requests other parts answer (snapshots), see [`Admin::answering`].
+    parts: Arc<Vec<Arc<dyn AdminPart>>>,
 }
 
 struct Inner {
@@ -76,7 +79,14 @@ impl Admin {
                 keys,
                 projects: None,
             }),
+            parts: Arc::default(),
         }
+    }
+
+    /// Also answer `part`'s requests (on the same sessions, after the same checks).
+    pub fn answering(mut self, part: Arc<dyn AdminPart>) -> Admin {
+        Arc::make_mut(&mut self.parts).push(part);
+        self
     }
 
     /// The admin of a source other than the default: it answers only for the projects
@@ -187,16 +197,7 @@ impl Admin {
                 "no database session",
             ));
         };
-        let inner = &*self.inner;
-        let result = run(
-            client,
-            &inner.checks,
-            &inner.roles,
-            &inner.keys,
-            req,
-            schema,
-        )
-        .await;
+        let result = run(client, &self.inner, &self.parts, req, schema).await;
         if let Err(e) = &result {
             if e.kind == AdminErrorKind::Internal {
                 // The session is suspect: reconnect next time.
@@ -231,32 +232,6 @@ fn unavailable(e: impl std::fmt::Display) -> AdminError {
 
 fn internal(e: impl std::fmt::Display) -> AdminError {
     AdminError::new(AdminErrorKind::Internal, e.to_string())
-}
-
-impl From<ProjectError> for AdminError {
-    fn from(e: ProjectError) -> AdminError {
-        internal(e)
-    }
-}
-
-impl From<RealtimeTablesError> for AdminError {
-    fn from(e: RealtimeTablesError) -> AdminError {
-        match e {
-            RealtimeTablesError::UnknownTable(_) => {
-                AdminError::new(AdminErrorKind::UnknownTable, e.to_string())
-            }
-            RealtimeTablesError::NoPrimaryKey(_) => {
-                AdminError::new(AdminErrorKind::NoPrimaryKey, e.to_string())
-            }
-            RealtimeTablesError::Partitioned(_) => {
-                AdminError::new(AdminErrorKind::PartitionedTable, e.to_string())
-            }
-            RealtimeTablesError::OtherProject { .. } => internal(e),
-            RealtimeTablesError::Db(d) => {
-                internal(format!("database: {}", walcast_pgtls::db_message(&d)))
-            }
-        }
-    }
 }
 
 async fn schema_of(client: &Client, project: &str) -> Result<String, AdminError> {
@@ -343,20 +318,20 @@ fn project_of(req: &AdminRequest) -> Option<&str> {
 /// source's admin), else read here.
 async fn run(
     client: &mut Client,
-    checks: &CheckSessions,
-    roles: &RolePolicy,
-    keys: &SecretKeys,
+    inner: &Inner,
+    parts: &[Arc<dyn AdminPart>],
     req: AdminRequest,
     schema: Option<String>,
 ) -> Result<AdminReply, AdminError> {
-    if crate::manage::is_management(&req) {
-        return crate::manage::run(client, keys, req).await;
+    let (checks, roles) = (&inner.checks, &inner.roles);
+    if walcast_control::manage::is_management(&req) {
+        return walcast_control::manage::run(client, &inner.keys, req).await;
     }
-    if crate::snapshot::manage::is_snapshot(&req) {
-        return crate::snapshot::manage::run(client, req).await;
+    if let Some(part) = parts.iter().find(|p| p.answers(&req)) {
+        return part.answer(client, req).await;
     }
     match req {
-        AdminRequest::Projects => project_list(client, keys).await,
+        AdminRequest::Projects => project_list(client, &inner.keys).await,
         AdminRequest::SetRealtime {
             project,
             table,
@@ -427,7 +402,7 @@ async fn project_list(client: &Client, keys: &SecretKeys) -> Result<AdminReply, 
     let projects = projects::list(client, keys)
         .await?
         .into_iter()
-        .map(crate::manage::record)
+        .map(walcast_control::manage::record)
         .collect();
     Ok(AdminReply::Projects { projects })
 }

@@ -2,7 +2,9 @@
 //! (so that any module can use them without an import circle). Each keeps its cause as
 //! a source; [`RealtimeError::retry`] says whether retrying can help.
 
+use walcast_control::{ControlError, RealtimeTablesError};
 use walcast_pgtls::db_message;
+use walcast_pipeline::change_event::EventError;
 use walcast_pipeline::{ConsumerError, PipelineError, PublishError, Retry};
 
 #[derive(Debug, thiserror::Error)]
@@ -13,8 +15,9 @@ pub enum RealtimeError {
     Tls(#[from] walcast_pgtls::PgTlsError),
     #[error("realtime tables: {0}")]
     RealtimeTables(#[from] RealtimeTablesError),
-    #[error("migrations: {0}")]
-    Migrate(#[from] MigrateError),
+    /// A read of the control database (the projects of a source, a check session).
+    #[error(transparent)]
+    Control(#[from] ControlError),
     #[error("building event: {0}")]
     Event(#[from] EventError),
     #[error(transparent)]
@@ -73,46 +76,4 @@ impl From<RealtimeError> for ConsumerError {
     fn from(e: RealtimeError) -> ConsumerError {
         ConsumerError::new(e.retry(), e)
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RealtimeTablesError {
-    #[error("table {0} does not exist (or is not a plain or partitioned table)")]
-    UnknownTable(String),
-    #[error("table {0} has no primary key; realtime needs one to identify rows")]
-    NoPrimaryKey(String),
-    #[error("table {0} is partitioned: wal2json names each change by the partition that holds the row, so walcast cannot stream it under its own name; enable its partitions instead")]
-    Partitioned(String),
-    #[error("table {table} is already enabled for project {project:?}; a table streams for one project only (disable it there first)")]
-    OtherProject { table: String, project: String },
-    #[error("{}", db_message(.0))]
-    Db(#[from] tokio_postgres::Error),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EventError {
-    #[error("column {column:?} of {schema}.{table}: value is not valid JSON for type {type_name}: {source}")]
-    Value {
-        schema: String,
-        table: String,
-        column: String,
-        type_name: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("serialising event: {0}")]
-    Json(#[from] serde_json::Error),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum MigrateError {
-    #[error("migration {version} ({name}) failed: {source}")]
-    Failed {
-        version: i32,
-        name: &'static str,
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    #[error("migration bookkeeping failed: {0}")]
-    Db(#[from] tokio_postgres::Error),
 }

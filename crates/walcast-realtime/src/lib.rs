@@ -11,32 +11,20 @@
 //! - [`subscriptions`]: what the fronts register, validated, matched per change;
 //! - [`authorize`]: who may see which change and which of its columns (privileges and
 //!   row-level security, checked as each subscriber), and private channels;
-//! - [`catalog`]: the realtime tables, types, and the catalog facts at a WAL position;
-//! - [`admin`], [`projects`], [`roles`]: the fronts' admin requests, the project
-//!   directory, which roles a token may act as;
-//! - [`check_login`]: the login tenant SQL runs on, checked at start;
-//! - [`sources`]: the sources registry (the databases walcast reads);
-//! - [`secrets`]: the projects' secrets and the sources' URLs, encrypted at rest;
-//! - [`migrate`]: walcast's SQL schema; [`config`], [`error`], [`telemetry`].
+//! - [`catalog`]: the catalog facts at a WAL position (the realtime tables themselves
+//!   are the control plane's, `walcast_control::tables`);
+//! - [`admin`]: the worker's side of the fronts' admin requests;
+//! - [`config`], [`error`], [`telemetry`].
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod authorize;
 pub mod catalog;
-pub mod check_login;
 pub mod config;
 pub mod delivery;
 pub mod error;
-pub mod manage;
-pub mod migrate;
-pub mod projects;
-pub mod roles;
-pub mod secrets;
 pub mod session;
-pub mod snapshot;
-pub mod source_projects;
-pub mod sources;
 pub mod subscriptions;
 pub mod telemetry;
 

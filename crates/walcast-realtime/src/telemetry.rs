@@ -1,17 +1,8 @@
 //! Every metric name of realtime delivery, each with its description (registered by
 //! [`describe`]); code records metrics only through these names.
 
-/// Counter: changes delivered without their large values, with `Error 413`.
-pub const CHANGES_OVERSIZED: &str = "walcast_cdc_changes_oversized_total";
 /// Counter: broadcasts from the database published to the fronts (label `payload`:
 /// `json` for `realtime.send`, `binary` for `realtime.send_binary`).
-/// Changes and broadcasts read from a source's database for a project not on that
-/// source, dropped (label `what`: change, broadcast, registration, admin).
-pub const FOREIGN_PROJECT_DROPPED: &str = "walcast_source_foreign_project_dropped_total";
-/// Counter: stored secrets that could not be decrypted (altered, moved to another row or
-/// column, plain text), their row left out of what was read (label `table`: projects,
-/// sources).
-pub const SECRETS_UNREADABLE: &str = "walcast_secrets_unreadable_total";
 pub const DB_BROADCASTS: &str = "walcast_cdc_db_broadcasts_total";
 /// Counter: changes whose audience was split over several messages to fit the bus.
 pub const CHANGES_SPLIT: &str = "walcast_cdc_changes_split_total";
@@ -124,37 +115,8 @@ pub const SUBS_ENDED: &str = "walcast_cdc_subscriptions_ended_total";
 /// event triggers, 0 when every batch re-reads the catalog instead.
 pub const DDL_EVENT_TRIGGER: &str = "walcast_cdc_ddl_event_trigger";
 
-/// Change-stream messages JetStream acknowledged (`duplicate`: a replay it already had).
-pub const CHANGE_STREAM_PUBLISHED: &str = "walcast_change_stream_published_total";
-/// Change-stream publishes that failed (`kind`: `transient`, resent; `too_large`, skipped).
-pub const CHANGE_STREAM_FAILURES: &str = "walcast_change_stream_failures_total";
-/// Change-stream messages stored after a later one (a resend after a lost publish).
-pub const CHANGE_STREAM_REORDERED: &str = "walcast_change_stream_reordered_total";
-/// Time from sending a change-stream message to its PubAck.
-pub const CHANGE_STREAM_ACK_SECONDS: &str = "walcast_change_stream_ack_seconds";
-/// Change-stream messages handed to the sender and not yet acknowledged.
-pub const CHANGE_STREAM_QUEUED: &str = "walcast_change_stream_queued";
-/// Changes of streaming tables read (row changes and TRUNCATEs, `kind` label).
-pub const CHANGE_STREAM_CHANGES: &str = "walcast_change_stream_changes_total";
-
-// Snapshots (snapshot/).
-
-/// Counter: snapshot rows published as READ events and acknowledged by JetStream.
-pub const SNAPSHOT_ROWS: &str = "walcast_snapshot_rows_total";
-/// Counter: snapshot rows read but not published because their row changed between the
-/// chunk's watermarks (the change is on the stream, and newer).
-pub const SNAPSHOT_ROWS_SUPERSEDED: &str = "walcast_snapshot_rows_superseded_total";
-/// Counter: snapshot chunks (`outcome`: `stored`, or `retried`: read again under new
-/// watermarks after a restart or a timeout).
-pub const SNAPSHOT_CHUNKS: &str = "walcast_snapshot_chunks_total";
-/// Gauge: snapshots running on this process (0 or 1 per source).
-pub const SNAPSHOTS_RUNNING: &str = "walcast_snapshots_running";
-/// Counter: snapshots that ended (`state`: done, cancelled, failed).
-pub const SNAPSHOTS_ENDED: &str = "walcast_snapshots_ended_total";
-
 /// Register the descriptions with the installed recorder.
 pub fn describe() {
-    describe_change_stream();
     describe_catalog();
     describe_rls();
     describe_publishing();
@@ -242,10 +204,6 @@ fn describe_publishing() {
         "The largest change message published since start, in bytes"
     );
     metrics::describe_counter!(
-        CHANGES_OVERSIZED,
-        "Changes delivered with Error 413: values over MAX_RECORD_BYTES or the bus's max_payload dropped"
-    );
-    metrics::describe_counter!(
         CHANGES_SPLIT,
         "Changes whose subscriber list was split over several bus messages"
     );
@@ -291,14 +249,6 @@ fn describe_publishing() {
 
 fn describe_pipeline() {
     metrics::describe_counter!(
-        SECRETS_UNREADABLE,
-        "Stored secrets (a project's JWT secret, a source's URL) that could not be decrypted with SECRETS_KEY: altered, moved to another row or column, or plain text; the row is left out (label table)"
-    );
-    metrics::describe_counter!(
-        FOREIGN_PROJECT_DROPPED,
-        "Things a source's database named for a project not on that source, dropped (label what: change, broadcast, registration, admin)"
-    );
-    metrics::describe_counter!(
         DB_BROADCASTS,
         "Broadcasts from the database published to the fronts (label payload: json for realtime.send and realtime.broadcast_changes, binary for realtime.send_binary)"
     );
@@ -343,49 +293,5 @@ fn describe_pipeline() {
         FILTER_UNREADABLE_NOTICES,
         "Subscriptions told with a system error (once per table) that their filter reads a column \
          their role may not SELECT, so that table's changes are withheld from them"
-    );
-}
-
-fn describe_change_stream() {
-    metrics::describe_counter!(
-        CHANGE_STREAM_PUBLISHED,
-        "Change-stream messages JetStream acknowledged (duplicate=true: a replay the stream already had)"
-    );
-    metrics::describe_counter!(
-        CHANGE_STREAM_FAILURES,
-        "Change-stream publishes that failed (kind=transient: resent after a backoff; too_large: skipped and reported)"
-    );
-    metrics::describe_counter!(
-        CHANGE_STREAM_REORDERED,
-        "Change-stream messages stored after a later change (their first publish was lost, a resend landed after what followed)"
-    );
-    metrics::describe_histogram!(
-        CHANGE_STREAM_ACK_SECONDS,
-        "Seconds from sending a change-stream message to JetStream's acknowledgement"
-    );
-    metrics::describe_gauge!(
-        CHANGE_STREAM_QUEUED,
-        "Change-stream messages handed to the sender and not yet acknowledged"
-    );
-    metrics::describe_counter!(
-        CHANGE_STREAM_CHANGES,
-        "Changes of change-stream tables read from the WAL (kind: INSERT, UPDATE, DELETE, TRUNCATE), and snapshot rows (READ)"
-    );
-    metrics::describe_counter!(
-        SNAPSHOT_ROWS,
-        "Snapshot rows published on the change stream as READ events (JetStream acknowledged)"
-    );
-    metrics::describe_counter!(
-        SNAPSHOT_ROWS_SUPERSEDED,
-        "Snapshot rows not published because the row changed between the chunk's watermarks"
-    );
-    metrics::describe_counter!(
-        SNAPSHOT_CHUNKS,
-        "Snapshot chunks (outcome=stored, or retried: read again under new watermarks)"
-    );
-    metrics::describe_gauge!(SNAPSHOTS_RUNNING, "Snapshots running on this process");
-    metrics::describe_counter!(
-        SNAPSHOTS_ENDED,
-        "Snapshots that ended (state: done, cancelled, failed)"
     );
 }

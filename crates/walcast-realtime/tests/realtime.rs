@@ -79,7 +79,7 @@ async fn confirmed(db: &tokio_postgres::Client) -> Lsn {
 /// Migrations, table `f` enabled, and the slot created before any row is written.
 async fn setup(pg: &Postgres) -> tokio_postgres::Client {
     let mut db = pg.connect().await.expect("connect");
-    walcast_realtime::migrate::migrate(&mut db)
+    walcast_control::migrate::migrate(&mut db)
         .await
         .expect("migrate");
     db.batch_execute(

@@ -11,7 +11,7 @@ use walcast_bus::ChangeEvent;
 use walcast_testkit::Postgres;
 
 use crate::support::{rec, sealed, shared, Collector, Stack, Worker};
-use walcast_realtime::secrets::Place;
+use walcast_control::secrets::Place;
 
 mod takeover;
 

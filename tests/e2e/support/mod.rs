@@ -21,8 +21,8 @@ pub use walcast_testkit::SECRETS_KEY;
 
 /// `plain` encrypted for its place with [`SECRETS_KEY`], as walcast stores it: for the
 /// tests that write `walcast.projects` and `walcast.sources` rows directly.
-pub fn sealed(place: walcast_realtime::secrets::Place<'_>, plain: &str) -> String {
-    walcast_realtime::secrets::SecretKeys::new(SECRETS_KEY, None)
+pub fn sealed(place: walcast_control::secrets::Place<'_>, plain: &str) -> String {
+    walcast_control::secrets::SecretKeys::new(SECRETS_KEY, None)
         .and_then(|k| k.seal(place, plain))
         .expect("seal a secret")
 }

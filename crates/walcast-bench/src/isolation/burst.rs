@@ -33,7 +33,7 @@ fn table(i: usize) -> String {
 async fn setup(args: &IsolationBench) -> anyhow::Result<(Stack, Burst)> {
     let mut env = crate::env::start(STEADY_SQL, "steady").await?;
     let keys = crate::env::secret_keys()?;
-    let p = walcast_realtime::projects::create(&mut env.admin, &keys, "burst").await?;
+    let p = walcast_control::projects::create(&mut env.admin, &keys, "burst").await?;
     let s = walcast_core::sql::quote_ident(&p.schema);
     env.admin
         .batch_execute(&format!(

@@ -42,7 +42,7 @@ async fn create_noisy(
     subs: usize,
 ) -> anyhow::Result<(String, String, String)> {
     let keys = crate::env::secret_keys()?;
-    let p = walcast_realtime::projects::create(admin, &keys, &format!("noisy-{n}")).await?;
+    let p = walcast_control::projects::create(admin, &keys, &format!("noisy-{n}")).await?;
     let s = walcast_core::sql::quote_ident(&p.schema);
     admin
         .batch_execute(&format!(
@@ -61,7 +61,7 @@ async fn create_noisy(
              RESET search_path;"
         ))
         .await?;
-    walcast_realtime::catalog::tables::enable(&*admin, &p.id, &p.schema, "items").await?;
+    walcast_control::tables::enable(&*admin, &p.id, &p.schema, "items").await?;
     Ok((p.id, p.schema, p.jwt_secret))
 }
 

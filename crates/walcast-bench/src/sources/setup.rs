@@ -101,7 +101,7 @@ pub(super) async fn create_sources(instances: &[Postgres], n: usize) -> anyhow::
 /// Migrate a source's database and create and enable its project's table there.
 async fn prepare(src: &Src) -> anyhow::Result<()> {
     let mut db = walcast_pipeline::connect(&src.url).await?;
-    walcast_realtime::migrate::migrate(&mut db).await?;
+    walcast_control::migrate::migrate(&mut db).await?;
     let schema = format!("project_{}", src.project);
     db.batch_execute(&format!(
         "CREATE SCHEMA {schema};
@@ -120,7 +120,7 @@ async fn prepare(src: &Src) -> anyhow::Result<()> {
 /// Register the sources and their projects in the control database, in one transaction,
 /// their URLs and secrets encrypted with the key the workers are given.
 pub(super) async fn register(control: &tokio_postgres::Client, srcs: &[Src]) -> anyhow::Result<()> {
-    use walcast_realtime::secrets::Place;
+    use walcast_control::secrets::Place;
     let keys = crate::env::secret_keys()?;
     control.batch_execute("BEGIN").await?;
     for s in srcs {

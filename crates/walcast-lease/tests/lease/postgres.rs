@@ -150,7 +150,7 @@ async fn setup() -> Postgres {
         .await
         .expect("schema");
     client
-        .batch_execute(include_str!("../../../../sql/0005_leases.sql"))
+        .batch_execute(include_str!("../../../walcast-control/sql/0005_leases.sql"))
         .await
         .expect("lease table");
     pg

@@ -9,7 +9,7 @@
 //!   allowed if it sees it;
 //! - write: the subscriber inserts one: allowed unless a policy refuses it.
 //!
-//! The check runs on the check login's connection ([`crate::check_login`]), so a policy
+//! The check runs on the check login's connection ([`walcast_control::check_login`]), so a policy
 //! that resets the role regains no power; the rows it writes never commit (the check is
 //! rolled back, and a constraint trigger refuses any commit of the check login's rows)
 //! and so never reach the WAL's readers. A role that bypasses row-level security (which
@@ -18,16 +18,16 @@
 //!
 //! Everything is one project's: the check runs with `walcast.project` = the joining
 //! project (policies can read it with `current_setting('walcast.project')`), its rows
-//! carry that project (sql/0014_project_messages.sql), a token whose `ref` names
+//! carry that project (walcast-control/sql/0014_project_messages.sql), a token whose `ref` names
 //! another project is refused, and so is a role no token may act as
-//! ([`crate::roles`]). Replays read only the project's rows.
+//! ([`walcast_control::roles`]). Replays read only the project's rows.
 
 use serde_json::Value;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use crate::catalog::tables::DEFAULT_PROJECT;
-use crate::roles::{RolePolicy, RoleRefused};
+use walcast_control::roles::{RolePolicy, RoleRefused};
+use walcast_control::tables::DEFAULT_PROJECT;
 
 /// Why a private-channel check said no without asking the policies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -589,5 +589,4 @@ fn audience(event: &ChangeEvent, allowed: Vec<Allowed>, hidden: &HashSet<String>
 }
 
 #[cfg(test)]
-#[path = "authorize_tests.rs"]
 mod tests;

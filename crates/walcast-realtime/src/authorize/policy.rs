@@ -1,5 +1,5 @@
 //! Which versions of a row a role may see, decided from the table's row-level-security
-//! policies as the catalog describes them (pure: the facts are read in [`crate::authorize::rls`]).
+//! policies as the catalog describes them (pure: the facts are read in `authorize/rls.rs`).
 //!
 //! The rules are Postgres's own for a `SELECT`:
 //! - RLS disabled on the table, a superuser or `BYPASSRLS` role, or a role with the
@@ -10,7 +10,7 @@
 //!   without `USING` adds nothing (as in Postgres).
 //!
 //! The resulting condition is evaluated on each version's own values (see
-//! [`crate::authorize::sql::own_values_sql`]), so it needs the columns its policies read: a
+//! `own_values_sql` in `authorize/sql.rs`), so it needs the columns its policies read: a
 //! version that lacks one of them cannot be judged that way (see [`judged_by`]).
 
 use std::collections::HashSet;

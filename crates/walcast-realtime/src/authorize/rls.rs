@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Statement};
 
-use crate::authorize::check::{run_checks, CheckOptions, Connections, TableCheck, TableOutcome};
+use crate::authorize::check::{CheckOptions, TableCheck, TableOutcome};
 use crate::authorize::policy::{ColumnFact, PolicyFact, RoleTableFacts};
 use crate::authorize::visibility;
 use crate::catalog::change::{freshness, Freshness, Notice, TableState, View};
@@ -29,13 +29,17 @@ use crate::error::RealtimeError;
 use crate::telemetry;
 use walcast_core::sql::qualified;
 
+mod connections;
+
+use connections::{Lane, Urls};
+
 /// How long a read may wait for a statement already decoded to become visible.
 const VISIBLE_WAIT: Duration = Duration::from_secs(2);
 
 pub struct RlsChecker {
     /// walcast's own login: the catalog, and the current-row comparisons.
     database_url: String,
-    /// The check login ([`crate::check_login`]): every statement run as a subscriber.
+    /// The check login ([`walcast_control::check_login`]): every statement run as a subscriber.
     check_url: String,
     client: Option<Client>,
     /// Transactions known to be visible to new snapshots (the last batch's).
@@ -88,7 +92,7 @@ SELECT q.n, p.polname::text, p.polpermissive, pg_get_expr(p.polqual, p.polrelid)
  ORDER BY q.n, p.polname";
 
 /// `$1 < epoch <= $2` all logged and none touching a table of `$3`/`$4` (schema, table
-/// pairs) or every table (see `sql/0015_catalog_log.sql`).
+/// pairs) or every table (see `walcast-control/sql/0015_catalog_log.sql`).
 const UNTOUCHED_SQL: &str = "
 SELECT count(*) = $2::int8 - $1::int8
    AND NOT coalesce(bool_or(l.tables IS NULL OR EXISTS (
@@ -564,103 +568,3 @@ fn carried_or<T>(carried: Option<T>, moved: RealtimeError) -> Result<T, Realtime
 
 /// Below this many groups in a batch, one connection does it all.
 const SPLIT_ABOVE_GROUPS: usize = 32;
-
-/// Where a lane connects: the check login, and walcast's own login.
-#[derive(Clone, Copy)]
-struct Urls<'a> {
-    check: &'a str,
-    own: &'a str,
-}
-
-/// One connection that runs checks, with its prepared statements, and (only once a
-/// batch needs it) one of walcast's own for the current-row comparisons.
-#[derive(Default)]
-struct Lane {
-    client: Option<Client>,
-    statements: HashMap<String, Statement>,
-    own: Option<Client>,
-    own_statements: HashMap<String, Statement>,
-}
-
-impl Lane {
-    async fn check(
-        &mut self,
-        url: Urls<'_>,
-        tables: &[TableCheck],
-        opts: &CheckOptions,
-    ) -> Result<Vec<TableOutcome>, RealtimeError> {
-        let result = self.check_on(url, tables, opts).await;
-        if result.is_err() {
-            // The sessions may be mid-transaction: start over on fresh ones.
-            self.client = None;
-            self.statements.clear();
-            self.own = None;
-            self.own_statements.clear();
-        }
-        result
-    }
-
-    async fn check_on(
-        &mut self,
-        url: Urls<'_>,
-        tables: &[TableCheck],
-        opts: &CheckOptions,
-    ) -> Result<Vec<TableOutcome>, RealtimeError> {
-        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
-            self.statements.clear();
-            self.client = Some(check_connection(url.check).await?);
-        }
-        let compare = tables
-            .iter()
-            .any(|t| t.groups.iter().any(|g| !g.by_row.is_empty()));
-        if compare && self.own.as_ref().is_none_or(|c| c.is_closed()) {
-            self.own_statements.clear();
-            self.own = Some(own_connection(url.own).await?);
-        }
-        let Some(client) = self.client.as_ref() else {
-            return Err(RealtimeError::RlsUnavailable(
-                "the lane's connection was not kept",
-            ));
-        };
-        for isolate in [false, true] {
-            let conns = Connections {
-                check: client,
-                check_statements: &mut self.statements,
-                own: match (compare, self.own.as_ref()) {
-                    (true, Some(own)) => Some((own, &mut self.own_statements)),
-                    _ => None,
-                },
-            };
-            let opts = CheckOptions {
-                isolate,
-                ..opts.clone()
-            };
-            let out = run_checks(conns, tables, &opts).await?;
-            // Something failed and took the rest of the batch with it: again, with every
-            // statement in its own savepoint.
-            if isolate || out.iter().all(TableOutcome::all_ok) {
-                return Ok(out);
-            }
-        }
-        Err(RealtimeError::RlsUnavailable("no check was run"))
-    }
-}
-
-/// walcast's own connection for current-row comparisons: an empty `search_path`, so
-/// no operator or function but Postgres's own is found by name.
-async fn own_connection(url: &str) -> Result<Client, RealtimeError> {
-    let client = walcast_pgtls::connect(url).await?;
-    client.batch_execute("SET search_path = ''").await?;
-    Ok(client)
-}
-
-/// A connection for checks. Checks for one role differ only in the claims, which
-/// policies read when they run: one generic plan serves them all instead of planning
-/// each group (Postgres re-plans by itself when the role changes).
-async fn check_connection(url: &str) -> Result<Client, RealtimeError> {
-    let client = walcast_pgtls::connect(url).await?;
-    client
-        .batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await?;
-    Ok(client)
-}

@@ -4,13 +4,13 @@
 //! Hostile input throughout: the table, filter and select come from a client through a
 //! front. The table must be a realtime-enabled table of the project's own schema (the
 //! tables its subscriptions may join); the subscriber's token must be the project's
-//! and its `role` one a token may act as ([`crate::roles`]). Only the columns that role
+//! and its `role` one a token may act as ([`walcast_control::roles`]). Only the columns that role
 //! may `SELECT` are read (identifiers quoted), the read runs with `role` and
 //! `request.jwt.claims` set by `set_config(…, true)` from bound parameters, so the
 //! table's row-level security policies decide which rows come back, in a `READ ONLY`
 //! transaction under the admin session's `statement_timeout`, always rolled back.
 //!
-//! The read runs on the check login's connection ([`crate::check_login`]): the
+//! The read runs on the check login's connection ([`walcast_control::check_login`]): the
 //! policies, and whatever else of the tenant's the read evaluates, run without
 //! walcast's powers. A role that bypasses row-level security (which the check login may
 //! not act as) is read on walcast's own connection instead, where nothing of the
@@ -41,8 +41,8 @@ use walcast_core::sql::{qualified, quote_ident};
 use walcast_protocol::filter::{CompiledFilter, Filter, SliceRecord};
 
 use crate::authorize::channel::precheck;
-use crate::catalog::tables;
-use crate::roles::RolePolicy;
+use walcast_control::roles::RolePolicy;
+use walcast_control::tables;
 
 /// The hard bounds of one read, whatever a front asks (a front is trusted no more than
 /// its clients).

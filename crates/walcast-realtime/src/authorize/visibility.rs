@@ -1,5 +1,5 @@
 //! Whether decoded transactions are visible to a snapshot (pure; see
-//! [`crate::authorize::rls::RlsChecker::wait_visible`] for why checks wait for it).
+//! `RlsChecker::wait_visible` in `authorize/rls.rs` for why checks wait for it).
 //!
 //! wal2json gives 32-bit transaction ids; a snapshot (`pg_current_snapshot()`, text form
 //! `xmin:xmax:xip,…`) has 64-bit ones (epoch in the high half). A decoded transaction is

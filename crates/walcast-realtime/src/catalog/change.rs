@@ -1,7 +1,7 @@
 //! Privileges and schema changes at their WAL position.
 //!
 //! wal2json decodes neither DDL nor GRANT. Where walcast's role may create them, two
-//! event triggers (`sql/0007_catalog_changes.sql`) write a transactional logical message,
+//! event triggers (`walcast-control/sql/0007_catalog_changes.sql`) write a transactional logical message,
 //! a [`Notice`] with prefix [`NOTICE_PREFIX`], for every statement that can change what a
 //! subscriber may read of a table (`ALTER TABLE`, `GRANT`, `REVOKE`, policies, `DROP`):
 //! it is decoded exactly at that statement's commit position. The pipeline then
@@ -29,7 +29,8 @@ use tokio_postgres::Client;
 use walcast_wal2json::Lsn;
 
 use crate::catalog::facts::{Access, TableInfo};
-use crate::error::{EventError, RealtimeError};
+use crate::error::RealtimeError;
+use walcast_pipeline::change_event::EventError;
 
 /// Prefix of the notices' logical messages (the only prefix wal2json is asked for).
 pub const NOTICE_PREFIX: &str = "walcast.ddl";

@@ -1,5 +1,5 @@
 //! The facts the catalog gives about a table and a role, as plain types: read in
-//! [`crate::catalog::read`], carried by DDL notices ([`crate::catalog::change`]) and
+//! `catalog/read.rs`, carried by DDL notices (`catalog/change.rs`) and
 //! judged by the authorizer. Kept apart so that those modules
 //! share them without importing each other.
 

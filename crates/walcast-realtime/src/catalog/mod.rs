@@ -1,20 +1,17 @@
 //! What realtime delivery knows of the database's catalog: the realtime tables
-//! ([`tables`]), column types ([`types`]), the facts the authorizer reads about a table
+//! (`walcast_control::tables`), column types (`walcast_pipeline::change_event::TypeCache`), the facts the authorizer reads about a table
 //! and a role ([`read`], of the types in [`facts`]), and privilege and schema changes at
 //! their WAL position ([`change`]).
 
 pub mod change;
-pub mod change_streams;
 pub mod facts;
 pub mod read;
-pub mod tables;
-pub mod types;
 
 use tokio_postgres::Client;
 use walcast_wal2json::Lsn;
 
 use crate::error::RealtimeError;
-use tables::TableRef;
+use walcast_control::tables::{self, TableRef};
 
 /// The periodic re-read of the realtime tables (every `TABLE_FILTER_REFRESH_MS`), a safety net: their
 /// edits normally arrive in WAL order and are applied exactly where they happened. The

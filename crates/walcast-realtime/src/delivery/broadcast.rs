@@ -5,10 +5,10 @@
 //! Only committed rows are read (the WAL), in commit order; a rolled-back `send` is
 //! never seen. The body is the row's `payload` with its `id` added (as Supabase sends
 //! it), and `meta.id` is the id too. A broadcast belongs to the row's `project` (set by
-//! the database from the writer's `walcast.project`, see sql/0014_project_messages.sql),
+//! the database from the writer's `walcast.project`, see walcast-control/sql/0014_project_messages.sql),
 //! and only that project's channels receive it.
 //!
-//! A row of `realtime.send_binary` (sql/0016_send_binary.sql) has its bytes in
+//! A row of `realtime.send_binary` (walcast-control/sql/0016_send_binary.sql) has its bytes in
 //! `binary_payload`: wal2json writes them as hex (the decoding sessions pin
 //! `bytea_output = hex`), read back byte for byte ([`walcast_wal2json::decode_bytea`]), and the bus envelope carries them raw with
 //! `binary: true` (no `id` added: bytes have no field to add it to; `meta.id` has it). A
@@ -34,8 +34,8 @@ use std::sync::Arc;
 use walcast_bus::BusError;
 use walcast_pipeline::{ConsumerError, Position, PublishError, Publisher};
 
-use crate::catalog::tables::DEFAULT_PROJECT;
 use crate::telemetry;
+use walcast_control::tables::DEFAULT_PROJECT;
 use walcast_pipeline::consumer::{Consumer, Handled, Item};
 use walcast_pipeline::health::PipelineHealth;
 
@@ -127,7 +127,7 @@ pub fn message(columns: &[Column<'_>]) -> Result<Option<DbMessage>, Undecodable>
     let private = value(columns, "private")
         .and_then(|p| p.as_bool())
         .unwrap_or(false);
-    // Without the column (a table that predates sql/0014), the default project's.
+    // Without the column (a table that predates walcast-control/sql/0014), the default project's.
     let project = match value(columns, "project") {
         None | Some(Value::Null) => DEFAULT_PROJECT.to_string(),
         Some(Value::String(p)) => p,
@@ -163,7 +163,7 @@ pub struct DbBroadcast {
     txn: Vec<DbMessage>,
     unconfirmed: bool,
     /// The projects of this source (`None`: all).
-    projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 impl DbBroadcast {
@@ -185,7 +185,7 @@ impl DbBroadcast {
     /// Whether a broadcast for `project` may pass (see [`Self::for_projects`]).
     async fn admits(&self, project: &str) -> Result<bool, crate::error::RealtimeError> {
         match &self.projects {
-            Some(p) => p.admits(project, "broadcast").await,
+            Some(p) => Ok(p.admits(project, "broadcast").await?),
             None => Ok(true),
         }
     }
@@ -193,7 +193,7 @@ impl DbBroadcast {
     /// Only the broadcasts of `projects` (the source's), the others dropped and counted.
     pub fn for_projects(
         mut self,
-        projects: Option<Arc<crate::source_projects::SourceProjects>>,
+        projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
     ) -> DbBroadcast {
         self.projects = projects;
         self

@@ -20,12 +20,9 @@ pub use catalog::CatalogTracking;
 use crate::authorize::check::Version;
 use crate::authorize::{PendingChange, RlsMode};
 use crate::catalog::change::NOTICE_PREFIX;
-use crate::catalog::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
 use crate::catalog::tables_drift;
-use crate::catalog::types::TypeCache;
 use crate::config::LaneLimits;
 use crate::config::RlsOptions;
-use crate::delivery::event::build_event;
 use crate::delivery::filter_watch::FilterWatch;
 use crate::delivery::lanes::Lanes;
 use crate::delivery::links::FrontLinks;
@@ -33,25 +30,18 @@ use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::Matcher;
 use crate::subscriptions::row_view::OwnedRow;
+use walcast_control::tables::{self, TABLES_SCHEMA, TABLES_TABLE};
+use walcast_pipeline::change_event::build_event;
+use walcast_pipeline::change_event::TypeCache;
 use walcast_pipeline::consumer::{Consumer, Handled, Item, Refresh};
 use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::TxnContext;
-
-/// A stable shard for a project (FNV-1a), so routing survives restarts.
-pub fn shard_of(project: &str, shards: usize) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in project.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % shards.max(1) as u64) as usize
-}
 
 /// What a [`RealtimeConsumer`] is built with besides its connections.
 pub struct RealtimeOptions {
     /// For the RLS checkers' catalog connections (walcast's own login).
     pub database_url: String,
-    /// For the RLS checks themselves (the check login, see [`crate::check_login`]).
+    /// For the RLS checks themselves (the check login, see [`walcast_control::check_login`]).
     pub check_url: String,
     pub rls: RlsOptions,
     /// Values larger than this are dropped from a change (`Error 413`).
@@ -69,7 +59,7 @@ pub struct RealtimeOptions {
     /// How far a project's delivery may fall behind.
     pub limits: LaneLimits,
     /// The projects of this source (`None`: all).
-    pub projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    pub projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 /// While stopping, how often the lanes are looked at.
@@ -102,7 +92,7 @@ pub struct RealtimeConsumer {
     seq: u32,
     slot: String,
     ddl: CatalogTracking,
-    projects: Option<Arc<crate::source_projects::SourceProjects>>,
+    projects: Option<Arc<walcast_control::source_projects::SourceProjects>>,
 }
 
 impl RealtimeConsumer {
@@ -306,7 +296,8 @@ impl RealtimeConsumer {
             }
         }
         metrics::counter!(crate::telemetry::CHANGES_DECODED).increment(1);
-        let event = crate::delivery::event::truncate_event(project, schema, table, txn, self.seq);
+        let event =
+            walcast_pipeline::change_event::truncate_event(project, schema, table, txn, self.seq);
         self.seq += 1;
         self.hold(PendingChange {
             event,
@@ -442,11 +433,11 @@ fn filter_row(kind: ChangeKind, row: &RowChange<'_>, types: &TypeCache) -> Owned
 fn versions_text(kind: ChangeKind, row: &RowChange<'_>) -> (Version, Version) {
     let new = match kind {
         ChangeKind::Delete => Vec::new(),
-        _ => crate::delivery::event::new_row_text(row),
+        _ => walcast_pipeline::change_event::new_row_text(row),
     };
     let old = match kind {
         ChangeKind::Insert => Vec::new(),
-        _ => crate::delivery::event::old_row_text(row),
+        _ => walcast_pipeline::change_event::old_row_text(row),
     };
     (new, old)
 }

@@ -201,7 +201,7 @@ impl Watch {
                     message: why.clone(),
                 };
                 let payload = serde_json::to_vec(&notice).map_err(|e| {
-                    RealtimeError::Event(crate::delivery::event::EventError::Json(e))
+                    RealtimeError::Event(walcast_pipeline::change_event::EventError::Json(e))
                 })?;
                 let out = &self.outlet;
                 let notice = Some(NOTICE_SUBS_WITHHELD);

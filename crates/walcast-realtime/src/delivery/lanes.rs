@@ -51,6 +51,7 @@ use crate::delivery::outlet::Outlet;
 use crate::error::RealtimeError;
 use crate::telemetry;
 
+mod filters;
 mod task;
 
 use task::LaneTask;
@@ -87,6 +88,16 @@ struct Batch {
     overflow: bool,
     /// Batches handed to the lane that this one stands for (more than one once merged).
     handed: usize,
+}
+
+/// A stable shard for a project (FNV-1a), so routing survives restarts.
+pub fn shard_of(project: &str, shards: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in project.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % shards.max(1) as u64) as usize
 }
 
 /// What a lane and the consumer share.
@@ -139,7 +150,7 @@ pub struct Lanes {
     by_project: HashMap<String, usize>,
     max: usize,
     database_url: String,
-    /// The check login's URL (see [`crate::check_login`]).
+    /// The check login's URL (see [`walcast_control::check_login`]).
     check_url: String,
     rls: RlsOptions,
     limits: LaneLimits,
@@ -178,7 +189,7 @@ impl Lanes {
             let name = project.to_string();
             self.spawn(name, seed)
         } else {
-            crate::delivery::consumer::shard_of(project, self.lanes.len())
+            shard_of(project, self.lanes.len())
         };
         self.by_project.insert(project.to_string(), i);
         i

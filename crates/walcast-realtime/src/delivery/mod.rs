@@ -1,15 +1,13 @@
 //! Publishing what the WAL says to the fronts: the realtime consumer ([`consumer`]:
 //! realtime-tables edits, routing, matching, authorization, publishing, DDL notices), the
-//! events it builds ([`event`]), database broadcast ([`broadcast`]), a consumer of
+//! events it builds (`walcast_pipeline::change_event`), database broadcast ([`broadcast`]), a consumer of
 //! its own, and the numbered, resendable stream of each front ([`links`]). Each
 //! project's changes are authorized and published by a lane of its own ([`lanes`])
 //! through the [`outlet`]. Subscriptions whose filter reads a column their role may not
 //! read are told so by the [`filter_watch`].
 
 pub mod broadcast;
-pub mod changes;
 pub mod consumer;
-pub mod event;
 pub mod filter_watch;
 pub mod lanes;
 pub mod links;

@@ -8,8 +8,8 @@
 use bytes::Bytes;
 use walcast_bus::subs::{chunks_by_size, SubsEnded, MESSAGE_BUDGET};
 
-use crate::delivery::event::EventError;
 use crate::error::RealtimeError;
+use walcast_pipeline::change_event::EventError;
 
 /// `message` about `ids`, in bodies of at most about [`MESSAGE_BUDGET`] bytes each.
 pub fn bodies(ids: Vec<String>, message: &str) -> Result<Vec<Bytes>, RealtimeError> {

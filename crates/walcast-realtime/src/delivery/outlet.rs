@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
-use walcast_bus::event::Shrink;
 use walcast_bus::{subject::change_subject, BusError, ChangeEvent, Restriction};
-use walcast_pipeline::health::{PipelineHealth, SkippedChange};
+use walcast_pipeline::change_event::{budget, fit};
+use walcast_pipeline::health::PipelineHealth;
 use walcast_pipeline::{Position, PublishError, Publisher};
 use walcast_wal2json::Lsn;
 
@@ -28,62 +28,6 @@ enum To {
 
 /// A message to publish: where, and its payload.
 type Message = (To, Vec<u8>);
-
-/// Room left in a bus message for the subject, headers and framing.
-const MESSAGE_OVERHEAD: usize = 1024;
-
-/// Bring a change's values within `max_record_bytes` and `budget` (what one message can
-/// carry, less room for subject and headers), the Supabase way (see
-/// [`ChangeEvent::shrink_to`]): a reduced change is counted and reported; `false`: it
-/// cannot be sent at all (skipped, reported). Shared by every publisher of changes.
-pub fn fit(
-    event: &mut ChangeEvent,
-    max_record_bytes: usize,
-    budget: usize,
-    health: &PipelineHealth,
-) -> Result<bool, RealtimeError> {
-    let columns: usize = event
-        .columns
-        .iter()
-        .map(|c| c.name.len() + c.type_name.len() + 24)
-        .sum();
-    let limit = max_record_bytes.min(budget.saturating_sub(columns + MESSAGE_OVERHEAD));
-    let size = event.record_bytes();
-    let outcome = event
-        .shrink_to(limit)
-        .map_err(crate::delivery::event::EventError::Json)?;
-    let table = format!("{}.{}", event.schema, event.table);
-    match outcome {
-        Shrink::Fits => Ok(true),
-        Shrink::SmallValues | Shrink::KeyOnly => {
-            metrics::counter!(telemetry::CHANGES_OVERSIZED).increment(1);
-            tracing::warn!(%table, commit_lsn = %event.commit_lsn, bytes = size, limit, "change too large: delivered without its large values (Error 413)");
-            health.record_skip(
-                SkippedChange {
-                    table,
-                    commit_lsn: Some(event.commit_lsn),
-                    reason: "payload_too_large".into(),
-                },
-                true,
-            );
-            Ok(true)
-        }
-        Shrink::TooLarge => {
-            health.report_skip(
-                &table,
-                Some(event.commit_lsn),
-                "payload_too_large",
-                &format!("even its primary key is over {limit} bytes"),
-            );
-            Ok(false)
-        }
-    }
-}
-
-/// The largest message a bus with `max_payload` takes, less room for subject and headers.
-pub fn budget(max_payload: Option<usize>) -> usize {
-    max_payload.map_or(usize::MAX, |m| m.saturating_sub(MESSAGE_OVERHEAD))
-}
 
 pub struct Outlet {
     pub publisher: Publisher,
@@ -119,15 +63,15 @@ impl Outlet {
     }
 
     /// Bring a change's values within `MAX_RECORD_BYTES` and what one bus message can
-    /// carry, the Supabase way (see [`fit`]). `false`: it cannot be sent at all
+    /// carry, the Supabase way (see [`walcast_pipeline::change_event::fit`]). `false`: it cannot be sent at all
     /// (skipped, reported).
     pub fn fit_record(&self, event: &mut ChangeEvent) -> Result<bool, RealtimeError> {
-        fit(
+        Ok(fit(
             event,
             self.max_record_bytes,
             self.message_budget(),
             &self.health,
-        )
+        )?)
     }
 
     /// A change that no retry can deliver: log, count, report, move on.
@@ -184,7 +128,7 @@ impl Outlet {
     ) -> Result<Option<Vec<Message>>, RealtimeError> {
         let budget = self.message_budget();
         let json = |e: serde_json::Error| {
-            RealtimeError::Event(crate::delivery::event::EventError::Json(e))
+            RealtimeError::Event(walcast_pipeline::change_event::EventError::Json(e))
         };
         let mut out = Vec::with_capacity(1 + audience.len());
         for front in audience {

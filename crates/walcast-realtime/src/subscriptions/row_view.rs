@@ -3,7 +3,7 @@
 use walcast_protocol::filter::{ColumnText, RecordView};
 use walcast_wal2json::Column;
 
-use crate::catalog::types::TypeCache;
+use walcast_pipeline::change_event::TypeCache;
 
 /// A row as the filter evaluator sees it: column name, typname, Postgres text value.
 pub struct RowView<'a> {

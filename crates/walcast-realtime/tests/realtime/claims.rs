@@ -17,7 +17,7 @@ const NOW: &str = "SELECT auth.uid()::text, auth.role(), \
 async fn auth_helpers_read_the_claim_settings_and_answer_as_before() {
     let pg = Postgres::start().expect("postgres");
     let mut db = pg.connect().await.expect("connect");
-    walcast_realtime::migrate::migrate(&mut db)
+    walcast_control::migrate::migrate(&mut db)
         .await
         .expect("migrations");
     let body: String = db

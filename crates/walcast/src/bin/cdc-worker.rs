@@ -1,5 +1,5 @@
 use clap::Parser;
-use walcast::cdc_worker::{main as worker_main, CdcWorkerConfig};
+use walcast_worker::cdc_worker::{main as worker_main, CdcWorkerConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

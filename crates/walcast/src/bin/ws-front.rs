@@ -1,5 +1,5 @@
 use clap::Parser;
-use walcast::ws_front::{main as front_main, WsFrontConfig};
+use walcast_worker::ws_front::{main as front_main, WsFrontConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -201,7 +201,7 @@ pub(crate) async fn open(
             // Served over something else: `axum::serve` (hyper-util wraps the socket in
             // its own type), TLS in front of the router, a test's duplex. It works the
             // same, each write through a lock shared with the reader; walcast's binaries
-            // serve HTTP so that the upgrade yields the `TcpStream` (`walcast::http::serve`).
+            // serve HTTP so that the upgrade yields the `TcpStream` (`walcast_worker::http::serve`).
             Err(u) => {
                 let (r, w) = tokio::io::split(TokioIo::new(u));
                 (Box::new(r), Box::new(w), Bytes::new())

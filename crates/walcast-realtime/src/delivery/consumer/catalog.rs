@@ -12,10 +12,10 @@ use walcast_pipeline::Position;
 use super::RealtimeConsumer;
 use crate::authorize::rls::RlsChecker;
 use crate::catalog::change::{self, Notice, NoticeTable, Resume, TableState, Tracking, View};
-use crate::catalog::tables::TableRef;
 use crate::error::RealtimeError;
 use crate::telemetry;
 use walcast_bus::ChangeKind;
+use walcast_control::tables::TableRef;
 use walcast_wal2json::{Lsn, RowChange};
 
 /// How catalog changes reach the pipeline, and where it stands.
@@ -155,7 +155,7 @@ impl RealtimeConsumer {
     /// is then exact, whatever the table holds by the time we read it.
     pub(super) fn tables_edit(&mut self, kind: ChangeKind, row: &RowChange<'_>) {
         if kind != ChangeKind::Insert {
-            if let Some(t) = crate::catalog::tables::tables_row(&row.identity) {
+            if let Some(t) = walcast_control::tables::tables_row(&row.identity) {
                 let key = (t.schema, t.table);
                 if let Some(project) = self.routes.remove(&key) {
                     self.removed_routes.insert(key, project);
@@ -163,7 +163,7 @@ impl RealtimeConsumer {
             }
         }
         if kind != ChangeKind::Delete {
-            if let Some(t) = crate::catalog::tables::tables_row(&row.columns) {
+            if let Some(t) = walcast_control::tables::tables_row(&row.columns) {
                 self.routes.insert((t.schema, t.table), t.project);
             }
         }
@@ -221,7 +221,7 @@ impl RealtimeConsumer {
         for (front, id) in specs {
             by_front.entry(front).or_default().push(id);
         }
-        let message = crate::subscriptions::registrar::dropped_message(&t.schema, &t.table);
+        let message = crate::subscriptions::validate::dropped_message(&t.schema, &t.table);
         let at = Position::commit(self.txn.as_ref().map(|x| x.commit_lsn).unwrap_or_default());
         let key = (t.schema.clone(), t.table.clone());
         let project = self

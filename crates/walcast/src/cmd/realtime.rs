@@ -1,0 +1,82 @@
+//! `walcast realtime enable|disable|list`: which tables are streamed.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use walcast_control::tables as realtime_tables;
+use walcast_core::sql::parse_qualified_name;
+
+use walcast_worker::config::redact_url;
+
+#[derive(Args, Debug, Clone)]
+pub struct RealtimeArgs {
+    /// Postgres connection URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Project the table belongs to.
+    #[arg(long, env = "WALCAST_PROJECT", default_value = realtime_tables::DEFAULT_PROJECT)]
+    pub project: String,
+    #[command(subcommand)]
+    pub action: RealtimeAction,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum RealtimeAction {
+    /// Stream a table's changes (also sets REPLICA IDENTITY FULL). Name: `table`,
+    /// `schema.table`, SQL quoting allowed: `'"My Schema"."My Table"'`.
+    Enable { table: String },
+    /// Stop streaming a table.
+    Disable { table: String },
+    /// List the streamed tables.
+    List,
+}
+
+pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
+    walcast_worker::database::migrate(&args.database_url).await?;
+    let client = walcast_pipeline::connect(&args.database_url)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+    match args.action {
+        RealtimeAction::Enable { table } => {
+            let (schema, name) =
+                parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
+            realtime_tables::enable(&client, &args.project, &schema, &name).await?;
+            let q = walcast_core::sql::qualified(&schema, &name);
+            println!("realtime enabled for {q}");
+            // Subscribers read as their JWT role: say so when the usual roles cannot.
+            let blind = client
+                .query(
+                    "SELECT r.rolname::text FROM pg_roles r
+                      WHERE r.rolname IN ('anon', 'authenticated')
+                        AND NOT has_table_privilege(r.oid, to_regclass($1), 'SELECT')",
+                    &[&q],
+                )
+                .await?;
+            let roles: Vec<String> = blind.iter().map(|r| r.get(0)).collect();
+            if !roles.is_empty() {
+                println!(
+                    "note: {} cannot SELECT {q}, so subscribers with that role receive nothing \
+                     from it; if they should: GRANT SELECT ON {q} TO {};",
+                    roles.join(" and "),
+                    roles.join(", ")
+                );
+            }
+        }
+        RealtimeAction::Disable { table } => {
+            let (schema, name) =
+                parse_qualified_name(&table).with_context(|| format!("table name {table:?}"))?;
+            let was = realtime_tables::disable(&client, &args.project, &schema, &name).await?;
+            let q = walcast_core::sql::qualified(&schema, &name);
+            if was {
+                println!("realtime disabled for {q}");
+            } else {
+                println!("realtime was not enabled for {q}");
+            }
+        }
+        RealtimeAction::List => {
+            for t in realtime_tables::list(&client, Some(&args.project)).await? {
+                println!("{t}");
+            }
+        }
+    }
+    Ok(())
+}
