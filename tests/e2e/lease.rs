@@ -3,14 +3,16 @@
 //! no gap and stays in commit order. A frozen leader (SIGSTOP, both lease modes; the
 //! Kubernetes API is the test kit's fake) is replaced without its cooperation, and once
 //! continued it publishes nothing: no message of it reaches NATS after the new leader's
-//! first.
+//! first. A worker configured by a kubeconfig (`KUBECONFIG`, `LEASE_KUBE_CONTEXT`) leads
+//! through the API server over HTTPS with a client certificate.
 
 use std::time::{Duration, Instant};
 
 use crate::support::{
     assert_writers_complete_in_order, dedup, Arrival, Collector, Stack, Worker, Writers,
 };
-use walcast_testkit::fake_kube::FakeApi;
+use walcast_testkit::fake_kube::{FakeApi, Secure};
+use walcast_testkit::tls::TestCerts;
 
 both_sources!(
     a_killed_leader_is_replaced_within_the_lease_without_a_gap,
@@ -139,6 +141,56 @@ async fn a_frozen_kubernetes_leader_is_replaced_and_fenced(source: &'static str)
         lease["spec"]["leaseTransitions"].as_i64() >= Some(1),
         "{lease}"
     );
+}
+
+/// The kubeconfig's current context names a user the API server refuses; the context
+/// `LEASE_KUBE_CONTEXT` names authenticates by client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_configured_by_a_kubeconfig_leads() {
+    let _machine = crate::support::shared().await;
+    let certs = TestCerts::generate().expect("test certificates");
+    let (crt, key) = certs.client("cdc-worker").expect("a client certificate");
+    let api = FakeApi::new();
+    let secure = Secure {
+        cert: certs.server_cert.clone(),
+        key: certs.server_key.clone(),
+        client_ca: Some(certs.ca.clone()),
+        token: None,
+    };
+    let url = api.secure_endpoint("worker", &secure).await;
+    let q = |p: &std::path::Path| serde_json::to_string(&p.display().to_string()).unwrap();
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: nobody\n\
+         clusters:\n- name: fake\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
+         users:\n- name: nobody\n  user: {{}}\n\
+         - name: worker\n  user:\n    client-certificate: {crt}\n    client-key: {key}\n\
+         contexts:\n- name: nobody\n  context: {{cluster: fake, user: nobody}}\n\
+         - name: by-cert\n  context: {{cluster: fake, user: worker}}\n",
+        ca = q(&certs.ca),
+        crt = q(&crt),
+        key = q(&key),
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, kubeconfig).expect("write the kubeconfig");
+    let path = path.display().to_string();
+    let stack = Stack::start("stream");
+    let mut w = stack.worker(&[
+        ("LEASE_MODE", "kubernetes"),
+        ("LEASE_DURATION_SECS", "3"),
+        ("KUBECONFIG", path.as_str()),
+        ("LEASE_KUBE_CONTEXT", "by-cert"),
+    ]);
+    w.wait_active(Duration::from_secs(60));
+    let h = w.health().expect("health");
+    assert_eq!(h["lease_mode"], "kubernetes", "{h}");
+    assert_eq!(h["leader"], true, "{h}");
+    let lease = api.lease("default", "walcast-cdc-slot").expect("the Lease");
+    assert_eq!(
+        lease["spec"]["holderIdentity"], h["lease_holder"],
+        "{lease} {h}"
+    );
+    assert_eq!(api.unauthorized("worker"), 0);
 }
 
 /// SIGSTOP the leader under writers for several lease durations, then SIGCONT it.

@@ -250,13 +250,6 @@ pub fn format_rfc3339_millis(unix_micros: i64) -> String {
     out
 }
 
-/// Format Unix microseconds as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (Kubernetes' `MicroTime`).
-pub fn format_rfc3339_micros(unix_micros: i64) -> String {
-    let millis = format_rfc3339_millis(unix_micros);
-    let micros = unix_micros.rem_euclid(1000);
-    format!("{}{micros:03}Z", &millis[..millis.len() - 1])
-}
-
 /// Convert a Postgres timestamp text (`2026-11-30 05:26:07.323193+00`, `…+05:30`, `…-08`)
 /// to UTC RFC 3339 with milliseconds (`2026-11-30T05:26:07.323Z`). Text without an offset
 /// is taken as UTC.
@@ -322,15 +315,5 @@ mod tests {
         }
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2000, 3, 1), 11_017);
-    }
-
-    #[test]
-    fn micros_are_formatted_for_kubernetes() {
-        assert_eq!(format_rfc3339_micros(0), "1970-01-01T00:00:00.000000Z");
-        assert_eq!(
-            format_rfc3339_micros(1_764_480_367_323_193),
-            "2025-11-30T05:26:07.323193Z"
-        );
-        assert_eq!(format_rfc3339_micros(-1), "1969-12-31T23:59:59.999999Z");
     }
 }

@@ -21,6 +21,11 @@
 //! On a graceful shutdown, once the leader's work has stopped, the fence is closed and
 //! then the lease is released (empty holder), so the next worker takes over without
 //! waiting and never while our fence is open.
+//!
+//! The Lease is the typed object of `k8s-openapi`, read and written by the standard client
+//! (`kube`), configured as kubectl is (see [`client`]). A replace sends back the object as
+//! read, so what walcast does not touch (labels, annotations, owner references, the
+//! fields of coordinated leader election) is kept.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,19 +34,29 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+
 use crate::decision::{self, Decision, Local, Millis, Observed, Timing};
 use crate::fence::Fence;
-use crate::kube_api::{
-    micro_time_now, ApiError, Client, ConfigError, Lease, LeaseSpec, ObjectMeta,
-};
 use crate::status::LeaseStatus;
 use crate::telemetry;
 
+mod connect;
+
+pub use connect::{client, KubeLeaseError, MAX_BODY};
+
 #[derive(Clone, Debug)]
 pub struct KubeLeaseConfig {
-    /// API server URL (plain http allowed, for tests); `None`: the in-cluster config
-    /// (service account token, `KUBERNETES_SERVICE_HOST`).
+    /// The API server's URL, used without credentials (`kubectl proxy`; plain http
+    /// allowed, for tests); `None`: the kubeconfig, else the in-cluster configuration
+    /// (see [`client`]).
     pub api_url: Option<String>,
+    /// The kubeconfig files, a list as in `KUBECONFIG`; `None`: `~/.kube/config`.
+    pub kubeconfig: Option<std::ffi::OsString>,
+    /// The kubeconfig's context to use; `None`: its current context.
+    pub context: Option<String>,
     pub namespace: String,
     /// Name of the Lease object: workers with the same name compete.
     pub name: String,
@@ -62,46 +77,9 @@ impl KubeLeaseConfig {
     }
 }
 
-/// Why the Kubernetes elector cannot start (retrying does not help: the configuration
-/// must change).
-#[derive(Debug, thiserror::Error)]
-pub enum KubeLeaseError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-}
-
-/// Build the client: explicit URL, else in-cluster.
-pub fn client(cfg: &KubeLeaseConfig) -> Result<Client, KubeLeaseError> {
-    Ok(match &cfg.api_url {
-        Some(url) => Client::for_url(url)?,
-        None => Client::in_cluster()?,
-    })
-}
-
-/// The Leases of one namespace.
-#[derive(Clone, Debug)]
-struct Api {
-    client: Client,
-    namespace: String,
-}
-
-impl Api {
-    async fn get_opt(&self, name: &str) -> Result<Option<Lease>, ApiError> {
-        self.client.get(&self.namespace, name).await
-    }
-
-    async fn create(&self, lease: &Lease) -> Result<Lease, ApiError> {
-        self.client.create(&self.namespace, lease).await
-    }
-
-    async fn replace(&self, name: &str, lease: &Lease) -> Result<Lease, ApiError> {
-        self.client.replace(&self.namespace, name, lease).await
-    }
-}
-
 /// Elect until `shutdown`. Each time we become leader, `lead(fence)` runs; it must check
 /// the fence before acting and return soon after the fence's token is cancelled
-/// (leadership in doubt, or shutdown). Fails only when the client cannot be built.
+/// (leadership in doubt, or shutdown). Fails only when the client cannot be made.
 pub async fn run<F, Fut>(
     cfg: KubeLeaseConfig,
     status: Arc<LeaseStatus>,
@@ -112,14 +90,14 @@ where
     F: FnMut(Fence) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let client = client(&cfg)?;
+    let client = client(&cfg).await?;
     run_with_client(client, cfg, status, shutdown, lead).await;
     Ok(())
 }
 
 /// [`run`] with a client already built.
 pub async fn run_with_client<F, Fut>(
-    client: Client,
+    client: kube::Client,
     cfg: KubeLeaseConfig,
     status: Arc<LeaseStatus>,
     shutdown: CancellationToken,
@@ -129,10 +107,7 @@ pub async fn run_with_client<F, Fut>(
     Fut: Future<Output = ()>,
 {
     let mut elector = Elector {
-        api: Api {
-            client,
-            namespace: cfg.namespace.clone(),
-        },
+        api: Api::namespaced(client, &cfg.namespace),
         clock: Instant::now(),
         local: Local::default(),
         versions: Versions::default(),
@@ -232,8 +207,24 @@ fn holder(lease: &Lease) -> Option<&str> {
         .and_then(|s| s.holder_identity.as_deref())
 }
 
+/// A concurrent write won: 409 `Conflict` (a replace carrying an old `resourceVersion`)
+/// or `AlreadyExists` (a create).
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Now as a `MicroTime`.
+fn micro_time_now() -> MicroTime {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let jiff = k8s_openapi::jiff::Timestamp::from_microsecond(micros)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    MicroTime(jiff)
+}
+
 struct Elector {
-    api: Api,
+    api: Api<Lease>,
     cfg: KubeLeaseConfig,
     clock: Instant,
     local: Local,
@@ -337,11 +328,12 @@ impl Elector {
     ) -> Option<Lease> {
         let sent = millis(self.clock);
         let (lease, create) = claimed(current, &self.cfg);
+        let pp = PostParams::default();
         let write = async {
             if create {
-                self.api.create(&lease).await
+                self.api.create(&pp, &lease).await
             } else {
-                self.api.replace(&self.cfg.name, &lease).await
+                self.api.replace(&self.cfg.name, &pp, &lease).await
             }
         };
         match tokio::time::timeout(bound, write).await {
@@ -354,7 +346,7 @@ impl Elector {
             }
             Ok(Err(e)) => {
                 decision::lost(&mut self.local);
-                if e.is_conflict() {
+                if is_conflict(&e) {
                     tracing::info!(lease = %self.cfg.name, "lost the race for the Lease");
                 } else {
                     tracing::warn!(error = %e, lease = %self.cfg.name, "leader election: cannot write the Lease");
@@ -427,7 +419,6 @@ fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
                     lease_transitions: Some(0),
                     ..LeaseSpec::default()
                 }),
-                ..Lease::default()
             },
             true,
         ),
@@ -445,6 +436,16 @@ fn claimed(current: Option<Lease>, cfg: &KubeLeaseConfig) -> (Lease, bool) {
     }
 }
 
+/// `lease` given up: no holder (nor its times), the term number kept.
+fn released(mut lease: Lease) -> Lease {
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = None;
+        spec.acquire_time = None;
+        spec.renew_time = None;
+    }
+    lease
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ended {
     Shutdown,
@@ -453,7 +454,7 @@ enum Ended {
 
 /// Keeps the lease while a term lasts.
 struct Renewer {
-    api: Api,
+    api: Api<Lease>,
     cfg: KubeLeaseConfig,
     clock: Instant,
     local: Local,
@@ -498,9 +499,11 @@ impl Renewer {
             if let Some(spec) = lease.spec.as_mut() {
                 spec.renew_time = Some(micro_time_now());
             }
+            let pp = PostParams::default();
+            let renewal = self.api.replace(&self.cfg.name, &pp, &lease);
             let result = tokio::select! {
                 _ = term.cancelled() => return Ended::Shutdown,
-                r = tokio::time::timeout(left, self.api.replace(&self.cfg.name, &lease)) => r,
+                r = tokio::time::timeout(left, renewal) => r,
             };
             match result {
                 Ok(Ok(written)) if holder(&written) == Some(self.cfg.identity.as_str()) => {
@@ -516,7 +519,7 @@ impl Renewer {
                     tracing::error!(lease = %self.cfg.name, "the Lease names another holder: stepping down");
                     return Ended::Lost;
                 }
-                Ok(Err(e)) if e.is_conflict() => {
+                Ok(Err(e)) if is_conflict(&e) => {
                     metrics::counter!(telemetry::RENEWALS, "result" => "lost").increment(1);
                     tracing::error!(lease = %self.cfg.name, "the Lease was written by another worker: stepping down");
                     return Ended::Lost;
@@ -546,13 +549,10 @@ impl Renewer {
         if left.is_zero() {
             return;
         }
-        let mut lease = self.lease.clone();
-        if let Some(spec) = lease.spec.as_mut() {
-            spec.holder_identity = None;
-            spec.acquire_time = None;
-            spec.renew_time = None;
-        }
-        match tokio::time::timeout(left, self.api.replace(&self.cfg.name, &lease)).await {
+        let lease = released(self.lease.clone());
+        let pp = PostParams::default();
+        let release = self.api.replace(&self.cfg.name, &pp, &lease);
+        match tokio::time::timeout(left, release).await {
             Ok(Ok(_)) => tracing::info!(lease = %self.cfg.name, "released the Lease"),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, lease = %self.cfg.name, "could not release the Lease")
@@ -562,3 +562,6 @@ impl Renewer {
         decision::lost(&mut self.local);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,14 +15,13 @@
 //!   property-tested for "never two open fences".
 //! * [`fence`]: the fence and its deadline arithmetic.
 //! * [`kubernetes`]: a `coordination.k8s.io/v1` Lease, written compare-and-set on its
-//!   `resourceVersion`.
+//!   `resourceVersion` through the standard client (`kube`): kubeconfig or in-cluster.
 //! * [`postgres`]: a lease row in `walcast.leases`, written compare-and-set on its term;
 //!   a worker taking over terminates the stale holder's sessions.
 //! * `none`: always leader, only when asked for explicitly (loud warning).
 
 pub mod decision;
 pub mod fence;
-pub mod kube_api;
 pub mod kubernetes;
 pub mod postgres;
 pub mod status;

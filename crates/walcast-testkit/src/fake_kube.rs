@@ -7,7 +7,9 @@
 //! update, as Leases allow), a new `resourceVersion` on every write, and `Status` objects
 //! as error bodies.
 //!
-//! Each client gets its own endpoint (`endpoint(name)`), so faults can target one client:
+//! Each client gets its own endpoint (`endpoint(name)`, plain HTTP with no authentication,
+//! as behind `kubectl proxy`; `secure_endpoint(name, …)`, HTTPS authenticating by client
+//! certificate or bearer token, see [`Secure`]), so faults can target one client:
 //! `cut_off` makes all its requests hang. `chaos` injects 500s and hangs at random (some
 //! hangs after the write was applied, as when a reply is lost). `delay_release_replies`
 //! answers a release (a write that empties the holder) only some time after applying it,
@@ -15,6 +17,10 @@
 //!
 //! `walcast-testenv` serves it to tests in other languages when
 //! `WALCAST_TESTENV_FAKE_KUBE=1` (its URL is `kube_api_url`).
+
+mod secure;
+
+pub use secure::Secure;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -65,6 +71,8 @@ struct Shared {
     version: Mutex<u64>,
     faults: Mutex<Faults>,
     writes: Mutex<Vec<Write>>,
+    /// Requests answered 401, by client.
+    unauthorized: Mutex<HashMap<String, u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,19 +102,53 @@ impl FakeApi {
 
     /// A base URL for one client, served on its own 127.0.0.1 port.
     pub async fn endpoint(&self, client: &str) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the fake API server");
+        let listener = bind().await;
         let addr = listener.local_addr().expect("local address");
-        let base = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases";
-        let router = Router::new()
-            .route(base, post(create))
-            .route(&format!("{base}/{{name}}"), get(read).put(replace))
-            .with_state((self.shared.clone(), client.to_string()));
+        let router = self.router(client);
         tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
         format!("http://{addr}")
+    }
+
+    /// A base URL for one client, served over TLS on its own 127.0.0.1 port, letting in
+    /// only requests that `secure` authenticates.
+    pub async fn secure_endpoint(&self, client: &str, secure: &Secure) -> String {
+        let tcp = bind().await;
+        let addr = tcp.local_addr().expect("local address");
+        let listener = secure::TlsListener::new(tcp, secure);
+        let gate = secure::Gate {
+            shared: self.shared.clone(),
+            client: client.to_string(),
+            token: secure.token.clone(),
+        };
+        let router = self
+            .router(client)
+            .layer(axum::middleware::from_fn_with_state(
+                gate,
+                secure::authenticate,
+            ))
+            .into_make_service_with_connect_info::<secure::Peer>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        format!("https://{addr}")
+    }
+
+    fn router(&self, client: &str) -> Router {
+        let base = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases";
+        Router::new()
+            .route(base, post(create))
+            .route(&format!("{base}/{{name}}"), get(read).put(replace))
+            .with_state((self.shared.clone(), client.to_string()))
+    }
+
+    /// How many requests of `client` were refused as unauthenticated (401).
+    pub fn unauthorized(&self, client: &str) -> u64 {
+        lock(&self.shared.unauthorized)
+            .get(client)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// All requests of `client` hang (never answer) until `restore`.
@@ -141,6 +183,12 @@ impl FakeApi {
             .get(&(ns.to_string(), name.to_string()))
             .cloned()
     }
+}
+
+async fn bind() -> tokio::net::TcpListener {
+    tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the fake API server")
 }
 
 fn fault(shared: &Shared, client: &str) -> Fault {

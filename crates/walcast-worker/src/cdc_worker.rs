@@ -89,6 +89,8 @@ pub fn describe(
         "lease_name": cdc.lease.lease_name,
         "lease_duration_secs": cdc.lease.lease_duration_secs,
         "lease_kube_api_url": cdc.lease.lease_kube_api_url.as_deref().map(redact_url),
+        "lease_kubeconfig": cdc.lease.lease_kubeconfig.as_ref().map(|k| k.to_string_lossy()),
+        "lease_kube_context": cdc.lease.lease_kube_context,
         "http": http.describe(),
         "outbox": cdc.outbox.describe(),
         "changes": cdc.changes.describe(),

@@ -47,6 +47,8 @@ where
         LeaseMode::Kubernetes => {
             let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
                 api_url: cdc.lease.lease_kube_api_url.clone(),
+                kubeconfig: cdc.lease.lease_kubeconfig.clone(),
+                context: cdc.lease.lease_kube_context.clone(),
                 namespace: cdc.lease.lease_namespace.clone(),
                 name: kubernetes_name(&lease_name(cdc)),
                 identity: lease_identity(),

@@ -134,6 +134,8 @@ struct Elector {
 async fn spawn_elector(api: &FakeApi, terms: &Arc<Terms>, name: &str, d: Duration) -> Elector {
     let cfg = KubeLeaseConfig {
         api_url: Some(api.endpoint(name).await),
+        kubeconfig: None,
+        context: None,
         namespace: NS.into(),
         name: NAME.into(),
         identity: name.into(),

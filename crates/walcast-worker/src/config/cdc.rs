@@ -141,10 +141,18 @@ pub struct LeaseArgs {
     /// stops renewing is replaced about one duration after its last renewal.
     #[arg(long, env = "LEASE_DURATION_SECS", default_value_t = 15)]
     pub lease_duration_secs: u64,
-    /// Kubernetes mode: the API server's URL (e.g. `http://127.0.0.1:8001` through
-    /// `kubectl proxy`); unset, the in-cluster configuration (service account).
+    /// Kubernetes mode: the API server's URL, used without credentials (e.g.
+    /// `http://127.0.0.1:8001` through `kubectl proxy`); unset, the kubeconfig, else the
+    /// in-cluster configuration (service account).
     #[arg(long, env = "LEASE_KUBE_API_URL", hide_env_values = true)]
     pub lease_kube_api_url: Option<String>,
+    /// Kubernetes mode: the kubeconfig files (`:`-separated, merged as kubectl does);
+    /// unset, `~/.kube/config`. A kubeconfig that cannot be read is an error.
+    #[arg(long = "kubeconfig", env = "KUBECONFIG")]
+    pub lease_kubeconfig: Option<std::ffi::OsString>,
+    /// Kubernetes mode: the kubeconfig context to use; unset, its current context.
+    #[arg(long, env = "LEASE_KUBE_CONTEXT")]
+    pub lease_kube_context: Option<String>,
 }
 
 impl LeaseArgs {
