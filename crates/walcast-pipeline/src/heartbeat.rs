@@ -23,7 +23,7 @@
 //! transaction, a position to acknowledge, as after any commit of a table nobody reads
 //! (and were it passed on, it would be an unsigned `walcast.*` message, skipped as forged
 //! by [`crate::signed`]). A forger can make the slot advance sooner, which it does by
-//! committing anything; tested in `tests/pipeline.rs`.
+//! committing anything; tested in `tests/pipeline/main.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;

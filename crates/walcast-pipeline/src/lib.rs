@@ -23,7 +23,7 @@
 //! `ChangeEvent`, fitted to what one message carries.
 //!
 //! Adding a consumer: implement [`Consumer`] (and [`ConsumerFactory`], or wrap a closure
-//! with [`factory`]) and pass it to [`run`]; `tests/pipeline.rs` is a complete example.
+//! with [`factory`]) and pass it to [`run`]; `tests/pipeline/main.rs` is a complete example.
 
 #![forbid(unsafe_code)]
 

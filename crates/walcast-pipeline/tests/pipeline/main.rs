@@ -22,7 +22,6 @@ use walcast_pipeline::{
 use walcast_testkit::{Nats, Postgres};
 use walcast_wal2json::Change;
 
-#[path = "pipeline/idle.rs"]
 mod idle;
 
 /// Counts committed transactions with at least one row change of `public.counted`.

@@ -212,5 +212,4 @@ async fn stops_at_its_fence_deadline(source: SourceKind) {
     assert_acknowledged_only_what_was_published(&db, &received).await;
 }
 
-#[path = "realtime/claims.rs"]
 mod claims;
