@@ -101,7 +101,7 @@ async function close(...listeners) {
 
 /**
  * anon's filters on `staff.salary` (every operator) fire until `salary` is revoked from
- * anon, never after (nor a DELETE's), each binding is told once why, and they fire again
+ * anon, never after (nor a DELETE's), each channel is told once why, and they fire again
  * once it is granted back. `staff` has no RLS; anon may read (id, name, salary).
  */
 async function revokedMidStream({ server, db, newId }) {
@@ -135,13 +135,13 @@ async function revokedMidStream({ server, db, newId }) {
     )
     for (const [f, cb] of anon.got) assert.equal(cb.items.length, 1, `${f} fired after the REVOKE: ${JSON.stringify(cb.items)}`)
     assert.deepEqual(dels.got[0][1].items, [], 'a DELETE filtered on the revoked column')
-    // Each filtered binding is told why, once.
+    // Each channel is told why, once (one `system` error however many of its bindings).
     const told = (l) => l.system.items.filter((s) => s.status === 'error' && /salary/.test(s.message))
-    await until('every filtered binding told', () => told(anon).length >= ON_SALARY.length && told(dels).length >= 1)
+    await until('every filtered channel told', () => told(anon).length >= 1 && told(dels).length >= 1)
     assert.match(told(anon)[0].message, /column "salary"/)
     assert.ok((await metric(server, 'walcast_cdc_filter_unreadable_total')) > withheldBefore)
     await new Promise((r) => setTimeout(r, 2500))
-    assert.equal(told(anon).length, ON_SALARY.length, 'told once each')
+    assert.equal(told(anon).length, 1, 'told once')
     assert.equal(told(dels).length, 1)
 
     // Granted again: the filters fire again.
@@ -302,7 +302,7 @@ for (const source of ['stream', 'poll']) {
         await db.query(`INSERT INTO hr.other VALUES (1, 'last')`)
         await until('the last row', () => anon.sync.items.length === 1)
         for (const [f, cb] of anon.got) assert.deepEqual(cb.items, [], `${f} filtered on a column anon may not read`)
-        await until('told why', () => anon.system.items.filter((s) => s.status === 'error' && /hr\.payroll/.test(s.message)).length >= 2)
+        await until('told why', () => anon.system.items.filter((s) => s.status === 'error' && /hr\.payroll/.test(s.message)).length >= 1)
       } finally {
         await close(anon)
       }
@@ -316,11 +316,13 @@ describe('without the event triggers (walcast role not a superuser)', () => {
   before(async () => {
     env = await startEnv()
     db = env.db
-    // What a DBA gives a non-superuser walcast: login, replication, the subscriber roles.
+    // What a DBA gives a non-superuser walcast: login, replication, the subscriber roles;
+    // and its check login the roles checks run as (walcast may not grant them itself).
     await db.query(`CREATE ROLE walcast_app LOGIN REPLICATION PASSWORD 'app';
       CREATE ROLE anon NOLOGIN NOINHERIT; CREATE ROLE authenticated NOLOGIN NOINHERIT;
       CREATE ROLE service_role NOLOGIN NOINHERIT BYPASSRLS;
       GRANT anon, authenticated, service_role TO walcast_app;
+      GRANT anon, authenticated TO walcast_check;
       GRANT CREATE ON DATABASE postgres TO walcast_app;
       CREATE SCHEMA walcast AUTHORIZATION walcast_app; CREATE SCHEMA auth AUTHORIZATION walcast_app;
       CREATE TABLE staff (id int8 PRIMARY KEY, name text, salary int4)`)

@@ -58,15 +58,16 @@ for (const source of ['stream', 'poll']) {
         setupSql: [
           ...TABLES.map((t) => `CREATE TABLE ${t} (id int PRIMARY KEY, owner text NOT NULL, level int NOT NULL, archived bool NOT NULL)`),
           'CREATE TABLE marker (id int PRIMARY KEY)',
+          // Before the server starts, so that it lets its check login act as them.
+          'CREATE ROLE tbl_owner NOLOGIN',
+          'CREATE ROLE staff NOLOGIN',
         ],
         tables: [...TABLES, 'marker'],
         // `staff` (a member of authenticated) and `tbl_owner` act as themselves: allowed roles.
         serverEnv: { CDC_SOURCE: source, ALLOWED_ROLES: 'anon,authenticated,service_role,staff,tbl_owner' },
       })
       // After the server's migrations: the roles and auth.* helpers exist.
-      await st.env.db.query(`CREATE ROLE tbl_owner NOLOGIN;
-        CREATE ROLE staff NOLOGIN;
-        GRANT authenticated TO staff;
+      await st.env.db.query(`GRANT authenticated TO staff;
         GRANT USAGE ON SCHEMA auth TO tbl_owner;
         GRANT SELECT ON marker TO tbl_owner;
         ALTER TABLE forced OWNER TO tbl_owner;
