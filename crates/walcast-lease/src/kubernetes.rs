@@ -3,7 +3,7 @@
 //! Every write is a compare-and-set: a new Lease is created (409 `AlreadyExists` when
 //! someone else created it first), an existing one is replaced carrying the
 //! `resourceVersion` we read (409 `Conflict` when someone wrote in between). The rule of
-//! [`decision`](crate::decision) runs on our own monotonic clock, never on the timestamps
+//! [`decision`] runs on our own monotonic clock, never on the timestamps
 //! stored in the Lease:
 //!
 //! * a lease held by another is taken over only after its `resourceVersion` stayed the

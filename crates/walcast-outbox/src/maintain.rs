@@ -39,7 +39,7 @@ pub async fn maintain_once(client: &Client, lock_timeout: Duration) -> Result<u3
     Ok(u32::try_from(dropped).unwrap_or(0))
 }
 
-/// Settings of [`run`].
+/// Settings of `run`.
 #[derive(Clone, Debug)]
 pub struct Maintenance {
     pub database_url: String,

@@ -4,7 +4,7 @@
 //! of it.
 //!
 //! Nothing here waits on JetStream: at each commit the transaction's events go to the
-//! relay's sender task ([`crate::sender`]), which sends them in commit order, takes the
+//! relay's sender task (`sender.rs`), which sends them in commit order, takes the
 //! answers, retries and quarantines. [`Consumer::settle`] reports, without waiting, the
 //! commit of the last transaction whose every event is done, so while JetStream cannot
 //! take events the slot's acknowledgement stays there (the WAL from it is retained) and

@@ -74,7 +74,7 @@ pub(crate) fn start(
     Some(Heartbeat(task))
 }
 
-/// How long one beat may take: the interval, at least [`BEAT_TIMEOUT_FLOOR`].
+/// How long one beat may take: the interval, at least `BEAT_TIMEOUT_FLOOR`.
 pub fn beat_timeout(every: Duration) -> Duration {
     every.max(BEAT_TIMEOUT_FLOOR)
 }

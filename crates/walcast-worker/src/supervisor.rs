@@ -1,7 +1,7 @@
 //! The sources other than the default one (README "Sources"): which this worker leads.
 //!
 //! Every few seconds the supervisor reads the control database's `walcast.sources` and
-//! runs one [`runner`] per source listed: it prepares the source's database (preflight,
+//! runs one `runner` per source listed: it prepares the source's database (preflight,
 //! migrations), then elects through a lease row *in that database* (so a worker taking
 //! over terminates the stale leader's walsender there, and the source's own clock judges
 //! it), trying only while this worker leads fewer sources than its fair share (see

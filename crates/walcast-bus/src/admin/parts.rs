@@ -1,4 +1,4 @@
-//! SSE snapshot rows ([`AdminRequest::SnapshotRows`]) in parts, over NATS.
+//! SSE snapshot rows (`AdminRequest::SnapshotRows`) in parts, over NATS.
 //!
 //! One reply holding every row could be no larger than NATS' `max_payload`. Asked with a
 //! `nonce`, the worker answers on the request's reply inbox with parts instead, each at

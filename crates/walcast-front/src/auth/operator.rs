@@ -119,7 +119,7 @@ impl OperatorKey {
         self.reader.as_ref().is_some_and(|w| same(digest, w))
     }
 
-    /// [`check_figures`](Self::check_figures) for a process's own routes (`route`:
+    /// `check_figures` for a process's own routes (`route`:
     /// `health`, `metrics`): the refusal to send, logged (the caller counts it), or `None`
     /// to answer.
     pub fn refuse_figures(&self, headers: &HeaderMap, route: &str) -> Option<Response> {

@@ -285,7 +285,7 @@ impl Usage {
         }
     }
 
-    /// Count and log (at most once per project per [`LOG_EVERY_MS`]) a refusal by a
+    /// Count and log (at most once per project per `LOG_EVERY_MS`) a refusal by a
     /// per-project limit: `code` is Supabase's name of it, `label` the
     /// `walcast_limits_total` kind.
     pub fn refuse(&self, project: &str, label: &'static str, code: &'static str, detail: &str) {

@@ -4,7 +4,7 @@
 //!
 //! It is served by every front (the fronts are the HTTP side of walcast; they have no
 //! database, so the cdc-worker does the work through admin requests,
-//! [`walcast_control::manage`] — the code `walcast project …` runs too). After a change,
+//! `walcast_control::manage` — the code `walcast project …` runs too). After a change,
 //! the front publishes [`SUBJECT_PROJECTS_CHANGED`]: every front refreshes its project
 //! directory at once, and ends the sockets a deleted, suspended or now private-only
 //! project may no longer keep (see `ending`). A project's snapshots (README "Change

@@ -1,4 +1,4 @@
-//! Realtime delivery, one [`Consumer`] of decoded transactions (see [`crate::driver`]):
+//! Realtime delivery, one [`Consumer`] of decoded transactions (see `walcast_pipeline`'s driver):
 //! realtime-tables edits applied at their WAL position, changes routed to a project, turned into
 //! events, matched against subscriptions, authorized (RLS) and published on the bus; DDL
 //! notices (logical messages) handled at their position.

@@ -10,11 +10,11 @@
 //! past it a new batch is not even queued). A change skipped so is still published
 //! audience-free on its table's subject; its subscribers are told (a `subs-lagged`
 //! notice on their front's subject, which the front turns into a `system` error on each
-//! channel, at most once per subscription every [`task::NOTICE_EVERY`]), and it is
+//! channel, at most once per subscription every `NOTICE_EVERY` (5 s)), and it is
 //! logged and counted.
 //!
-//! Projects that cannot keep up (a batch waited over [`task::LAGGING_AFTER`] or a check
-//! took over [`task::SLOW_CHECK`], in the last [`task::LAGGING_FOR`]) share one check
+//! Projects that cannot keep up (a batch waited over `LAGGING_AFTER` (1 s) or a check
+//! took over `SLOW_CHECK` (250 ms), in the last `LAGGING_FOR` (30 s)) share one check
 //! slot between them, so however many tenants have slow policies, they occupy at most one
 //! database connection at a time and leave the database's cores to those that keep up.
 //!
@@ -155,7 +155,7 @@ pub struct Lanes {
     rls: RlsOptions,
     limits: LaneLimits,
     outlet: Arc<Outlet>,
-    /// The lagging projects' one check slot (see [`task::LAGGING_AFTER`]).
+    /// The lagging projects' one check slot (see `LAGGING_AFTER` (1 s)).
     lagging: Arc<tokio::sync::Semaphore>,
 }
 

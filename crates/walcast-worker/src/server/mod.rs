@@ -13,10 +13,10 @@
 //! - a request head is at most `HTTP_MAX_HEADER_BYTES` and `HTTP_MAX_HEADERS` headers
 //!   (past either: 431 and closed);
 //! - it must arrive within `HTTP_HEADER_TIMEOUT_MS` of the connection, the next one
-//!   within `HTTP_IDLE_TIMEOUT_MS` of the previous response ([`conn`]);
+//!   within `HTTP_IDLE_TIMEOUT_MS` of the previous response (`conn.rs`);
 //! - connections not yet upgraded (nor streaming an admitted response) are at most
 //!   `HTTP_MAX_PENDING`, `HTTP_MAX_PENDING_PER_PEER` from one address; past a cap the
-//!   oldest is closed, not the newest ([`pending`]), and so is the oldest when the
+//!   oldest is closed, not the newest (`pending.rs`), and so is the oldest when the
 //!   process runs out of file descriptors, whose soft limit is raised to the hard one at
 //!   start.
 //!

@@ -1,5 +1,5 @@
 //! Change streams (README "Change streams"): the operator's `walcast changes
-//! enable|disable|list` (the worker's settings: [`crate::changes_args`]).
+//! enable|disable|list` (the worker's settings: `walcast_worker::config::changes`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
