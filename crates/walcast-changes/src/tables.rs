@@ -4,7 +4,7 @@
 use tokio_postgres::GenericClient;
 use walcast_core::sql::qualified;
 
-use walcast_control::tables::{delete_row, inspect, list_rows, TableRef};
+use walcast_control::tables::{check_streamable, delete_row, list_rows, TableRef};
 use walcast_control::RealtimeTablesError;
 
 /// The change-stream tables' own table, always decoded by the change-stream consumer
@@ -23,12 +23,7 @@ pub async fn enable<C: GenericClient>(
     table: &str,
 ) -> Result<bool, RealtimeTablesError> {
     let name = qualified(schema, table);
-    match inspect(client, schema, table).await? {
-        None => return Err(RealtimeTablesError::UnknownTable(name)),
-        Some(t) if t.partitioned => return Err(RealtimeTablesError::Partitioned(name)),
-        Some(t) if !t.primary_key => return Err(RealtimeTablesError::NoPrimaryKey(name)),
-        Some(_) => {}
-    }
+    check_streamable(client, schema, table).await?;
     let other = client
         .query_opt(
             "SELECT project_id FROM walcast.realtime_tables

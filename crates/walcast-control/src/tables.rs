@@ -52,6 +52,24 @@ pub async fn inspect<C: GenericClient>(
     }))
 }
 
+/// Refuse a table whose changes could not be streamed: missing, partitioned, or without a
+/// primary key (realtime tables and change-stream tables alike).
+pub async fn check_streamable<C: GenericClient>(
+    client: &C,
+    schema: &str,
+    table: &str,
+) -> Result<(), RealtimeTablesError> {
+    let name = qualified(schema, table);
+    match inspect(client, schema, table).await? {
+        None => Err(RealtimeTablesError::UnknownTable(name)),
+        // wal2json has no publish-via-root: a partitioned table's changes would never
+        // match its row, so it is refused rather than accepted and left silent.
+        Some(t) if t.partitioned => Err(RealtimeTablesError::Partitioned(name)),
+        Some(t) if !t.primary_key => Err(RealtimeTablesError::NoPrimaryKey(name)),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Enable streaming of `schema.table` for `project` and set `REPLICA IDENTITY FULL` so
 /// UPDATE and DELETE carry the old row. Idempotent; returns whether it was not enabled
 /// before.
@@ -62,14 +80,7 @@ pub async fn enable<C: GenericClient>(
     table: &str,
 ) -> Result<bool, RealtimeTablesError> {
     let name = qualified(schema, table);
-    match inspect(client, schema, table).await? {
-        None => return Err(RealtimeTablesError::UnknownTable(name)),
-        // wal2json has no publish-via-root: a partitioned table's changes would never
-        // match its realtime-tables row, so it is refused rather than accepted and left silent.
-        Some(t) if t.partitioned => return Err(RealtimeTablesError::Partitioned(name)),
-        Some(t) if !t.primary_key => return Err(RealtimeTablesError::NoPrimaryKey(name)),
-        Some(_) => {}
-    }
+    check_streamable(client, schema, table).await?;
     let other = client
         .query_opt(
             "SELECT project_id FROM walcast.realtime_tables
