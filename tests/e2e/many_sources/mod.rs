@@ -132,7 +132,10 @@ pub fn wait_spread(workers: &[&Worker], names: &[&str], timeout: Duration) -> Ve
             "sources not spread over the workers: {held:?} (want each of {want:?} once, no worker with all)\n{}",
             workers
                 .iter()
-                .map(|w| format!("{:?}", w.health()))
+                .map(|w| match w.health() {
+                    Some(h) => format!("{h}"),
+                    None => format!("no /health; its log ends:\n{}", w.log_tail(30)),
+                })
                 .collect::<Vec<_>>()
                 .join("\n")
         );

@@ -283,6 +283,13 @@ impl Worker {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `lines` lines of the process's log, for a failure message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// GET a path of the worker's HTTP server, as the operator (with its figures key:
     /// `/metrics` and the full `/health`).
     pub fn get(&self, path: &str) -> Option<String> {

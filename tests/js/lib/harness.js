@@ -3,6 +3,7 @@
 import { spawn } from 'node:child_process'
 import { createHmac } from 'node:crypto'
 import { once } from 'node:events'
+import fs from 'node:fs/promises'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
@@ -48,13 +49,44 @@ export async function until(what, pred, ms = 20000) {
   }
 }
 
+// Ports for the servers a test starts come from below the kernel's ephemeral range (where
+// outgoing connections take theirs), walked from an offset of this process's id, so a
+// client socket cannot take a port between this answer and the server's bind.
+const PORT_LOW = 20000
+let portsHanded = 0
+
 async function freePort() {
+  const ephemeral = Number((await readFileOr('/proc/sys/net/ipv4/ip_local_port_range', '32768')).split(/\s+/)[0])
+  const span = Math.max(ephemeral, PORT_LOW + 1000) - PORT_LOW
+  const offset = (process.pid * 7919) % span
+  for (let i = 0; i < 4096; i++) {
+    const port = PORT_LOW + ((offset + portsHanded++) % span)
+    if (await canListen(port)) return port
+  }
   const srv = net.createServer()
   srv.listen(0, '127.0.0.1')
   await once(srv, 'listening')
   const { port } = srv.address()
   srv.close()
   return port
+}
+
+async function canListen(port) {
+  const srv = net.createServer()
+  const ok = await new Promise((resolve) => {
+    srv.once('error', () => resolve(false))
+    srv.listen(port, '127.0.0.1', () => resolve(true))
+  })
+  if (ok) await new Promise((r) => srv.close(r))
+  return ok
+}
+
+async function readFileOr(file, fallback) {
+  try {
+    return await fs.readFile(file, 'utf8')
+  } catch {
+    return fallback
+  }
 }
 
 /**
