@@ -18,7 +18,7 @@ pub fn beacon(process: &str, state: &OpsState) -> Beacon {
     let worker = state
         .cdc
         .as_ref()
-        .map(|c| crate::supervisor::worker_beacon(walcast_bus::source::DEFAULT_SOURCE, c.report()));
+        .map(|c| crate::lead::worker_beacon(walcast_bus::source::DEFAULT_SOURCE, c.report()));
     let front = state.front.as_ref().map(|f| f.health().beacon());
     let at_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -13,7 +13,7 @@ use walcast_bus::Bus;
 
 use walcast_control::roles::RolePolicy;
 use walcast_control::secrets::SecretKeys;
-use walcast_lease::{Fence, LeaseMode, LeaseStatus};
+use walcast_lease::LeaseMode;
 use walcast_realtime::subscriptions::matcher::Matcher;
 use walcast_realtime::subscriptions::registrar::Registrar;
 
@@ -99,8 +99,8 @@ pub fn describe(
 
 pub use crate::database::{migrate, preflight};
 pub use crate::election::session_tag;
-use crate::election::{describe_mode, elect, lease_mode};
-use crate::leader::spawn_front_expiry;
+use crate::election::{describe_mode, for_default, lease_mode};
+use crate::lead::SourceState;
 
 /// A random id for this process, sent as `Walcast-Origin`.
 pub fn instance_id() -> String {
@@ -134,8 +134,9 @@ pub async fn run(w: Worker<'_>, cancel: CancellationToken) -> anyhow::Result<()>
     let (db, cdc) = (w.db, w.cdc);
     preflight(db, cdc).await?;
     crate::database::prepare_control(db, &w.keys, &w.roles).await?;
-    let tag = session_tag(&w.origin);
     let known_fronts = KnownFronts::default();
+    let spec = cdc.default_source(db);
+    let default = Arc::new(SourceState::new(&spec));
     let parts = Parts {
         cdc,
         origin: &w.origin,
@@ -144,18 +145,12 @@ pub async fn run(w: Worker<'_>, cancel: CancellationToken) -> anyhow::Result<()>
         admin: w.admin,
         known_fronts: known_fronts.clone(),
         projects: Arc::new(SourceProjects::new(DEFAULT_SOURCE, &db.database_url)),
+        health: default.health.clone(),
         root: Some(cancel.clone()),
     };
-    let (leader, outbox_health) = Leader::build(&cdc.default_source(db), parts);
-    let health = leader.health().clone();
+    let (leader, outbox_health) = Leader::build(&spec, parts);
     let leader = Arc::new(leader);
     let tracker = TaskTracker::new();
-    spawn_front_expiry(
-        &tracker,
-        DEFAULT_SOURCE,
-        leader.registrar().matcher().clone(),
-        cancel.clone(),
-    );
     spawn_front_listener(
         &tracker,
         known_fronts.clone(),
@@ -163,7 +158,6 @@ pub async fn run(w: Worker<'_>, cancel: CancellationToken) -> anyhow::Result<()>
         cancel.clone(),
     );
     let mode = lease_mode(cdc);
-    let status = Arc::new(LeaseStatus::default());
     let process = w
         .front
         .as_ref()
@@ -179,50 +173,32 @@ pub async fn run(w: Worker<'_>, cancel: CancellationToken) -> anyhow::Result<()>
         mode,
         workers: Arc::new(Workers::new(process.clone())),
         sources: Arc::default(),
-        default_health: health.clone(),
+        default: default.clone(),
     };
     let sources = spawn_sources(&tracker, ctx, cancel.clone());
     let state = OpsState {
-        cdc: Some(health),
+        cdc: Some(default.health.clone()),
         sources: Some(sources),
         outbox: outbox_health,
         front: w.front.clone(),
         bus: w.bus.clone(),
         metrics: w.ops.metrics,
         lease_mode: describe_mode(mode),
-        lease: (mode != LeaseMode::None).then(|| status.clone()),
+        lease: (mode != LeaseMode::None).then(|| default.lease.clone()),
         key: w.ops.key,
     };
     crate::beacon::spawn(&tracker, process, state.clone(), cancel.clone());
     spawn_http(&tracker, w.ops.listener, w.front.as_ref(), state, &cancel);
     tracing::info!(front = w.front.is_some(), lease = %mode, "serving HTTP");
 
-    let election = lead_default(mode, db, cdc, tag, status, &cancel, &leader).await;
+    let election = for_default(mode, db, cdc, &w.origin);
+    let led = crate::lead::lead(default, leader.clone(), election, cancel.clone()).await;
     stop_all(&cancel, tracker, w.front).await;
-    election.context("Kubernetes leader election")?;
+    led.context("Kubernetes leader election")?;
     match leader.take_failure() {
         Some(e) => Err(anyhow::anyhow!(e)).context("cdc pipeline stopped"),
         None => Ok(()),
     }
-}
-
-/// The default source's election and terms, as work for it (their metrics carry
-/// `source="default"`); its pipeline is reported not active until it leads.
-async fn lead_default(
-    mode: LeaseMode,
-    db: &DbArgs,
-    cdc: &CdcArgs,
-    tag: String,
-    status: Arc<LeaseStatus>,
-    cancel: &CancellationToken,
-    leader: &Arc<Leader>,
-) -> Result<(), walcast_lease::kubernetes::KubeLeaseError> {
-    let lead = |fence: Fence| leader.clone().term(fence);
-    walcast_core::source_scope::within(DEFAULT_SOURCE, async {
-        leader.health().set_active(false);
-        elect(mode, db, cdc, tag, status, cancel, lead).await
-    })
-    .await
 }
 
 /// Stop every task of the process, and the front's sockets.

@@ -1,10 +1,9 @@
-//! How a cdc-worker elects the default source's leader (Postgres lease row, Kubernetes
-//! Lease, or none), and the names its lease and sessions go by.
+//! How a source's leader is elected (a Postgres lease row, a Kubernetes Lease, or none),
+//! and the names leases and sessions go by.
 
-use std::sync::Arc;
-
-use tokio_util::sync::CancellationToken;
-use walcast_lease::{Fence, LeaseMode, LeaseStatus};
+use walcast_lease::kubernetes::KubeLeaseConfig;
+use walcast_lease::postgres::PgLeaseConfig;
+use walcast_lease::LeaseMode;
 
 use crate::config::{CdcArgs, DbArgs};
 
@@ -12,6 +11,31 @@ use crate::config::{CdcArgs, DbArgs};
 /// takes over our expired lease terminates them (Postgres lease mode).
 pub fn session_tag(origin: &str) -> String {
     format!("walcast-cdc-{origin}")
+}
+
+/// A gate asked before every attempt to take a lease.
+pub type Gate = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// How a source's leader is elected.
+pub enum Election {
+    /// No election (`LEASE_MODE=none`): one term that never closes.
+    None,
+    /// A lease row in the source's own database, tried while the gate says so. A worker
+    /// taking an expired lease terminates the stale leader's sessions there.
+    Postgres(PgLeaseConfig, Gate),
+    /// A Kubernetes Lease.
+    Kubernetes(KubeLeaseConfig),
+}
+
+/// The `application_name` of a process's sessions for `source`: a worker taking over
+/// the source's lease terminates the stale leader's sessions by it, and two sources may
+/// be databases of one server, whose sessions one `pg_stat_activity` lists.
+pub(crate) fn source_tag(origin: &str, source: &str) -> String {
+    let tag = session_tag(origin);
+    match walcast_bus::source::is_default(source) {
+        true => tag,
+        false => format!("{tag}-{source}"),
+    }
 }
 
 /// How `/health` names the election mode.
@@ -22,30 +46,17 @@ pub(crate) fn describe_mode(mode: LeaseMode) -> String {
     }
 }
 
-/// Run `lead` for every term this worker wins, until `cancel`. Each term gets a fence
-/// (open until the lease could have expired, on our own clock); without election, one
-/// term that never closes.
-pub(crate) async fn elect<F, Fut>(
-    mode: LeaseMode,
-    db: &DbArgs,
-    cdc: &CdcArgs,
-    tag: String,
-    status: Arc<LeaseStatus>,
-    cancel: &CancellationToken,
-    mut lead: F,
-) -> Result<(), walcast_lease::kubernetes::KubeLeaseError>
-where
-    F: FnMut(Fence) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
+/// How the default source is elected: by the process's election mode (a lease row in
+/// its database, which is the control database, or a Kubernetes Lease), always tried
+/// (it is given up only by its own election, never for the share).
+pub(crate) fn for_default(mode: LeaseMode, db: &DbArgs, cdc: &CdcArgs, origin: &str) -> Election {
     match mode {
         LeaseMode::None => {
             tracing::warn!("LEASE_MODE=none: no leader election. Running two cdc-workers on one slot reorders changes; use it for development only");
-            lead(Fence::unfenced(cancel.child_token())).await;
-            Ok(())
+            Election::None
         }
         LeaseMode::Kubernetes => {
-            let cfg = walcast_lease::kubernetes::KubeLeaseConfig {
+            let cfg = KubeLeaseConfig {
                 api_url: cdc.lease.lease_kube_api_url.clone(),
                 kubeconfig: cdc.lease.lease_kubeconfig.clone(),
                 context: cdc.lease.lease_kube_context.clone(),
@@ -55,20 +66,32 @@ where
                 duration: cdc.lease.duration(),
             };
             tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, "electing through a Kubernetes Lease");
-            walcast_lease::kubernetes::run(cfg, status, cancel.clone(), lead).await
+            Election::Kubernetes(cfg)
         }
         LeaseMode::Postgres | LeaseMode::Auto => {
-            let pg = walcast_lease::postgres::PgLeaseConfig {
-                url: walcast_lease::postgres::tagged_url(&db.database_url, &tag),
-                name: lease_name(cdc),
-                identity: lease_identity(),
-                session_tag: tag,
-                duration: cdc.lease.duration(),
-            };
+            let source = walcast_bus::source::DEFAULT_SOURCE;
+            let pg = postgres_lease(cdc, origin, source, &db.database_url);
             tracing::info!(lease = %pg.name, identity = %pg.identity, session = %pg.session_tag, "electing through a Postgres lease row");
-            walcast_lease::postgres::run(pg, status, cancel.clone(), lead).await;
-            Ok(())
+            Election::Postgres(pg, Box::new(|| true))
         }
+    }
+}
+
+/// The lease row of `source` in its database (`database_url`), this process's sessions
+/// there tagged so that a worker taking the lease over terminates them.
+pub(crate) fn postgres_lease(
+    cdc: &CdcArgs,
+    origin: &str,
+    source: &str,
+    database_url: &str,
+) -> PgLeaseConfig {
+    let tag = source_tag(origin, source);
+    PgLeaseConfig {
+        url: walcast_lease::postgres::tagged_url(database_url, &tag),
+        name: lease_name(cdc),
+        identity: lease_identity(),
+        session_tag: tag,
+        duration: cdc.lease.duration(),
     }
 }
 

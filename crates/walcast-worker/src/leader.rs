@@ -17,8 +17,6 @@ use walcast_realtime::subscriptions::registrar::Registrar;
 use crate::config::{CdcArgs, SourceSpec};
 use walcast_control::source_projects::{SourceProjects, REFRESH};
 
-/// Everything only the leader does, one term at a time: answer subscription
-/// registrations and admin requests, read the slot.
 /// What a source's leader is made of, besides the source itself.
 pub(crate) struct Parts<'a> {
     pub cdc: &'a CdcArgs,
@@ -29,6 +27,8 @@ pub(crate) struct Parts<'a> {
     pub known_fronts: KnownFronts,
     /// The projects the control database puts on the source.
     pub projects: Arc<SourceProjects>,
+    /// What its pipeline reports to (the source's, kept across terms and rebuilds).
+    pub health: Arc<PipelineHealth>,
     /// Cancelled when the pipeline fails for good (the process stops); `None`: a failure
     /// ends the term only (another source's failure must not stop this process).
     pub root: Option<CancellationToken>,
@@ -69,17 +69,6 @@ impl walcast_outbox::config::ProjectGate for OutboxGate {
     }
 }
 
-/// The `application_name` of a process's sessions for `source`: a worker taking over
-/// the source's lease terminates the stale leader's sessions by it, and two sources may
-/// be databases of one server, whose sessions one `pg_stat_activity` lists.
-pub(crate) fn source_tag(origin: &str, source: &str) -> String {
-    let tag = crate::election::session_tag(origin);
-    match walcast_bus::source::is_default(source) {
-        true => tag,
-        false => format!("{tag}-{source}"),
-    }
-}
-
 pub(crate) struct Leader {
     /// The source this leader reads.
     source: String,
@@ -115,7 +104,7 @@ impl Leader {
         spec: &SourceSpec,
         p: Parts<'_>,
     ) -> (Leader, Option<Arc<walcast_outbox::OutboxHealth>>) {
-        let tag = source_tag(p.origin, &spec.name);
+        let tag = crate::election::source_tag(p.origin, &spec.name);
         let mut cfg = p.cdc.source_config(spec, p.origin);
         // Tagged: a worker taking over terminates the stale leader's sessions by this tag.
         cfg.database_url = walcast_lease::postgres::tagged_url(&cfg.database_url, &tag);
@@ -125,7 +114,6 @@ impl Leader {
         realtime.database_url = cfg.database_url.clone();
         realtime.check_url = walcast_lease::postgres::tagged_url(check_url, &tag);
         realtime.projects = Some(p.projects.clone());
-        let health = Arc::new(PipelineHealth::new(&spec.slot_name));
         let (outbox, outbox_health) = outbox_consumer(p.cdc, &cfg, p.bus, &p.projects);
         let links = walcast_realtime::FrontLinks::new(realtime.links);
         let matcher = p.registrar.matcher().clone();
@@ -141,7 +129,7 @@ impl Leader {
             bus: p.bus.clone(),
             registrar: p.registrar,
             admin: p.admin,
-            health,
+            health: p.health,
             known_fronts: p.known_fronts,
             links,
             consumers,
@@ -154,20 +142,14 @@ impl Leader {
         (leader, outbox_health)
     }
 
-    /// The same leader, reporting to `health` (kept across its rebuilds).
-    pub(crate) fn with_health(mut self, health: Arc<PipelineHealth>) -> Leader {
-        self.health = health;
-        self
-    }
-
-    /// The pipeline's health.
-    pub(crate) fn health(&self) -> &Arc<PipelineHealth> {
-        &self.health
-    }
-
     /// The subscriptions it answers for.
     pub(crate) fn registrar(&self) -> &Registrar {
         &self.registrar
+    }
+
+    /// Whether a failure of its pipeline for good stops the process (the default source).
+    pub(crate) fn stops_process(&self) -> bool {
+        self.root.is_some()
     }
 
     /// Why its last term's pipeline stopped for good, if it did (taken).

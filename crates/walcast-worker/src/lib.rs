@@ -3,10 +3,11 @@
 //! The runtime of walcast's processes, which the binaries (`crates/walcast`: `walcast`,
 //! `cdc-worker`, `ws-front`) and the benchmarks call:
 //!
-//! - [`cdc_worker`]: the cdc-worker — migrations, the default source's [`election`] and
-//!   [`leader`], the other sources' [`supervisor`] and their fair [`share`] among the
-//!   workers, the ops HTTP endpoints; [`database`]: a source's database made ready
-//!   (preflight, migrations, secrets sealed, the check login);
+//! - [`cdc_worker`]: the cdc-worker — migrations, the default source, the other
+//!   sources' [`supervisor`] and their fair [`share`] among the workers, the ops HTTP
+//!   endpoints; every source, the default one included, is elected ([`election`]) and
+//!   led ([`lead`], [`leader`]) by the same code; [`database`]: a source's database made
+//!   ready (preflight, migrations, secrets sealed, the check login);
 //! - [`ws_front`]: the ws-front process (the realtime front, `walcast-front`, on NATS),
 //!   with its options ([`front`]);
 //! - [`serve`]: both in one process (`walcast serve`);
@@ -26,6 +27,7 @@ pub mod database;
 pub mod election;
 pub mod front;
 pub mod http;
+pub mod lead;
 pub mod leader;
 pub mod operator;
 pub mod serve;

@@ -19,102 +19,20 @@ use anyhow::Context as _;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use walcast_bus::beacon::WorkerBeacon;
 use walcast_bus::subs::KnownFronts;
 use walcast_bus::Bus;
 use walcast_control::roles::RolePolicy;
 use walcast_control::secrets::SecretKeys;
 use walcast_control::source_projects::SourceProjects;
-use walcast_lease::{Fence, LeaseMode, LeaseStatus};
-use walcast_pipeline::PipelineHealth;
+use walcast_lease::LeaseMode;
 
 use crate::config::{redact_url, CdcArgs, SourceSpec};
+use crate::election::Election;
+use crate::lead::{lock, SourceState, RESERVE, RETRY_AFTER};
 use crate::share::{self, Workers};
 
 /// How often the source list is read again.
 pub const REFRESH: Duration = Duration::from_secs(5);
-/// How long an admitted attempt counts against the share before it led (the lease
-/// statement takes milliseconds; a loaded machine, more).
-const RESERVE: Duration = Duration::from_secs(1);
-/// How long a source that failed (or was given up) waits before this worker tries it again.
-pub const RETRY_AFTER: Duration = Duration::from_secs(15);
-
-/// One source's state in this worker.
-pub struct SourceState {
-    pub name: String,
-    pub slot: String,
-    pub health: Arc<PipelineHealth>,
-    pub lease: Arc<LeaseStatus>,
-    leading_since: Mutex<Option<Instant>>,
-    /// Not tried again before then (failed, or given up for another worker).
-    resting_until: Mutex<Option<Instant>>,
-    /// An attempt to take its lease that may win is under way until then: it counts
-    /// against this worker's share, so electors admitted together do not all win.
-    reserved_until: Mutex<Option<Instant>>,
-    /// Ends the current term (to give the source up).
-    give_up: Mutex<Option<CancellationToken>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl SourceState {
-    fn new(spec: &SourceSpec) -> SourceState {
-        SourceState {
-            name: spec.name.clone(),
-            slot: spec.slot_name.clone(),
-            health: Arc::new(PipelineHealth::new(&spec.slot_name)),
-            lease: Arc::new(LeaseStatus::default()),
-            leading_since: Mutex::new(None),
-            resting_until: Mutex::new(None),
-            reserved_until: Mutex::new(None),
-            give_up: Mutex::new(None),
-        }
-    }
-
-    fn resting(&self, now: Instant) -> bool {
-        lock(&self.resting_until).is_some_and(|t| now < t)
-    }
-
-    /// Reserved, not led yet, and not lost (the attempt found another holder).
-    fn reserved(&self, now: Instant) -> bool {
-        lock(&self.leading_since).is_none()
-            && lock(&self.reserved_until).is_some_and(|t| now < t)
-            && self.likely_free()
-    }
-
-    /// Whether an attempt now could win: the lease was last seen free, expired, or not
-    /// at all (one held by a live worker is not worth a reservation).
-    fn likely_free(&self) -> bool {
-        let lease = self.lease.report();
-        lease.holder.is_none() || lease.expires_in.is_none_or(|d| d < RESERVE)
-    }
-
-    fn rest(&self, d: Duration) {
-        *lock(&self.resting_until) = Some(Instant::now() + d);
-    }
-
-    /// Its part of a health beacon.
-    pub fn beacon(&self) -> WorkerBeacon {
-        worker_beacon(&self.name, self.health.report())
-    }
-}
-
-/// The beacon part of `source`'s pipeline, from its health.
-pub fn worker_beacon(source: &str, r: walcast_pipeline::PipelineHealthReport) -> WorkerBeacon {
-    WorkerBeacon {
-        source: source.to_string(),
-        leader: r.leader,
-        cdc_active: r.cdc_active,
-        slot: r.slot,
-        lag_bytes: r.lag_bytes,
-        changes_total: r.changes_total,
-        skipped_changes_total: r.skipped_changes_total,
-        last_error: r.last_error,
-    }
-}
-
 /// The sources this worker runs, for `/health`, `/readyz` and its beacon.
 #[derive(Default)]
 pub struct Sources {
@@ -155,7 +73,7 @@ impl Sources {
     fn held(&self) -> Vec<(String, Instant)> {
         self.all()
             .iter()
-            .filter_map(|s| lock(&s.leading_since).map(|at| (s.name.clone(), at)))
+            .filter_map(|s| s.leading_since().map(|at| (s.name.clone(), at)))
             .collect()
     }
 
@@ -178,19 +96,16 @@ pub struct Context {
     pub mode: LeaseMode,
     pub workers: Arc<Workers>,
     pub sources: Arc<Sources>,
-    /// The default source's pipeline (this worker may lead it too).
-    pub default_health: Arc<PipelineHealth>,
+    /// The default source (this worker may lead it too).
+    pub default: Arc<SourceState>,
 }
 
 impl Context {
     /// Sources this worker leads, the default one included.
     fn held(&self) -> Vec<(String, Instant)> {
         let mut held = self.sources.held();
-        if self.default_health.report().leader {
-            held.push((
-                walcast_bus::source::DEFAULT_SOURCE.to_string(),
-                Instant::now(),
-            ));
+        if let Some(at) = self.default.leading_since() {
+            held.push((self.default.name.clone(), at));
         }
         held
     }
@@ -368,6 +283,27 @@ async fn elect(
     state: &Arc<SourceState>,
     stop: &CancellationToken,
 ) {
+    let leader = Arc::new(source_leader(ctx, spec, state));
+    let election = match ctx.mode {
+        LeaseMode::None => Election::None,
+        _ => {
+            let cfg = crate::election::postgres_lease(
+                &ctx.cdc,
+                &ctx.origin,
+                &spec.name,
+                &spec.database_url,
+            );
+            let (ctx, state) = (ctx.clone(), state.clone());
+            Election::Postgres(cfg, Box::new(move || ctx.may_take(&state)))
+        }
+    };
+    // Only a Kubernetes election errs, and an added source is elected in its database.
+    let _ = crate::lead::lead(state.clone(), leader, election, stop.clone()).await;
+}
+
+/// The leader of an added source: its projects, subscriptions and admin answers; a
+/// failure of its pipeline ends the term, not the process.
+fn source_leader(ctx: &Context, spec: &SourceSpec, state: &SourceState) -> crate::leader::Leader {
     let projects = Arc::new(SourceProjects::new(&spec.name, &ctx.control_url));
     let registrar = walcast_realtime::subscriptions::registrar::Registrar::for_source(
         walcast_realtime::subscriptions::matcher::Matcher::with_limits(ctx.cdc.class_limits()),
@@ -397,54 +333,11 @@ async fn elect(
             admin,
             known_fronts: ctx.known_fronts.clone(),
             projects,
+            health: state.health.clone(),
             root: None,
         },
     );
-    let leader = Arc::new(leader.with_health(state.health.clone()));
-    let expiry = stop.child_token();
-    let tracker = TaskTracker::new();
-    crate::leader::spawn_front_expiry(
-        &tracker,
-        &spec.name,
-        leader.registrar().matcher().clone(),
-        expiry.clone(),
-    );
-    let lead = |fence: Fence| lead_term(state.clone(), leader.clone(), fence);
-    if ctx.mode == LeaseMode::None {
-        lead(Fence::unfenced(stop.child_token())).await;
-    } else {
-        let tag = crate::leader::source_tag(&ctx.origin, &spec.name);
-        let cfg = walcast_lease::postgres::PgLeaseConfig {
-            url: walcast_lease::postgres::tagged_url(&spec.database_url, &tag),
-            name: crate::election::lease_name(&ctx.cdc),
-            identity: crate::election::lease_identity(),
-            session_tag: tag,
-            duration: ctx.cdc.lease.duration(),
-        };
-        let gate = {
-            let (ctx, state) = (ctx.clone(), state.clone());
-            move || ctx.may_take(&state)
-        };
-        walcast_lease::postgres::run_gated(cfg, state.lease.clone(), stop.clone(), gate, lead)
-            .await;
-    }
-    expiry.cancel();
-    tracker.close();
-    tracker.wait().await;
-}
-
-/// One term of a source: lead until the fence closes, the source is given up or removed.
-async fn lead_term(state: Arc<SourceState>, leader: Arc<crate::leader::Leader>, fence: Fence) {
-    tracing::info!(source = %state.name, term = fence.term(), "leading the source");
-    *lock(&state.give_up) = Some(fence.token().clone());
-    *lock(&state.leading_since) = Some(Instant::now());
-    leader.clone().term(fence).await;
-    *lock(&state.leading_since) = None;
-    *lock(&state.give_up) = None;
-    if let Some(e) = leader.take_failure() {
-        tracing::error!(source = %state.name, error = %e, "the source's pipeline stopped; this worker tries it again later");
-        state.rest(RETRY_AFTER);
-    }
+    leader
 }
 
 /// The sources of the control database (not the default one).
