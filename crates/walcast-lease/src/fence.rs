@@ -68,7 +68,7 @@ impl Action {
 }
 
 /// A closed fence refused an action.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("leadership term {term} is fenced: lease not renewed in time, refusing to {}", action.as_str())]
 pub struct Fenced {
     pub term: u64,

@@ -4,8 +4,9 @@
 //! of it.
 //!
 //! Nothing here waits on JetStream: at each commit the transaction's events go to the
-//! relay's sender task (`sender.rs`), which sends them in commit order, takes the
-//! answers, retries and quarantines. [`Consumer::settle`] reports, without waiting, the
+//! relay's sender task (the pipeline's pipelined JetStream sender, with `sender.rs`'s
+//! outbox side), which sends them in commit order, takes the answers, retries and
+//! quarantines. [`Consumer::settle`] reports, without waiting, the
 //! commit of the last transaction whose every event is done, so while JetStream cannot
 //! take events the slot's acknowledgement stays there (the WAL from it is retained) and
 //! the other consumers carry on. Past `max_queued` events or `max_queued_bytes` bytes
@@ -14,6 +15,7 @@
 //! skips what it already had.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -56,6 +58,8 @@ pub struct Relay {
     /// Until the sender task starts (at the first event), which then owns it.
     publisher: Option<Publisher>,
     sender: Option<SenderHandle>,
+    /// Bytes of the events handed to the sender and not yet done (it subtracts).
+    sender_bytes: Arc<AtomicU64>,
     health: Arc<OutboxHealth>,
     pipeline_health: Arc<PipelineHealth>,
     db: Option<Client>,
@@ -92,6 +96,7 @@ impl Relay {
         Relay {
             publisher: Some(publisher),
             sender: None,
+            sender_bytes: Arc::default(),
             cfg,
             health,
             pipeline_health,
@@ -244,12 +249,16 @@ impl Relay {
         }
         if self.sender.is_none() {
             let publisher = self.publisher.take().ok_or(RelayError::SenderStopped)?;
-            let sender = SenderHandle::spawn(self.cfg.clone(), publisher, self.health.clone());
+            let (cfg, health) = (self.cfg.clone(), self.health.clone());
+            let sender = crate::sender::spawn(cfg, publisher, health, self.sender_bytes.clone());
             self.sender = Some(sender);
         }
         let sender = self.sender.as_ref().ok_or(RelayError::SenderStopped)?;
         let bytes = std::mem::take(&mut self.outbound_bytes);
-        if !sender.send(std::mem::take(&mut self.outbound), bytes) {
+        let events = std::mem::take(&mut self.outbound);
+        debug_assert_eq!(bytes, events.iter().map(event_bytes).sum::<u64>());
+        self.sender_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if !sender.send(events) {
             return Err(self.sender_failure());
         }
         Ok(())
@@ -259,7 +268,7 @@ impl Relay {
     fn sender_failure(&self) -> RelayError {
         self.sender
             .as_ref()
-            .and_then(|s| s.shared.take_failure())
+            .and_then(SenderHandle::take_failure)
             .unwrap_or(RelayError::SenderStopped)
     }
 
@@ -268,7 +277,7 @@ impl Relay {
         let Some(s) = &self.sender else {
             return (self.submitted, self.outbound_bytes);
         };
-        let bytes = s.shared.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let bytes = self.sender_bytes.load(Ordering::Relaxed);
         (
             self.submitted.saturating_sub(s.done()),
             bytes + self.outbound_bytes,
@@ -281,7 +290,7 @@ impl Relay {
         let Some(sender) = &self.sender else {
             return Ok(false);
         };
-        if let Some(failure) = sender.shared.take_failure() {
+        if let Some(failure) = sender.take_failure() {
             return Err(failure);
         }
         let done = sender.done();

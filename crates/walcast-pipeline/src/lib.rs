@@ -34,6 +34,7 @@ pub mod driver;
 pub mod error;
 pub mod health;
 pub mod heartbeat;
+pub mod jetstream;
 pub mod preflight;
 pub mod publisher;
 mod run;

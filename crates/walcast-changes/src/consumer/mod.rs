@@ -257,24 +257,23 @@ impl ChangeStream {
             return Ok(());
         }
         if self.sender.is_none() {
-            let js = self.publisher.jetstream(|b| {
-                b.timeout(self.cfg.ack_timeout)
-                    .max_ack_inflight(self.cfg.max_in_flight.max(1))
-                    .backpressure_on_inflight(true)
-            })?;
+            // The context manages the stream; messages go out with their answers to
+            // the sender's own subscription (its window bounds them).
+            let js = self
+                .publisher
+                .jetstream(|b| b.timeout(self.cfg.ack_timeout))?;
             let (health, stored) = (self.health.clone(), self.stored.clone());
-            let s = SenderHandle::spawn(self.cfg.clone(), js, health, stored);
+            let s = sender::spawn(self.cfg.clone(), js, health, stored);
             self.sender = Some(s);
         }
         let Some(sender) = self.sender.as_ref() else {
             return Ok(());
         };
-        for m in messages {
-            if !sender.send(m) {
-                return Err(self.sender_failure());
-            }
-            self.submitted += 1;
+        let n = messages.len() as u64;
+        if !sender.send(messages) {
+            return Err(self.sender_failure());
         }
+        self.submitted += n;
         self.pending.push_back(PendingTxn {
             prev,
             end: self.submitted,
