@@ -17,14 +17,14 @@ use crate::event::{Name, OutboxEvent};
 
 /// How events reach JetStream: through the pipeline's fence (the relay), or directly
 /// (`walcast outbox redrive`, an operator's command that no lease governs).
-enum Sender {
+enum Via {
     Fenced(JetStreamPublisher),
     Direct(jetstream::Context),
 }
 
 /// The outbox stream and the way events are sent to it.
 pub struct Publisher {
-    sender: Sender,
+    via: Via,
     /// The connection events go out on (the answers' subscription is on it too).
     client: async_nats::Client,
     /// For [`Publisher::send`]'s answers (a pipelined sender keeps its own).
@@ -47,7 +47,7 @@ impl Publisher {
     pub fn new(client: async_nats::Client, cfg: OutboxConfig) -> Publisher {
         let js = configure(&cfg, jetstream::ContextBuilder::new()).build(client.clone());
         Publisher {
-            sender: Sender::Direct(js),
+            via: Via::Direct(js),
             client,
             answers: None,
             cfg,
@@ -64,7 +64,7 @@ impl Publisher {
         let js = publisher.jetstream(|b| configure(&cfg, b))?;
         Ok(Publisher {
             client: js.client().clone(),
-            sender: Sender::Fenced(js),
+            via: Via::Fenced(js),
             answers: None,
             cfg,
             stream_ready: false,
@@ -72,9 +72,9 @@ impl Publisher {
     }
 
     fn js(&self) -> &jetstream::Context {
-        match &self.sender {
-            Sender::Fenced(p) => p.context(),
-            Sender::Direct(js) => js,
+        match &self.via {
+            Via::Fenced(p) => p.context(),
+            Via::Direct(js) => js,
         }
     }
 
@@ -157,16 +157,16 @@ impl Publisher {
         // The relay's events were checked as they were read from the WAL
         // (`OutboxEvent::from_message`, `from_row`); redrive's come from the quarantine
         // table, and are checked here.
-        let check = matches!(self.sender, Sender::Direct(_));
+        let check = matches!(self.via, Via::Direct(_));
         let headers = message_headers(ev, check)?;
         let payload = Bytes::from(ev.payload.clone());
-        match &self.sender {
-            Sender::Direct(_) => self
+        match &self.via {
+            Via::Direct(_) => self
                 .client
                 .publish_with_reply_and_headers(ev.subject(), reply, headers, payload)
                 .await
                 .map_err(|e| Failure::from_send(&e)),
-            Sender::Fenced(p) => {
+            Via::Fenced(p) => {
                 let at = Position::commit(ev.commit_lsn);
                 p.publish_with_reply(ev.subject(), reply, at, headers, payload)
                     .await
