@@ -219,6 +219,17 @@ async fn a_workers_figures_need_the_operator_key() {
     let (status, public) = get(&worker, "/health", &[]);
     assert_eq!(status, 200, "{public}");
     public_health_only(&public, "the worker's public /health");
+    // A route it does not serve: JSON saying what it serves, on the worker and the front.
+    for (who, w) in [("worker", &worker), ("front", &front)] {
+        let (status, body) = get(w, "/rest/v1/todos", &[]);
+        assert_eq!(status, 404, "{who}: {body}");
+        let answer: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{who}: not JSON ({e}): {body}"));
+        assert!(
+            answer["error"].is_string() && answer["routes"].is_array(),
+            "{who}: {body}"
+        );
+    }
     others_learn_nothing(&worker, &tenant);
     operator_sees_everything(&worker, &tenant);
     // The front's own figures: the same rule.

@@ -258,7 +258,7 @@ fn spawn_http(
     let cancel = cancel.clone();
     let router = match front {
         Some(f) => f.router().merge(ops_router(state)),
-        None => ops_router(state),
+        None => crate::http::worker_router(state),
     };
     tracing::info!(addr = ?listener.local_addr().ok(), "HTTP listening");
     tracker.spawn(async move {

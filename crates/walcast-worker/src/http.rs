@@ -258,6 +258,20 @@ pub fn ops_router(state: OpsState) -> Router {
         .with_state(state)
 }
 
+/// A cdc-worker serving no front: [`ops_router`], and a JSON answer to any other route
+/// (with a front, the front's answer says more).
+pub fn worker_router(state: OpsState) -> Router {
+    ops_router(state).fallback(|uri: axum::http::Uri| async move {
+        let shown: String = uri.path().chars().take(200).collect();
+        let body = serde_json::json!({
+            "error": "no such route: this is a cdc-worker, which serves only its operator endpoints; clients connect to a front (ws-front, or walcast serve)",
+            "path": shown,
+            "routes": ["GET /health", "GET /livez", "GET /readyz", "GET /metrics"],
+        });
+        (StatusCode::NOT_FOUND, axum::Json(body))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

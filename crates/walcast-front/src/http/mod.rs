@@ -8,14 +8,17 @@
 //!   servers.
 //! * [`inspector`]: the page at `/inspector` and its health API, if enabled.
 //! * [`figures`]: the operator's figures, `GET /metrics/projects`.
+//! * [`unknown`]: the JSON answer to a route no one serves (and to `/`).
 
 pub(crate) mod figures;
 pub(crate) mod health;
 pub(crate) mod inspector;
 pub(crate) mod realtime_api;
+pub(crate) mod unknown;
 
 use std::sync::Arc;
 
+use axum::http::{Method, Uri};
 use axum::routing::{get, post, put};
 use axum::Router;
 
@@ -78,5 +81,15 @@ pub(crate) fn router(r: &Routes) -> Router {
     if let Some(state) = &r.inspector {
         router = router.merge(inspector::routes().with_state(state.clone()));
     }
+    let served = unknown::Served {
+        management: r.management.is_some(),
+        inspector: r.inspector.is_some(),
+    };
     router
+        .fallback(move |method: Method, uri: Uri| async move {
+            unknown::answer(&method, uri.path(), served)
+        })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            unknown::method_not_allowed(&method, &uri)
+        })
 }

@@ -381,3 +381,37 @@ async fn a_ping_flood_that_never_reads_its_pongs_is_closed_as_slow() {
     assert_eq!(other.recv().await.event(), "postgres_changes");
     other.heartbeat_ok().await;
 }
+
+/// Every route the front does not serve answers JSON saying what it serves: `/`, the
+/// other Supabase services' paths, the management API while off, a wrong method, and a
+/// long hostile path (cut, escaped).
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_routes_and_methods_answer_json() {
+    let s = start().await;
+    let json = |text: &str| -> serde_json::Value {
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+    };
+    let (status, text) = s.http("GET", "/", &[], b"").await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(json(&text)["name"], "walcast");
+    let (status, text) = s.http("GET", "/rest/v1/todos?select=*", &[], b"").await;
+    assert_eq!(status, 404, "{text}");
+    assert!(json(&text)["error"]
+        .as_str()
+        .unwrap()
+        .contains("serves only /realtime/v1"));
+    let (status, text) = s.http("GET", "/management/v1/projects", &[], b"").await;
+    assert_eq!(status, 404, "{text}");
+    assert!(json(&text)["error"]
+        .as_str()
+        .unwrap()
+        .contains("MANAGEMENT_API_KEY"));
+    let (status, text) = s.http("DELETE", "/realtime/v1/sse", &[], b"").await;
+    assert_eq!(status, 405, "{text}");
+    assert!(json(&text)["error"].is_string());
+    let hostile = format!("/%22%3Cscript%3E{}", "a".repeat(4000));
+    let (status, text) = s.http("GET", &hostile, &[], b"").await;
+    assert_eq!(status, 404, "{text}");
+    assert_eq!(json(&text)["path"].as_str().unwrap().len(), 200);
+}
