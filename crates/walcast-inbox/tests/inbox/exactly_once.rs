@@ -204,15 +204,33 @@ async fn a_failing_handler_rolls_back_and_the_event_is_applied_once_later() {
             .map(|(_, _, d, o)| (*d, *o))
             .collect()
     };
+    // Each nak's delay is its step of the schedule (50 ms, 100 ms), jittered into the
+    // step's upper half; the step's ceiling stands for it in the comparison.
+    let stepped = |outcomes: Vec<(i64, Outcome)>| -> Vec<(i64, Outcome)> {
+        outcomes
+            .into_iter()
+            .map(|(n, o)| match o {
+                Outcome::Retry { delay } => {
+                    let ceiling = Duration::from_millis(50 << (n - 1));
+                    assert!(
+                        delay >= ceiling / 2 && delay <= ceiling,
+                        "delivery {n}: {delay:?} outside the upper half of {ceiling:?}"
+                    );
+                    (n, Outcome::Retry { delay: ceiling })
+                }
+                o => (n, o),
+            })
+            .collect()
+    };
     let retry = |ms| Outcome::Retry {
         delay: Duration::from_millis(ms),
     };
     assert_eq!(
-        of(&flaky),
+        stepped(of(&flaky)),
         [(1, retry(50)), (2, retry(100)), (3, Outcome::Applied)]
     );
     assert_eq!(
-        of(&poison),
+        stepped(of(&poison)),
         [(1, retry(50)), (2, retry(100)), (3, Outcome::GaveUp)]
     );
     assert_eq!(of(&fine), [(1, Outcome::Applied)]);
