@@ -118,6 +118,7 @@ impl<O: Outgoing> SenderHandle<O> {
             in_flight: VecDeque::new(),
             queued: VecDeque::new(),
             attempt: 0,
+            send_failed: false,
             timer: Box::pin(tokio::time::sleep(Duration::from_secs(3600))),
         };
         let shared = failure.clone();
@@ -182,6 +183,10 @@ struct Task<O: Outgoing> {
     queued: VecDeque<O::Item>,
     /// Transient failures in a row of the first outstanding message.
     attempt: u32,
+    /// A send failed for a reason that may pass (the stream could not be made, the
+    /// connection is down): the messages after it are not tried until the retry resends
+    /// them all in order, so one outage costs one failed send, not one per message.
+    send_failed: bool,
     /// Fires at or before the first outstanding message's deadline (moved only when it
     /// must be, not for every message).
     timer: Pin<Box<Sleep>>,
@@ -316,6 +321,19 @@ impl<O: Outgoing> Task<O> {
     }
 
     async fn send(&mut self, item: &O::Item) -> Result<Token, Failure> {
+        if self.send_failed {
+            return Err(Failure::Transient(
+                "not sent: an earlier message could not be sent".into(),
+            ));
+        }
+        let sent = self.try_send(item).await;
+        if let Err(Failure::Transient(_) | Failure::NoStream(_)) = &sent {
+            self.send_failed = true;
+        }
+        sent
+    }
+
+    async fn try_send(&mut self, item: &O::Item) -> Result<Token, Failure> {
         if self.answers.is_none() {
             self.answers = Some(Answers::subscribe(&self.out.client()).await?);
         }
@@ -360,6 +378,7 @@ impl<O: Outgoing> Task<O> {
         self.out.retrying(error, wait, self.in_flight.len());
         tokio::time::sleep(wait).await;
         self.out.stream_lost();
+        self.send_failed = false;
         let mut pending = std::mem::take(&mut self.in_flight);
         for f in pending.iter_mut() {
             f.sent = Instant::now();
