@@ -73,7 +73,7 @@ pub async fn redrive(
     publisher
         .ensure_stream_exists()
         .await
-        .map_err(|f| RedriveError::Stream(f.message().to_string()))?;
+        .map_err(|f| RedriveError::Stream(f.message()))?;
     for q in events {
         let ev = q.event;
         let answer = match publisher.send(&ev).await {
@@ -91,7 +91,7 @@ pub async fn redrive(
                 quarantine::remove(db, &outcome.id).await?;
                 outcome.duplicate = ack.duplicate;
             }
-            Err(f) => outcome.error = Some(f.message().to_string()),
+            Err(f) => outcome.error = Some(f.message()),
         }
         report.outcomes.push(outcome);
     }
