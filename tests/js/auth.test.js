@@ -72,6 +72,40 @@ for (const vsn of VSNS) {
       }
     })
 
+    test('token refreshes under a steady writer: every row arrives, once, in order', async () => {
+      // Each refresh registers the channel's subscriptions again with the new claims; a
+      // change decoded meanwhile must still reach them (as supabase-js refreshes every
+      // channel's token while rows keep coming).
+      const rt = client(st.server, { vsn })
+      try {
+        const got = collector('changes')
+        const ch = rt.channel(uniq('refresh-writer')).on('postgres_changes', T('INSERT'), got)
+        await subscribed(ch)
+        let stop = false
+        const written = []
+        const writer = (async () => {
+          while (!stop) {
+            written.push(await insert())
+            await new Promise((r) => setTimeout(r, 2))
+          }
+        })()
+        for (let i = 0; i < 25; i++) {
+          await rt.setAuth(jwt({ exp: nowSecs() + 3600, n: i }))
+          await new Promise((r) => setTimeout(r, 40))
+        }
+        stop = true
+        await writer
+        await until(`every row written (${written.length}; got ${got.items.length})`, () => got.items.length >= written.length, 20000).catch((e) => {
+          const have = new Set(got.items.map((p) => p.new.id))
+          throw new Error(`${e.message}; missing ${JSON.stringify(written.filter((id) => !have.has(id)).slice(0, 20))}`)
+        })
+        assert.deepEqual(got.items.map((p) => p.new.id), written)
+      } finally {
+        await rt.removeAllChannels()
+        await rt.disconnect()
+      }
+    })
+
     test('a token that expires closes the channel: system error, then CLOSED, nothing more', async () => {
       const rt = client(st.server, { vsn })
       const w = await witness()

@@ -43,6 +43,22 @@ const before_ = (a, b) => {
   return la < lb || (la === lb && a[1] < b[1])
 }
 
+/** Where a row went on NATS: each change message naming it (subject, origin, term, position). */
+const natsTrace = (tap, id) => {
+  const needle = new RegExp(`"id":"?${id}"?[,}]`)
+  const hits = tap.messages.filter((m) => isChange(m) && needle.test(m.payload.toString('utf8')))
+  if (!hits.length) return 'never published'
+  return hits.map((m) => `${m.subject} origin ${m.headers['walcast-origin']} term ${m.headers['walcast-term']} at ${position(m)}`).join(' | ')
+}
+
+/** Every non-zero counter of a process whose name says a change was dropped, withheld or lost. */
+const LOSS_COUNTERS = /^walcast_\w*(denied|unjudged|lagged|lost|dropped|invisible|errors|skipped|fenced|restarts)\w*_total/
+const losses = async (p) => {
+  const text = await fetch(`${p.url}/metrics`, { ...p.figures, signal: AbortSignal.timeout(2000) }).then((r) => r.text()).catch(() => '')
+  const hits = text.split('\n').filter((l) => LOSS_COUNTERS.test(l) && Number(l.split(' ').at(-1)) > 0)
+  return hits.join(', ') || 'none'
+}
+
 /** The scenario for one lease mode (`postgres` or `kubernetes`), both sources. */
 export function freezeSuite(mode) {
   for (const source of ['stream', 'poll']) {
@@ -102,8 +118,12 @@ export function freezeSuite(mode) {
           const rt = client(front, { vsn, logger: () => {} })
           clients.push(rt)
           const got = []
-          await subscribed(rt.channel(uniq('fz')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'fz' }, (p) => got.push({ id: Number(p.new.id), at: performance.now() })))
-          subscribers.push({ name: `front${front === front1 ? 1 : 2}/vsn ${vsn}`, got })
+          const told = []
+          const channel = rt.channel(uniq('fz'))
+            .on('system', {}, (p) => { if (p.status !== 'ok') told.push(p.message ?? JSON.stringify(p)) })
+            .on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'fz' }, (p) => got.push({ id: Number(p.new.id), at: performance.now() }))
+          await subscribed(channel)
+          subscribers.push({ name: `front${front === front1 ? 1 : 2}/vsn ${vsn}`, got, told })
         }
         let stop = false
         let nextId = 1
@@ -153,12 +173,15 @@ export function freezeSuite(mode) {
         const { rows } = await env.db.query('SELECT id FROM fz ORDER BY id')
         const expected = rows.map((r) => Number(r.id))
         for (const s of subscribers) {
-          await until(`${s.name} to receive all ${expected.length} rows (has ${s.got.length})`, () => s.got.length >= expected.length, 60000).catch((e) => {
+          await until(`${s.name} to receive all ${expected.length} rows (has ${s.got.length})`, () => s.got.length >= expected.length, 60000).catch(async (e) => {
             // Which rows, and how the others fared, say where to look.
             const have = new Set(s.got.map((g) => g.id))
             const missing = expected.filter((id) => !have.has(id))
             const others = subscribers.map((o) => `${o.name}: ${o.got.length}`).join(', ')
-            throw new Error(`${e.message}; missing ids ${JSON.stringify(missing.slice(0, 20))}; frozen at row ~${frozenAt}, resumed at row ~${resumedAt}; ${others}`)
+            const onNats = missing.slice(0, 3).map((id) => `${id}: ${natsTrace(tap, id)}`).join('; ')
+            const told = s.told.length ? s.told.slice(0, 3).join(' | ') : 'nothing'
+            const counts = await Promise.all([...workers, front1, front2].map(async (p, i) => `${i < workers.length ? `worker ${i + 1}` : `front ${i - workers.length + 1}`}: ${await losses(p)}`))
+            throw new Error(`${e.message}; missing ids ${JSON.stringify(missing.slice(0, 20))}; frozen at row ~${frozenAt}, resumed at row ~${resumedAt}; ${others}; on NATS: ${onNats}; the channel was told: ${told}; counters: ${counts.join('; ')}`)
           })
         }
         await tap.flush()

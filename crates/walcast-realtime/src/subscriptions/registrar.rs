@@ -256,12 +256,18 @@ impl Registrar {
             tracing::warn!(error = %e, "cannot record a new front (a takeover may not wait for it)");
         }
         // Into the index first, then read the position: any transaction committing after
-        // that position is decoded after the subscription was there.
+        // that position is decoded after the subscription was there. A new subscription
+        // matches nothing until then; one registered before (a resync, a token refresh)
+        // replaces itself at once at the position it already had, so the changes decoded
+        // while its registration waits for the position still reach it.
         let placeholder = Lsn(u64::MAX);
         let mut refused = self.inner.matcher.insert_all(
             accepted
                 .iter()
-                .map(|(spec, filter)| Sub::new(spec.clone(), filter.clone(), placeholder))
+                .map(|(spec, filter)| {
+                    let from = spec.from.unwrap_or(placeholder);
+                    Sub::new(spec.clone(), filter.clone(), from)
+                })
                 .collect(),
         );
         let accepted: Vec<_> = accepted
