@@ -70,6 +70,9 @@ pub struct FrontConfig {
     pub metrics_api_key: Option<String>,
     /// How long a rotated secret's predecessor stays valid, unless a rotation says.
     pub rotation_window: Duration,
+    /// Cross-origin requests on the browser routes (SSE, REST broadcast, the realtime
+    /// tables API): any origin by default.
+    pub cors: crate::cors::CorsConfig,
 }
 
 /// The default per-project limits besides connected users and channels per socket.
@@ -206,6 +209,7 @@ impl Default for FrontConfig {
             management_api_key: None,
             metrics_api_key: None,
             rotation_window: Duration::from_secs(DEFAULT_ROTATION_WINDOW_SECS),
+            cors: crate::cors::CorsConfig::default(),
         }
     }
 }

@@ -324,6 +324,7 @@ impl Parts {
                     .with_reader(self.cfg.metrics_api_key.as_deref()),
                 usage: self.usage.clone(),
             }),
+            cors: self.cfg.cors.clone(),
         };
         let inner = Inner {
             front_id: self.front_id,

@@ -22,6 +22,7 @@
 //! | module | the idea |
 //! |---|---|
 //! | [`config`], [`telemetry`] | configuration (every limit and timeout, each default once); every metric name |
+//! | [`cors`] | which origins' pages may read the browser routes' answers, parsed and as a layer |
 //! | `reply` | the HTTP error answers every route shares |
 //! | [`cluster`] | the walcast processes this front hears from (their health beacons); reading a bus subscription until the front stops |
 //! | [`auth`] | who may do what: tokens and the keys that verify them, where a request's credentials are, private channels, the operator's keys |
@@ -65,6 +66,8 @@ mod channel;
 pub mod cluster;
 pub mod config;
 mod connection;
+pub mod cors;
+pub use cors::{CorsConfig, CorsError, CorsOrigins};
 mod front;
 mod http;
 pub mod limits;

@@ -91,6 +91,15 @@ pub struct FrontArgs {
     /// any other: it shows only what the key pasted into it may see.
     #[arg(long, env = "INSPECTOR", default_value_t = walcast_front::config::DEFAULT_INSPECTOR, action = clap::ArgAction::Set)]
     pub inspector: bool,
+    /// Origins whose pages may call the browser routes (SSE, the REST broadcast, the
+    /// realtime tables API): `*` (any: every route authenticates by a key the page sends,
+    /// never a cookie), a comma-separated list (`https://app.example.com`), or `none`.
+    #[arg(long, env = "CORS_ALLOWED_ORIGINS", default_value_t = walcast_front::CorsOrigins::Any)]
+    pub cors_allowed_origins: walcast_front::CorsOrigins,
+    /// Let those pages send credentials (cookies, HTTP authentication): only with a list
+    /// of origins.
+    #[arg(long, env = "CORS_ALLOW_CREDENTIALS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cors_allow_credentials: bool,
     #[command(flatten)]
     pub operator: crate::operator::OperatorArgs,
     /// After a secret rotation through the management API, how long the previous secret
@@ -174,12 +183,22 @@ impl FrontArgs {
             management_api_key: self.operator.management().map(String::from),
             metrics_api_key: self.operator.metrics().map(String::from),
             rotation_window: Duration::from_secs(self.secret_rotation_window_secs),
+            // Refused at start when invalid (`validate`).
+            cors: self.cors().unwrap_or_default(),
             ..FrontConfig::default()
         }
     }
 
+    /// `CORS_ALLOWED_ORIGINS` with `CORS_ALLOW_CREDENTIALS`.
+    fn cors(&self) -> anyhow::Result<walcast_front::CorsConfig> {
+        let origins = self.cors_allowed_origins.clone();
+        walcast_front::CorsConfig::new(origins, self.cors_allow_credentials)
+            .context("CORS_ALLOW_CREDENTIALS")
+    }
+
     /// Refuse at start what cannot be served safely (a short `JWT_SECRET`, a bad JWKS).
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.cors()?;
         self.default_keys().map(|_| ())
     }
 
@@ -259,6 +278,8 @@ impl FrontArgs {
             "presence_ttl_secs": self.presence_ttl_secs,
             "drain_secs": self.drain_secs,
             "inspector": self.inspector,
+            "cors_allowed_origins": self.cors_allowed_origins.to_string(),
+            "cors_allow_credentials": self.cors_allow_credentials,
             "gap_recovery_ms": self.gap_recovery_ms,
             "gap_max_held": self.gap_max_held,
             "operator_keys": self.operator.describe(),

@@ -9,6 +9,8 @@
 //! * [`inspector`]: the page at `/inspector` and its health API, if enabled.
 //! * [`figures`]: the operator's figures, `GET /metrics/projects`.
 //! * [`unknown`]: the JSON answer to a route no one serves (and to `/`).
+//!
+//! What the routes a browser page calls answer other origins is [`crate::cors`]'s.
 
 pub(crate) mod figures;
 pub(crate) mod health;
@@ -41,6 +43,8 @@ pub(crate) struct Routes {
     pub management: Option<Arc<crate::management::Management>>,
     /// The operator's figures (`/metrics/projects`).
     pub figures: Arc<Figures>,
+    /// Cross-origin requests on the browser routes.
+    pub cors: crate::cors::CorsConfig,
 }
 
 pub(crate) fn router(r: &Routes) -> Router {
@@ -70,10 +74,18 @@ pub(crate) fn router(r: &Routes) -> Router {
             get(realtime_api::list),
         )
         .with_state(r.projects.clone());
-    let mut router = websocket
-        .merge(sse)
+    // The routes a page on another origin calls (a WebSocket needs no CORS). Their
+    // answer to a method they do not serve is set before the layer, so that a preflight
+    // (`OPTIONS`) reaches it.
+    let mut browser = sse
         .merge(broadcast)
         .merge(tables)
+        .method_not_allowed_fallback(not_allowed);
+    if let Some(layer) = r.cors.layer() {
+        browser = browser.layer(layer);
+    }
+    let mut router = websocket
+        .merge(browser)
         .merge(figures::routes(r.figures.clone()));
     if let Some(m) = &r.management {
         router = router.merge(crate::management::routes(m.clone()));
@@ -89,7 +101,9 @@ pub(crate) fn router(r: &Routes) -> Router {
         .fallback(move |method: Method, uri: Uri| async move {
             unknown::answer(&method, uri.path(), served)
         })
-        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
-            unknown::method_not_allowed(&method, &uri)
-        })
+        .method_not_allowed_fallback(not_allowed)
+}
+
+async fn not_allowed(method: Method, uri: Uri) -> axum::response::Response {
+    unknown::method_not_allowed(&method, &uri)
 }
