@@ -95,6 +95,9 @@ pub const FILTER_UNREADABLE: &str = "walcast_cdc_filter_unreadable_total";
 /// Counter: subscriptions told (once per table) that their filter reads a column their
 /// role may not `SELECT`, so that table's changes are withheld from them.
 pub const FILTER_UNREADABLE_NOTICES: &str = "walcast_cdc_filter_unreadable_notices_total";
+/// Counter: subscriptions told (once per table) that their role may not `SELECT` their
+/// table at all, so none of its changes reach them.
+pub const TABLE_UNREADABLE_NOTICES: &str = "walcast_cdc_table_unreadable_notices_total";
 
 // Catalog and DDL at their WAL position.
 
@@ -288,6 +291,11 @@ fn describe_pipeline() {
         FILTER_UNREADABLE,
         "Deliveries withheld because the subscription's filter reads a column its role may not \
          SELECT at that change (revoked since the join, or a table enabled after a wildcard binding)"
+    );
+    metrics::describe_counter!(
+        TABLE_UNREADABLE_NOTICES,
+        "Subscriptions told with a system error (once per table) that their role may not SELECT \
+         their table at all, so none of its changes reach them"
     );
     metrics::describe_counter!(
         FILTER_UNREADABLE_NOTICES,

@@ -23,10 +23,10 @@ use crate::catalog::change::NOTICE_PREFIX;
 use crate::catalog::tables_drift;
 use crate::config::LaneLimits;
 use crate::config::RlsOptions;
-use crate::delivery::filter_watch::FilterWatch;
 use crate::delivery::lanes::Lanes;
 use crate::delivery::links::FrontLinks;
 use crate::delivery::outlet::Outlet;
+use crate::delivery::privilege_watch::PrivilegeWatch;
 use crate::error::RealtimeError;
 use crate::subscriptions::matcher::Matcher;
 use crate::subscriptions::row_view::OwnedRow;
@@ -78,7 +78,7 @@ pub struct RealtimeConsumer {
     /// The same, for the filter watch's notices.
     position: Arc<AtomicU64>,
     /// Tells subscriptions whose filter reads a column their role may not read.
-    watch: FilterWatch,
+    watch: PrivilegeWatch,
     health: Arc<PipelineHealth>,
     catalog: Client,
     types: TypeCache,
@@ -117,7 +117,7 @@ impl RealtimeConsumer {
             outlet.clone(),
         );
         let position = Arc::new(AtomicU64::new(0));
-        let watch = FilterWatch::spawn(
+        let watch = PrivilegeWatch::spawn(
             matcher.clone(),
             opts.database_url.clone(),
             outlet.clone(),

@@ -160,14 +160,10 @@ impl Matcher {
         st.fronts.insert(front.to_string(), Instant::now());
     }
 
-    /// Every class with a filter.
-    pub fn filtered_classes(&self) -> Vec<Arc<Class>> {
+    /// Every class.
+    pub fn classes(&self) -> Vec<Arc<Class>> {
         let st = self.read();
-        st.classes
-            .values()
-            .filter(|e| e.class.filter.is_some())
-            .map(|e| e.class.clone())
-            .collect()
+        st.classes.values().map(|e| e.class.clone()).collect()
     }
 
     /// The subscription ids of a class, per front.
