@@ -264,19 +264,14 @@ async fn query(
     combos: &[Combo],
     width: usize,
 ) -> Result<Vec<tokio_postgres::Row>, RealtimeError> {
-    let field = |c: &Combo, i: usize| -> String {
-        match i {
-            0 => c.0.clone(),
-            1 => c.1.clone(),
-            2 => c.2.clone(),
-            3 => c.3.clone(),
-            _ => c.4.clone(),
-        }
-    };
-    let arrays: Vec<Vec<String>> = (0..width)
-        .map(|i| combos.iter().map(|c| field(c, i)).collect())
-        .collect();
-    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = arrays
+    let arrays: [Vec<&str>; 5] = [
+        combos.iter().map(|c| c.0.as_str()).collect(),
+        combos.iter().map(|c| c.1.as_str()).collect(),
+        combos.iter().map(|c| c.2.as_str()).collect(),
+        combos.iter().map(|c| c.3.as_str()).collect(),
+        combos.iter().map(|c| c.4.as_str()).collect(),
+    ];
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = arrays[..width]
         .iter()
         .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
         .collect();
