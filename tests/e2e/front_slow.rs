@@ -22,6 +22,11 @@ const TXN_EVERY: Duration = Duration::from_millis(10);
 const PAD: usize = 8 * 1024;
 /// The server's peak resident memory must stay under this.
 const RSS_BOUND_KB: u64 = 64 * 1024;
+/// The leader keeps recent messages for each front to resend (`CDC_RESEND_MAX_BYTES`),
+/// whatever its clients do; at the default 16 MiB of these rows the process holds ~45 MB
+/// more (allocator overhead included), so it is kept small here: the bound above is about
+/// what a client that never reads costs.
+const RESEND_BYTES: usize = 1 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_closed_and_the_fast_one_gets_everything() {
@@ -29,7 +34,11 @@ async fn a_client_that_never_reads_is_closed_and_the_fast_one_gets_everything() 
     let stack = Stack::start("stream");
     stack.sql("CREATE TABLE big (id int8 PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)");
     stack.enable("big");
-    let mut server = Worker::serve(&stack.pg.url(), &[("OUTBOUND_QUEUE", "64")]);
+    let resend = RESEND_BYTES.to_string();
+    let mut server = Worker::serve(
+        &stack.pg.url(),
+        &[("OUTBOUND_QUEUE", "64"), ("CDC_RESEND_MAX_BYTES", &resend)],
+    );
     server.wait_active(Duration::from_secs(60));
     let rss_start = server.proc_kb("VmRSS");
     let url = server.ws_url(&anon());
