@@ -3,7 +3,8 @@
 // WebSocket channel and on an SSE stream, within seconds of its join. It goes on: once the
 // role is granted SELECT the table's changes reach it, and a REVOKE later is told again. A
 // binding whose role may read the table is told nothing, and a wildcard binding (every
-// table of the schema) is not told about the tables its role may not read.
+// table of the schema) is not told about the tables its role may not read. Enabling a
+// table through the REST API names the API roles that may not read it, and the GRANT.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startStack, client, collector, subscribed, uniq, until, jwt } from './lib/harness.js'
@@ -11,13 +12,18 @@ import { startStack, client, collector, subscribed, uniq, until, jwt } from './l
 let st, db
 before(async () => {
   st = await startStack({
-    setupSql: ['CREATE TABLE hidden (id int8 PRIMARY KEY, v text)', 'CREATE TABLE shown (id int8 PRIMARY KEY, v text)'],
+    setupSql: [
+      'CREATE TABLE hidden (id int8 PRIMARY KEY, v text)',
+      'CREATE TABLE shown (id int8 PRIMARY KEY, v text)',
+      'CREATE TABLE "not yet" (id int8 PRIMARY KEY, v text)',
+    ],
     tables: ['hidden', 'shown'],
   })
   db = st.env.db
   // The roles exist once walcast started.
   await db.query(`REVOKE ALL ON hidden FROM anon, authenticated;
-    GRANT SELECT ON hidden TO authenticated; GRANT SELECT ON shown TO anon, authenticated`)
+    GRANT SELECT ON hidden TO authenticated; GRANT SELECT ON shown TO anon, authenticated;
+    REVOKE ALL ON "not yet" FROM anon, authenticated, service_role; GRANT SELECT ON "not yet" TO authenticated`)
 })
 after(async () => {
   await st?.stop()
@@ -104,4 +110,24 @@ describe('a role that may not read its table', () => {
       await reader
     }
   })
+})
+
+test('enabling a table through the REST API names the API roles that may not read it', async () => {
+  const put = (table) => fetch(`${st.server.url}/v1/db/default/schema/tables/${encodeURIComponent(table)}/realtime`, {
+    method: 'PUT',
+    headers: { apikey: jwt({ role: 'service_role' }), 'content-type': 'application/json' },
+    body: JSON.stringify({ enabled: true }),
+  })
+  const r = await put('not yet')
+  assert.equal(r.status, 200)
+  const body = await r.json()
+  assert.deepEqual(body.unreadable_by, ['anon', 'service_role'], JSON.stringify(body))
+  assert.equal(body.warning,
+    'anon and service_role may not SELECT "public"."not yet", so subscribers acting as those roles ' +
+    'receive nothing from it; if they should: GRANT SELECT ON "public"."not yet" TO "anon", "service_role";')
+  // The GRANT as given works, and then there is nothing to say.
+  await db.query('GRANT SELECT ON "public"."not yet" TO "anon", "service_role"')
+  const again = await (await put('not yet')).json()
+  assert.equal(again.unreadable_by, undefined, JSON.stringify(again))
+  assert.equal(again.warning, undefined)
 })

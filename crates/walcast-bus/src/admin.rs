@@ -283,6 +283,33 @@ pub struct TableName {
     pub table: String,
 }
 
+/// The roles API tokens usually act as, whose subscribers an enable reply warns about
+/// when they may not read the table.
+pub const API_ROLES: &[&str] = &["anon", "authenticated", "service_role"];
+
+/// What to tell whoever enabled a table that `roles` may not read (`None`: all may).
+pub fn unreadable_note(schema: &str, table: &str, roles: &[String]) -> Option<String> {
+    if roles.is_empty() {
+        return None;
+    }
+    let q = walcast_core::sql::qualified(schema, table);
+    let quoted: Vec<String> = roles
+        .iter()
+        .map(|r| walcast_core::sql::quote_ident(r))
+        .collect();
+    Some(format!(
+        "{} may not SELECT {q}, so subscribers acting as {} receive nothing from it; if \
+         they should: GRANT SELECT ON {q} TO {};",
+        roles.join(" and "),
+        if roles.len() == 1 {
+            "that role"
+        } else {
+            "those roles"
+        },
+        quoted.join(", ")
+    ))
+}
+
 /// A successful answer.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(tag = "reply", rename_all = "snake_case")]
@@ -298,6 +325,10 @@ pub enum AdminReply {
         enabled: bool,
         /// Whether this request changed anything.
         changed: bool,
+        /// Enabled: the API roles (`anon`, `authenticated`, `service_role`, those that
+        /// exist) that may not read the table — their subscribers would get nothing.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        unreadable_by: Vec<String>,
     },
     Tables {
         tables: Vec<TableName>,

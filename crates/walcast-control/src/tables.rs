@@ -113,6 +113,30 @@ pub async fn enable<C: GenericClient>(
     Ok(n > 0)
 }
 
+pub use walcast_bus::admin::{unreadable_note, API_ROLES};
+
+/// Which of `roles` (those that exist) may not `SELECT` `schema.table`: their subscribers
+/// would receive nothing from it.
+pub async fn unreadable_by<C: GenericClient>(
+    client: &C,
+    schema: &str,
+    table: &str,
+    roles: &[&str],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let roles: Vec<String> = roles.iter().map(|r| r.to_string()).collect();
+    let rows = client
+        .query(
+            "SELECT r.rolname::text FROM pg_roles r, pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = $1 AND c.relname = $2 AND r.rolname = ANY($3)
+                AND NOT has_table_privilege(r.oid, c.oid, 'SELECT')
+              ORDER BY array_position($3, r.rolname::text)",
+            &[&schema, &table, &roles],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
 /// The publication Supabase apps enable realtime with; for the default project its
 /// membership and walcast's realtime tables agree (see `sql/0010_supabase_realtime_publication.sql`).
 pub const PUBLICATION: &str = "supabase_realtime";

@@ -267,6 +267,7 @@ impl Parts {
             cancel.clone(),
         ));
         t.spawn(self.projects.clone().refresh_loop(cancel.clone()));
+        t.spawn(self.projects.clone().jwks_loop(cancel.clone()));
         t.spawn(management::notice_loop(
             self.projects.clone(),
             feeds.project_notices,

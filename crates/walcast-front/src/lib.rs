@@ -98,4 +98,4 @@ pub use telemetry::API_ERRORS;
 
 /// The paths the binaries name: the keys of a project (`walcast project`) and the
 /// operator's keys (`/metrics`, `/health`).
-pub use auth::{keys, operator};
+pub use auth::{keys, operator, remote_jwks};

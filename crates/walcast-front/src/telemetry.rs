@@ -68,6 +68,12 @@ pub const BUS_DISCONNECTS: &str = "walcast_front_bus_disconnects_total";
 /// presence messages of other fronts may have been missed).
 pub const BROADCAST_GAP_NOTICES: &str = "walcast_front_broadcast_gap_notices_total";
 
+/// Counter: fetches of the JWKS URL (`JWT_JWKS_URL`), by result: `ok`, `error` (the
+/// keys of the last good fetch stay) or `skipped` (an unknown `kid` within
+/// `JWT_JWKS_MIN_REFRESH_SECS` of the last fetch).
+pub const JWKS_FETCHES: &str = "walcast_front_jwks_fetches_total";
+/// Gauge: keys in the JWKS last fetched from `JWT_JWKS_URL`.
+pub const JWKS_KEYS: &str = "walcast_front_jwks_keys";
 /// Counter: reloads of the project list from the worker.
 pub const PROJECT_REFRESHES: &str = "walcast_front_project_refreshes_total";
 
@@ -116,6 +122,12 @@ fn describe_sockets() {
         PROJECT_REFRESHES,
         "Reloads of the project list from the worker"
     );
+    metrics::describe_counter!(
+        JWKS_FETCHES,
+        "Fetches of JWT_JWKS_URL, by result (ok, error: the last good keys stay, skipped: an \
+         unknown kid within JWT_JWKS_MIN_REFRESH_SECS of the last fetch)"
+    );
+    metrics::describe_gauge!(JWKS_KEYS, "Keys in the JWKS last fetched from JWT_JWKS_URL");
 }
 
 fn describe_delivery() {

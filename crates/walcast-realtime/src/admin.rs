@@ -425,9 +425,13 @@ async fn set_realtime(
             RealtimeTablesError::UnknownTable(walcast_core::sql::qualified(&schema, &table)).into(),
         );
     }
+    let mut unreadable_by = Vec::new();
     let changed = if enabled {
         let changed = tables::enable(client, &project, &schema, &table).await?;
         tracing::info!(%project, %schema, %table, changed, "realtime enabled");
+        unreadable_by = tables::unreadable_by(client, &schema, &table, tables::API_ROLES)
+            .await
+            .map_err(RealtimeTablesError::Db)?;
         changed
     } else {
         let changed = tables::disable(client, &project, &schema, &table).await?;
@@ -450,5 +454,6 @@ async fn set_realtime(
         table,
         enabled,
         changed,
+        unreadable_by,
     })
 }

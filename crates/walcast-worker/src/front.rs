@@ -27,6 +27,8 @@ pub struct FrontArgs {
     /// the path of a file holding one.
     #[arg(long, env = "JWT_JWKS", hide_env_values = true)]
     pub jwt_jwks: Option<String>,
+    #[command(flatten)]
+    pub token_rules: crate::token_rules::TokenRulesArgs,
     /// SSE: changes kept per channel for `Last-Event-ID` resumption.
     #[arg(long, env = "HISTORY_SIZE", default_value_t = walcast_front::config::DEFAULT_HISTORY_SIZE)]
     pub history_size: usize,
@@ -202,7 +204,8 @@ impl FrontArgs {
         self.default_keys().map(|_| ())
     }
 
-    /// The default project's keys: `JWT_SECRET`, `JWT_SECRET_PREVIOUS`, `JWT_JWKS`.
+    /// The default project's keys: `JWT_SECRET`, `JWT_SECRET_PREVIOUS`, `JWT_JWKS`,
+    /// `JWT_JWKS_URL`, and the rules of `JWT_ISSUER` and `JWT_AUDIENCE`.
     pub fn default_keys(&self) -> anyhow::Result<ProjectKeys> {
         let jwks = match self.jwt_jwks.as_deref().map(str::trim) {
             None | Some("") => Vec::new(),
@@ -226,7 +229,8 @@ impl FrontArgs {
             check_secret("JWT_SECRET_PREVIOUS", previous)?;
         }
         let previous = self.jwt_secret_previous.as_deref().map(str::as_bytes);
-        Ok(ProjectKeys::secret(&self.jwt_secret).with(previous, jwks))
+        let keys = ProjectKeys::secret(&self.jwt_secret).with(previous, jwks);
+        self.token_rules.apply(keys)
     }
 
     /// The default project (its keys) plus the stored ones, learnt through `admin`;
@@ -262,6 +266,7 @@ impl FrontArgs {
             "jwt_secret": "***",
             "jwt_secret_previous": self.jwt_secret_previous.as_ref().map(|_| "***"),
             "jwt_jwks": self.jwt_jwks.as_ref().map(|_| "(set)"),
+            "token_rules": self.token_rules.describe(),
             "history_size": self.history_size,
             "sse_snapshot_max_rows": self.sse_snapshot_max_rows,
             "sse_snapshot_max_bytes": self.sse_snapshot_max_bytes,

@@ -15,7 +15,8 @@
 //!   never authenticate), [`http`]: `/health`, `/livez`, `/readyz`, `/metrics`;
 //!   [`beacon`]: this process's health, published for the inspector;
 //! - [`config`], [`operator`]: every option (`--flag` and environment variable), each
-//!   default defined once; [`telemetry`]: logs and the metrics recorder;
+//!   default defined once ([`token_rules`]: the JWKS URL, `iss` and `aud`);
+//!   [`telemetry`]: logs and the metrics recorder;
 //!   [`shutdown`]: SIGINT/SIGTERM and the front's drain.
 
 #![forbid(unsafe_code)]
@@ -36,4 +37,5 @@ pub mod share;
 pub mod shutdown;
 pub mod supervisor;
 pub mod telemetry;
+pub mod token_rules;
 pub mod ws_front;

@@ -302,3 +302,22 @@ fn snapshot_rows_over_one_message_are_refused_never_cut() {
     assert_eq!(e.kind, AdminErrorKind::TooLarge);
     assert!(e.message.contains("2000 rows"), "{}", e.message);
 }
+
+#[test]
+fn the_unreadable_note_names_the_roles_and_the_grant_quoted() {
+    assert_eq!(unreadable_note("public", "todos", &[]), None);
+    let note = unreadable_note(
+        "public",
+        "to\"dos",
+        &["anon".into(), "authenticated".into()],
+    )
+    .unwrap();
+    assert!(
+        note.starts_with("anon and authenticated may not SELECT \"public\".\"to\"\"dos\""),
+        "{note}"
+    );
+    assert!(
+        note.ends_with("GRANT SELECT ON \"public\".\"to\"\"dos\" TO \"anon\", \"authenticated\";"),
+        "{note}"
+    );
+}

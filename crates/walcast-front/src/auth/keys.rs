@@ -7,8 +7,13 @@
 //! only the JWKS key with the token's `kid` *and* that key's algorithm (no algorithm
 //! confusion: a public key is never used as an HMAC secret); `alg: none` is not an
 //! algorithm at all here.
+//!
+//! The public keys may also come from a URL ([`super::remote_jwks`]), and a project may
+//! require its tokens' `iss` and `aud` to be among given values ([`ClaimRules`]).
 
 use std::sync::Arc;
+
+use super::remote_jwks::RemoteJwks;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey};
@@ -31,6 +36,35 @@ pub struct ProjectKeys {
     /// HMAC secrets, the current one first.
     pub secrets: Arc<[Arc<[u8]>]>,
     pub public: Arc<[PublicKey]>,
+    /// Public keys fetched from a URL, besides `public`.
+    pub remote: Option<Arc<RemoteJwks>>,
+    pub rules: Arc<ClaimRules>,
+}
+
+/// Values a verified token's claims must have (empty: any, or none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimRules {
+    /// `iss` must be one of these.
+    pub issuers: Vec<String>,
+    /// `aud` (a string, or a list) must hold one of these.
+    pub audiences: Vec<String>,
+}
+
+impl ClaimRules {
+    /// From comma-separated lists (blank entries ignored).
+    pub fn from_lists(issuers: &str, audiences: &str) -> ClaimRules {
+        let list = |s: &str| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        ClaimRules {
+            issuers: list(issuers),
+            audiences: list(audiences),
+        }
+    }
 }
 
 /// Why a JWKS cannot be used.
@@ -48,6 +82,8 @@ impl ProjectKeys {
         ProjectKeys {
             secrets: Arc::from(vec![Arc::from(secret.as_ref())]),
             public: Arc::from(Vec::new()),
+            remote: None,
+            rules: Arc::default(),
         }
     }
 
@@ -60,9 +96,26 @@ impl ProjectKeys {
         self
     }
 
-    /// The JWKS key for `kid` and `alg`.
-    pub fn public_key(&self, kid: &str, alg: Algorithm) -> Option<&PublicKey> {
-        self.public.iter().find(|k| k.kid == kid && k.alg == alg)
+    /// Also accept the keys fetched by `remote`.
+    pub fn with_remote(mut self, remote: Arc<RemoteJwks>) -> ProjectKeys {
+        self.remote = Some(remote);
+        self
+    }
+
+    /// Require `rules` of every token.
+    pub fn with_rules(mut self, rules: ClaimRules) -> ProjectKeys {
+        self.rules = Arc::new(rules);
+        self
+    }
+
+    /// The JWKS key for `kid` and `alg` (configured ones first, then fetched ones).
+    pub fn public_key(&self, kid: &str, alg: Algorithm) -> Option<PublicKey> {
+        let found = |k: &&PublicKey| k.kid == kid && k.alg == alg;
+        if let Some(k) = self.public.iter().find(found) {
+            return Some(k.clone());
+        }
+        let remote = self.remote.as_ref()?.keys();
+        remote.iter().find(found).cloned()
     }
 }
 

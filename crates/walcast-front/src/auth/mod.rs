@@ -2,7 +2,9 @@
 //!
 //! * [`token`]: JWT verification (a project's secrets and JWKS keys), the verified
 //!   claims ([`Verified`]) and why a token is refused ([`AuthError`]).
-//! * [`keys`]: the keys that verify a project's tokens (HMAC secrets, JWKS public keys).
+//! * [`keys`]: the keys that verify a project's tokens (HMAC secrets, JWKS public keys)
+//!   and the values its tokens' `iss` and `aud` must have.
+//! * [`remote_jwks`]: a JWKS fetched from a URL and kept current.
 //! * `credentials`: where a request's project key and acting token are, one rule for
 //!   every transport and API.
 //! * `private`: private channels — whether a subscriber may read or write one, as the
@@ -16,6 +18,7 @@ pub(crate) mod credentials;
 pub mod keys;
 pub mod operator;
 pub(crate) mod private;
+pub mod remote_jwks;
 pub mod token;
 
 pub(crate) use token::verify_with;

@@ -1,6 +1,7 @@
 //! JWT verification: HS256/384/512 with the project's secrets, and RS/PS/ES/EdDSA with
 //! its JWKS keys chosen by `kid` (see [`super::keys`]). `alg: none`, algorithm confusion,
-//! bad signatures, expired and not-yet-valid (`nbf`) tokens are refused. Which keys verify a token is the
+//! bad signatures, expired and not-yet-valid (`nbf`) tokens are refused, and so are tokens
+//! whose `iss` or `aud` the project's rules do not accept. Which keys verify a token is the
 //! business of the project directory (`projects::Projects`: its `ref` claim names the project).
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -9,7 +10,7 @@ use axum::http::StatusCode;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use super::keys::{is_hmac, ProjectKeys};
+use super::keys::{is_hmac, ClaimRules, ProjectKeys};
 
 pub use walcast_core::{DEFAULT_PROJECT, DEFAULT_SCHEMA};
 
@@ -88,6 +89,9 @@ pub enum AuthError {
         /// The token's algorithm.
         alg: String,
     },
+    /// `iss` or `aud` (named) is missing or not among the values the project accepts.
+    #[error("Invalid token: its `{0}` claim is not accepted here")]
+    ClaimNotAccepted(&'static str),
     /// `exp` is in the past.
     #[error("Token has expired {0} seconds ago")]
     Expired(i64),
@@ -194,12 +198,22 @@ pub fn is_project_schema(schema: &str) -> bool {
     })
 }
 
-fn validation(alg: Algorithm) -> Validation {
+/// Signature and, when the project has rules, `iss` and `aud` (required then); times
+/// are checked by [`check_times`].
+fn validation(alg: Algorithm, rules: &ClaimRules) -> Validation {
     let mut validation = Validation::new(alg);
     validation.required_spec_claims.clear();
     validation.validate_exp = false;
     validation.validate_nbf = false;
-    validation.validate_aud = false;
+    validation.validate_aud = !rules.audiences.is_empty();
+    if validation.validate_aud {
+        validation.set_audience(&rules.audiences);
+        validation.required_spec_claims.insert("aud".into());
+    }
+    if !rules.issuers.is_empty() {
+        validation.set_issuer(&rules.issuers);
+        validation.required_spec_claims.insert("iss".into());
+    }
     validation
 }
 
@@ -217,7 +231,7 @@ fn header_of(token: &str) -> Result<jsonwebtoken::Header, AuthError> {
 fn verified_claims(keys: &ProjectKeys, token: &str) -> Result<Map<String, Value>, AuthError> {
     let header = header_of(token)?;
     let decode = |key: &DecodingKey| {
-        jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation(header.alg))
+        jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation(header.alg, &keys.rules))
             .map(|d| d.claims)
             .map_err(map_jwt_error)
     };
@@ -274,6 +288,10 @@ fn map_jwt_error(e: jsonwebtoken::errors::Error) -> AuthError {
         ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
             AuthError::Malformed("the algorithm does not match the key".into())
         }
+        ErrorKind::InvalidAudience => AuthError::ClaimNotAccepted("aud"),
+        ErrorKind::InvalidIssuer => AuthError::ClaimNotAccepted("iss"),
+        ErrorKind::MissingRequiredClaim(c) if c == "aud" => AuthError::ClaimNotAccepted("aud"),
+        ErrorKind::MissingRequiredClaim(c) if c == "iss" => AuthError::ClaimNotAccepted("iss"),
         _ => AuthError::Malformed(format!("{e}")),
     }
 }

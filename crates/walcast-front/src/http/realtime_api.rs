@@ -10,6 +10,10 @@
 //! cdc-worker does the work ([`AdminClient`]); the pipeline sees the registry edit in WAL
 //! order, so it takes effect without a restart.
 //!
+//! An enable answers `{"schema","table","enabled","changed"}`, plus `unreadable_by` (the
+//! API roles that may not `SELECT` the table) and a `warning` with the `GRANT` that fixes
+//! it when there are any.
+//!
 //! Errors are `{"error": <code>, "message": <text>}`: 401 `unauthorized` (missing, bad
 //! or expired key), 403 `forbidden` (not `service_role`, or another project's key), 404
 //! `unknown_project` / `unknown_table`, 422 `no_primary_key` / `partitioned_table` / `invalid_body`, 503
@@ -23,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Value};
-use walcast_bus::admin::{AdminClient, AdminReply};
+use walcast_bus::admin::{unreadable_note, AdminClient, AdminReply};
 
 use crate::auth::credentials::Credentials;
 use crate::auth::AuthError;
@@ -135,9 +139,16 @@ async fn set(
             table,
             enabled,
             changed,
+            unreadable_by,
         } => {
             tracing::info!(project, %schema, %table, enabled, changed, "realtime set through the REST API");
-            Ok(json!({"schema": schema, "table": table, "enabled": enabled, "changed": changed}))
+            let mut reply =
+                json!({"schema": schema, "table": table, "enabled": enabled, "changed": changed});
+            if let Some(note) = unreadable_note(&schema, &table, &unreadable_by) {
+                reply["unreadable_by"] = json!(unreadable_by);
+                reply["warning"] = json!(note);
+            }
+            Ok(reply)
         }
         other => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

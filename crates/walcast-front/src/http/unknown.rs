@@ -60,7 +60,9 @@ pub(crate) fn answer(method: &Method, path: &str, served: Served) -> Response {
     }
     let (status, error) = why(path, served);
     let shown: String = path.chars().take(PATH_SHOWN).collect();
-    let body = json!({ "error": error, "path": shown, "routes": routes(served) });
+    // `message` too: supabase-js hands the body over as `error`, and apps read
+    // `error.message` (PostgREST's shape).
+    let body = json!({ "error": error, "message": error, "path": shown, "routes": routes(served) });
     (status, Json(body)).into_response()
 }
 
@@ -94,10 +96,8 @@ fn why(path: &str, served: Served) -> (StatusCode, String) {
 /// The answer to a method a route does not take.
 pub(crate) fn method_not_allowed(method: &Method, uri: &Uri) -> Response {
     let shown: String = uri.path().chars().take(PATH_SHOWN).collect();
-    let body = json!({
-        "error": format!("{method} is not served on this route"),
-        "path": shown,
-    });
+    let error = format!("{method} is not served on this route");
+    let body = json!({ "error": error, "message": error, "path": shown });
     (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
 }
 
@@ -121,6 +121,7 @@ mod tests {
 
         let (s, b) = body(answer(&Method::GET, "/rest/v1/todos", off)).await;
         assert_eq!(s, StatusCode::NOT_FOUND);
+        assert_eq!(b["message"], b["error"], "supabase-js reads `message`");
         assert!(b["error"]
             .as_str()
             .unwrap()

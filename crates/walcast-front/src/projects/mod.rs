@@ -347,6 +347,40 @@ impl Projects {
         }
     }
 
+    /// Fetch the default project's JWKS URL (`JWT_JWKS_URL`), if it has one, now and every
+    /// refresh interval (after a failed fetch: once the miss interval has passed) until
+    /// `cancel` fires. A change makes every session of the project check its token again:
+    /// a key the provider removed ends the sessions it verified.
+    pub async fn jwks_loop(self, cancel: CancellationToken) {
+        let Some(remote) = self.inner.table.default.keys.remote.clone() else {
+            return;
+        };
+        let cfg = remote.config().clone();
+        loop {
+            let wait = match remote.refresh().await {
+                Ok(changed) => {
+                    if changed {
+                        self.keys_changed(DEFAULT_PROJECT);
+                    }
+                    cfg.refresh_every
+                }
+                Err(_) => cfg.min_refresh,
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Every session of `project` checks its token again.
+    fn keys_changed(&self, project: &str) {
+        let _ = self
+            .inner
+            .events
+            .send(ProjectEvent::KeysChanged(project.to_string()));
+    }
+
     /// Load the projects now and every `refresh_every` until `cancel` fires (nothing to
     /// do without a directory).
     pub async fn refresh_loop(self, cancel: CancellationToken) {
@@ -384,6 +418,14 @@ impl Projects {
     /// refresh of the directory, which is shared and rate-limited like a miss's. `None`:
     /// still refused (the caller answers with the first refusal).
     async fn verify_after_refresh(&self, project: String, token: &str) -> Option<Verified> {
+        let remote = self.entry(&project)?.keys_now().remote.clone();
+        if let Some(remote) = remote {
+            if remote.refresh_after_miss().await {
+                self.keys_changed(&project);
+                let entry = self.entry(&project)?;
+                return verify_with(project, &entry.schema, entry.keys_now(), token).ok();
+            }
+        }
         let dir = self.inner.directory.as_ref()?;
         let _ = dir
             .refresh_after_miss(&self.inner.table, &self.inner.events)

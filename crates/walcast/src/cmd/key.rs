@@ -21,13 +21,43 @@ pub struct KeyArgs {
     /// The `ref` claim: the project id (none = the default project).
     #[arg(long = "project")]
     pub project_ref: Option<String>,
+    /// Another claim, `NAME=VALUE` (VALUE as JSON when it parses, else a string), e.g.
+    /// `--claim aud=authenticated --claim iss=https://auth.example.com/` for a front with
+    /// JWT_AUDIENCE / JWT_ISSUER. Repeatable.
+    #[arg(long = "claim", value_name = "NAME=VALUE", value_parser = parse_claim)]
+    pub claims: Vec<(String, serde_json::Value)>,
+}
+
+/// Claims with their own option (or set by the signing) that `--claim` may not set.
+const OWN_OPTIONS: &[(&str, &str)] = &[
+    ("role", "--role"),
+    ("sub", "--sub"),
+    ("ref", "--project"),
+    ("exp", "--expires-in"),
+    ("iat", "the signing time"),
+];
+
+/// `NAME=VALUE` of `--claim`.
+fn parse_claim(s: &str) -> Result<(String, serde_json::Value), String> {
+    let (name, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("{s:?} has no claim name"));
+    }
+    if let Some((_, by)) = OWN_OPTIONS.iter().find(|(n, _)| *n == name) {
+        return Err(format!("the `{name}` claim is set by {by}"));
+    }
+    let value = serde_json::from_str(value).unwrap_or_else(|_| value.into());
+    Ok((name.to_string(), value))
 }
 
 /// Lifetime of the keys `walcast project create` prints (and `walcast key`'s default).
 pub const KEY_LIFETIME_SECS: u64 = 10 * 365 * 24 * 3600;
 
-/// Sign an HS256 API key: `claims` plus `iss` = `walcast`, `iat` = now and
-/// `exp` = now + `expires_in` seconds.
+/// Sign an HS256 API key: `claims` plus `iss` = `walcast` (unless `claims` has one),
+/// `iat` = now and `exp` = now + `expires_in` seconds.
 pub fn sign_key(
     secret: &str,
     mut claims: serde_json::Map<String, serde_json::Value>,
@@ -37,7 +67,7 @@ pub fn sign_key(
         .duration_since(std::time::UNIX_EPOCH)
         .context("system clock before 1970")?
         .as_secs();
-    claims.insert("iss".into(), "walcast".into());
+    claims.entry("iss").or_insert_with(|| "walcast".into());
     claims.insert("iat".into(), now.into());
     claims.insert("exp".into(), now.saturating_add(expires_in).into());
     jsonwebtoken::encode(
@@ -58,6 +88,34 @@ pub fn key(args: KeyArgs) -> anyhow::Result<()> {
     if let Some(r) = args.project_ref {
         claims.insert("ref".into(), r.into());
     }
+    claims.extend(args.claims);
     println!("{}", sign_key(&args.jwt_secret, claims, args.expires_in)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_are_json_or_strings_and_not_the_ones_with_their_own_option() {
+        assert_eq!(
+            parse_claim("aud=authenticated").unwrap(),
+            ("aud".into(), "authenticated".into())
+        );
+        assert_eq!(
+            parse_claim(r#"aud=["a","b"]"#).unwrap().1,
+            serde_json::json!(["a", "b"])
+        );
+        assert_eq!(parse_claim("n=3").unwrap().1, serde_json::json!(3));
+        assert_eq!(
+            parse_claim("iss=https://a.example/x=y").unwrap().1,
+            "https://a.example/x=y"
+        );
+        assert!(parse_claim("aud").is_err());
+        assert!(parse_claim("=x").is_err());
+        assert!(parse_claim("role=service_role")
+            .unwrap_err()
+            .contains("--role"));
+    }
 }

@@ -43,22 +43,11 @@ pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
             let q = walcast_core::sql::qualified(&schema, &name);
             println!("realtime enabled for {q}");
             // Subscribers read as their JWT role: say so when the usual roles cannot.
-            let blind = client
-                .query(
-                    "SELECT r.rolname::text FROM pg_roles r
-                      WHERE r.rolname IN ('anon', 'authenticated')
-                        AND NOT has_table_privilege(r.oid, to_regclass($1), 'SELECT')",
-                    &[&q],
-                )
-                .await?;
-            let roles: Vec<String> = blind.iter().map(|r| r.get(0)).collect();
-            if !roles.is_empty() {
-                println!(
-                    "note: {} cannot SELECT {q}, so subscribers with that role receive nothing \
-                     from it; if they should: GRANT SELECT ON {q} TO {};",
-                    roles.join(" and "),
-                    roles.join(", ")
-                );
+            let blind =
+                realtime_tables::unreadable_by(&client, &schema, &name, realtime_tables::API_ROLES)
+                    .await?;
+            if let Some(note) = realtime_tables::unreadable_note(&schema, &name, &blind) {
+                println!("note: {note}");
             }
         }
         RealtimeAction::Disable { table } => {

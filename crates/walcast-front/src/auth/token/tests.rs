@@ -144,3 +144,66 @@ fn not_yet_valid_tokens_are_refused_beyond_the_leeway() {
     .unwrap();
     assert!(matches!(verify(&token), Err(AuthError::NotYetValid(_))));
 }
+
+fn hs_with(extra: serde_json::Value) -> String {
+    let mut c = claims();
+    c.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    encode(
+        &Header::new(Algorithm::HS256),
+        &c,
+        &EncodingKey::from_secret(b"current").unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn issuer_and_audience_rules_refuse_other_and_missing_values() {
+    use crate::auth::keys::ClaimRules;
+    let ruled = keys().with_rules(ClaimRules::from_lists(
+        " https://auth.example/ , other-issuer",
+        "authenticated,",
+    ));
+    let check = |t: &str| verify_with("default".into(), "public", &ruled, t);
+    let good = json!({"iss": "https://auth.example/", "aud": "authenticated"});
+    assert!(check(&hs_with(good)).is_ok());
+    let listed = json!({"iss": "other-issuer", "aud": ["x", "authenticated"]});
+    assert!(
+        check(&hs_with(listed)).is_ok(),
+        "one of a list of audiences"
+    );
+    for (claims, which) in [
+        (
+            json!({"iss": "https://auth.example/", "aud": "anon"}),
+            "aud",
+        ),
+        (json!({"iss": "https://auth.example/"}), "aud"),
+        (
+            json!({"iss": "https://evil.example/", "aud": "authenticated"}),
+            "iss",
+        ),
+        (json!({"aud": "authenticated"}), "iss"),
+    ] {
+        assert_eq!(
+            check(&hs_with(claims.clone())).unwrap_err(),
+            AuthError::ClaimNotAccepted(which),
+            "{claims}"
+        );
+    }
+    assert!(
+        verify(&hs_with(json!({"aud": "anything"}))).is_ok(),
+        "without rules nothing is checked"
+    );
+    assert_eq!(
+        verify_with(
+            "default".into(),
+            "public",
+            &ruled,
+            &hs(Algorithm::HS256, "wrong")
+        )
+        .unwrap_err(),
+        AuthError::Signature,
+        "the signature is judged first"
+    );
+}
