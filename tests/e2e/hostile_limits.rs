@@ -1,4 +1,4 @@
-//! Per-connection limits through the real parts (#22): a cdc-worker and two ws-fronts on one
+//! Per-connection limits through the real parts: a cdc-worker and two ws-fronts on one
 //! nats-server. Presence: an oversized payload and a burst of tracks are refused at the
 //! socket, and the other front's members never see them. SSE: streams share
 //! `MAX_CONNECTIONS` with the WebSocket connections (before, SSE had no limit at all).
@@ -128,7 +128,7 @@ async fn presence_and_sse_are_bounded_across_real_fronts() {
     }
 }
 
-/// A subscription the new leader refuses on resync is told (#22): the leader is killed, the
+/// A subscription the new leader refuses on resync is told: the leader is killed, the
 /// table is disabled meanwhile, and the next leader's resync refuses the subscription; its
 /// channel gets a `system` error instead of staying subscribed and deaf.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

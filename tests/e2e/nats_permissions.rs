@@ -1,4 +1,4 @@
-//! The NATS permissions walcast ships (`docker/nats/walcast-permissions.conf`, #22): a
+//! The NATS permissions walcast ships (`docker/nats/walcast-permissions.conf`): a
 //! cdc-worker and a ws-front, each as its own user, deliver a change and share presence
 //! with no permission violation; `walcast tail`'s user reads the table subjects and
 //! nothing else (no project secrets from `walcast.cdc.admin`, no other process's replies,

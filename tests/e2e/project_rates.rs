@@ -1,4 +1,4 @@
-//! Per-project rates and sizes across real fronts (#25), through raw sockets: a cdc-worker
+//! Per-project rates and sizes across real fronts, through raw sockets: a cdc-worker
 //! and two ws-fronts on one nats-server, two projects (a noisy one, a quiet one). Each
 //! limit answers with Supabase's error and code; each is shared between the fronts (every
 //! rate case is set up so that neither front alone is over the limit); the quiet project

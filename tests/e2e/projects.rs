@@ -355,7 +355,7 @@ async fn rest_api_toggles_realtime_with_service_keys_and_refuses_everything_else
         ),
         (200, json!([]))
     );
-    // The health API is scoped to the caller (#22): another project sees up or down, not
+    // The health API is scoped to the caller: another project sees up or down, not
     // the deployment's numbers nor the pipeline's last error.
     let (status, health) = call(&w, "GET", "/inspector/api/health", Some(&b.service), None);
     assert_eq!(status, 200, "{health}");

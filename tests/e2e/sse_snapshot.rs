@@ -1,4 +1,4 @@
-//! SSE `?snapshot=true` (#27) through the real parts: a cdc-worker and a ws-front on one
+//! SSE `?snapshot=true` through the real parts: a cdc-worker and a ws-front on one
 //! nats-server. The rows a subscriber may see (row-level security applies), then the
 //! changes, on one stream: with a writer busy all along, the client's copy (rows, then
 //! changes applied) ends equal to the rows visible to it, no change twice (every update

@@ -1,4 +1,4 @@
-// Private-channel checks are answered side by side and time-limited (#22): a policy on
+// Private-channel checks are answered side by side and time-limited: a policy on
 // realtime.messages that takes 30 s for one topic denies that join once the check's
 // statement_timeout (5 s) runs out, and joins to other private topics made meanwhile are
 // answered at once, through `walcast serve` and through a ws-front asking a cdc-worker over

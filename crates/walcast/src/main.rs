@@ -1,5 +1,6 @@
 //! `walcast`: the all-in-one server and the operator's commands, one module each in
-//! [`cmd`].
+//! [`cmd`]. The commands (not `serve`) also take their settings from a `.env` file in
+//! the working directory.
 
 mod cmd;
 
@@ -52,8 +53,28 @@ enum Command {
     Outbox(cmd::outbox::OutboxCmd),
 }
 
+/// The file the operator's commands take settings from, in the working directory
+/// (`./dev/up` writes one): a variable the environment sets wins.
+pub const ENV_FILE: &str = ".env";
+
+/// Read [`ENV_FILE`] unless the command is `serve` (a server's configuration is its
+/// environment alone); a file that exists but cannot be read is an error naming it.
+fn load_env_file() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("serve") {
+        return Ok(());
+    }
+    match dotenvy::from_filename(ENV_FILE) {
+        Ok(_) => Ok(()),
+        Err(e) if e.not_found() => Ok(()),
+        Err(e) => Err(anyhow::anyhow!(
+            "reading {ENV_FILE} in the working directory: {e}"
+        )),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    load_env_file()?;
     match Cli::parse().command {
         Command::Serve(cfg) => cmd::serve::serve(*cfg).await,
         Command::Migrate {
@@ -79,6 +100,51 @@ async fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn connection_options_go_before_or_after_the_subcommand() {
+        use clap::Parser;
+        for args in [
+            &[
+                "walcast",
+                "realtime",
+                "--database-url",
+                "postgres://x",
+                "list",
+            ][..],
+            &[
+                "walcast",
+                "realtime",
+                "list",
+                "--database-url",
+                "postgres://x",
+            ],
+            &[
+                "walcast",
+                "changes",
+                "enable",
+                "t",
+                "--project",
+                "p",
+                "--database-url",
+                "postgres://x",
+            ],
+            &[
+                "walcast",
+                "project",
+                "list",
+                "--database-url",
+                "postgres://x",
+            ],
+        ] {
+            assert!(super::Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+    }
 
     #[test]
     fn help_shows_no_secret_environment_value() {

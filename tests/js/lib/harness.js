@@ -55,7 +55,7 @@ export async function until(what, pred, ms = 20000) {
 const PORT_LOW = 20000
 let portsHanded = 0
 
-async function freePort() {
+export async function freePort() {
   const ephemeral = Number((await readFileOr('/proc/sys/net/ipv4/ip_local_port_range', '32768')).split(/\s+/)[0])
   const span = Math.max(ephemeral, PORT_LOW + 1000) - PORT_LOW
   const offset = (process.pid * 7919) % span

@@ -168,7 +168,7 @@ async fn refuses_expired_and_none_accepts_every_hmac_size() {
         &EncodingKey::from_secret(b"s1").unwrap(),
     )
     .unwrap();
-    // HS384/512 are accepted with the project's secret (#14); public-key algorithms
+    // HS384/512 are accepted with the project's secret; public-key algorithms
     // need a JWKS key (see auth_tests).
     assert_eq!(p.verify(&hs512).await.unwrap().role(), Some("anon"));
     assert!(matches!(

@@ -231,7 +231,7 @@ async fn rest_api_refusals(s: &Server, key: &str, body: &str) {
         )
         .await;
     assert_eq!(status, 400);
-    // Bounded (#22): one request may not ask 30,000 private-topic checks of the worker.
+    // Bounded: one request may not ask 30,000 private-topic checks of the worker.
     let many = |n: usize, private: bool| {
         let messages: Vec<_> = (0..n)
             .map(|i| json!({"topic": format!("room{i}"), "event": "e", "payload": {}, "private": private}))
@@ -330,7 +330,7 @@ async fn presence_track_diff_state_and_leave() {
     assert_eq!(diff.payload()["joins"], json!({}));
 }
 
-/// Presence is bounded (#22, #25): a payload over 8 KiB shuts the channel ("Track message
+/// Presence is bounded: a payload over 8 KiB shuts the channel ("Track message
 /// size exceeded"), and a socket may send 10 presence events per second after a burst of
 /// 20 (each is a write every front shares), beyond which the channel is shut ("Client
 /// presence rate limit exceeded"); the refused ones reach no other member.

@@ -497,8 +497,8 @@ async fn resync_reregisters_everything_and_sync_lists_ids() {
 }
 
 /// A subscription a new leader refuses on resync, or that cannot be registered with it
-/// at all, ends with a `system` error to its channel (#22); before, it was only logged
-/// and the client stayed subscribed and deaf.
+/// at all, ends with a `system` error to its channel rather than leaving the client
+/// subscribed and deaf.
 #[tokio::test]
 async fn a_resync_that_refuses_or_fails_tells_the_channel() {
     let s = start_with(walcast_front::FrontConfig {

@@ -1,4 +1,4 @@
-//! Sources (#26): a front follows the leaders of several sources over a real NATS. Two
+//! Sources: a front follows the leaders of several sources over a real NATS. Two
 //! stand-in leaders, the default source's and source `s2`'s, serve the subscription
 //! subjects with the worker's own `serve_nats`; project `p2` is on `s2`, the default
 //! project on the default source.

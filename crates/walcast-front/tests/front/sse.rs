@@ -195,7 +195,7 @@ async fn sse_stream_ends_when_the_token_expires() {
     assert!(sys.data.contains("Token has expired"));
 }
 
-/// SSE streams are under the WebSocket's limits (#22): they share MAX_CONNECTIONS with the
+/// SSE streams are under the WebSocket's limits: they share MAX_CONNECTIONS with the
 /// sockets, and each project may open JOINS_PER_SECOND new streams per second (burst
 /// twice that); before, SSE had neither.
 #[tokio::test]

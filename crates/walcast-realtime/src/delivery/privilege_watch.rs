@@ -135,7 +135,8 @@ struct Watch {
     /// Its connection and statements.
     client: Option<Statements>,
     /// Subscriptions told, per table, while that stays so (told again after a GRANT
-    /// back and another REVOKE).
+    /// back and another REVOKE — once a comparison saw the GRANT: a GRANT revoked again
+    /// before the next comparison is not seen at all).
     told: HashSet<Told>,
 }
 

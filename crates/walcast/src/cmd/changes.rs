@@ -11,10 +11,10 @@ use walcast_worker::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct ChangesArgs {
     /// Postgres connection URL (walcast's own role: nobody else may change the list).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     /// Project the table belongs to (its realtime project, when it has one).
-    #[arg(long, env = "WALCAST_PROJECT", default_value = walcast_core::DEFAULT_PROJECT)]
+    #[arg(long, env = "WALCAST_PROJECT", default_value = walcast_core::DEFAULT_PROJECT, global = true)]
     pub project: String,
     #[command(subcommand)]
     pub action: ChangesAction,
@@ -33,10 +33,11 @@ pub enum ChangesAction {
 
 /// `walcast changes …`.
 pub async fn changes(args: ChangesArgs) -> anyhow::Result<()> {
-    walcast_worker::database::migrate(&args.database_url).await?;
-    let client = walcast_pipeline::connect(&args.database_url)
+    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    walcast_worker::database::migrate(database_url).await?;
+    let client = walcast_pipeline::connect(database_url)
         .await
-        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
     let table = match &args.action {
         ChangesAction::Enable { table } | ChangesAction::Disable { table } => {
             let (schema, name) =

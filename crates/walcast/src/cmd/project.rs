@@ -13,8 +13,8 @@ use walcast_worker::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct ProjectArgs {
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     #[command(flatten)]
     pub secrets: walcast_worker::config::SecretsArgs,
     /// The fronts' default connected-users limit of a project (shown as the limit in
@@ -247,10 +247,11 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
 /// at once).
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     let keys = args.secrets.keys()?;
-    super::secrets::prepare_cli(&args.database_url, &keys).await?;
-    let mut client = walcast_pipeline::connect(&args.database_url)
+    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    super::secrets::prepare_cli(database_url, &keys).await?;
+    let mut client = walcast_pipeline::connect(database_url)
         .await
-        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
     let defaults = walcast_front::FrontConfig {
         project_max_users: args.project_max_users,
         max_channels_per_socket: args.max_channels_per_socket,

@@ -10,10 +10,10 @@ use walcast_worker::config::redact_url;
 #[derive(Args, Debug, Clone)]
 pub struct RealtimeArgs {
     /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     /// Project the table belongs to.
-    #[arg(long, env = "WALCAST_PROJECT", default_value = realtime_tables::DEFAULT_PROJECT)]
+    #[arg(long, env = "WALCAST_PROJECT", default_value = realtime_tables::DEFAULT_PROJECT, global = true)]
     pub project: String,
     #[command(subcommand)]
     pub action: RealtimeAction,
@@ -31,10 +31,11 @@ pub enum RealtimeAction {
 }
 
 pub async fn realtime(args: RealtimeArgs) -> anyhow::Result<()> {
-    walcast_worker::database::migrate(&args.database_url).await?;
-    let client = walcast_pipeline::connect(&args.database_url)
+    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    walcast_worker::database::migrate(database_url).await?;
+    let client = walcast_pipeline::connect(database_url)
         .await
-        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
     match args.action {
         RealtimeAction::Enable { table } => {
             let (schema, name) =
