@@ -32,6 +32,10 @@ fn secret_env() -> Vec<(&'static str, String)> {
         ("JWT_SECRET", long("jwt")),
         ("JWT_SECRET_PREVIOUS", long("jwt-previous")),
         ("JWT_JWKS", format!("{{\"keys\":[{{\"kid\":\"{MARK}\"}}]}}")),
+        (
+            "JWT_JWKS_URL",
+            format!("https://walcast:{MARK}-idp@127.0.0.1:1/jwks.json?token={MARK}-idp-query"),
+        ),
         ("MANAGEMENT_API_KEY", long("management")),
         ("METRICS_API_KEY", long("metrics")),
         (
