@@ -7,6 +7,7 @@ import assert from 'node:assert/strict'
 import { createClient } from '@supabase/supabase-js'
 import WebSocket from 'ws'
 import pg from 'pg'
+import { subscribe, until } from './harness.js'
 
 const cfg = JSON.parse(process.env.WALCAST_SCENARIO)
 const db = new pg.Client({ connectionString: cfg.databaseUrl })
@@ -31,27 +32,6 @@ function supabase(options = {}) {
   })
   clients.push(client)
   return client
-}
-
-/** Resolve with the first terminal status of `channel.subscribe`. */
-function subscribe(channel, ms = 15000) {
-  return new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`no subscribe status within ${ms} ms`)), ms)
-    channel.subscribe((status, err) => {
-      if (['SUBSCRIBED', 'CHANNEL_ERROR', 'TIMED_OUT', 'CLOSED'].includes(status)) {
-        clearTimeout(t)
-        resolve({ status, err })
-      }
-    })
-  })
-}
-
-async function until(what, pred, ms = 15000) {
-  const deadline = Date.now() + ms
-  while (!(await pred())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`)
-    await new Promise((r) => setTimeout(r, 25))
-  }
 }
 
 /** Insert todos, then wait until `got` holds `want` ids (and a while more for extras). */

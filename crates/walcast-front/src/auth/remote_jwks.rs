@@ -75,6 +75,18 @@ pub enum FetchError {
     Jwks(#[from] super::keys::JwksError),
 }
 
+/// What [`RemoteJwks::refresh_after_miss`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterMiss {
+    /// It fetched and the keys changed (tell the sessions; verify again).
+    Changed,
+    /// A fetch that started after the miss ran meanwhile (verify again; whoever
+    /// fetched told the sessions).
+    Shared,
+    /// Nothing new: no fetch (too soon), a failed one, or the same keys.
+    Unchanged,
+}
+
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// The keys last fetched, shared by everything that verifies the project's tokens.
@@ -170,21 +182,24 @@ impl RemoteJwks {
     }
 
     /// After a token named a `kid` not among the keys: fetch unless one started less
-    /// than `min_refresh` ago (waiting for one that is running). Whether the keys changed.
-    pub async fn refresh_after_miss(&self) -> bool {
+    /// than `min_refresh` ago (waiting for one that is running).
+    pub async fn refresh_after_miss(&self) -> AfterMiss {
         let asked = Instant::now();
         let mut last = self.fetching.lock().await;
         match *last {
             // A fetch started after this miss was seen: it is as good as a new one.
-            Some(t) if t >= asked => return false,
+            Some(t) if t >= asked => return AfterMiss::Shared,
             Some(t) if t.elapsed() < self.cfg.min_refresh => {
                 metrics::counter!(telemetry::JWKS_FETCHES, "result" => "skipped").increment(1);
-                return false;
+                return AfterMiss::Unchanged;
             }
             _ => {}
         }
         *last = Some(Instant::now());
-        self.fetch_and_apply().await.unwrap_or(false)
+        match self.fetch_and_apply().await {
+            Ok(true) => AfterMiss::Changed,
+            _ => AfterMiss::Unchanged,
+        }
     }
 
     async fn fetch_and_apply(&self) -> Result<bool, FetchError> {

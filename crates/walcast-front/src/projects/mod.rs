@@ -29,6 +29,7 @@ use status::Status;
 pub use status::{ProjectEvent, PRIVATE_ONLY_MESSAGE, SUSPENDED_MESSAGE};
 
 use crate::auth::keys::ProjectKeys;
+use crate::auth::remote_jwks::AfterMiss;
 use crate::auth::{peek_claims, verify_with, AuthError, Verified, DEFAULT_PROJECT, DEFAULT_SCHEMA};
 
 /// Project id → (schema, verification keys). Cheap to clone.
@@ -420,8 +421,11 @@ impl Projects {
     async fn verify_after_refresh(&self, project: String, token: &str) -> Option<Verified> {
         let remote = self.entry(&project)?.keys_now().remote.clone();
         if let Some(remote) = remote {
-            if remote.refresh_after_miss().await {
+            let outcome = remote.refresh_after_miss().await;
+            if outcome == AfterMiss::Changed {
                 self.keys_changed(&project);
+            }
+            if outcome != AfterMiss::Unchanged {
                 let entry = self.entry(&project)?;
                 return verify_with(project, &entry.schema, entry.keys_now(), token).ok();
             }
