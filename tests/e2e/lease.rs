@@ -279,9 +279,9 @@ async fn frozen_leader_is_replaced_and_fenced(source: &'static str, lease: Vec<(
 }
 
 /// After the first message of another origin, `old` may still release what its NATS
-/// client held when it froze (a fence cannot stop that: README, "Leader election and
-/// fencing"), but only with its own, lower term, which the fronts drop. Each origin's own
-/// messages on the table subject in strictly increasing `(commit_lsn, seq)`.
+/// client held when it froze (a fence cannot stop that: docs/architecture.md, "Leader
+/// election and fencing"), but only with its own, lower term, which the fronts drop. Each
+/// origin's own messages on the table subject in strictly increasing `(commit_lsn, seq)`.
 fn assert_fenced(arrivals: &[Arrival], old: &str) {
     let takeover = arrivals
         .iter()

@@ -1,8 +1,8 @@
-//! Metrics labelled by source (README "Several databases"): a worker leading two sources
-//! reports each one's pipeline, realtime delivery and lease under `source="<name>"`
-//! (`source="default"` for the default one), a broken source it runs but cannot read as
-//! not active, and a removed source not at all. Called from the `many_sources` tests
-//! (their setups).
+//! Metrics labelled by source (docs/architecture.md "Several databases"): a worker leading
+//! two sources reports each one's pipeline, realtime delivery and lease under
+//! `source="<name>"` (`source="default"` for the default one), a broken source it runs but
+//! cannot read as not active, and a removed source not at all. Called from the
+//! `many_sources` tests (their setups).
 
 use std::time::{Duration, Instant};
 

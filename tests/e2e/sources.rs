@@ -14,7 +14,7 @@ fn walcast(control: &Postgres, args: &[&str]) -> Output {
     walcast_on(&control.url(), args)
 }
 
-/// `walcast <args>` on `database_url`. A `--database-url` among the arguments (of
+/// `walcast <args>` on `database_url`. A `--source-database-url` among the arguments (of
 /// `source add`) comes with its server's check login (SOURCE_CHECK_URL).
 fn walcast_on(database_url: &str, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_walcast"));
@@ -22,7 +22,7 @@ fn walcast_on(database_url: &str, args: &[&str]) -> Output {
         .env("DATABASE_URL", database_url)
         .env("SECRETS_KEY", crate::support::SECRETS_KEY)
         .env_remove("CDC_SLOT_NAME");
-    if let Some(i) = args.iter().position(|a| *a == "--database-url") {
+    if let Some(i) = args.iter().position(|a| *a == "--source-database-url") {
         if let Some(db) = args.get(i + 1) {
             cmd.env("SOURCE_CHECK_URL", walcast_testkit::as_check_login(db));
         }
@@ -80,7 +80,13 @@ async fn sources_are_checked_listed_and_refused() {
     let added = ok(
         walcast(
             &control,
-            &["source", "add", "shop", "--database-url", &shop.url()],
+            &[
+                "source",
+                "add",
+                "shop",
+                "--source-database-url",
+                &shop.url(),
+            ],
         ),
         "source add shop",
     );
@@ -100,7 +106,7 @@ async fn sources_are_checked_listed_and_refused() {
         "source",
         "add",
         "shop",
-        "--database-url",
+        "--source-database-url",
         &shop.url(),
         "--if-missing",
     ];
@@ -115,7 +121,7 @@ async fn sources_are_checked_listed_and_refused() {
             "source",
             "add",
             "shop",
-            "--database-url",
+            "--source-database-url",
             &other,
             "--if-missing",
         ],
@@ -131,7 +137,7 @@ async fn sources_are_checked_listed_and_refused() {
             "source",
             "add",
             "vault-2",
-            "--database-url",
+            "--source-database-url",
             vault_db,
             "--replication-url",
             vault_repl,
@@ -185,11 +191,16 @@ fn refusals(control: &Postgres, shop: &Postgres) {
         argv.extend(args);
         failed(walcast(control, &argv), &format!("{args:?}"))
     };
-    let e = add(&["shop", "--database-url", "postgres://x/y", "--skip-check"]);
+    let e = add(&[
+        "shop",
+        "--source-database-url",
+        "postgres://x/y",
+        "--skip-check",
+    ]);
     assert!(e.contains("a source named \"shop\" already exists"), "{e}");
     let e = add(&[
         "other",
-        "--database-url",
+        "--source-database-url",
         "postgres://x/y",
         "--slot-name",
         "walcast_src_shop",
@@ -210,7 +221,12 @@ fn refusals(control: &Postgres, shop: &Postgres) {
         "1x",
         "a b",
     ] {
-        let e = add(&[bad, "--database-url", "postgres://x/y", "--skip-check"]);
+        let e = add(&[
+            bad,
+            "--source-database-url",
+            "postgres://x/y",
+            "--skip-check",
+        ]);
         assert!(
             e.contains("source name") || e.contains("default source"),
             "{bad}: {e}"
@@ -219,7 +235,7 @@ fn refusals(control: &Postgres, shop: &Postgres) {
     for bad in ["Bad", "a-b", "x.y"] {
         let e = add(&[
             "fine",
-            "--database-url",
+            "--source-database-url",
             "postgres://x/y",
             "--slot-name",
             bad,
@@ -229,7 +245,7 @@ fn refusals(control: &Postgres, shop: &Postgres) {
     }
     let e = add(&[
         "fine",
-        "--database-url",
+        "--source-database-url",
         "postgres://x/y",
         "--slot-name",
         "walcast_cdc_slot",
@@ -242,7 +258,7 @@ fn refusals(control: &Postgres, shop: &Postgres) {
         .setting("wal_level", "replica")
         .start()
         .expect("start postgres (wal_level=replica)");
-    let e = add(&["old", "--database-url", &replica.url()]);
+    let e = add(&["old", "--source-database-url", &replica.url()]);
     assert!(
         e.contains("wal_level is \"replica\"")
             && e.contains("ALTER SYSTEM SET wal_level = logical"),
@@ -254,10 +270,14 @@ fn refusals(control: &Postgres, shop: &Postgres) {
         "migrations applied to a refused source"
     );
     // The control database itself.
-    let e = add(&["self", "--database-url", &control.url()]);
+    let e = add(&["self", "--source-database-url", &control.url()]);
     assert!(e.contains("is the control database itself"), "{e}");
     // A database that does not exist.
-    let e = add(&["gone", "--database-url", &shop.url_for("postgres", "nope")]);
+    let e = add(&[
+        "gone",
+        "--source-database-url",
+        &shop.url_for("postgres", "nope"),
+    ]);
     assert!(e.contains("connecting to") && e.contains("nope"), "{e}");
 }
 
@@ -269,7 +289,13 @@ async fn projects_on_a_source_live_in_its_database() {
     ok(
         walcast(
             &control,
-            &["source", "add", "shop", "--database-url", &shop.url()],
+            &[
+                "source",
+                "add",
+                "shop",
+                "--source-database-url",
+                &shop.url(),
+            ],
         ),
         "source add shop",
     );
@@ -402,7 +428,7 @@ async fn a_plain_role_cannot_read_the_sources() {
                 "source",
                 "add",
                 "vault",
-                "--database-url",
+                "--source-database-url",
                 "postgres://u:hunter2@127.0.0.1:1/v",
                 "--skip-check",
             ],
@@ -464,7 +490,7 @@ async fn drop_slot_waits_for_the_reader_to_let_go() {
         ok(
             walcast(
                 &control,
-                &["source", "add", name, "--database-url", &shop.url()],
+                &["source", "add", name, "--source-database-url", &shop.url()],
             ),
             "source add",
         );
@@ -530,7 +556,13 @@ async fn the_management_api_creates_projects_on_a_source() {
     ok(
         walcast(
             &control,
-            &["source", "add", "shop", "--database-url", &shop.url()],
+            &[
+                "source",
+                "add",
+                "shop",
+                "--source-database-url",
+                &shop.url(),
+            ],
         ),
         "source add shop",
     );

@@ -1,5 +1,6 @@
-// A broken source, seen by its clients (README "Several databases: a leader per source":
-// "A source whose database is down stops nothing else; its clients and /health say why").
+// A broken source, seen by its clients (docs/architecture.md "Several databases: a leader
+// per source": "A source whose database is down stops nothing else; its clients and
+// /health say why").
 // Two sources besides the default, each with a project, read by one cdc-worker; a
 // realtime-js client of each project on one ws-front. Then s2's database goes down: a
 // realtime-js client joining postgres_changes of p2 (no worker leads s2 any more) gets a

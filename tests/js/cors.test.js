@@ -6,16 +6,11 @@
 // headers are checked too (preflight, exposed headers, credentials with a list).
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
-import fs from 'node:fs'
 import http from 'node:http'
 import { once } from 'node:events'
-import puppeteer from 'puppeteer-core'
+import { launchBrowser } from './lib/browser.js'
 import { startStack, startProcess, client, subscribed, collector, uniq, jwt, until } from './lib/harness.js'
 
-const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium'
-if (!fs.existsSync(CHROMIUM)) {
-  throw new Error(`no Chromium at ${CHROMIUM}: install it with \`apt-get install -y chromium\` (or set CHROMIUM_PATH)`)
-}
 
 let st, narrow, browser, page, pageServer, pageOrigin
 const anon = jwt({})
@@ -36,11 +31,7 @@ before(async () => {
   pageServer.listen(0, '127.0.0.1')
   await once(pageServer, 'listening')
   pageOrigin = `http://127.0.0.1:${pageServer.address().port}`
-  browser = await puppeteer.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
-  })
+  browser = await launchBrowser()
   page = await browser.newPage()
   await page.goto(pageOrigin)
 })

@@ -1,7 +1,8 @@
 // The quick start as a newcomer meets it: `./dev/up` (with the debug build these tests
 // run) prints the stack's URLs and keys and writes them to `.env`, and every command it
 // prints works as pasted into a new shell in the repository — no variable exported
-// (`env -i`): the walcast commands take their settings from `.env`.
+// (`env -i`): the walcast commands take their settings from `.env`. So does every command
+// of the README's `sh` blocks (the ones it shows to paste against this stack).
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
@@ -84,6 +85,8 @@ test('./dev/up prints the stack and commands that work as pasted in a new shell'
     if (command.includes('realtime list')) assert.match(r.out, /todos/, r.out)
   }
 
+  await readmeBlocksRun(path.resolve(root, path.dirname(commands.find((c) => c.includes('walcast tail')).split(' ')[0])), apiUrl)
+
   // `walcast tail --json`: a change as one object with its subject, headers and body.
   const walcast = commands.find((c) => c.includes('walcast tail')).split(' ')[0]
   const tail = spawn('bash', ['-c', `${envFile === '.env' ? '' : `set -a; . '${envFile}'; set +a; `}${walcast} tail --json --count 1`], {
@@ -102,3 +105,51 @@ test('./dev/up prints the stack and commands that work as pasted in a new shell'
   assert.ok(event.headers['Walcast-Term'], JSON.stringify(event.headers))
   assert.equal(event.body.record.title, 'hello walcast')
 })
+
+/** The README's `sh` blocks, each a list of its lines (comments kept: they are pasted too). */
+function readmeBlocks() {
+  const blocks = []
+  let fenced = false
+  let block = null
+  for (const line of fs.readFileSync(path.join(root, 'README.md'), 'utf8').split('\n')) {
+    if (line.startsWith('```')) {
+      if (fenced && block) blocks.push(block)
+      block = !fenced && line === '```sh' ? [] : null
+      fenced = !fenced
+    } else if (block) {
+      block.push(line)
+    }
+  }
+  return blocks
+}
+
+/**
+ * Run each README `sh` block's commands, in order, each in a new shell with the block's
+ * setup lines (`export`, `set -a; . ./.env; set +a`) before it. The test's own stack differs
+ * from the README's only in its port, and in the build (debug, not release): those two
+ * are put in. A command that streams (`curl -N`, `walcast tail`) must still be running
+ * after 3 s; any other must succeed, and no answer may be a JSON error.
+ */
+async function readmeBlocksRun(binDir, apiUrl) {
+  const blocks = readmeBlocks()
+  assert.ok(blocks.length >= 8, `the README's sh blocks: ${blocks.length}`)
+  const local = (line) => line
+    .replaceAll('http://127.0.0.1:4000', apiUrl)
+    .replaceAll('$PWD/target/release', binDir)
+    .replaceAll('./.env', envFile === '.env' ? './.env' : envFile)
+  for (const block of blocks) {
+    const setup = block.filter((l) => /^(export |set -a)/.test(l)).map(local)
+    for (const line of block.filter((l) => l.trim() && !/^(export |set -a|#)/.test(l))) {
+      const command = [...setup, local(line)].join('\n')
+      const streaming = /curl -N|walcast tail/.test(line)
+      const r = pasted(command, streaming ? 3000 : 30000)
+      if (streaming) {
+        assert.equal(r.code, 124, `README: ${line}: runs until stopped\n${r.err}`)
+        assert.doesNotMatch(r.err, /error|required/i, `README: ${line}\n${r.err}`)
+      } else {
+        assert.equal(r.code, 0, `README: ${line}\nstdout: ${r.out}\nstderr: ${r.err}`)
+        assert.doesNotMatch(r.out, /^\{"error"/, `README: ${line}\n${r.out}`)
+      }
+    }
+  }
+}

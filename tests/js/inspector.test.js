@@ -10,24 +10,16 @@ import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
-import puppeteer from 'puppeteer-core'
+import { launchBrowser } from './lib/browser.js'
 import { startEnv, startProcess, enableTable, jwt, root, until } from './lib/harness.js'
 
-const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium'
 const ARTIFACTS = process.env.WALCAST_TEST_ARTIFACTS || path.join(root, 'target', 'test-artifacts')
 
-if (!fs.existsSync(CHROMIUM)) {
-  throw new Error(`no Chromium at ${CHROMIUM}: install it with \`apt-get install -y chromium\` (or set CHROMIUM_PATH)`)
-}
 
 let browser
 before(async () => {
   fs.mkdirSync(ARTIFACTS, { recursive: true })
-  browser = await puppeteer.launch({
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
-  })
+  browser = await launchBrowser()
 })
 after(async () => {
   await browser?.close()

@@ -5,6 +5,7 @@
 // while the worker is still frozen. A join to an RLS table still waits for the worker.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import fs from 'node:fs'
 import { startEnv, startProcess, enableTable, client, subscribe, subscribed, collector, uniq, jwt, until } from './lib/harness.js'
 
 /** Resolves with the channel's first status, or 'pending' if none came within `ms`. */
@@ -65,7 +66,14 @@ for (const source of ['stream', 'poll']) {
 
         // An RLS table's join must be judged by the worker: it waits.
         const c = subscribe(rtC.channel(uniq('c')).on('postgres_changes', { event: 'INSERT', schema: 'public', table: 'r' }, () => {}), 15000)
-        assert.equal(await statusWithin(c, 1000), 'pending', 'a join to an RLS table answered without the worker')
+        const early = await statusWithin(c, 1000)
+        if (early !== 'pending') {
+          // Say how it was answered: was the worker stopped, and which path did the join take?
+          const state = fs.readFileSync(`/proc/${worker.child.pid}/stat`, 'utf8').split(') ')[1]?.[0]
+          const text = await (await fetch(`${front.url}/metrics`, front.figures)).text()
+          const paths = text.split('\n').filter((l) => l.startsWith('walcast_front_registrations_total'))
+          assert.fail(`a join to an RLS table answered (${early}) without the worker: worker state ${state}, ${paths.join('; ')}`)
+        }
 
         // Committed after B's join, while the worker is frozen; then A leaves, also
         // while frozen: B must still get it (the worker must not forget the class).

@@ -1,12 +1,12 @@
-// Several databases (README "Several databases: a leader per source"): three Postgres
-// instances, each a source with a project (the default one, and two added with `walcast
-// source add`, their projects made with `walcast project create --source`, their tables
-// enabled through a front's REST API, which the source's leader answers). Two cdc-workers
-// share the sources; realtime-js clients on two ws-fronts follow a table in each. Every
-// row of every source reaches its clients once, in commit order per source, and neither
-// worker leads all three. Then, with a third worker, under writers on every source: kill
-// -9 the worker leading s1, then SIGSTOP its successor past the lease: every source is
-// taken over, and every client still gets every row once, in order.
+// Several databases (docs/architecture.md "Several databases: a leader per source"):
+// three Postgres instances, each a source with a project (the default one, and two added
+// with `walcast source add`, their projects made with `walcast project create --source`,
+// their tables enabled through a front's REST API, which the source's leader answers).
+// Two cdc-workers share the sources; realtime-js clients on two ws-fronts follow a table
+// in each. Every row of every source reaches its clients once, in commit order per
+// source, and neither worker leads all three. Then, with a third worker, under writers on
+// every source: kill -9 the worker leading s1, then SIGSTOP its successor past the lease:
+// every source is taken over, and every client still gets every row once, in order.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startEnv, startProcess, enableTable, client, subscribed, uniq, until } from './lib/harness.js'

@@ -1,18 +1,18 @@
-// A takeover is not a failure (README "Several databases: a leader per source", the
-// notices to subscribed clients; "Joins without a round trip"). Two cdc-workers, a
-// writer, realtime-js clients on a ws-front listening to `system` messages. The leader is
-// frozen (SIGSTOP) past its lease, the other takes over, the old one is continued (it
-// finds its term fenced); then the new leader is frozen the same way and the old one
-// takes over again. A client joining just after the first freeze is subscribed at once
-// (its class is delivered to the front already) and registered in the background.
-// Throughout, no client gets a `system` error, and every row arrives once, in order.
-// Before, a woken leader kept reporting its fence as the source's error, so the next
-// takeover's gap was told as a failure ("its change stream failed") and, a second later,
-// as "streams changes again"; and a background registration that no leader answered for
-// 15 s ended its subscription ("Unable to subscribe to changes: … no cdc-worker
-// answered"), leaving the client deaf. A real failure is still told: with both workers
-// frozen, no leader at all for longer than the bound, the clients are told once, and that
-// it streams again after.
+// A takeover is not a failure (docs/architecture.md "Several databases: a leader per
+// source", the notices to subscribed clients; "Joins without a round trip"). Two
+// cdc-workers, a writer, realtime-js clients on a ws-front listening to `system`
+// messages. The leader is frozen (SIGSTOP) past its lease, the other takes over, the old
+// one is continued (it finds its term fenced); then the new leader is frozen the same way
+// and the old one takes over again. A client joining just after the first freeze is
+// subscribed at once (its class is delivered to the front already) and registered in the
+// background. Throughout, no client gets a `system` error, and every row arrives once, in
+// order. Before, a woken leader kept reporting its fence as the source's error, so the
+// next takeover's gap was told as a failure ("its change stream failed") and, a second
+// later, as "streams changes again"; and a background registration that no leader
+// answered for 15 s ended its subscription ("Unable to subscribe to changes: … no
+// cdc-worker answered"), leaving the client deaf. A real failure is still told: with both
+// workers frozen, no leader at all for longer than the bound, the clients are told once,
+// and that it streams again after.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { startEnv, startProcess, enableTable, client, subscribed, uniq, until } from './lib/harness.js'

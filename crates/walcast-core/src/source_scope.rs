@@ -1,5 +1,5 @@
-//! Which source (database, README "Several databases") a task works for, so that the
-//! metrics it records carry a `source` label without every call site naming it.
+//! Which source (database, docs/architecture.md "Several databases") a task works for, so
+//! that the metrics it records carry a `source` label without every call site naming it.
 //!
 //! A worker runs each source's work (its election, its pipeline, its consumers, its
 //! answers to the fronts) [`within`] the source's name; tasks that work spawns inherit it

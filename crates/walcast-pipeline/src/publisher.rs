@@ -4,8 +4,9 @@
 //!
 //! Every message it sends is
 //! - **fenced**: the term's fence is checked right before the hand-over to the bus, so a
-//!   leader that lost its lease sends nothing more (what a fence cannot do is in the
-//!   README: a message already handed to the NATS client before a freeze);
+//!   leader that lost its lease sends nothing more (what a fence cannot do is in
+//!   docs/architecture.md "Leader election and fencing": a message already handed to the
+//!   NATS client before a freeze);
 //! - **stamped**: `Walcast-Origin` (this process), `Walcast-Term` (the term, which fronts
 //!   use to drop a late message of an older leader) and `Walcast-Lsn` (the commit
 //!   position; `Walcast-Seq`, the change's place in its transaction, when given).

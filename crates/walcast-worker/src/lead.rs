@@ -1,6 +1,7 @@
-//! Leading a source, the same for the default source and the added ones (README
-//! "Sources"): elect, and for each term won lead the source until its fence closes, the
-//! source is given up (over this worker's share) or removed, or the process stops.
+//! Leading a source, the same for the default source and the added ones
+//! (docs/architecture.md "Several databases: a leader per source"): elect, and for each
+//! term won lead the source until its fence closes, the source is given up (over this
+//! worker's share) or removed, or the process stops.
 //!
 //! Only how a source is elected is chosen per source ([`Election`]): the default source
 //! by the process's `LEASE_MODE` (a lease row in its database, which is the control

@@ -272,7 +272,12 @@ async fn prepare(ctx: &Context, spec: &SourceSpec) -> anyhow::Result<()> {
     let check = spec.check_url.as_deref();
     crate::database::check_login(&spec.database_url, check, &ctx.roles)
         .await
-        .with_context(|| format!("source {:?} (walcast source set-check-url)", spec.name))?;
+        .with_context(|| {
+            format!(
+                "source {:?} (give it a check login: `walcast source set-check-url {} --check-url <URL>`)",
+                spec.name, spec.name
+            )
+        })?;
     Ok(())
 }
 

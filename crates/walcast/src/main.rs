@@ -141,9 +141,172 @@ mod tests {
                 "--database-url",
                 "postgres://x",
             ],
+            &[
+                "walcast",
+                "source",
+                "add",
+                "shop",
+                "--source-database-url",
+                "postgres://shop",
+                "--check-url",
+                "postgres://check@shop",
+                "--database-url",
+                "postgres://x",
+            ],
+            &[
+                "walcast",
+                "source",
+                "--database-url",
+                "postgres://x",
+                "list",
+            ],
+            &[
+                "walcast",
+                "outbox",
+                "list",
+                "--database-url",
+                "postgres://x",
+            ],
+            &[
+                "walcast",
+                "outbox",
+                "--database-url",
+                "postgres://x",
+                "list",
+            ],
+            &[
+                "walcast",
+                "slot",
+                "status",
+                "--database-url",
+                "postgres://x",
+            ],
+            &["walcast", "slot", "drop", "--slot-name", "s", "--force"],
+            &[
+                "walcast",
+                "snapshot",
+                "status",
+                "--project",
+                "p",
+                "--database-url",
+                "postgres://x",
+            ],
+            &[
+                "walcast",
+                "secrets",
+                "status",
+                "--database-url",
+                "postgres://x",
+            ],
         ] {
-            assert!(super::Cli::try_parse_from(args).is_ok(), "{args:?}");
+            if let Err(e) = super::Cli::try_parse_from(args) {
+                panic!("{args:?}: {e}");
+            }
         }
+    }
+
+    /// Every `walcast …` command the product prints as a hint (in an error, a warning, a
+    /// reply) is one this command line takes as printed, its placeholders filled in.
+    #[test]
+    fn every_printed_hint_parses() {
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the crates directory");
+        let names: Vec<String> = super::Cli::command()
+            .get_subcommands()
+            .map(|c| format!("walcast {} ", c.get_name()))
+            .collect();
+        let mut hints = Vec::new();
+        for file in hint_sources(crates) {
+            let text = std::fs::read_to_string(&file).expect("read a source file");
+            for line in text.lines().filter(|l| !is_comment(l)) {
+                hints.extend(hints_in(line, &names).map(|h| (file.clone(), h)));
+            }
+        }
+        assert!(hints.len() >= 8, "hints found: {hints:?}");
+        // Where the hints are run: the connections are configured (./dev/up's .env).
+        let configured = configured(super::Cli::command());
+        for (file, hint) in hints {
+            let args = std::iter::once("walcast").chain(hint.split_whitespace().skip(1));
+            if let Err(e) = configured.clone().try_get_matches_from(args) {
+                panic!("{}: `{hint}` does not parse: {e}", file.display());
+            }
+        }
+    }
+
+    /// The product's Rust sources: every crate's `src` (not the benchmarks' or the test
+    /// kit's). The SQL's messages are printed once, when a migration runs, and migrations
+    /// are never edited.
+    fn hint_sources(crates: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut dirs: Vec<_> = std::fs::read_dir(crates)
+            .expect("list the crates")
+            .map(|e| e.expect("a crate").path())
+            .filter(|p| !p.ends_with("walcast-bench") && !p.ends_with("walcast-testkit"))
+            .map(|p| p.join("src"))
+            .collect();
+        let mut files = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for path in entries.map(|e| e.expect("an entry").path()) {
+                match path.extension().and_then(|e| e.to_str()) {
+                    _ if path.is_dir() => dirs.push(path),
+                    Some("rs") => files.push(path),
+                    _ => {}
+                }
+            }
+        }
+        files
+    }
+
+    /// `cmd` as where DATABASE_URL and NATS_URL are set: their options have a value.
+    fn configured(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(|arg| match arg.get_env().and_then(|e| e.to_str()) {
+            Some("DATABASE_URL") => arg.default_value("postgres://configured").required(false),
+            Some("NATS_URL") => arg.default_value("nats://configured").required(false),
+            _ => arg,
+        })
+        .mut_subcommands(configured)
+    }
+
+    fn is_comment(line: &str) -> bool {
+        let code = line.trim_start();
+        code.starts_with("//") || code.starts_with('*')
+    }
+
+    /// The commands in a line of code — set off as the messages set them off, in
+    /// backticks or parentheses —, each up to the punctuation that ends it, with
+    /// `{placeholder}` and `<placeholder>` filled in and `[optional parts]` left out.
+    fn hints_in<'a>(line: &'a str, names: &'a [String]) -> impl Iterator<Item = String> + 'a {
+        names.iter().flat_map(move |name| {
+            let set_off = move |&(at, _): &(usize, &str)| line[..at].ends_with(['`', '(']);
+            line.match_indices(name.as_str())
+                .filter(set_off)
+                .map(move |(at, _)| {
+                    let rest = &line[at..];
+                    let end = rest
+                        .find([')', '`', '"', '\'', ',', ';', '\\'])
+                        .unwrap_or(rest.len());
+                    fill(&rest[..end])
+                })
+        })
+    }
+
+    fn fill(hint: &str) -> String {
+        let mut out = String::new();
+        let mut skip_to = None;
+        for c in hint.chars() {
+            match (skip_to, c) {
+                (Some(end), _) if c == end => skip_to = None,
+                (Some(_), _) => {}
+                (None, '{') => (skip_to, out) = (Some('}'), out + "x"),
+                (None, '<') => (skip_to, out) = (Some('>'), out + "x"),
+                (None, '[') => skip_to = Some(']'),
+                (None, _) => out.push(c),
+            }
+        }
+        out
     }
 
     #[test]

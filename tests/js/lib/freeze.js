@@ -15,9 +15,9 @@ import { natsTap } from './nats_tap.js'
 
 const LEASE_SECS = 6
 const FREEZE_MS = 30000
-// Worst case from the freeze (README, Leader election and fencing): Postgres, the lease
-// expires one duration after the last renewal (which came before the freeze) and a
-// follower reads again right then; Kubernetes, a follower must see the last version
+// Worst case from the freeze (docs/architecture.md, Leader election and fencing):
+// Postgres, the lease expires one duration after the last renewal (which came before the
+// freeze) and a follower reads again right then; Kubernetes, a follower must see the last version
 // unchanged for a full duration and reads every third of it, so up to two thirds more.
 // Then the new leader starts reading: 3 s of margin for that on a busy machine.
 const takeoverBoundMs = (mode) => LEASE_SECS * 1000 * (mode === 'kubernetes' ? 5 / 3 : 1) + 3000

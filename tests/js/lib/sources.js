@@ -41,7 +41,7 @@ export async function addSources(env) {
   for (const [i, url] of env.extra_database_urls.entries()) {
     const name = `s${i + 1}`
     const check = env.extra_check_urls[i]
-    await walcast(env, ['source', 'add', name, '--database-url', url, '--check-url', check])
+    await walcast(env, ['source', 'add', name, '--source-database-url', url, '--check-url', check])
     const p = await walcast(env, ['project', 'create', '--name', `p${i + 1}`, '--source', name])
     const db = await connectUrl(url)
     await db.query(`CREATE TABLE ${p.schema}.t (id int8 PRIMARY KEY, v text)`)

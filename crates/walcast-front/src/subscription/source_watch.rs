@@ -1,5 +1,6 @@
 //! Subscribed clients told when their project's database stops streaming, and when it
-//! streams again (README "Sources"): no silent stall.
+//! streams again (docs/architecture.md "Several databases: a leader per source"): no
+//! silent stall.
 //!
 //! Once a second the front looks, for every source with a subscription here, at what the
 //! health beacons say ([`Cluster::not_streaming`](crate::cluster::Cluster::not_streaming)).

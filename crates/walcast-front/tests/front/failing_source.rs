@@ -1,6 +1,7 @@
 //! A join while a worker reports that the project's source fails: accepted (its changes
 //! come once the source streams), and told why none come yet, as a class of reason,
-//! with nothing of the error itself (README "Several databases": "its clients say why").
+//! with nothing of the error itself (docs/architecture.md "Several databases": "its clients
+//! say why").
 
 use std::time::Duration;
 

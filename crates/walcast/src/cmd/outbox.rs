@@ -10,6 +10,10 @@ use walcast_worker::config::{redact_url, NatsAuthArgs, OutboxStreamArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct OutboxCmd {
+    /// Postgres connection URL (the outbox tables and the quarantine; `replay` reads
+    /// only NATS). Before or after the subcommand.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     #[command(subcommand)]
     pub action: OutboxAction,
 }
@@ -21,7 +25,7 @@ pub enum OutboxAction {
     Create(CreateArgs),
     /// List the outbox tables: project, retention, partitions, rows (approximate) and
     /// the project's quarantined events.
-    List(ListArgs),
+    List,
     /// Send quarantined events (refused by JetStream for good: too large, no stream) to
     /// JetStream again, once the cause is fixed. Each acknowledged event leaves the
     /// quarantine; one refused again stays, and its error is printed.
@@ -35,9 +39,6 @@ pub enum OutboxAction {
 pub struct CreateArgs {
     /// The table's name (in --schema).
     pub name: String,
-    /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
     /// The project whose events the table holds (events go to
     /// `walcast.outbox.<project>.<aggregate_type>`).
     #[arg(long, env = "WALCAST_PROJECT", default_value = DEFAULT_PROJECT)]
@@ -52,17 +53,7 @@ pub struct CreateArgs {
 }
 
 #[derive(Args, Debug, Clone)]
-pub struct ListArgs {
-    /// Postgres connection URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-}
-
-#[derive(Args, Debug, Clone)]
 pub struct RedriveArgs {
-    /// Postgres connection URL (the quarantine).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
     /// NATS server with JetStream.
     #[arg(long, env = "NATS_URL", hide_env_values = true)]
     pub nats_url: String,
@@ -116,11 +107,15 @@ pub struct ReplayArgs {
 
 pub async fn outbox(cmd: OutboxCmd) -> anyhow::Result<()> {
     match cmd.action {
-        OutboxAction::Create(args) => create(args).await,
-        OutboxAction::List(args) => list(args).await,
-        OutboxAction::Redrive(args) => redrive(args).await,
+        OutboxAction::Create(args) => create(database_url(&cmd.database_url)?, args).await,
+        OutboxAction::List => list(database_url(&cmd.database_url)?).await,
+        OutboxAction::Redrive(args) => redrive(database_url(&cmd.database_url)?, args).await,
         OutboxAction::Replay(args) => replay(args).await,
     }
+}
+
+fn database_url(value: &Option<String>) -> anyhow::Result<&str> {
+    super::required_url(value, "DATABASE_URL", "--database-url")
 }
 
 /// Migrations applied, then a connection.
@@ -131,8 +126,8 @@ async fn database(url: &str) -> anyhow::Result<tokio_postgres::Client> {
         .with_context(|| format!("connecting to {}", redact_url(url)))
 }
 
-async fn create(args: CreateArgs) -> anyhow::Result<()> {
-    let client = database(&args.database_url).await?;
+async fn create(database_url: &str, args: CreateArgs) -> anyhow::Result<()> {
+    let client = database(database_url).await?;
     let schema = match args.schema {
         Some(s) => s,
         None => projects::schema_of(&client, &args.project)
@@ -215,8 +210,8 @@ async fn partitions(client: &tokio_postgres::Client, id: i32) -> anyhow::Result<
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-async fn list(args: ListArgs) -> anyhow::Result<()> {
-    let client = database(&args.database_url).await?;
+async fn list(database_url: &str) -> anyhow::Result<()> {
+    let client = database(database_url).await?;
     let rows = client
         .query(
             "SELECT format('%I.%I', t.schema_name, t.table_name), t.project, t.retention::text,
@@ -269,7 +264,7 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
         .await
         .context("counting the quarantine")?
         .get(0);
-    println!("quarantine: {total} event(s) in all projects (walcast outbox redrive sends them again); QUARANTINED counts the table's project, walcast.emit events included");
+    println!("quarantine: {total} event(s) in all projects (`walcast outbox redrive` sends them again); QUARANTINED counts the table's project, walcast.emit events included");
     Ok(())
 }
 
@@ -301,10 +296,10 @@ async fn nats(url: &str, auth: &NatsAuthArgs, name: &str) -> anyhow::Result<asyn
     }
 }
 
-async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
-    let db = database(&args.database_url).await?;
+async fn redrive(database_url: &str, args: RedriveArgs) -> anyhow::Result<()> {
+    let db = database(database_url).await?;
     let client = nats(&args.nats_url, &args.nats_auth, "walcast-outbox-redrive").await?;
-    let cfg = args.stream.to_config(&args.database_url);
+    let cfg = args.stream.to_config(database_url);
     let mut publisher = walcast_outbox::publish::Publisher::new(client, cfg);
     let report =
         walcast_outbox::redrive::redrive(&db, &mut publisher, args.project.as_deref(), &args.ids)

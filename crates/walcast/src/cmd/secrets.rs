@@ -11,9 +11,10 @@ use walcast_worker::config::{redact_url, SecretsArgs};
 
 #[derive(Args, Debug, Clone)]
 pub struct SecretsCmd {
-    /// The control database (the deployment's own DATABASE_URL).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// The control database (the deployment's own DATABASE_URL). Before or after the
+    /// subcommand.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     #[command(flatten)]
     pub keys: SecretsArgs,
     #[command(subcommand)]
@@ -33,23 +34,25 @@ pub enum SecretsAction {
 
 pub async fn secrets(cmd: SecretsCmd) -> anyhow::Result<()> {
     let keys = cmd.keys.keys()?;
-    walcast_worker::database::migrate(&cmd.database_url).await?;
+    let database_url = super::required_url(&cmd.database_url, "DATABASE_URL", "--database-url")?;
+    walcast_worker::database::migrate(database_url).await?;
     let report = match cmd.action {
         SecretsAction::Rotate => {
-            walcast_worker::database::seal_secrets(&cmd.database_url, &keys).await?
+            walcast_worker::database::seal_secrets(database_url, &keys).await?
         }
         SecretsAction::Status => {
-            let client = walcast_pipeline::connect(&cmd.database_url)
+            let client = walcast_pipeline::connect(database_url)
                 .await
-                .with_context(|| format!("connecting to {}", redact_url(&cmd.database_url)))?;
+                .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
             at_rest::status(&client, &keys).await?
         }
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     anyhow::ensure!(
         report.unreadable.is_empty(),
-        "{} stored secret(s) cannot be read ({}): set them again (walcast project rotate, \
-         walcast project keys, walcast source set-check-url, or remove and add the source)",
+        "{} stored secret(s) cannot be read ({}): set them again (`walcast project rotate <id>`, \
+         `walcast project keys <id> --previous-secret <secret>`, \
+         `walcast source set-check-url <name> --check-url <URL>`, or remove and add the source)",
         report.unreadable.len(),
         report.unreadable.join("; ")
     );

@@ -7,14 +7,24 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
-use walcast_worker::config::{redact_url, DbArgs, DEFAULT_SLOT_NAME};
+use walcast_worker::config::{redact_url, DEFAULT_SLOT_NAME};
 
+/// The options go before or after the subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct SlotArgs {
-    #[command(flatten)]
-    pub db: DbArgs,
+    /// Postgres connection URL (walcast's own login).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
+    /// Connection URL for the replication slot; defaults to DATABASE_URL.
+    #[arg(
+        long,
+        env = "POSTGRES_REPLICATION_URL",
+        hide_env_values = true,
+        global = true
+    )]
+    pub replication_url: Option<String>,
     /// The slot's name.
-    #[arg(long, env = "CDC_SLOT_NAME", default_value = DEFAULT_SLOT_NAME)]
+    #[arg(long, env = "CDC_SLOT_NAME", default_value = DEFAULT_SLOT_NAME, global = true)]
     pub slot_name: String,
     #[command(subcommand)]
     pub action: SlotAction,
@@ -35,7 +45,10 @@ pub enum SlotAction {
 }
 
 pub async fn slot(args: SlotArgs) -> anyhow::Result<()> {
-    let url = args.db.replication_url();
+    let url = match &args.replication_url {
+        Some(url) if !url.trim().is_empty() => url.as_str(),
+        _ => super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?,
+    };
     let client = walcast_pipeline::connect(url)
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))?;

@@ -10,11 +10,12 @@ use walcast_worker::config::redact_url;
 
 #[derive(Args, Debug, Clone)]
 pub struct SnapshotArgs {
-    /// Postgres connection URL of the table's database (walcast's own role).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    /// Postgres connection URL of the table's database (walcast's own role). Before or
+    /// after the subcommand, as --project.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<String>,
     /// The project whose change stream carries the table.
-    #[arg(long, env = "WALCAST_PROJECT", default_value = walcast_core::DEFAULT_PROJECT)]
+    #[arg(long, env = "WALCAST_PROJECT", default_value = walcast_core::DEFAULT_PROJECT, global = true)]
     pub project: String,
     #[command(subcommand)]
     pub action: SnapshotAction,
@@ -47,10 +48,11 @@ pub enum SnapshotAction {
 
 /// `walcast snapshot …`.
 pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
-    walcast_worker::database::migrate(&args.database_url).await?;
-    let mut client = walcast_pipeline::connect(&args.database_url)
+    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    walcast_worker::database::migrate(database_url).await?;
+    let mut client = walcast_pipeline::connect(database_url)
         .await
-        .with_context(|| format!("connecting to {}", redact_url(&args.database_url)))?;
+        .with_context(|| format!("connecting to {}", redact_url(database_url)))?;
     match &args.action {
         SnapshotAction::Start { table, filter } => {
             let id = store::start_named(&mut client, &args.project, table, filter).await?;

@@ -12,14 +12,16 @@ use walcast_worker::config::DEFAULT_SLOT_NAME;
 
 #[derive(Args, Debug, Clone)]
 pub struct SourceArgs {
-    /// The control database (the deployment's own DATABASE_URL): its `walcast.sources`
-    /// lists the sources.
+    /// The control database (the deployment's own DATABASE_URL, as for every command):
+    /// its `walcast.sources` lists the sources. Before or after the subcommand.
     #[arg(
-        long = "control-database-url",
+        long = "database-url",
+        alias = "control-database-url",
         env = "DATABASE_URL",
-        hide_env_values = true
+        hide_env_values = true,
+        global = true
     )]
-    pub control_url: String,
+    pub control_url: Option<String>,
     #[command(flatten)]
     pub secrets: walcast_worker::config::SecretsArgs,
     #[command(subcommand)]
@@ -37,7 +39,12 @@ pub enum SourceAction {
         /// Its database (tables, catalog, RLS checks, the realtime registry). From the
         /// environment rather than the command line, where other users of the machine
         /// can read it.
-        #[arg(long, env = "SOURCE_DATABASE_URL", hide_env_values = true)]
+        #[arg(
+            long = "source-database-url",
+            value_name = "URL",
+            env = "SOURCE_DATABASE_URL",
+            hide_env_values = true
+        )]
         database_url: String,
         /// The URL its replication slot is read with (a role with REPLICATION);
         /// default: --database-url.
@@ -93,10 +100,11 @@ pub enum SourceAction {
 
 pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
     let keys = args.secrets.keys()?;
-    super::secrets::prepare_cli(&args.control_url, &keys).await?;
-    let mut control = walcast_pipeline::connect(&args.control_url)
+    let control_url = super::required_url(&args.control_url, "DATABASE_URL", "--database-url")?;
+    super::secrets::prepare_cli(control_url, &keys).await?;
+    let mut control = walcast_pipeline::connect(control_url)
         .await
-        .with_context(|| format!("connecting to {}", redact_url(&args.control_url)))?;
+        .with_context(|| format!("connecting to {}", redact_url(control_url)))?;
     match args.action {
         SourceAction::Add {
             name,
@@ -354,18 +362,18 @@ mod tests {
     fn add_takes_the_source_url_and_the_control_url_apart() {
         let cli = Cli::try_parse_from([
             "walcast",
-            "--control-database-url",
+            "--database-url",
             "postgres://control",
             "add",
             "shop",
-            "--database-url",
+            "--source-database-url",
             "postgres://shop",
             "--check-url",
             "postgres://check@shop",
             "--skip-check",
         ])
         .unwrap();
-        assert_eq!(cli.args.control_url, "postgres://control");
+        assert_eq!(cli.args.control_url.as_deref(), Some("postgres://control"));
         let SourceAction::Add {
             name,
             database_url,
