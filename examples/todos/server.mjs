@@ -5,7 +5,8 @@
 // and runs each write as that user under row-level security, the way PostgREST does.
 //
 // Settings come from the environment, else from the `.env` that ./dev/up writes:
-// WALCAST_URL, ANON_KEY, SERVICE_ROLE_KEY, JWT_SECRET, DATABASE_URL; PORT (3000), HOST.
+// WALCAST_URL, ANON_KEY, SERVICE_ROLE_KEY, JWT_SECRET, DATABASE_URL; EXAMPLE_PORT (3000) and
+// EXAMPLE_HOST (127.0.0.1) say where it listens.
 import http from 'node:http'
 import fs from 'node:fs'
 import path from 'node:path'
@@ -18,28 +19,33 @@ const repo = path.resolve(here, '..', '..')
 const MAX_BODY = 4096
 const TOKEN_SECS = 3600
 
-/** The settings: the environment first, then ./dev/up's `.env` (either place it writes). */
+/** The settings: the environment first, then the `.env` ./dev/up wrote (either place). */
 function settings() {
   const fromFile = {}
   for (const file of [path.join(repo, '.env'), path.join(repo, '.walcast-dev', '.env')]) {
-    if (!fs.existsSync(file)) continue
-    for (const line of fs.readFileSync(file, 'utf8').split('\n')) {
+    const text = fs.existsSync(file) ? fs.readFileSync(file, 'utf8') : ''
+    if (!text.startsWith('# written by ./dev/up')) continue
+    for (const line of text.split('\n')) {
       const m = line.match(/^([A-Z_][A-Z0-9_]*)=(.*)$/)
       if (m && !(m[1] in fromFile)) fromFile[m[1]] = m[2]
     }
     break
   }
-  const get = (name, fallback) => process.env[name] || fromFile[name] || fallback
+  const missing = []
+  const get = (name, fallback) => {
+    const value = process.env[name] || fromFile[name] || fallback
+    if (!value) missing.push(name)
+    return value
+  }
   const s = {
     walcastUrl: get('WALCAST_URL'),
     anonKey: get('ANON_KEY'),
     serviceKey: get('SERVICE_ROLE_KEY'),
     jwtSecret: get('JWT_SECRET'),
     databaseUrl: get('DATABASE_URL'),
-    port: Number(get('PORT', '3000')),
-    host: get('HOST', '127.0.0.1'),
+    port: Number(get('EXAMPLE_PORT', '3000')),
+    host: get('EXAMPLE_HOST', '127.0.0.1'),
   }
-  const missing = Object.entries(s).filter(([, v]) => !v).map(([k]) => k)
   if (missing.length) {
     console.error(`missing settings (${missing.join(', ')}): start ./dev/up first, or set them in the environment`)
     process.exit(2)

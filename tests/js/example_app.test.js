@@ -31,7 +31,7 @@ before(async () => {
       SERVICE_ROLE_KEY: jwt({ role: 'service_role' }),
       JWT_SECRET: SECRET,
       DATABASE_URL: st.env.database_url,
-      PORT: String(port),
+      EXAMPLE_PORT: String(port),
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
