@@ -553,10 +553,15 @@ def check_compose(env_names: dict[str, set[str]]) -> None:
             ctx = ROOT / (build if isinstance(build, str) else build.get("context", "."))
             dockerfile = ctx / "Dockerfile" if isinstance(build, str) else ROOT / build.get("dockerfile", "") if "dockerfile" in build else ctx / "Dockerfile"
             R.check(dockerfile.is_file(), f"{where}: no Dockerfile at {dockerfile}")
-        for dep in (svc.get("depends_on") or {}):
+        for dep, how in (svc.get("depends_on") or {}).items():
             R.check(dep in services, f"{where}: depends on unknown service {dep}")
+            R.check((how or {}).get("condition") == "service_healthy", f"{where}: must wait for {dep} to be healthy")
         entry = svc.get("entrypoint") or []
         binary = Path(entry[0]).name if entry else ""
+        if binary in ("cdc-worker", "ws-front") or (binary == "walcast" and "serve" in (svc.get("command") or [])):
+            test = (svc.get("healthcheck") or {}).get("test") or []
+            R.check("probe" in test and any(Path(t).name == "walcast" for t in test),
+                    f"{where}: a walcast server must be health-checked with `walcast probe`")
         if binary in BINARIES:
             env = svc.get("environment") or {}
             keys = env.keys() if isinstance(env, dict) else [e.split("=", 1)[0] for e in env]
@@ -582,6 +587,15 @@ def check_dockerfiles() -> None:
                     f"{path.relative_to(ROOT)}: base image {ref} is not pinned to a specific version")
     main = (ROOT / "docker" / "Dockerfile").read_text()
     R.check(re.search(r"^USER 10001:10001$", main, re.M) is not None, "docker/Dockerfile: must run as USER 10001:10001")
+    R.check(re.search(r'^HEALTHCHECK .*"/usr/local/bin/walcast", "probe"', main, re.M) is not None,
+            "docker/Dockerfile: no HEALTHCHECK with walcast probe")
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "Cargo.toml").read_text(), re.M).group(1)
+    R.check(re.search(rf"^ARG VERSION={re.escape(version)}$", main, re.M) is not None,
+            f"docker/Dockerfile: ARG VERSION is not the workspace's version {version}")
+    for label in ("title", "description", "version", "licenses"):
+        R.check(f"org.opencontainers.image.{label}=" in main, f"docker/Dockerfile: no OCI label {label}")
+    app_version = re.search(r'^appVersion: "([^"]+)"', (CHART / "Chart.yaml").read_text(), re.M).group(1)
+    R.check(app_version == version, f"k8s/walcast/Chart.yaml: appVersion {app_version} is not the workspace's version {version}")
     R.check("ca-certificates" in main, "docker/Dockerfile: ca-certificates not installed")
     pg = (ROOT / "docker" / "postgres" / "Dockerfile").read_text() + (ROOT / "docker" / "postgres" / "postgresql.conf").read_text()
     R.check(re.search(r"wal2json=\$\{WAL2JSON_VERSION\}", pg) and re.search(r"^ARG WAL2JSON_VERSION=\d", pg, re.M) is not None,

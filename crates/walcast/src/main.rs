@@ -51,6 +51,9 @@ enum Command {
     /// The transactional outbox: create and list outbox tables, redrive quarantined
     /// events, replay retained ones.
     Outbox(cmd::outbox::OutboxCmd),
+    /// Ask a walcast process whether it is alive (`/livez`) or ready (`--ready`,
+    /// `/readyz`): exit 0 if so, 1 with the reason (for health checks without curl).
+    Probe(cmd::probe::ProbeArgs),
 }
 
 /// The file the operator's commands take settings from, in the working directory
@@ -94,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Key(args) => cmd::key::key(args),
         Command::Slot(args) => cmd::slot::slot(args).await,
         Command::Outbox(cmd) => cmd::outbox::outbox(cmd).await,
+        Command::Probe(args) => cmd::probe::probe(args).await,
     }
 }
 

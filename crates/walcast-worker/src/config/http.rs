@@ -6,10 +6,13 @@ use clap::Args;
 
 use crate::server;
 
+/// The HTTP port unless PORT says otherwise (`walcast probe` asks it too).
+pub const DEFAULT_PORT: u16 = 4000;
+
 #[derive(Args, Clone, Debug)]
 pub struct HttpArgs {
     /// HTTP port (health, metrics; WebSocket in the front).
-    #[arg(long, env = "PORT", default_value_t = 4000)]
+    #[arg(long, env = "PORT", default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// Address to bind.
     #[arg(long, env = "HOST", default_value = "0.0.0.0")]

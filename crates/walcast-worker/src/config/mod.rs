@@ -15,7 +15,7 @@ pub use changes::ChangeStreamArgs;
 pub use control::{RolesArgs, SecretsArgs};
 pub use db::{DbArgs, SourceSpec, DEFAULT_SLOT_NAME};
 pub use help::{is_secret_env, secret_envs_shown};
-pub use http::HttpArgs;
+pub use http::{HttpArgs, DEFAULT_PORT};
 pub use nats::NatsAuthArgs;
 pub use outbox::{OutboxArgs, OutboxStreamArgs};
 

@@ -5,6 +5,7 @@ pub mod changes;
 pub mod key;
 pub mod migrate;
 pub mod outbox;
+pub mod probe;
 pub mod project;
 pub mod realtime;
 pub mod secrets;
