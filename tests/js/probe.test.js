@@ -1,11 +1,14 @@
-// `walcast probe`, the health check of images without curl: 0 when the process answers its
-// probe route with 200, 1 with the reason when it refuses, cannot be reached, or is slow.
+// What an operator's tooling asks a process: `walcast probe`, the health check of images
+// without curl (0 when the process answers its probe route with 200, 1 with the reason
+// when it refuses, cannot be reached, or is slow), and the release it runs on /metrics.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
 import { once } from 'node:events'
 import { spawn } from 'node:child_process'
-import { startStack, bin, freePort } from './lib/harness.js'
+import fs from 'node:fs'
+import path from 'node:path'
+import { startStack, bin, freePort, root } from './lib/harness.js'
 
 let st, refusing
 before(async () => {
@@ -75,4 +78,10 @@ test('not ready, nothing listening, or no answer in time: exit 1 with the reason
   r = await probe(['--url', 'https://example.com'])
   assert.equal(r.code, 1)
   assert.match(r.err, /must be an http:\/\/ address/)
+})
+
+test('the release a process runs is on /metrics, as walcast_build_info', async () => {
+  const version = fs.readFileSync(path.join(root, 'Cargo.toml'), 'utf8').match(/^version = "([^"]+)"/m)[1]
+  const text = await (await fetch(`${st.server.url}/metrics`, st.server.figures)).text()
+  assert.match(text, new RegExp(`^walcast_build_info\\{version="${version.replaceAll('.', '\\.')}"\\} 1$`, 'm'))
 })

@@ -26,6 +26,8 @@ pub const HTTP_REFUSED: &str = "walcast_http_heads_refused_total";
 /// Counter (label `route`: `health`, `metrics`): requests for the figures refused (no
 /// key of the operator's).
 pub const FIGURES_REFUSED: &str = "walcast_http_figures_refused_total";
+/// 1, labelled with the release this process runs (`version`).
+pub const BUILD_INFO: &str = "walcast_build_info";
 
 pub(crate) fn figures_refused(route: &'static str) {
     metrics::counter!(FIGURES_REFUSED, "route" => route).increment(1);
@@ -75,6 +77,10 @@ fn describe() {
     metrics::describe_gauge!(
         SOURCES,
         "Sources other than the default that this worker runs (leads or stands by for)"
+    );
+    metrics::describe_gauge!(
+        BUILD_INFO,
+        "Always 1; its version label is the walcast release this process runs"
     );
 }
 
@@ -132,6 +138,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     walcast_lease::telemetry::describe();
     walcast_front::telemetry::describe();
     describe();
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
