@@ -33,7 +33,7 @@ pub enum ChangesAction {
 
 /// `walcast changes …`.
 pub async fn changes(args: ChangesArgs) -> anyhow::Result<()> {
-    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    let database_url = super::database_url(&args.database_url)?;
     walcast_worker::database::migrate(database_url).await?;
     let client = walcast_pipeline::connect(database_url)
         .await

@@ -15,19 +15,16 @@ pub mod snapshot;
 pub mod source;
 pub mod tail;
 
-/// A connection URL option that may come after the subcommand (a global option cannot be
-/// required by clap): its value, or an error saying where to give it.
-pub fn required_url<'a>(
-    value: &'a Option<String>,
-    env: &str,
-    flag: &str,
-) -> anyhow::Result<&'a str> {
+/// `--database-url` (`DATABASE_URL`, walcast's own database), which every command takes
+/// before or after its subcommand (a global option cannot be required by clap): its value,
+/// or an error saying where to give it.
+pub fn database_url(value: &Option<String>) -> anyhow::Result<&str> {
     value
         .as_deref()
         .filter(|v| !v.trim().is_empty())
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "{env} is not set: give {flag}, or set it in the environment or in .env"
+                "DATABASE_URL is not set: give --database-url, or set it in the environment or in .env"
             )
         })
 }

@@ -107,15 +107,11 @@ pub struct ReplayArgs {
 
 pub async fn outbox(cmd: OutboxCmd) -> anyhow::Result<()> {
     match cmd.action {
-        OutboxAction::Create(args) => create(database_url(&cmd.database_url)?, args).await,
-        OutboxAction::List => list(database_url(&cmd.database_url)?).await,
-        OutboxAction::Redrive(args) => redrive(database_url(&cmd.database_url)?, args).await,
+        OutboxAction::Create(args) => create(super::database_url(&cmd.database_url)?, args).await,
+        OutboxAction::List => list(super::database_url(&cmd.database_url)?).await,
+        OutboxAction::Redrive(args) => redrive(super::database_url(&cmd.database_url)?, args).await,
         OutboxAction::Replay(args) => replay(args).await,
     }
-}
-
-fn database_url(value: &Option<String>) -> anyhow::Result<&str> {
-    super::required_url(value, "DATABASE_URL", "--database-url")
 }
 
 /// Migrations applied, then a connection.

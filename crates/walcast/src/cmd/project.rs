@@ -247,7 +247,7 @@ fn request(action: &ProjectAction) -> Option<AdminRequest> {
 /// at once).
 pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     let keys = args.secrets.keys()?;
-    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    let database_url = super::database_url(&args.database_url)?;
     super::secrets::prepare_cli(database_url, &keys).await?;
     let mut client = walcast_pipeline::connect(database_url)
         .await

@@ -34,7 +34,7 @@ pub enum SecretsAction {
 
 pub async fn secrets(cmd: SecretsCmd) -> anyhow::Result<()> {
     let keys = cmd.keys.keys()?;
-    let database_url = super::required_url(&cmd.database_url, "DATABASE_URL", "--database-url")?;
+    let database_url = super::database_url(&cmd.database_url)?;
     walcast_worker::database::migrate(database_url).await?;
     let report = match cmd.action {
         SecretsAction::Rotate => {

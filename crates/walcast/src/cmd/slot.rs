@@ -47,7 +47,7 @@ pub enum SlotAction {
 pub async fn slot(args: SlotArgs) -> anyhow::Result<()> {
     let url = match &args.replication_url {
         Some(url) if !url.trim().is_empty() => url.as_str(),
-        _ => super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?,
+        _ => super::database_url(&args.database_url)?,
     };
     let client = walcast_pipeline::connect(url)
         .await

@@ -48,7 +48,7 @@ pub enum SnapshotAction {
 
 /// `walcast snapshot …`.
 pub async fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
-    let database_url = super::required_url(&args.database_url, "DATABASE_URL", "--database-url")?;
+    let database_url = super::database_url(&args.database_url)?;
     walcast_worker::database::migrate(database_url).await?;
     let mut client = walcast_pipeline::connect(database_url)
         .await

@@ -100,7 +100,7 @@ pub enum SourceAction {
 
 pub async fn source(args: SourceArgs) -> anyhow::Result<()> {
     let keys = args.secrets.keys()?;
-    let control_url = super::required_url(&args.control_url, "DATABASE_URL", "--database-url")?;
+    let control_url = super::database_url(&args.control_url)?;
     super::secrets::prepare_cli(control_url, &keys).await?;
     let mut control = walcast_pipeline::connect(control_url)
         .await
